@@ -1,0 +1,143 @@
+/* Backing chains and external data files: the other files an image
+ * names, opened through the environment (the engine has no idea what a
+ * file is), resolved against the naming image's folder.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+char *
+backing_resolve (const char *image_path, const char *name)
+{
+  const char *slash = strrchr (image_path, '/');
+  char *r;
+
+  if (name[0] == '/' || !slash)
+    return strdup (name);
+  if (asprintf (&r, "%.*s/%s", (int) (slash - image_path), image_path,
+                name) < 0)
+    return NULL;
+  return r;
+}
+
+static struct qcow2_io *
+backing_open_file (struct qcow2_image *img, const char *what,
+                   const char *path, char **id)
+{
+  struct qcow2_io *io;
+
+  *id = NULL;
+  io = img->env->open (img->env->opaque, path, true, id);
+  if (!io) {
+    int e = errno;
+    qcow2_err (img, "cannot open %s \"%s\": %s", what, path,
+               *id ? *id : strerror (e));
+    free (*id);
+    *id = NULL;
+    errno = e;
+  }
+  return io;
+}
+
+int
+backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
+              const char **chain, unsigned depth)
+{
+  const char *name = img->h.backing_file;
+  const char *format = img->h.backing_format;
+  struct qcow2_options layer_opts = { .debug_cache = opts->debug_cache };
+  struct qcow2_io *io;
+  char *path, *id;
+
+  if (name[0] == '\0') {
+    qcow2_err (img, "backing file name (at offset %#" PRIx64 ") is empty",
+               img->h.backing_file_offset);
+    return -EINVAL;
+  }
+  if (strncmp (name, "json:", 5) == 0 || strstr (name, "://")) {
+    qcow2_err (img, "backing file \"%s\" is not a local file: only local "
+               "backing files are supported", name);
+    return -ENOTSUP;
+  }
+  if (format && strcmp (format, "qcow2") != 0 && strcmp (format, "raw") != 0) {
+    qcow2_err (img, "backing file \"%s\" has format \"%s\": only qcow2 and "
+               "raw backing files are supported", name, format);
+    return -ENOTSUP;
+  }
+  if (depth + 1 > QCOW2_MAX_CHAIN_DEPTH) {
+    qcow2_err (img, "backing chain is deeper than %d images",
+               QCOW2_MAX_CHAIN_DEPTH);
+    return -ELOOP;
+  }
+
+  path = backing_resolve (img->path, name);
+  if (!path)
+    return -ENOMEM;
+  io = backing_open_file (img, "backing file", path, &id);
+  if (!io) {
+    int e = errno;
+    free (path);
+    return -e;
+  }
+  for (unsigned i = 0; i <= depth; i++) {
+    if (strcmp (chain[i], id) == 0) {
+      qcow2_err (img, "backing chain loops: backing file \"%s\" is already "
+                 "in the chain (layer %u)", path, i);
+      io->ops->close (io);
+      free (id);
+      free (path);
+      return -ELOOP;
+    }
+  }
+  chain[depth + 1] = id;
+
+  img->backing = image_open_layer (img->env, io, path, id, format,
+                                   &layer_opts, chain, depth + 1);
+  free (path);
+  return img->backing ? 0 : -errno;
+}
+
+int
+data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
+{
+  char *path, *id;
+
+  img->data_io = img->io;
+  if (!(img->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE)) {
+    if (opts->data_file) {
+      qcow2_err (img, "data-file is set but the image has no external "
+                 "data file");
+      return -EINVAL;
+    }
+    if (img->data_file_raw) {
+      qcow2_err (img, "autoclear bit 1 (raw external data) is set but the "
+                 "image has no external data file");
+      return -EINVAL;
+    }
+    return 0;
+  }
+  if (opts->data_file)
+    path = strdup (opts->data_file);
+  else if (img->h.data_file && img->h.data_file[0])
+    path = backing_resolve (img->path, img->h.data_file);
+  else {
+    qcow2_err (img, "image needs an external data file (incompatible "
+               "feature bit 2) but names none: give data-file=");
+    return -EINVAL;
+  }
+  if (!path)
+    return -ENOMEM;
+  img->data_io = backing_open_file (img, "external data file", path, &id);
+  free (path);
+  free (id);
+  if (!img->data_io) {
+    int e = errno;
+    img->data_io = img->io;
+    return -e;
+  }
+  return 0;
+}

@@ -1,0 +1,200 @@
+/* Cluster mapping: from a guest offset, through the L1 table and the
+ * cached L2 slices, to what the guest range is stored as.
+ *
+ * Called with img->lock held.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+/* Load an L1 table (the active one or a snapshot's) into memory. */
+int
+l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
+         const char *what)
+{
+  uint64_t bytes = (uint64_t) size * 8;
+  uint8_t *buf;
+  int r;
+
+  free (img->l1);
+  img->l1 = NULL;
+  img->l1_size = size;
+  if (size == 0)
+    return 0;
+  if (offset & (img->cluster_size - 1) ||
+      range_exceeds (offset, bytes, img->file_size)) {
+    qcow2_err (img, "%s at %#" PRIx64 " (%" PRIu32 " entries) is misaligned "
+               "or beyond the end of the file", what, offset, size);
+    return -EINVAL;
+  }
+  img->l1 = malloc (bytes);
+  buf = malloc (bytes);
+  if (!img->l1 || !buf) {
+    free (buf);
+    return -ENOMEM;
+  }
+  r = img->io->ops->pread (img->io, buf, bytes, offset);
+  if (r < 0) {
+    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, offset,
+               strerror (-r));
+    free (buf);
+    return r;
+  }
+  for (uint32_t i = 0; i < size; i++)
+    img->l1[i] = be64_get (buf + (uint64_t) i * 8);
+  free (buf);
+  return 0;
+}
+
+static int
+cluster_corrupt (struct qcow2_image *img, const char *what, uint64_t value,
+                 uint64_t guest)
+{
+  qcow2_err (img, "corrupt image: %s %#" PRIx64 " (mapping guest offset %#"
+             PRIx64 ")", what, value, guest);
+  return -EIO;
+}
+
+/* Classify the (sub)cluster at guest offset pos from its L2 entry. */
+static int
+cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
+                  uint64_t pos, struct qcow2_run *piece)
+{
+  uint64_t in_cluster = pos & (img->cluster_size - 1);
+  uint64_t host = entry & QCOW2_OFFSET_MASK;
+  bool external = img->data_io != img->io;
+  bool normal = host != 0 || (external && (entry & QCOW2_OFLAG_COPIED));
+
+  if (entry & QCOW2_OFLAG_COMPRESSED) {
+    if (external)
+      return cluster_corrupt (img, "compressed cluster in an image with an "
+                              "external data file, L2 entry", entry, pos);
+    uint64_t x = img->compressed_offset_bits;
+    uint64_t sectors = (entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
+    piece->kind = RUN_COMPRESSED;
+    piece->comp_offset = entry & ((UINT64_C (1) << x) - 1);
+    piece->comp_size = (sectors + 1) * 512 - (piece->comp_offset & 511);
+    return 0;
+  }
+
+  if (!img->extended_l2) {
+    if (entry & QCOW2_OFLAG_ZERO)
+      piece->kind = RUN_ZERO;
+    else
+      piece->kind = normal ? RUN_DATA : RUN_UNALLOCATED;
+  }
+  else {
+    unsigned sc = in_cluster >> img->subcluster_bits;
+    uint64_t alloc = bitmap & 0xffffffffU, zero = bitmap >> 32;
+
+    if ((normal && (alloc & zero)) || (!normal && alloc))
+      return cluster_corrupt (img, "invalid subcluster bitmap", bitmap, pos);
+    if (zero & (UINT64_C (1) << sc))
+      piece->kind = RUN_ZERO;
+    else if (alloc & (UINT64_C (1) << sc))
+      piece->kind = RUN_DATA;
+    else
+      piece->kind = RUN_UNALLOCATED;
+  }
+
+  if (piece->kind == RUN_DATA) {
+    if (host & (img->cluster_size - 1))
+      return cluster_corrupt (img, "unaligned data cluster offset", host, pos);
+    piece->host_offset = host + in_cluster;
+  }
+  return 0;
+}
+
+/* Map guest [offset, offset+max_len) as far as the first change of
+ * kind (or host discontinuity), never past the end of the L2 slice
+ * that holds offset.  run->length is at least 1.
+ */
+int
+cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
+             struct qcow2_run *run)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t l2_span_bits = img->cluster_bits + img->l2_bits;
+  uint64_t l1_index = offset >> l2_span_bits;
+  uint64_t slice_entries = cache_slice_size (img->cache) / img->l2_entry_size;
+  uint64_t cluster = offset >> img->cluster_bits;
+  uint64_t l2_index = cluster & ((UINT64_C (1) << img->l2_bits) - 1);
+  uint64_t first = l2_index & ~(slice_entries - 1);
+  uint64_t slice_end = (cluster - (l2_index - first) + slice_entries)
+    << img->cluster_bits;
+  uint64_t end = offset + MIN (max_len, slice_end - offset);
+  uint64_t l2_offset, pos;
+  const uint8_t *slice;
+  int r;
+
+  memset (run, 0, sizeof *run);
+  if (l1_index >= img->l1_size ||
+      (l2_offset = img->l1[l1_index] & QCOW2_OFFSET_MASK) == 0) {
+    /* No L2 table: the whole span of the table is unallocated. */
+    uint64_t span_end = (l1_index + 1) << l2_span_bits;
+    run->kind = RUN_UNALLOCATED;
+    run->length = MIN (max_len, span_end - offset);
+    return 0;
+  }
+  if (l2_offset & (cs - 1))
+    return cluster_corrupt (img, "unaligned L2 table offset", l2_offset,
+                            offset);
+  if (range_exceeds (l2_offset, cs, img->file_size))
+    return cluster_corrupt (img, "L2 table beyond the end of the file at",
+                            l2_offset, offset);
+
+  r = cache_get_slice (img, l2_offset + first * img->l2_entry_size, &slice);
+  if (r < 0)
+    return r;
+
+  for (pos = offset; pos < end; ) {
+    uint64_t idx = (pos >> img->cluster_bits) - (cluster - (l2_index - first));
+    const uint8_t *p = slice + idx * img->l2_entry_size;
+    uint64_t entry = be64_get (p);
+    uint64_t bitmap = img->extended_l2 ? be64_get (p + 8) : 0;
+    struct qcow2_run piece = { .length = 0 };
+    uint64_t piece_end;
+
+    r = cluster_classify (img, entry, bitmap, pos, &piece);
+    if (r < 0)
+      return r;
+    if (piece.kind == RUN_COMPRESSED || !img->extended_l2)
+      piece_end = (pos | (cs - 1)) + 1;
+    else
+      piece_end = (pos | (img->subcluster_size - 1)) + 1;
+    piece_end = MIN (piece_end, end);
+
+    if (pos == offset)
+      *run = piece;
+    else if (piece.kind != run->kind || piece.kind == RUN_COMPRESSED ||
+             (piece.kind == RUN_DATA &&
+              piece.host_offset != run->host_offset + run->length))
+      break;
+    run->length += piece_end - pos;
+    pos = piece_end;
+    if (run->kind == RUN_COMPRESSED)
+      break;
+  }
+  return 0;
+}
+
+/* A data range in the image file itself must start inside the file
+ * (a short tail past the end reads as zeros, as in QEMU).
+ */
+int
+cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
+                           uint64_t len)
+{
+  if (img->data_io == img->io && host_offset >= img->file_size) {
+    qcow2_err (img, "corrupt image: data at host offset %#" PRIx64
+               " (%" PRIu64 " bytes) lies beyond the end of the file (%"
+               PRIu64 " bytes)", host_offset, len, img->file_size);
+    return -EIO;
+  }
+  return 0;
+}

@@ -1,0 +1,439 @@
+/* Reading and validating the qcow2 header and its extensions.  Every
+ * field is checked before anything trusts it; errors name the field and
+ * its offset in the file.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+/* Byte offsets of the header fields (the spec's table). */
+enum {
+  HDR_MAGIC = 0, HDR_VERSION = 4, HDR_BACKING_OFFSET = 8,
+  HDR_BACKING_SIZE = 16, HDR_CLUSTER_BITS = 20, HDR_SIZE = 24,
+  HDR_CRYPT = 32, HDR_L1_SIZE = 36, HDR_L1_OFFSET = 40,
+  HDR_REFTABLE_OFFSET = 48, HDR_REFTABLE_CLUSTERS = 56,
+  HDR_NB_SNAPSHOTS = 60, HDR_SNAPSHOTS_OFFSET = 64,
+  HDR_INCOMPAT = 72, HDR_COMPAT = 80, HDR_AUTOCLEAR = 88,
+  HDR_REFCOUNT_ORDER = 96, HDR_HEADER_LENGTH = 100,
+  HDR_COMPRESSION_TYPE = 104, HDR_V3_MIN = 104,
+};
+
+void
+header_free (struct qcow2_header *h)
+{
+  free (h->backing_file);
+  free (h->backing_format);
+  free (h->data_file);
+  h->backing_file = h->backing_format = h->data_file = NULL;
+}
+
+/* A table of n bytes at offset must be cluster aligned and inside the
+ * file.
+ */
+static int
+header_check_table (struct qcow2_image *img, const char *what,
+                    uint64_t offset, uint64_t bytes, unsigned field)
+{
+  if (offset & (img->cluster_size - 1)) {
+    qcow2_err (img, "%s offset %#" PRIx64 " (header offset %u) is not "
+               "aligned to the cluster size %" PRIu64,
+               what, offset, field, img->cluster_size);
+    return -EINVAL;
+  }
+  if (bytes && range_exceeds (offset, bytes, img->file_size)) {
+    qcow2_err (img, "%s at %#" PRIx64 " (%" PRIu64 " bytes, header offset "
+               "%u) lies beyond the end of the file (%" PRIu64 " bytes)",
+               what, offset, bytes, field, img->file_size);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* Names of unknown incompatible features, from the feature name table
+ * where the image has one, so the error says what the image needs.
+ */
+static void
+header_report_unknown (struct qcow2_image *img, uint64_t bits,
+                       const uint8_t *table, uint32_t table_len)
+{
+  char msg[512];
+  size_t n = 0;
+
+  msg[0] = '\0';
+  for (unsigned bit = 0; bit < 64; bit++) {
+    if (!(bits & (1ULL << bit)))
+      continue;
+    char name[47] = "";
+    for (uint32_t i = 0; table && i + 48 <= table_len; i += 48) {
+      if (table[i] == 0 && table[i + 1] == bit) {
+        memcpy (name, &table[i + 2], 46);
+        name[46] = '\0';
+        break;
+      }
+    }
+    int r = snprintf (msg + n, sizeof msg - n, "%sbit %u%s%s%s",
+                      n ? ", " : "", bit,
+                      name[0] ? " (" : "", name, name[0] ? ")" : "");
+    if (r < 0 || (size_t) r >= sizeof msg - n)
+      break;
+    n += r;
+  }
+  qcow2_err (img, "image uses unsupported incompatible feature(s): %s "
+             "(incompatible_features %#" PRIx64 " at header offset %d)",
+             msg, img->h.incompatible_features, HDR_INCOMPAT);
+}
+
+static char *
+header_strndup (const uint8_t *p, size_t len)
+{
+  char *s = malloc (len + 1);
+  if (s) {
+    memcpy (s, p, len);
+    s[len] = '\0';
+  }
+  return s;
+}
+
+/* Walk the header extensions in buf[start, end). */
+static int
+header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
+                        uint64_t start, uint64_t end,
+                        const uint8_t **feature_table, uint32_t *ft_len)
+{
+  struct qcow2_header *h = &img->h;
+  uint64_t off = start;
+
+  while (off < end) {
+    if (end - off < 8) {
+      qcow2_err (img, "header extension at offset %#" PRIx64 " is "
+                 "truncated", off);
+      return -EINVAL;
+    }
+    uint32_t type = be32_get (buf + off);
+    uint32_t len = be32_get (buf + off + 4);
+    off += 8;
+    if (type == QCOW2_EXT_END)
+      return 0;
+    if (len > end - off) {
+      qcow2_err (img, "header extension %#" PRIx32 " at offset %#" PRIx64
+                 " is too large (%" PRIu32 " bytes, only %" PRIu64
+                 " left before offset %#" PRIx64 ")",
+                 type, off - 8, len, end - off, end);
+      return -EINVAL;
+    }
+    const uint8_t *data = buf + off;
+
+    switch (type) {
+    case QCOW2_EXT_BACKING_FORMAT:
+      free (h->backing_format);
+      h->backing_format = header_strndup (data, MIN (len, 64));
+      if (!h->backing_format)
+        return -errno;
+      break;
+    case QCOW2_EXT_FEATURE_TABLE:
+      *feature_table = data;
+      *ft_len = len;
+      break;
+    case QCOW2_EXT_DATA_FILE:
+      free (h->data_file);
+      h->data_file = header_strndup (data, len);
+      if (!h->data_file)
+        return -errno;
+      break;
+    case QCOW2_EXT_BITMAPS:
+      if (len < 24) {
+        qcow2_err (img, "bitmaps header extension at offset %#" PRIx64
+                   " is too short (%" PRIu32 " bytes)", off - 8, len);
+        return -EINVAL;
+      }
+      /* Only meaningful while the autoclear bit says it is valid. */
+      if (h->autoclear_features & QCOW2_AUTOCLEAR_BITMAPS) {
+        h->has_bitmaps_ext = true;
+        h->nb_bitmaps = be32_get (data);
+        h->bitmap_directory_size = be64_get (data + 8);
+        h->bitmap_directory_offset = be64_get (data + 16);
+      }
+      break;
+    default:
+      /* Unknown extensions are ignored, as the spec allows. */
+      break;
+    }
+
+    /* Extension data is padded to 8 bytes. */
+    off += ((uint64_t) len + 7) & ~UINT64_C (7);
+  }
+  return 0;
+}
+
+static int
+header_check_v3 (struct qcow2_image *img, const uint8_t *buf)
+{
+  struct qcow2_header *h = &img->h;
+
+  h->incompatible_features = be64_get (buf + HDR_INCOMPAT);
+  h->compatible_features = be64_get (buf + HDR_COMPAT);
+  h->autoclear_features = be64_get (buf + HDR_AUTOCLEAR);
+  h->refcount_order = be32_get (buf + HDR_REFCOUNT_ORDER);
+  h->header_length = be32_get (buf + HDR_HEADER_LENGTH);
+
+  if (h->header_length < HDR_V3_MIN) {
+    qcow2_err (img, "header_length %" PRIu32 " (header offset %d) is "
+               "shorter than the version 3 minimum of %d",
+               h->header_length, HDR_HEADER_LENGTH, HDR_V3_MIN);
+    return -EINVAL;
+  }
+  if (h->header_length > img->cluster_size) {
+    qcow2_err (img, "header_length %" PRIu32 " (header offset %d) exceeds "
+               "the cluster size %" PRIu64,
+               h->header_length, HDR_HEADER_LENGTH, img->cluster_size);
+    return -EINVAL;
+  }
+  if (h->refcount_order > 6) {
+    qcow2_err (img, "refcount_order %" PRIu32 " (header offset %d) is out "
+               "of range (0 to 6)", h->refcount_order, HDR_REFCOUNT_ORDER);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+static int
+header_check_compression (struct qcow2_image *img)
+{
+  struct qcow2_header *h = &img->h;
+  bool bit = h->incompatible_features & QCOW2_INCOMPAT_COMPRESSION;
+
+  if (h->compression_type > QCOW2_COMPRESSION_ZSTD) {
+    qcow2_err (img, "unknown compression type %u (header offset %d)",
+               h->compression_type, HDR_COMPRESSION_TYPE);
+    return -ENOTSUP;
+  }
+  if (bit != (h->compression_type != QCOW2_COMPRESSION_DEFLATE)) {
+    qcow2_err (img, "compression type %u (header offset %d) does not agree "
+               "with incompatible feature bit 3 (%s)", h->compression_type,
+               HDR_COMPRESSION_TYPE, bit ? "set" : "clear");
+    return -EINVAL;
+  }
+  return 0;
+}
+
+static int
+header_check_tables (struct qcow2_image *img)
+{
+  struct qcow2_header *h = &img->h;
+  uint64_t l2_coverage, l1_needed, bytes;
+  int r;
+
+  /* Guest bytes covered by one L2 table, and so L1 entries needed. */
+  l2_coverage = img->cluster_size << img->l2_bits;
+  l1_needed = div_round_up (h->size, l2_coverage);
+  if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES) {
+    qcow2_err (img, "l1_size %" PRIu32 " (header offset %d) is too large "
+               "(at most %u entries)", h->l1_size, HDR_L1_SIZE,
+               QCOW2_MAX_L1_BYTES / 8);
+    return -EFBIG;
+  }
+  if (h->l1_size < l1_needed) {
+    qcow2_err (img, "L1 table is too small: l1_size %" PRIu32 " (header "
+               "offset %d) but the virtual size %" PRIu64 " needs %" PRIu64
+               " entries", h->l1_size, HDR_L1_SIZE, h->size, l1_needed);
+    return -EINVAL;
+  }
+  r = header_check_table (img, "L1 table", h->l1_table_offset,
+                          (uint64_t) h->l1_size * 8, HDR_L1_OFFSET);
+  if (r < 0)
+    return r;
+
+  if (h->refcount_table_clusters == 0) {
+    qcow2_err (img, "refcount_table_clusters (header offset %d) is 0",
+               HDR_REFTABLE_CLUSTERS);
+    return -EINVAL;
+  }
+  if (mul_overflow_u64 (h->refcount_table_clusters, img->cluster_size,
+                        &bytes) ||
+      bytes > QCOW2_MAX_REFTABLE_BYTES) {
+    qcow2_err (img, "refcount_table_clusters %" PRIu32 " (header offset %d)"
+               " is too large", h->refcount_table_clusters,
+               HDR_REFTABLE_CLUSTERS);
+    return -EFBIG;
+  }
+  r = header_check_table (img, "refcount table", h->refcount_table_offset,
+                          bytes, HDR_REFTABLE_OFFSET);
+  if (r < 0)
+    return r;
+
+  if (h->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
+    qcow2_err (img, "nb_snapshots %" PRIu32 " (header offset %d) is too "
+               "large (at most %d)", h->nb_snapshots, HDR_NB_SNAPSHOTS,
+               QCOW2_MAX_SNAPSHOTS);
+    return -EFBIG;
+  }
+  if (h->nb_snapshots) {
+    r = header_check_table (img, "snapshot table", h->snapshots_offset,
+                            1, HDR_SNAPSHOTS_OFFSET);
+    if (r < 0)
+      return r;
+  }
+
+  if (h->has_bitmaps_ext && h->nb_bitmaps) {
+    r = header_check_table (img, "bitmap directory",
+                            h->bitmap_directory_offset,
+                            h->bitmap_directory_size, 0);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+int
+header_read (struct qcow2_image *img)
+{
+  struct qcow2_header *h = &img->h;
+  uint8_t fixed[HDR_V3_MIN];
+  uint8_t *buf = NULL;
+  const uint8_t *feature_table = NULL;
+  uint32_t ft_len = 0;
+  uint64_t ext_start, ext_end;
+  int r;
+
+  if (img->file_size < QCOW2_V2_HEADER_SIZE) {
+    qcow2_err (img, "file is too small (%" PRIu64 " bytes) to be a qcow2 "
+               "image: truncated?", img->file_size);
+    return -EINVAL;
+  }
+  r = img->io->ops->pread (img->io, fixed, sizeof fixed, 0);
+  if (r < 0) {
+    qcow2_err (img, "reading the header: %s", strerror (-r));
+    return r;
+  }
+  if (be32_get (fixed + HDR_MAGIC) != QCOW2_MAGIC) {
+    qcow2_err (img, "not a qcow2 image (magic %#" PRIx32 " at offset 0, "
+               "expected %#x)", be32_get (fixed), QCOW2_MAGIC);
+    return -EINVAL;
+  }
+  h->version = be32_get (fixed + HDR_VERSION);
+  if (h->version != 2 && h->version != 3) {
+    qcow2_err (img, "unsupported qcow2 version %" PRIu32 " (header offset "
+               "%d)", h->version, HDR_VERSION);
+    return -ENOTSUP;
+  }
+  if (h->version == 3 && img->file_size < HDR_V3_MIN) {
+    qcow2_err (img, "file is too small (%" PRIu64 " bytes) for a version 3 "
+               "header: truncated?", img->file_size);
+    return -EINVAL;
+  }
+
+  h->backing_file_offset = be64_get (fixed + HDR_BACKING_OFFSET);
+  h->backing_file_size = be32_get (fixed + HDR_BACKING_SIZE);
+  h->cluster_bits = be32_get (fixed + HDR_CLUSTER_BITS);
+  h->size = be64_get (fixed + HDR_SIZE);
+  h->crypt_method = be32_get (fixed + HDR_CRYPT);
+  h->l1_size = be32_get (fixed + HDR_L1_SIZE);
+  h->l1_table_offset = be64_get (fixed + HDR_L1_OFFSET);
+  h->refcount_table_offset = be64_get (fixed + HDR_REFTABLE_OFFSET);
+  h->refcount_table_clusters = be32_get (fixed + HDR_REFTABLE_CLUSTERS);
+  h->nb_snapshots = be32_get (fixed + HDR_NB_SNAPSHOTS);
+  h->snapshots_offset = be64_get (fixed + HDR_SNAPSHOTS_OFFSET);
+
+  if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
+      h->cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
+    qcow2_err (img, "cluster_bits %" PRIu32 " (header offset %d) is out of "
+               "range (%d to %d)", h->cluster_bits, HDR_CLUSTER_BITS,
+               QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
+    return -EINVAL;
+  }
+  img->cluster_bits = h->cluster_bits;
+  img->cluster_size = UINT64_C (1) << h->cluster_bits;
+
+  if (h->crypt_method != 0) {
+    qcow2_err (img, "image is encrypted (crypt_method %" PRIu32 " at header "
+               "offset %d): encrypted images are not supported",
+               h->crypt_method, HDR_CRYPT);
+    return -ENOTSUP;
+  }
+
+  if (h->version == 2) {
+    h->refcount_order = 4;
+    h->header_length = QCOW2_V2_HEADER_SIZE;
+  }
+  else if ((r = header_check_v3 (img, fixed)) < 0)
+    return r;
+
+  /* The extensions and backing name live in the first cluster. */
+  buf = calloc (1, img->cluster_size);
+  if (!buf)
+    return -errno;
+  r = img->io->ops->pread (img->io, buf,
+                           MIN (img->cluster_size, img->file_size), 0);
+  if (r < 0) {
+    qcow2_err (img, "reading the header cluster: %s", strerror (-r));
+    goto out;
+  }
+  if (h->version == 3 && h->header_length > HDR_COMPRESSION_TYPE)
+    h->compression_type = buf[HDR_COMPRESSION_TYPE];
+
+  if (h->backing_file_offset) {
+    if (h->backing_file_size > QCOW2_MAX_BACKING_NAME ||
+        h->backing_file_offset < h->header_length ||
+        range_exceeds (h->backing_file_offset, h->backing_file_size,
+                       img->cluster_size)) {
+      qcow2_err (img, "backing file name at offset %#" PRIx64 " (%" PRIu32
+                 " bytes, header offsets %d and %d) does not fit in the "
+                 "first cluster after the header", h->backing_file_offset,
+                 h->backing_file_size, HDR_BACKING_OFFSET, HDR_BACKING_SIZE);
+      r = -EINVAL;
+      goto out;
+    }
+    h->backing_file = header_strndup (buf + h->backing_file_offset,
+                                      h->backing_file_size);
+    if (!h->backing_file) {
+      r = -errno;
+      goto out;
+    }
+  }
+
+  ext_start = h->header_length;
+  ext_end = h->backing_file_offset ? h->backing_file_offset
+                                   : img->cluster_size;
+  r = header_read_extensions (img, buf, ext_start, ext_end,
+                              &feature_table, &ft_len);
+  if (r < 0)
+    goto out;
+
+  if (h->incompatible_features & ~QCOW2_INCOMPAT_KNOWN) {
+    header_report_unknown (img, h->incompatible_features
+                                & ~QCOW2_INCOMPAT_KNOWN,
+                           feature_table, ft_len);
+    r = -ENOTSUP;
+    goto out;
+  }
+  if ((r = header_check_compression (img)) < 0)
+    goto out;
+
+  img->extended_l2 = h->incompatible_features & QCOW2_INCOMPAT_EXTL2;
+  img->l2_entry_size = img->extended_l2 ? 16 : 8;
+  img->l2_bits = img->cluster_bits - (img->extended_l2 ? 4 : 3);
+  img->subcluster_size = img->extended_l2
+    ? img->cluster_size / QCOW2_SUBCLUSTERS : img->cluster_size;
+  img->subcluster_bits = img->extended_l2
+    ? img->cluster_bits - 5 : img->cluster_bits;
+  img->compressed_offset_bits = 62 - (img->cluster_bits - 8);
+  img->data_file_raw = h->autoclear_features & QCOW2_AUTOCLEAR_DATA_RAW;
+  if (img->extended_l2 && img->cluster_bits < 14) {
+    /* Subclusters would be smaller than a sector. */
+    qcow2_err (img, "extended L2 entries need clusters of at least 16 KiB "
+               "(cluster_bits is %" PRIu32 ")", img->cluster_bits);
+    r = -EINVAL;
+    goto out;
+  }
+
+  r = header_check_tables (img);
+ out:
+  free (buf);
+  return r;
+}

@@ -1,0 +1,271 @@
+/* Opening and closing images and backing layers; the engine's entry
+ * points that take the image lock.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+static void
+env_vmsg (const struct qcow2_env *env, bool debug, const char *prefix,
+          const char *fmt, va_list ap)
+{
+  char msg[1024];
+  int n = 0;
+
+  if (prefix)
+    n = snprintf (msg, sizeof msg, "%s: ", prefix);
+  if (n < 0 || (size_t) n >= sizeof msg)
+    n = 0;
+  vsnprintf (msg + n, sizeof msg - n, fmt, ap);
+  if (debug) {
+    if (env->debug)
+      env->debug (env->opaque, msg);
+  }
+  else if (env->error)
+    env->error (env->opaque, msg);
+}
+
+void
+env_err (const struct qcow2_env *env, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  env_vmsg (env, false, NULL, fmt, ap);
+  va_end (ap);
+}
+
+/* Errors name the file they are about: in a backing chain the user
+ * needs to know which layer is bad.
+ */
+void
+qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  env_vmsg (img->env, false, img->path, fmt, ap);
+  va_end (ap);
+}
+
+void
+qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  env_vmsg (img->env, true, img->path, fmt, ap);
+  va_end (ap);
+}
+
+void
+image_free (struct qcow2_image *img)
+{
+  if (!img)
+    return;
+  if (img->backing)
+    image_free (img->backing);
+  if (img->cache)
+    cache_destroy (img->cache);
+  if (img->data_io && img->data_io != img->io)
+    img->data_io->ops->close (img->data_io);
+  if (img->io)
+    img->io->ops->close (img->io);
+  snapshot_free_table (img);
+  header_free (&img->h);
+  free (img->l1);
+  free (img->path);
+  free (img->id);
+  pthread_mutex_destroy (&img->lock);
+  free (img);
+}
+
+static int
+image_probe_format (struct qcow2_image *img, const char **format)
+{
+  uint8_t magic[4] = { 0 };
+  int r;
+
+  if (img->file_size >= sizeof magic) {
+    r = img->io->ops->pread (img->io, magic, sizeof magic, 0);
+    if (r < 0) {
+      qcow2_err (img, "reading the first bytes to probe the format: %s",
+                 strerror (-r));
+      return r;
+    }
+  }
+  *format = be32_get (magic) == QCOW2_MAGIC ? "qcow2" : "raw";
+  return 0;
+}
+
+static int
+image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
+                  const char **chain, unsigned depth)
+{
+  int r;
+
+  if ((r = header_read (img)) < 0)
+    return r;
+  if ((r = data_file_open (img, opts)) < 0)
+    return r;
+  if ((r = snapshot_read_table (img)) < 0)
+    return r;
+  if (opts->snapshot) {
+    if ((r = snapshot_select (img, opts->snapshot)) < 0)
+      return r;
+  }
+  else {
+    img->size = img->h.size;
+    r = l1_load (img, img->h.l1_table_offset, img->h.l1_size,
+                 "active L1 table");
+    if (r < 0)
+      return r;
+  }
+  if ((r = cache_setup (img, opts)) < 0)
+    return r;
+  if (!opts->no_backing && img->h.backing_file)
+    return backing_open (img, opts, chain, depth);
+  return 0;
+}
+
+struct qcow2_image *
+image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
+                  const char *path, char *id, const char *format,
+                  const struct qcow2_options *opts,
+                  const char **chain, unsigned depth)
+{
+  struct qcow2_image *img;
+  int64_t size;
+  int r;
+
+  img = calloc (1, sizeof *img);
+  if (!img) {
+    r = -errno;
+    io->ops->close (io);
+    free (id);
+    errno = -r;
+    return NULL;
+  }
+  pthread_mutex_init (&img->lock, NULL);
+  img->env = env;
+  img->io = io;
+  img->id = id;
+  img->debug_cache = opts->debug_cache;
+  img->path = strdup (path);
+  if (!img->path) {
+    r = -errno;
+    goto err;
+  }
+
+  size = io->ops->size (io);
+  if (size < 0) {
+    r = (int) size;
+    qcow2_err (img, "cannot get the file size: %s", strerror (-r));
+    goto err;
+  }
+  img->file_size = size;
+
+  if (!format && (r = image_probe_format (img, &format)) < 0)
+    goto err;
+  if (strcmp (format, "raw") == 0) {
+    img->raw = true;
+    img->size = img->file_size;
+    return img;
+  }
+  if (strcmp (format, "qcow2") != 0) {
+    qcow2_err (img, "unsupported format \"%s\" (qcow2 and raw are "
+               "supported)", format);
+    r = -ENOTSUP;
+    goto err;
+  }
+  r = image_open_qcow2 (img, opts, chain, depth);
+  if (r < 0)
+    goto err;
+  return img;
+
+ err:
+  image_free (img);
+  errno = -r;
+  return NULL;
+}
+
+struct qcow2_image *
+qcow2_open (const struct qcow2_env *env, struct qcow2_io *io,
+            const char *path, const struct qcow2_options *opts)
+{
+  const char *chain[QCOW2_MAX_CHAIN_DEPTH + 1];
+  char *id = strdup (path);
+
+  if (!id) {
+    int e = errno;
+    io->ops->close (io);
+    errno = e;
+    return NULL;
+  }
+  chain[0] = id;
+  return image_open_layer (env, io, path, id, "qcow2", opts, chain, 0);
+}
+
+void
+qcow2_close (struct qcow2_image *img)
+{
+  image_free (img);
+}
+
+uint64_t
+qcow2_get_size (const struct qcow2_image *img)
+{
+  return img->size;
+}
+
+int
+qcow2_check_writable (struct qcow2_image *img)
+{
+  if (img->served_snapshot) {
+    qcow2_err (img, "snapshot \"%s\" is served read-only",
+               img->served_snapshot->name);
+    return -EROFS;
+  }
+  if (img->h.incompatible_features & QCOW2_INCOMPAT_CORRUPT) {
+    qcow2_err (img, "image is marked corrupt (incompatible feature bit 1): "
+               "refusing write access; \"qemu-img check -r all\" repairs "
+               "it, and nbdkit -r serves it read-only");
+    return -EPERM;
+  }
+  return 0;
+}
+
+int
+qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
+            uint64_t offset)
+{
+  if (range_exceeds (offset, count, img->size)) {
+    qcow2_err (img, "read of %" PRIu64 " bytes at %" PRIu64 " is beyond "
+               "the virtual size %" PRIu64, count, offset, img->size);
+    return -EINVAL;
+  }
+  return layer_read (img, buf, count, offset);
+}
+
+int
+qcow2_extents (struct qcow2_image *img, uint64_t offset, uint64_t count,
+               bool req_one, qcow2_extent_fn add, void *opaque)
+{
+  if (range_exceeds (offset, count, img->size)) {
+    qcow2_err (img, "extents of %" PRIu64 " bytes at %" PRIu64 " are "
+               "beyond the virtual size %" PRIu64, count, offset, img->size);
+    return -EINVAL;
+  }
+  return layer_extents (img, offset, count, req_one, add, opaque);
+}
+
+void
+qcow2_cache_stats (struct qcow2_image *img, struct qcow2_cache_stats *stats)
+{
+  pthread_mutex_lock (&img->lock);
+  cache_stats (img->cache, stats);
+  pthread_mutex_unlock (&img->lock);
+}

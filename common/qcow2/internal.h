@@ -1,0 +1,221 @@
+/* The qcow2 engine: state and functions shared between its modules.
+ * Not part of the engine's interface.
+ */
+#ifndef QCOW2_INTERNAL_H
+#define QCOW2_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qcow2.h"
+#include "io.h"
+
+#define QCOW2_MAGIC 0x514649fbU         /* "QFI\xfb" */
+#define QCOW2_V2_HEADER_SIZE 72
+#define QCOW2_MIN_CLUSTER_BITS 9
+#define QCOW2_MAX_CLUSTER_BITS 21
+#define QCOW2_MAX_L1_BYTES (32u << 20)  /* as QEMU's QCOW_MAX_L1_SIZE */
+#define QCOW2_MAX_REFTABLE_BYTES (8u << 20)
+#define QCOW2_MAX_SNAPSHOTS 65536
+#define QCOW2_MAX_BACKING_NAME 1023
+#define QCOW2_MAX_CHAIN_DEPTH 256
+
+/* Feature bits. */
+#define QCOW2_INCOMPAT_DIRTY         (1ULL << 0)
+#define QCOW2_INCOMPAT_CORRUPT       (1ULL << 1)
+#define QCOW2_INCOMPAT_DATA_FILE     (1ULL << 2)
+#define QCOW2_INCOMPAT_COMPRESSION   (1ULL << 3)
+#define QCOW2_INCOMPAT_EXTL2         (1ULL << 4)
+#define QCOW2_INCOMPAT_KNOWN         0x1fULL
+#define QCOW2_COMPAT_LAZY_REFCOUNTS  (1ULL << 0)
+#define QCOW2_AUTOCLEAR_BITMAPS      (1ULL << 0)
+#define QCOW2_AUTOCLEAR_DATA_RAW     (1ULL << 1)
+
+/* Header extension types. */
+#define QCOW2_EXT_END            0x00000000U
+#define QCOW2_EXT_BACKING_FORMAT 0xe2792acaU
+#define QCOW2_EXT_FEATURE_TABLE  0x6803f857U
+#define QCOW2_EXT_BITMAPS        0x23852875U
+#define QCOW2_EXT_CRYPTO         0x0537be77U
+#define QCOW2_EXT_DATA_FILE      0x44415441U
+
+/* Table entries. */
+#define QCOW2_OFLAG_COPIED       (1ULL << 63)
+#define QCOW2_OFLAG_COMPRESSED   (1ULL << 62)
+#define QCOW2_OFLAG_ZERO         (1ULL << 0)
+#define QCOW2_OFFSET_MASK        0x00fffffffffffe00ULL
+#define QCOW2_SUBCLUSTERS        32
+
+#define QCOW2_COMPRESSION_DEFLATE 0
+#define QCOW2_COMPRESSION_ZSTD    1
+
+/* The header as read from disk, fields in host order. */
+struct qcow2_header {
+  uint32_t version;
+  uint64_t backing_file_offset;
+  uint32_t backing_file_size;
+  uint32_t cluster_bits;
+  uint64_t size;
+  uint32_t crypt_method;
+  uint32_t l1_size;
+  uint64_t l1_table_offset;
+  uint64_t refcount_table_offset;
+  uint32_t refcount_table_clusters;
+  uint32_t nb_snapshots;
+  uint64_t snapshots_offset;
+  uint64_t incompatible_features;
+  uint64_t compatible_features;
+  uint64_t autoclear_features;
+  uint32_t refcount_order;
+  uint32_t header_length;
+  uint8_t compression_type;
+
+  /* From the header extensions and the backing file name field. */
+  char *backing_file;
+  char *backing_format;
+  char *data_file;
+  bool has_bitmaps_ext;
+  uint32_t nb_bitmaps;
+  uint64_t bitmap_directory_size;
+  uint64_t bitmap_directory_offset;
+};
+
+/* One internal snapshot, from the snapshot table. */
+struct qcow2_snapshot {
+  uint64_t l1_table_offset;
+  uint32_t l1_size;
+  uint64_t disk_size;
+  char *id;
+  char *name;
+};
+
+/* What a guest range maps to, as found in the L2 tables. */
+enum qcow2_run_kind {
+  RUN_UNALLOCATED,      /* read from the backing file, or zeros */
+  RUN_ZERO,             /* reads as zeros */
+  RUN_DATA,             /* host_offset in the data file */
+  RUN_COMPRESSED,       /* one compressed cluster */
+};
+
+struct qcow2_run {
+  enum qcow2_run_kind kind;
+  uint64_t length;              /* guest bytes covered */
+  uint64_t host_offset;         /* RUN_DATA: host offset of the first byte */
+  uint64_t comp_offset;         /* RUN_COMPRESSED: descriptor */
+  uint64_t comp_size;
+};
+
+struct l2_cache;
+
+struct qcow2_image {
+  const struct qcow2_env *env;
+  char *path;                   /* as given; names resolve against it */
+  char *id;                     /* canonical identity, for loop checks */
+  struct qcow2_io *io;          /* the image file */
+  uint64_t file_size;
+
+  /* A raw layer (only ever a backing file) has no qcow2 metadata: reads
+   * go straight to io, and only size and backing are meaningful.
+   */
+  bool raw;
+  uint64_t size;                /* virtual size served */
+
+  struct qcow2_header h;
+  uint32_t cluster_bits;
+  uint64_t cluster_size;
+  bool extended_l2;
+  uint32_t l2_entry_size;       /* 8, or 16 with extended L2 */
+  uint32_t l2_bits;             /* log2 of entries per L2 table */
+  uint64_t subcluster_size;
+  uint32_t subcluster_bits;
+  uint32_t compressed_offset_bits;      /* "x" in the spec */
+
+  struct qcow2_io *data_io;     /* == io unless an external data file */
+  bool data_file_raw;
+
+  uint64_t *l1;                 /* L1 of what is served, in host order */
+  uint32_t l1_size;
+
+  struct qcow2_snapshot *snapshots;
+  uint32_t nb_snapshots;
+  const struct qcow2_snapshot *served_snapshot;   /* NULL = active */
+
+  struct qcow2_image *backing;  /* NULL if none or backing=none */
+
+  struct l2_cache *cache;
+  bool debug_cache;
+
+  /* Guards the L2 cache and, later, all metadata. */
+  pthread_mutex_t lock;
+};
+
+/* image.c */
+extern void qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+extern void qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+extern void env_err (const struct qcow2_env *env, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
+                                             struct qcow2_io *io,
+                                             const char *path, char *id,
+                                             const char *format,
+                                             const struct qcow2_options *opts,
+                                             const char **chain,
+                                             unsigned depth);
+extern void image_free (struct qcow2_image *img);
+
+/* header.c */
+extern int header_read (struct qcow2_image *img);
+extern void header_free (struct qcow2_header *h);
+
+/* cache.c */
+extern struct l2_cache *cache_create (uint64_t slice_size, uint64_t slices);
+extern void cache_destroy (struct l2_cache *c);
+extern int cache_get_slice (struct qcow2_image *img, uint64_t host_offset,
+                            const uint8_t **slice);
+extern uint64_t cache_slice_size (const struct l2_cache *c);
+extern void cache_stats (const struct l2_cache *c,
+                         struct qcow2_cache_stats *stats);
+extern int cache_setup (struct qcow2_image *img,
+                        const struct qcow2_options *opts);
+
+/* cluster.c */
+extern int cluster_map (struct qcow2_image *img, uint64_t offset,
+                        uint64_t max_len, struct qcow2_run *run);
+extern int cluster_check_data_offset (struct qcow2_image *img,
+                                      uint64_t host_offset, uint64_t len);
+
+/* compress.c */
+extern int compress_read_cluster (struct qcow2_image *img,
+                                  uint64_t comp_offset, uint64_t comp_size,
+                                  uint8_t *out);
+
+/* backing.c */
+extern char *backing_resolve (const char *image_path, const char *name);
+extern int backing_open (struct qcow2_image *img,
+                         const struct qcow2_options *opts,
+                         const char **chain, unsigned depth);
+extern int data_file_open (struct qcow2_image *img,
+                           const struct qcow2_options *opts);
+
+/* snapshot.c */
+extern int snapshot_read_table (struct qcow2_image *img);
+extern int snapshot_select (struct qcow2_image *img, const char *which);
+extern void snapshot_free_table (struct qcow2_image *img);
+
+/* read.c */
+extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+                       uint64_t offset);
+extern int l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
+                    const char *what);
+
+/* extents.c */
+extern int layer_extents (struct qcow2_image *img, uint64_t offset,
+                          uint64_t count, bool req_one,
+                          qcow2_extent_fn add, void *opaque);
+
+#endif /* QCOW2_INTERNAL_H */

@@ -1,0 +1,61 @@
+/* The storage interface the qcow2 engine talks through.  The engine
+ * never sees a file descriptor: a file, another nbdkit plugin, an
+ * in-memory image for tests and fuzzing, or a fault-injecting backend
+ * all implement these few operations.
+ */
+#ifndef QCOW2_IO_H
+#define QCOW2_IO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct qcow2_io;
+
+struct qcow2_io_ops {
+  /* Read count bytes at offset.  Bytes past the end of storage read as
+   * zeros.  Returns 0 or -errno.
+   */
+  int (*pread) (struct qcow2_io *io, void *buf, size_t count,
+                uint64_t offset);
+  /* Write count bytes at offset, growing storage as needed. */
+  int (*pwrite) (struct qcow2_io *io, const void *buf, size_t count,
+                 uint64_t offset);
+  /* Make every completed write durable. */
+  int (*flush) (struct qcow2_io *io);
+  /* Deallocate a range so that it reads as zeros (or -EOPNOTSUPP). */
+  int (*punch) (struct qcow2_io *io, uint64_t offset, uint64_t count);
+  /* Current size of storage in bytes, or -errno. */
+  int64_t (*size) (struct qcow2_io *io);
+  /* Optional (may be NULL): is [offset, offset+count) a hole?  Sets
+   * *len to the length of the run starting at offset that has the
+   * same answer.  Used so raw backing files report holes as qemu does.
+   */
+  int (*hole) (struct qcow2_io *io, uint64_t offset, uint64_t count,
+               bool *is_hole, uint64_t *len);
+  void (*close) (struct qcow2_io *io);
+};
+
+struct qcow2_io {
+  const struct qcow2_io_ops *ops;
+};
+
+/* How the engine opens the other files an image names (backing files,
+ * external data files).  Supplied by whoever drives the engine.
+ */
+struct qcow2_env {
+  void *opaque;
+  /* Open path (already resolved against the naming image's folder).
+   * On success returns the I/O object and sets *id to a malloc'd name
+   * that is equal for two paths naming the same file (used to detect
+   * backing chains that loop).  On failure returns NULL and sets errno;
+   * *id is then a malloc'd message explaining why (or NULL).
+   */
+  struct qcow2_io *(*open) (void *opaque, const char *path, bool readonly,
+                            char **id);
+  /* Error and debug messages from the engine. */
+  void (*error) (void *opaque, const char *msg);
+  void (*debug) (void *opaque, const char *msg);
+};
+
+#endif /* QCOW2_IO_H */

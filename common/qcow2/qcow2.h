@@ -1,0 +1,68 @@
+/* The qcow2 engine: public interface.
+ *
+ * One struct qcow2_image per opened image, shared by every connection;
+ * all functions are safe to call from many threads at once.  Errors are
+ * returned as -errno, with a message sent to env->error first.
+ */
+#ifndef QCOW2_H
+#define QCOW2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "io.h"
+
+struct qcow2_image;
+
+struct qcow2_options {
+  uint64_t l2_cache_size;       /* bytes; 0 = cover the disk, up to a cap */
+  uint64_t l2_slice_size;       /* bytes; 0 = default (see cache.c) */
+  bool no_backing;              /* serve the image without its backing file */
+  const char *snapshot;         /* internal snapshot name or ID, or NULL */
+  const char *data_file;        /* override the external data file name */
+  bool debug_cache;             /* debug messages for L2 cache hits/misses */
+};
+
+/* Open the image in io (named path, used to resolve relative names).
+ * On success the image owns io.  On failure returns NULL and errno.
+ */
+extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
+                                       struct qcow2_io *io, const char *path,
+                                       const struct qcow2_options *opts);
+extern void qcow2_close (struct qcow2_image *img);
+
+/* Virtual size of what is served (the snapshot's, if one was chosen). */
+extern uint64_t qcow2_get_size (const struct qcow2_image *img);
+
+/* 0 if the image may be written, else -errno with the reason reported
+ * (corrupt bit set, snapshot export, ...).
+ */
+extern int qcow2_check_writable (struct qcow2_image *img);
+
+extern int qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
+                       uint64_t offset);
+
+/* Extent flags, equal to NBD's base:allocation flags. */
+#define QCOW2_EXTENT_HOLE 1
+#define QCOW2_EXTENT_ZERO 2
+
+/* Report the allocation status of [offset, offset+count) as a sequence
+ * of calls to add, merged so that adjacent calls differ in type.  Stops
+ * early, with success, if add returns 1 or if req_one is set after the
+ * first extent.
+ */
+typedef int (*qcow2_extent_fn) (void *opaque, uint64_t offset,
+                                uint64_t length, uint32_t type);
+extern int qcow2_extents (struct qcow2_image *img, uint64_t offset,
+                          uint64_t count, bool req_one,
+                          qcow2_extent_fn add, void *opaque);
+
+/* Debug statistics of the L2 cache (of the top image). */
+struct qcow2_cache_stats {
+  uint64_t hits, misses, evictions;
+  uint64_t slice_size, slices;
+};
+extern void qcow2_cache_stats (struct qcow2_image *img,
+                               struct qcow2_cache_stats *stats);
+
+#endif /* QCOW2_H */

@@ -1,0 +1,242 @@
+/* nbdkit qcow2 plugin: the glue between nbdkit and the qcow2 engine in
+ * common/qcow2.  The image is opened once, in get_ready, and shared by
+ * every connection; the engine does its own locking.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "fileio.h"
+#include "qcow2.h"
+
+/* -D qcow2.cache=1: L2 cache hits, misses and evictions. */
+NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
+
+static char *filename;
+static char *data_file;
+static struct qcow2_options options;
+static struct qcow2_image *image;
+
+static void
+plugin_error (void *opaque, const char *msg)
+{
+  nbdkit_error ("%s", msg);
+}
+
+static void
+plugin_debug (void *opaque, const char *msg)
+{
+  nbdkit_debug ("%s", msg);
+}
+
+static const struct qcow2_env env = {
+  .open = fileio_env_open,
+  .error = plugin_error,
+  .debug = plugin_debug,
+};
+
+static void
+plugin_unload (void)
+{
+  qcow2_close (image);
+  free (filename);
+  free (data_file);
+  free ((char *) options.snapshot);
+}
+
+static int
+plugin_parse_size (const char *key, const char *value, uint64_t *out)
+{
+  int64_t r = nbdkit_parse_size (value);
+
+  if (r == -1)
+    return -1;
+  if (r == 0) {
+    nbdkit_error ("%s must not be zero", key);
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+static int
+plugin_config (const char *key, const char *value)
+{
+  if (strcmp (key, "file") == 0) {
+    free (filename);
+    /* Absolute, since nbdkit may change directory; backing file names
+     * resolve against its folder.
+     */
+    filename = nbdkit_absolute_path (value);
+    return filename ? 0 : -1;
+  }
+  if (strcmp (key, "backing") == 0) {
+    if (strcmp (value, "none") != 0) {
+      nbdkit_error ("backing: only \"none\" is supported, to serve the "
+                    "image without its backing file");
+      return -1;
+    }
+    options.no_backing = true;
+    return 0;
+  }
+  if (strcmp (key, "snapshot") == 0) {
+    free ((char *) options.snapshot);
+    options.snapshot = strdup (value);
+    return options.snapshot ? 0 : -1;
+  }
+  if (strcmp (key, "data-file") == 0) {
+    free (data_file);
+    data_file = nbdkit_absolute_path (value);
+    options.data_file = data_file;
+    return data_file ? 0 : -1;
+  }
+  if (strcmp (key, "l2-cache-size") == 0)
+    return plugin_parse_size (key, value, &options.l2_cache_size);
+  if (strcmp (key, "l2-slice-size") == 0)
+    return plugin_parse_size (key, value, &options.l2_slice_size);
+  nbdkit_error ("unknown parameter '%s'", key);
+  return -1;
+}
+
+static int
+plugin_config_complete (void)
+{
+  if (!filename) {
+    nbdkit_error ("you must supply the file=<FILENAME> parameter");
+    return -1;
+  }
+  return 0;
+}
+
+#define plugin_config_help \
+  "file=<FILENAME>      (required) The qcow2 image to serve.\n" \
+  "backing=none                    Serve the image without its backing file.\n" \
+  "snapshot=<NAME|ID>              Serve an internal snapshot (read-only).\n" \
+  "data-file=<FILENAME>            Override the external data file.\n" \
+  "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
+  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size)."
+
+static int
+plugin_get_ready (void)
+{
+  struct qcow2_io *io = fileio_open (filename, true);
+
+  if (!io) {
+    nbdkit_error ("open: %s: %m", filename);
+    return -1;
+  }
+  options.debug_cache = qcow2_debug_cache;
+  image = qcow2_open (&env, io, filename, &options);
+  return image ? 0 : -1;
+}
+
+static void *
+plugin_open (int readonly)
+{
+  /* A connection that could write is refused where writing would be
+   * unsafe (a corrupt image), as qemu refuses to open it read-write.
+   */
+  if (!readonly && qcow2_check_writable (image) == -EPERM)
+    return NULL;
+  return NBDKIT_HANDLE_NOT_NEEDED;
+}
+
+static void
+plugin_close (void *handle)
+{
+  struct qcow2_cache_stats st;
+
+  if (qcow2_debug_cache) {
+    qcow2_cache_stats (image, &st);
+    nbdkit_debug ("L2 cache: %" PRIu64 " hits, %" PRIu64 " misses, %"
+                  PRIu64 " evictions (%" PRIu64 " slices of %" PRIu64
+                  " bytes)", st.hits, st.misses, st.evictions, st.slices,
+                  st.slice_size);
+  }
+}
+
+static int64_t
+plugin_get_size (void *handle)
+{
+  return qcow2_get_size (image);
+}
+
+static int
+plugin_can_write (void *handle)
+{
+  return 0;
+}
+
+static int
+plugin_can_multi_conn (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_can_extents (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_errno (int r)
+{
+  errno = -r;
+  return -1;
+}
+
+static int
+plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags)
+{
+  int r = qcow2_read (image, buf, count, offset);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+static int
+plugin_add_extent (void *opaque, uint64_t offset, uint64_t length,
+                   uint32_t type)
+{
+  return nbdkit_add_extent (opaque, offset, length, type) == -1 ? -errno : 0;
+}
+
+static int
+plugin_extents (void *handle, uint32_t count, uint64_t offset,
+                uint32_t flags, struct nbdkit_extents *extents)
+{
+  int r = qcow2_extents (image, offset, count, flags & NBDKIT_FLAG_REQ_ONE,
+                         plugin_add_extent, extents);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+static struct nbdkit_plugin plugin = {
+  .name              = "qcow2",
+  .longname          = "nbdkit qcow2 plugin",
+  .version           = PACKAGE_VERSION,
+  .unload            = plugin_unload,
+  .config            = plugin_config,
+  .config_complete   = plugin_config_complete,
+  .config_help       = plugin_config_help,
+  .magic_config_key  = "file",
+  .get_ready         = plugin_get_ready,
+  .open              = plugin_open,
+  .close             = plugin_close,
+  .get_size          = plugin_get_size,
+  .can_write         = plugin_can_write,
+  .can_multi_conn    = plugin_can_multi_conn,
+  .can_extents       = plugin_can_extents,
+  .pread             = plugin_pread,
+  .extents           = plugin_extents,
+  .errno_is_preserved = 1,
+};
+
+NBDKIT_REGISTER_PLUGIN (plugin)
