@@ -117,6 +117,16 @@ fileio_hole (struct qcow2_io *io, uint64_t offset, uint64_t count,
   return 0;
 }
 
+static int64_t
+fileio_allocated (struct qcow2_io *io)
+{
+  struct stat st;
+
+  if (fstat (fileio_fd (io), &st) == -1)
+    return -errno;
+  return (int64_t) st.st_blocks * 512;
+}
+
 static void
 fileio_close (struct qcow2_io *io)
 {
@@ -131,6 +141,7 @@ static const struct qcow2_io_ops fileio_ops = {
   .punch = fileio_punch,
   .size = fileio_size,
   .hole = fileio_hole,
+  .allocated = fileio_allocated,
   .close = fileio_close,
 };
 

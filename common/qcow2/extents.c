@@ -56,31 +56,60 @@ extent_emit (struct extent_merger *m, uint64_t offset, uint64_t length,
 static int extent_walk (struct qcow2_image *img, uint64_t offset,
                         uint64_t count, struct extent_merger *m);
 
+/* Guest [offset, offset+count) stored at host_offset in io: holes in
+ * the file report as hole_type, the rest as data.
+ */
 static int
-extent_walk_raw (struct qcow2_image *img, uint64_t offset, uint64_t count,
-                 struct extent_merger *m)
+extent_walk_file (struct qcow2_image *img, struct qcow2_io *io,
+                  uint64_t host_offset, uint64_t offset, uint64_t count,
+                  uint32_t hole_type, struct extent_merger *m)
 {
-  struct qcow2_io *io = img->io;
-
   if (!io->ops->hole)
     return extent_emit (m, offset, count, 0);
   while (count > 0 && !m->done) {
     bool hole;
     uint64_t len;
-    int r = io->ops->hole (io, offset, count, &hole, &len);
+    int r = io->ops->hole (io, host_offset, count, &hole, &len);
     if (r < 0) {
-      qcow2_err (img, "finding holes at %#" PRIx64 ": %s", offset,
+      qcow2_err (img, "finding holes at %#" PRIx64 ": %s", host_offset,
                  strerror (-r));
       return r;
     }
     len = MAX (MIN (len, count), 1);
-    r = extent_emit (m, offset, len, hole ? EXTENT_HOLE_ZERO : 0);
+    r = extent_emit (m, offset, len, hole ? hole_type : 0);
     if (r < 0)
       return r;
+    host_offset += len;
     offset += len;
     count -= len;
   }
   return 0;
+}
+
+/* Data clusters of a preallocation=metadata image may be holes in the
+ * file: those read as zeros, and QEMU reports them as such (data that
+ * is known to be zero), so we look at the file as it does.
+ */
+static int
+extent_walk_data (struct qcow2_image *img, const struct qcow2_run *run,
+                  uint64_t offset, struct extent_merger *m)
+{
+  bool prealloc;
+  int r = 0;
+
+  pthread_mutex_lock (&img->lock);
+  if (!img->prealloc_checked) {
+    r = refcount_detect_metadata_prealloc (img, &img->metadata_prealloc);
+    img->prealloc_checked = r == 0;
+  }
+  prealloc = img->metadata_prealloc;
+  pthread_mutex_unlock (&img->lock);
+  if (r < 0)
+    return r;
+  if (!prealloc)
+    return extent_emit (m, offset, run->length, 0);
+  return extent_walk_file (img, img->data_io, run->host_offset, offset,
+                           run->length, QCOW2_EXTENT_ZERO, m);
 }
 
 /* Guest ranges not allocated in img show what its backing file has. */
@@ -108,7 +137,8 @@ extent_walk (struct qcow2_image *img, uint64_t offset, uint64_t count,
              struct extent_merger *m)
 {
   if (img->raw)
-    return extent_walk_raw (img, offset, count, m);
+    return extent_walk_file (img, img->io, offset, offset, count,
+                             EXTENT_HOLE_ZERO, m);
 
   while (count > 0 && !m->done) {
     struct qcow2_run run;
@@ -128,6 +158,8 @@ extent_walk (struct qcow2_image *img, uint64_t offset, uint64_t count,
       r = extent_emit (m, offset, run.length, EXTENT_HOLE_ZERO);
       break;
     case RUN_DATA:
+      r = extent_walk_data (img, &run, offset, m);
+      break;
     case RUN_COMPRESSED:
       r = extent_emit (m, offset, run.length, 0);
       break;

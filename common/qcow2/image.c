@@ -77,6 +77,7 @@ image_free (struct qcow2_image *img)
   snapshot_free_table (img);
   header_free (&img->h);
   free (img->l1);
+  free (img->reftable);
   free (img->path);
   free (img->id);
   pthread_mutex_destroy (&img->lock);
@@ -110,6 +111,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if ((r = header_read (img)) < 0)
     return r;
   if ((r = data_file_open (img, opts)) < 0)
+    return r;
+  if ((r = refcount_load_table (img)) < 0)
     return r;
   if ((r = snapshot_read_table (img)) < 0)
     return r;
@@ -229,13 +232,19 @@ qcow2_check_writable (struct qcow2_image *img)
                img->served_snapshot->name);
     return -EROFS;
   }
-  if (img->h.incompatible_features & QCOW2_INCOMPAT_CORRUPT) {
+  if (qcow2_is_corrupt (img)) {
     qcow2_err (img, "image is marked corrupt (incompatible feature bit 1): "
                "refusing write access; \"qemu-img check -r all\" repairs "
                "it, and nbdkit -r serves it read-only");
     return -EPERM;
   }
   return 0;
+}
+
+bool
+qcow2_is_corrupt (const struct qcow2_image *img)
+{
+  return img->h.incompatible_features & QCOW2_INCOMPAT_CORRUPT;
 }
 
 int

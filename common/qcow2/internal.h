@@ -145,6 +145,13 @@ struct qcow2_image {
 
   struct qcow2_image *backing;  /* NULL if none or backing=none */
 
+  uint64_t *reftable;           /* refcount table, in host order */
+  uint64_t reftable_size;       /* entries */
+
+  /* preallocation=metadata, detected at the first extents request. */
+  bool prealloc_checked;
+  bool metadata_prealloc;
+
   struct l2_cache *cache;
   bool debug_cache;
 
@@ -206,6 +213,21 @@ extern int data_file_open (struct qcow2_image *img,
 extern int snapshot_read_table (struct qcow2_image *img);
 extern int snapshot_select (struct qcow2_image *img, const char *which);
 extern void snapshot_free_table (struct qcow2_image *img);
+
+/* refcount.c */
+struct refcount_cursor {
+  uint64_t block_offset;
+  uint8_t *block;
+};
+extern int refcount_load_table (struct qcow2_image *img);
+extern uint64_t refcount_entry_get (const uint8_t *block, uint32_t order,
+                                    uint64_t index);
+extern void refcount_cursor_init (struct refcount_cursor *cur);
+extern void refcount_cursor_free (struct refcount_cursor *cur);
+extern int refcount_get (struct qcow2_image *img, struct refcount_cursor *cur,
+                         uint64_t cluster, uint64_t *refcount);
+extern int refcount_detect_metadata_prealloc (struct qcow2_image *img,
+                                              bool *prealloc);
 
 /* read.c */
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,

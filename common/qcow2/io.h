@@ -33,6 +33,8 @@ struct qcow2_io_ops {
    */
   int (*hole) (struct qcow2_io *io, uint64_t offset, uint64_t count,
                bool *is_hole, uint64_t *len);
+  /* Optional (may be NULL): bytes of storage actually allocated. */
+  int64_t (*allocated) (struct qcow2_io *io);
   void (*close) (struct qcow2_io *io);
 };
 

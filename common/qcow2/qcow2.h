@@ -39,6 +39,9 @@ extern uint64_t qcow2_get_size (const struct qcow2_image *img);
  */
 extern int qcow2_check_writable (struct qcow2_image *img);
 
+/* Whether the header's corrupt bit is set. */
+extern bool qcow2_is_corrupt (const struct qcow2_image *img);
+
 extern int qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
                        uint64_t offset);
 

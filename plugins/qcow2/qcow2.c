@@ -142,8 +142,10 @@ plugin_open (int readonly)
   /* A connection that could write is refused where writing would be
    * unsafe (a corrupt image), as qemu refuses to open it read-write.
    */
-  if (!readonly && qcow2_check_writable (image) == -EPERM)
+  if (!readonly && qcow2_is_corrupt (image)) {
+    qcow2_check_writable (image);       /* says why */
     return NULL;
+  }
   return NBDKIT_HANDLE_NOT_NEEDED;
 }
 

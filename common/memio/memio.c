@@ -1,0 +1,334 @@
+/* An in-memory qcow2_io backend and a qcow2_env over a table of named
+ * in-memory files.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memio.h"
+
+struct memio {
+  struct qcow2_io io;
+  /* The engine may call from many threads at once. */
+  pthread_mutex_t lock;
+  unsigned refs;
+  uint8_t *data;
+  size_t len, cap;
+  struct memio_stats stats;
+};
+
+static struct memio *
+memio_of (struct qcow2_io *io)
+{
+  return (struct memio *) io;
+}
+
+static int
+memio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  struct memio *m = memio_of (io);
+  size_t n = 0;
+
+  pthread_mutex_lock (&m->lock);
+  m->stats.reads++;
+  if (offset < m->len) {
+    n = m->len - offset < count ? m->len - offset : count;
+    memcpy (buf, m->data + offset, n);
+  }
+  pthread_mutex_unlock (&m->lock);
+  memset ((uint8_t *) buf + n, 0, count - n);
+  return 0;
+}
+
+/* Make room for end bytes; new bytes read as zeros. */
+static int
+memio_grow (struct memio *m, size_t end)
+{
+  if (end > m->cap) {
+    size_t cap = m->cap ? m->cap : 4096;
+    uint8_t *p;
+
+    while (cap < end)
+      cap = cap > SIZE_MAX / 2 ? end : cap * 2;
+    p = realloc (m->data, cap);
+    if (!p)
+      return -ENOMEM;
+    m->data = p;
+    m->cap = cap;
+  }
+  if (end > m->len) {
+    memset (m->data + m->len, 0, end - m->len);
+    m->len = end;
+  }
+  return 0;
+}
+
+static int
+memio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+              uint64_t offset)
+{
+  struct memio *m = memio_of (io);
+  int r;
+
+  if (offset > SIZE_MAX || count > SIZE_MAX - offset)
+    return -EFBIG;
+  pthread_mutex_lock (&m->lock);
+  m->stats.writes++;
+  r = memio_grow (m, offset + count);
+  if (r == 0)
+    memcpy (m->data + offset, buf, count);
+  pthread_mutex_unlock (&m->lock);
+  return r;
+}
+
+static int
+memio_flush (struct qcow2_io *io)
+{
+  struct memio *m = memio_of (io);
+
+  pthread_mutex_lock (&m->lock);
+  m->stats.flushes++;
+  pthread_mutex_unlock (&m->lock);
+  return 0;
+}
+
+/* Like a punched hole in a file: zeros, and the size does not change. */
+static int
+memio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  struct memio *m = memio_of (io);
+
+  pthread_mutex_lock (&m->lock);
+  m->stats.punches++;
+  if (offset < m->len) {
+    size_t n = m->len - offset < count ? m->len - offset : count;
+    memset (m->data + offset, 0, n);
+  }
+  pthread_mutex_unlock (&m->lock);
+  return 0;
+}
+
+static int64_t
+memio_size (struct qcow2_io *io)
+{
+  struct memio *m = memio_of (io);
+  int64_t size;
+
+  pthread_mutex_lock (&m->lock);
+  size = m->len;
+  pthread_mutex_unlock (&m->lock);
+  return size;
+}
+
+static void
+memio_close (struct qcow2_io *io)
+{
+  struct memio *m = memio_of (io);
+  unsigned refs;
+
+  pthread_mutex_lock (&m->lock);
+  refs = --m->refs;
+  pthread_mutex_unlock (&m->lock);
+  if (refs > 0)
+    return;
+  pthread_mutex_destroy (&m->lock);
+  free (m->data);
+  free (m);
+}
+
+/* No hole callback: everything is data, as in a fully allocated file. */
+static const struct qcow2_io_ops memio_ops = {
+  .pread = memio_pread,
+  .pwrite = memio_pwrite,
+  .flush = memio_flush,
+  .punch = memio_punch,
+  .size = memio_size,
+  .close = memio_close,
+};
+
+struct qcow2_io *
+memio_new (const void *data, size_t len)
+{
+  struct memio *m = calloc (1, sizeof *m);
+
+  if (!m)
+    return NULL;
+  if (len > 0 && memio_grow (m, len) < 0) {
+    free (m);
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (len > 0)
+    memcpy (m->data, data, len);
+  pthread_mutex_init (&m->lock, NULL);
+  m->refs = 1;
+  m->io.ops = &memio_ops;
+  return &m->io;
+}
+
+struct qcow2_io *
+memio_ref (struct qcow2_io *io)
+{
+  struct memio *m = memio_of (io);
+
+  pthread_mutex_lock (&m->lock);
+  m->refs++;
+  pthread_mutex_unlock (&m->lock);
+  return io;
+}
+
+const void *
+memio_data (struct qcow2_io *io, size_t *len)
+{
+  struct memio *m = memio_of (io);
+
+  *len = m->len;
+  return m->data;
+}
+
+void
+memio_stats (struct qcow2_io *io, struct memio_stats *stats)
+{
+  struct memio *m = memio_of (io);
+
+  pthread_mutex_lock (&m->lock);
+  *stats = m->stats;
+  pthread_mutex_unlock (&m->lock);
+}
+
+struct memenv_file {
+  char *name;
+  struct qcow2_io *io;
+};
+
+struct memenv {
+  struct qcow2_env env;
+  struct memenv_file *files;
+  size_t nr_files;
+  char last_error[1024];
+  unsigned errors;
+  bool verbose;
+};
+
+static struct qcow2_io *
+memenv_open (void *opaque, const char *path, bool readonly, char **id)
+{
+  struct memenv *me = opaque;
+
+  *id = NULL;
+  for (size_t i = 0; i < me->nr_files; i++) {
+    if (strcmp (me->files[i].name, path) == 0) {
+      *id = strdup (path);
+      if (!*id)
+        return NULL;
+      return memio_ref (me->files[i].io);
+    }
+  }
+  errno = ENOENT;
+  return NULL;
+}
+
+static void
+memenv_error (void *opaque, const char *msg)
+{
+  struct memenv *me = opaque;
+
+  snprintf (me->last_error, sizeof me->last_error, "%s", msg);
+  me->errors++;
+  if (me->verbose)
+    fprintf (stderr, "memenv: error: %s\n", msg);
+}
+
+static void
+memenv_debug (void *opaque, const char *msg)
+{
+  struct memenv *me = opaque;
+
+  if (me->verbose)
+    fprintf (stderr, "memenv: debug: %s\n", msg);
+}
+
+struct memenv *
+memenv_new (void)
+{
+  struct memenv *me = calloc (1, sizeof *me);
+
+  if (!me)
+    return NULL;
+  me->env.opaque = me;
+  me->env.open = memenv_open;
+  me->env.error = memenv_error;
+  me->env.debug = memenv_debug;
+  me->verbose = getenv ("MEMENV_VERBOSE") != NULL;
+  return me;
+}
+
+void
+memenv_free (struct memenv *me)
+{
+  if (!me)
+    return;
+  for (size_t i = 0; i < me->nr_files; i++) {
+    free (me->files[i].name);
+    me->files[i].io->ops->close (me->files[i].io);
+  }
+  free (me->files);
+  free (me);
+}
+
+int
+memenv_add (struct memenv *me, const char *name, struct qcow2_io *io)
+{
+  struct memenv_file *f;
+  char *copy;
+
+  for (size_t i = 0; i < me->nr_files; i++) {
+    if (strcmp (me->files[i].name, name) == 0) {
+      struct qcow2_io *old = me->files[i].io;
+
+      me->files[i].io = memio_ref (io);   /* before old: io may be old */
+      old->ops->close (old);
+      return 0;
+    }
+  }
+  copy = strdup (name);
+  f = realloc (me->files, (me->nr_files + 1) * sizeof *f);
+  if (!copy || !f) {
+    free (copy);
+    if (f)
+      me->files = f;
+    return -ENOMEM;
+  }
+  me->files = f;
+  me->files[me->nr_files].name = copy;
+  me->files[me->nr_files].io = memio_ref (io);
+  me->nr_files++;
+  return 0;
+}
+
+const struct qcow2_env *
+memenv_env (struct memenv *me)
+{
+  return &me->env;
+}
+
+const char *
+memenv_last_error (const struct memenv *me)
+{
+  return me->last_error;
+}
+
+unsigned
+memenv_error_count (const struct memenv *me)
+{
+  return me->errors;
+}
+
+void
+memenv_clear_errors (struct memenv *me)
+{
+  me->last_error[0] = '\0';
+  me->errors = 0;
+}
