@@ -1,6 +1,8 @@
 # Shared helpers for the shell tests.  Source with:
 #   source "${srcdir:-.}/functions.sh"
 # Every test gets a private temporary directory $tmp, removed at exit.
+# nbdkit runs under timeout (TEST_TIMEOUT seconds, default 120) in the
+# helpers, so that a hang fails the test instead of blocking the suite.
 
 set -o pipefail
 export LC_ALL=C
@@ -48,35 +50,135 @@ for s, l, d, z in out:
 '
 }
 
+# _qemu_src IMG: the qemu-img arguments naming the reference for IMG:
+# "-f qcow2 IMG", or QEMU_IMG_SRC if set: a "json:{...}" filename (for
+# what key=value syntax cannot say, e.g. "backing": null) or else an
+# --image-opts string.
+_qemu_src ()
+{
+  case "${QEMU_IMG_SRC:-}" in
+    "") qemu_src=(-f qcow2 "$1") ;;
+    json:*) qemu_src=("$QEMU_IMG_SRC") ;;
+    *) qemu_src=(--image-opts "$QEMU_IMG_SRC") ;;
+  esac
+}
+
+# _check_served WHAT NBDKIT-ARGS...: the checks shared by check_image and
+# check_window; the reference is qemu_src (an array of qemu-img args).
+# The two maps are taken first, before anything reads the data: on ext4,
+# SEEK_DATA reports a preallocated ("unwritten") extent as a hole until
+# something reads it into the page cache, and both qemu and the plugin
+# look at holes in the file (preallocation=metadata heuristics).
+_check_served ()
+{
+  local what="$1"; shift
+  local ref="$tmp/ref.raw" out="$tmp/out.raw"
+  rm -f "$ref" "$out" "$tmp/map.ref" "$tmp/map.out" "$tmp/map.nbd.json"
+  if [ -z "${QEMU_IMG_OPTS:-}" ]; then
+    qemu-img map --output=json "${qemu_src[@]}" | map_normalize > "$tmp/map.ref" ||
+      fail "qemu-img map of $what (the reference) failed"
+    timeout -k 10 "${TEST_TIMEOUT:-120}" nbdkit -U - "$@" --run '
+      qemu-img map --output=json -f raw "nbd+unix:///?socket=$unixsocket"
+    ' > "$tmp/map.nbd.json" || fail "map of $what over NBD: nbdkit $*"
+    map_normalize < "$tmp/map.nbd.json" > "$tmp/map.out"
+  fi
+  qemu-img convert ${QEMU_IMG_OPTS:-} "${qemu_src[@]}" -O raw "$ref" ||
+    fail "qemu-img convert of $what (the reference) failed"
+  timeout -k 10 "${TEST_TIMEOUT:-120}" nbdkit -U - "$@" --run '
+    set -e
+    nbdcopy "$uri" '"$out"'
+    qemu-img compare -f raw -F raw '"$ref"' "nbd+unix:///?socket=$unixsocket"
+  ' > "$tmp/compare.out" || {
+    cat "$tmp/compare.out"
+    fail "serving $what: nbdkit $*"
+  }
+  cmp "$ref" "$out" || fail "nbdcopy of $what differs from qemu-img convert"
+  if [ -z "${QEMU_IMG_OPTS:-}" ]; then
+    diff -u "$tmp/map.ref" "$tmp/map.out" ||
+      fail "extents of $what differ from qemu-img map"
+  fi
+}
+
 # check_image IMG [PLUGIN-ARGS...]: serve IMG with the qcow2 plugin and
 # check, against qemu's own reading of the same image:
 #  - nbdcopy of the export equals qemu-img convert -O raw, byte for byte;
 #  - qemu-img compare of the NBD export against the image says identical;
 #  - extents (qemu-img map over NBD) agree with qemu-img map of the image.
-# Set QEMU_IMG_OPTS (e.g. "-l snapshot.name=s1") for the reference read,
-# and QEMU_IMG_SRC to a --image-opts string where the default "-f qcow2
-# IMG" does not describe what is served.
+# Set QEMU_IMG_OPTS (e.g. "-l snapshot.name=s1") for the reference read
+# (this disables the map comparison: qemu-img map has no such option),
+# and QEMU_IMG_SRC to a --image-opts string (or a json: filename) where
+# the default "-f qcow2 IMG" does not describe what is served.
 check_image ()
 {
   local img="$1"; shift
-  local ref="$tmp/ref.raw" out="$tmp/out.raw"
-  rm -f "$ref" "$out"
-  if [ -n "${QEMU_IMG_SRC:-}" ]; then
-    qemu-img convert ${QEMU_IMG_OPTS:-} --image-opts "$QEMU_IMG_SRC" -O raw "$ref"
-    qemu-img map --output=json --image-opts "$QEMU_IMG_SRC" | map_normalize > "$tmp/map.ref"
-  else
-    qemu-img convert ${QEMU_IMG_OPTS:-} -f qcow2 "$img" -O raw "$ref"
-    qemu-img map --output=json -f qcow2 "$img" | map_normalize > "$tmp/map.ref"
-  fi
-  nbdkit -U - qcow2 "file=$img" "$@" --run '
-    set -e
-    nbdcopy "$uri" '"$out"'
-    qemu-img compare -f raw -F raw '"$ref"' "nbd+unix:///?socket=$unixsocket"
-    qemu-img map --output=json -f raw "nbd+unix:///?socket=$unixsocket" > '"$tmp/map.nbd.json"'
-  ' || fail "serving $img $*"
-  cmp "$ref" "$out" || fail "nbdcopy of $img differs from qemu-img convert"
+  local qemu_src
+  _qemu_src "$img"
+  _check_served "$img" qcow2 "file=$img" "$@"
+}
+
+# check_window IMG OFFSET LENGTH [PLUGIN-ARGS...]: the checks of
+# check_image, on the window [OFFSET, OFFSET+LENGTH) of the disk only,
+# for disks too big to copy whole.  nbdkit serves the window through
+# its offset filter; qemu reads it through a raw node with offset= and
+# size= over the qcow2 node.  Ignores QEMU_IMG_SRC.
+check_window ()
+{
+  local img="$1" off="$2" len="$3"; shift 3
+  local qemu_src
+  qemu_src=(--image-opts
+    "driver=raw,offset=$off,size=$len,file.driver=qcow2,file.file.filename=$img")
+  _check_served "$img [$off, +$len)" \
+    --filter=offset qcow2 "file=$img" "offset=$off" "range=$len" "$@"
+}
+
+# check_map IMG [PLUGIN-ARGS...]: only the extents, over the whole disk
+# (cheap even for huge sparse disks): qemu-img map over NBD against
+# qemu-img map of the image.
+check_map ()
+{
+  local img="$1"; shift
+  local qemu_src
+  _qemu_src "$img"
+  qemu-img map --output=json "${qemu_src[@]}" | map_normalize > "$tmp/map.ref" ||
+    fail "qemu-img map of $img (the reference) failed"
+  timeout -k 10 "${TEST_TIMEOUT:-120}" nbdkit -U - qcow2 "file=$img" "$@" --run '
+    qemu-img map --output=json -f raw "nbd+unix:///?socket=$unixsocket"
+  ' > "$tmp/map.nbd.json" || fail "serving $img $*"
   map_normalize < "$tmp/map.nbd.json" > "$tmp/map.out"
-  if [ -z "${QEMU_IMG_OPTS:-}" ]; then
-    diff -u "$tmp/map.ref" "$tmp/map.out" || fail "extents of $img differ from qemu-img map"
+  diff -u "$tmp/map.ref" "$tmp/map.out" ||
+    fail "extents of $img differ from qemu-img map"
+}
+
+# expect_refused MESSAGE-REGEXP NBDKIT-ARGS...: nbdkit must refuse to
+# start (an error exit, not a crash or a hang; nothing run) with an
+# error message matching the extended regexp.
+expect_refused ()
+{
+  local re="$1"; shift
+  local r=0
+  timeout -k 10 "${TEST_TIMEOUT:-120}" nbdkit -U - "$@" --run 'echo SERVED' > "$tmp/refused.out" 2> "$tmp/refused.err" || r=$?
+  if [ "$r" -eq 0 ] || grep -q SERVED "$tmp/refused.out"; then
+    fail "nbdkit $* was expected to fail, but served"
   fi
+  if [ "$r" -eq 124 ] || [ "$r" -gt 128 ]; then
+    cat "$tmp/refused.err" >&2
+    fail "nbdkit $*: timed out or killed by a signal (exit status $r)"
+  fi
+  grep -Eq -- "$re" "$tmp/refused.err" || {
+    cat "$tmp/refused.err" >&2
+    fail "nbdkit $*: error does not match /$re/"
+  }
+}
+
+# qio IMG CMD...: run the qemu-io commands CMD... on IMG (format qcow2,
+# or $QIO_FMT), quietly; any failing command fails the test.
+qio ()
+{
+  local img="$1"; shift
+  local args=() c
+  for c in "$@"; do args+=(-c "$c"); done
+  qemu-io -f "${QIO_FMT:-qcow2}" "${args[@]}" "$img" > "$tmp/qio.out" 2>&1 || {
+    cat "$tmp/qio.out" >&2
+    fail "qemu-io on $img: $*"
+  }
 }

@@ -249,7 +249,7 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
     return r;
   }
   if (img->debug_cache)
-    qcow2_dbg (img, "L2 cache: %" PRIu64 " slices of %" PRIu64 " bytes",
-               size / slice, slice);
+    qcow2_dbg (img, "L2 cache: %" PRIu32 " slices of %" PRIu64 " bytes",
+               img->cache->n, slice);
   return 0;
 }
