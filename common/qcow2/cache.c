@@ -1,9 +1,14 @@
-/* The L2 slice cache.
+/* Metadata caches: L2 slices and refcount blocks.
  *
- * Caches slices of L2 tables (l2-slice-size bytes, down to 512) rather
- * than whole tables, so that a small cache covers a large disk: a miss
- * reads one slice, not a whole cluster.  Fixed number of entries, a hash
- * table keyed by the host offset of the slice, LRU eviction.
+ * A cache holds a fixed number of equal entries, found by the host
+ * offset of what they hold through a hash table, evicted least recently
+ * used first.  The L2 cache holds slices of L2 tables (l2-slice-size
+ * bytes, down to 512) rather than whole tables, so that a small cache
+ * covers a large disk: a miss reads one slice, not a whole cluster.
+ *
+ * Entries are changed in place and marked dirty; they reach the disk on
+ * writeback (at flush) or when evicted.  Evicting a dirty L2 slice first
+ * makes its dependencies durable (see flush.c).
  *
  * All functions are called with img->lock held.
  */
@@ -18,35 +23,40 @@
 #define CACHE_DEFAULT_MAX (32u << 20)   /* QEMU's default cap on Linux */
 #define CACHE_DEFAULT_SLICE 4096
 #define CACHE_MIN_SLICES 2
+#define REFCOUNT_CACHE_BLOCKS 16
 #define NO_ENTRY UINT32_MAX
 #define NO_KEY UINT64_MAX
 
 struct cache_entry {
-  uint64_t key;                 /* host offset of the slice, or NO_KEY */
+  uint64_t key;                 /* host offset of the entry, or NO_KEY */
   uint32_t hash_next;           /* chain in the hash bucket */
   uint32_t lru_prev, lru_next;  /* most recently used at lru_head */
+  bool dirty;
 };
 
-struct l2_cache {
-  uint64_t slice_size;
+struct meta_cache {
+  const char *what;             /* "L2 slice", "refcount block" */
+  bool is_l2;
+  uint64_t entry_size;
   uint32_t n;
   struct cache_entry *e;
-  uint8_t *data;                /* n slices of slice_size bytes */
+  uint8_t *data;                /* n entries of entry_size bytes */
   uint32_t *buckets;
   uint32_t bucket_mask;
   uint32_t lru_head, lru_tail;
+  uint32_t ndirty;
   uint64_t hits, misses, evictions;
 };
 
 static uint32_t
-cache_bucket (const struct l2_cache *c, uint64_t key)
+cache_bucket (const struct meta_cache *c, uint64_t key)
 {
   return (uint32_t) (((key >> 9) * UINT64_C (0x9e3779b97f4a7c15)) >> 32)
     & c->bucket_mask;
 }
 
 static void
-cache_lru_unlink (struct l2_cache *c, uint32_t i)
+cache_lru_unlink (struct meta_cache *c, uint32_t i)
 {
   struct cache_entry *e = &c->e[i];
 
@@ -61,7 +71,7 @@ cache_lru_unlink (struct l2_cache *c, uint32_t i)
 }
 
 static void
-cache_lru_push_head (struct l2_cache *c, uint32_t i)
+cache_lru_push_head (struct meta_cache *c, uint32_t i)
 {
   struct cache_entry *e = &c->e[i];
 
@@ -75,7 +85,21 @@ cache_lru_push_head (struct l2_cache *c, uint32_t i)
 }
 
 static void
-cache_hash_remove (struct l2_cache *c, uint32_t i)
+cache_lru_push_tail (struct meta_cache *c, uint32_t i)
+{
+  struct cache_entry *e = &c->e[i];
+
+  e->lru_next = NO_ENTRY;
+  e->lru_prev = c->lru_tail;
+  if (c->lru_tail != NO_ENTRY)
+    c->e[c->lru_tail].lru_next = i;
+  c->lru_tail = i;
+  if (c->lru_head == NO_ENTRY)
+    c->lru_head = i;
+}
+
+static void
+cache_hash_remove (struct meta_cache *c, uint32_t i)
 {
   uint32_t *p = &c->buckets[cache_bucket (c, c->e[i].key)];
 
@@ -84,26 +108,35 @@ cache_hash_remove (struct l2_cache *c, uint32_t i)
   *p = c->e[i].hash_next;
 }
 
-struct l2_cache *
-cache_create (uint64_t slice_size, uint64_t slices)
+static uint8_t *
+cache_data (const struct meta_cache *c, uint32_t i)
 {
-  struct l2_cache *c;
+  return c->data + (uint64_t) i * c->entry_size;
+}
+
+struct meta_cache *
+cache_create (const char *what, bool is_l2, uint64_t entry_size,
+              uint64_t entries)
+{
+  struct meta_cache *c;
   uint64_t bytes, nbuckets = 1;
 
-  if (slices > UINT32_MAX / 4 ||
-      mul_overflow_u64 (slice_size, slices, &bytes)) {
+  if (entries > UINT32_MAX / 4 ||
+      mul_overflow_u64 (entry_size, entries, &bytes)) {
     errno = EFBIG;
     return NULL;
   }
-  while (nbuckets < slices * 2)
+  while (nbuckets < entries * 2)
     nbuckets <<= 1;
 
   c = calloc (1, sizeof *c);
   if (!c)
     return NULL;
-  c->slice_size = slice_size;
-  c->n = slices;
-  c->e = calloc (slices, sizeof *c->e);
+  c->what = what;
+  c->is_l2 = is_l2;
+  c->entry_size = entry_size;
+  c->n = entries;
+  c->e = calloc (entries, sizeof *c->e);
   c->data = malloc (bytes);
   c->buckets = malloc (nbuckets * sizeof *c->buckets);
   if (!c->e || !c->data || !c->buckets) {
@@ -123,7 +156,7 @@ cache_create (uint64_t slice_size, uint64_t slices)
 }
 
 void
-cache_destroy (struct l2_cache *c)
+cache_destroy (struct meta_cache *c)
 {
   if (!c)
     return;
@@ -134,13 +167,19 @@ cache_destroy (struct l2_cache *c)
 }
 
 uint64_t
-cache_slice_size (const struct l2_cache *c)
+cache_entry_size (const struct meta_cache *c)
 {
-  return c->slice_size;
+  return c->entry_size;
+}
+
+bool
+cache_is_dirty (const struct meta_cache *c)
+{
+  return c->ndirty > 0;
 }
 
 void
-cache_stats (const struct l2_cache *c, struct qcow2_cache_stats *stats)
+cache_stats (const struct meta_cache *c, struct qcow2_cache_stats *stats)
 {
   memset (stats, 0, sizeof *stats);
   if (!c)
@@ -148,69 +187,180 @@ cache_stats (const struct l2_cache *c, struct qcow2_cache_stats *stats)
   stats->hits = c->hits;
   stats->misses = c->misses;
   stats->evictions = c->evictions;
-  stats->slice_size = c->slice_size;
+  stats->slice_size = c->entry_size;
   stats->slices = c->n;
 }
 
-/* Find the slice at host_offset (slice aligned, already checked to lie
- * in the file), reading it on a miss.  *slice stays valid until the lock
- * is dropped or the cache is used again.
- */
-int
-cache_get_slice (struct qcow2_image *img, uint64_t host_offset,
-                 const uint8_t **slice)
+static int
+cache_write_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
 {
-  struct l2_cache *c = img->cache;
-  uint32_t b = cache_bucket (c, host_offset);
-  uint32_t i;
   int r;
 
-  for (i = c->buckets[b]; i != NO_ENTRY; i = c->e[i].hash_next) {
-    if (c->e[i].key == host_offset) {
-      c->hits++;
-      if (img->debug_cache)
-        qcow2_dbg (img, "L2 cache hit: slice %#" PRIx64, host_offset);
-      if (c->lru_head != i) {
-        cache_lru_unlink (c, i);
-        cache_lru_push_head (c, i);
-      }
-      *slice = c->data + (uint64_t) i * c->slice_size;
-      return 0;
-    }
-  }
+  if (c->is_l2 && (r = flush_l2_dependencies (img)) < 0)
+    return r;
+  r = io_write_meta (img, cache_data (c, i), c->entry_size, c->e[i].key,
+                     c->what);
+  if (r < 0)
+    return r;
+  c->e[i].dirty = false;
+  c->ndirty--;
+  return 0;
+}
 
-  /* Miss: reuse the least recently used entry. */
-  c->misses++;
-  i = c->lru_tail;
+/* Take the least recently used entry, writing it back if dirty. */
+static int
+cache_evict (struct qcow2_image *img, struct meta_cache *c, uint32_t *out)
+{
+  uint32_t i = c->lru_tail;
+  int r;
+
   if (c->e[i].key != NO_KEY) {
+    if (c->e[i].dirty && (r = cache_write_entry (img, c, i)) < 0)
+      return r;
     c->evictions++;
     cache_hash_remove (c, i);
-    if (img->debug_cache)
+    if (img->debug_cache && c->is_l2)
       qcow2_dbg (img, "L2 cache evict: slice %#" PRIx64, c->e[i].key);
     c->e[i].key = NO_KEY;
   }
-  if (img->debug_cache)
-    qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64, host_offset);
+  *out = i;
+  return 0;
+}
 
-  uint8_t *data = c->data + (uint64_t) i * c->slice_size;
-  r = img->io->ops->pread (img->io, data, c->slice_size, host_offset);
-  if (r < 0) {
-    qcow2_err (img, "reading L2 slice at %#" PRIx64 ": %s", host_offset,
-               strerror (-r));
-    return r;
+static uint32_t
+cache_find (struct meta_cache *c, uint64_t key)
+{
+  uint32_t i;
+
+  for (i = c->buckets[cache_bucket (c, key)]; i != NO_ENTRY;
+       i = c->e[i].hash_next)
+    if (c->e[i].key == key)
+      return i;
+  return NO_ENTRY;
+}
+
+/* Find the entry at host_offset (entry aligned, already checked to lie
+ * in the file), reading it on a miss, or zero-filling it if fresh (a
+ * newly allocated table).  *data stays valid until the lock is dropped
+ * or the cache is used again.
+ */
+int
+cache_get (struct qcow2_image *img, struct meta_cache *c,
+           uint64_t host_offset, bool fresh, uint8_t **data)
+{
+  uint32_t i = cache_find (c, host_offset);
+  uint32_t b;
+  int r;
+
+  if (i != NO_ENTRY) {
+    c->hits++;
+    if (img->debug_cache && c->is_l2)
+      qcow2_dbg (img, "L2 cache hit: slice %#" PRIx64, host_offset);
+    if (c->lru_head != i) {
+      cache_lru_unlink (c, i);
+      cache_lru_push_head (c, i);
+    }
+    *data = cache_data (c, i);
+    if (fresh)
+      memset (*data, 0, c->entry_size);
+    return 0;
   }
+
+  c->misses++;
+  if ((r = cache_evict (img, c, &i)) < 0)
+    return r;
+  if (img->debug_cache && c->is_l2)
+    qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64, host_offset);
+  *data = cache_data (c, i);
+  if (fresh)
+    memset (*data, 0, c->entry_size);
+  else {
+    r = img->io->ops->pread (img->io, *data, c->entry_size, host_offset);
+    if (r < 0) {
+      qcow2_err (img, "reading %s at %#" PRIx64 ": %s", c->what,
+                 host_offset, strerror (-r));
+      return r;
+    }
+  }
+  b = cache_bucket (c, host_offset);
   c->e[i].key = host_offset;
   c->e[i].hash_next = c->buckets[b];
   c->buckets[b] = i;
   cache_lru_unlink (c, i);
   cache_lru_push_head (c, i);
-  *slice = data;
   return 0;
 }
 
-/* Size the cache as QEMU does by default: enough to cover the whole
+/* Mark the entry holding data (a pointer from cache_get) dirty. */
+void
+cache_mark_dirty (struct meta_cache *c, const uint8_t *data)
+{
+  uint32_t i = (data - c->data) / c->entry_size;
+
+  if (!c->e[i].dirty) {
+    c->e[i].dirty = true;
+    c->ndirty++;
+  }
+}
+
+/* Write back every dirty entry, in host order so the writes are
+ * sequential where the tables are.
+ */
+static int
+cache_cmp_key (const void *a, const void *b, void *arg)
+{
+  const struct meta_cache *c = arg;
+  uint64_t ka = c->e[*(const uint32_t *) a].key;
+  uint64_t kb = c->e[*(const uint32_t *) b].key;
+  return ka < kb ? -1 : ka > kb;
+}
+
+int
+cache_writeback (struct qcow2_image *img, struct meta_cache *c)
+{
+  uint32_t *order, n = 0;
+  int r = 0;
+
+  if (c->ndirty == 0)
+    return 0;
+  order = malloc (c->ndirty * sizeof *order);
+  if (!order)
+    return -ENOMEM;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (c->e[i].dirty)
+      order[n++] = i;
+  qsort_r (order, n, sizeof *order, cache_cmp_key, c);
+  for (uint32_t j = 0; j < n && r == 0; j++)
+    r = cache_write_entry (img, c, order[j]);
+  free (order);
+  return r;
+}
+
+/* Forget entries of a freed table in [offset, offset+len), so a later
+ * allocation of the same clusters does not meet stale entries.
+ */
+void
+cache_forget (struct meta_cache *c, uint64_t offset, uint64_t len)
+{
+  for (uint64_t k = offset; k < offset + len; k += c->entry_size) {
+    uint32_t i = cache_find (c, k);
+    if (i == NO_ENTRY)
+      continue;
+    if (c->e[i].dirty) {
+      c->e[i].dirty = false;
+      c->ndirty--;
+    }
+    cache_hash_remove (c, i);
+    c->e[i].key = NO_KEY;
+    cache_lru_unlink (c, i);
+    cache_lru_push_tail (c, i);
+  }
+}
+
+/* Size the L2 cache as QEMU does by default: enough to cover the whole
  * disk, capped; slices of the cluster size when everything fits, else
- * small slices so that a miss costs little.
+ * small slices so that a miss costs little.  The refcount cache is a
+ * few whole blocks.
  */
 int
 cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
@@ -241,11 +391,15 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
   else
     slice = MIN (CACHE_DEFAULT_SLICE, img->cluster_size);
 
-  img->cache = cache_create (slice, MAX (size / slice, CACHE_MIN_SLICES));
-  if (!img->cache) {
+  img->cache = cache_create ("L2 slice", true, slice,
+                             MAX (size / slice, CACHE_MIN_SLICES));
+  img->refcount_cache = cache_create ("refcount block", false,
+                                      img->cluster_size,
+                                      REFCOUNT_CACHE_BLOCKS);
+  if (!img->cache || !img->refcount_cache) {
     int r = -errno;
-    qcow2_err (img, "cannot allocate the L2 cache (%" PRIu64 " bytes): %s",
-               size, strerror (-r));
+    qcow2_err (img, "cannot allocate the metadata caches (%" PRIu64
+               " bytes of L2 cache): %s", size, strerror (-r));
     return r;
   }
   if (img->debug_cache)

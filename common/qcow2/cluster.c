@@ -106,6 +106,7 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
     if (host & (img->cluster_size - 1))
       return cluster_corrupt (img, "unaligned data cluster offset", host, pos);
     piece->host_offset = host + in_cluster;
+    piece->copied = entry & QCOW2_OFLAG_COPIED;
   }
   return 0;
 }
@@ -121,7 +122,7 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
   uint64_t cs = img->cluster_size;
   uint64_t l2_span_bits = img->cluster_bits + img->l2_bits;
   uint64_t l1_index = offset >> l2_span_bits;
-  uint64_t slice_entries = cache_slice_size (img->cache) / img->l2_entry_size;
+  uint64_t slice_entries = cache_entry_size (img->cache) / img->l2_entry_size;
   uint64_t cluster = offset >> img->cluster_bits;
   uint64_t l2_index = cluster & ((UINT64_C (1) << img->l2_bits) - 1);
   uint64_t first = l2_index & ~(slice_entries - 1);
@@ -129,7 +130,7 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
     << img->cluster_bits;
   uint64_t end = offset + MIN (max_len, slice_end - offset);
   uint64_t l2_offset, pos;
-  const uint8_t *slice;
+  uint8_t *slice;
   int r;
 
   memset (run, 0, sizeof *run);
@@ -148,7 +149,8 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
     return cluster_corrupt (img, "L2 table beyond the end of the file at",
                             l2_offset, offset);
 
-  r = cache_get_slice (img, l2_offset + first * img->l2_entry_size, &slice);
+  r = cache_get (img, img->cache, l2_offset + first * img->l2_entry_size,
+                 false, &slice);
   if (r < 0)
     return r;
 
@@ -173,7 +175,8 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
       *run = piece;
     else if (piece.kind != run->kind || piece.kind == RUN_COMPRESSED ||
              (piece.kind == RUN_DATA &&
-              piece.host_offset != run->host_offset + run->length))
+              (piece.host_offset != run->host_offset + run->length ||
+               piece.copied != run->copied)))
       break;
     run->length += piece_end - pos;
     pos = piece_end;
@@ -196,5 +199,98 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
                PRIu64 " bytes)", host_offset, len, img->file_size);
     return -EIO;
   }
+  return 0;
+}
+
+/* Copy the L2 table at old (shared with a snapshot) into the new
+ * cluster at new, through the cache so that unwritten changes come too.
+ */
+static int
+cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
+{
+  uint64_t slice_size = cache_entry_size (img->cache);
+  uint8_t *buf = malloc (img->cluster_size);
+  uint8_t *slice;
+  int r = 0;
+
+  if (!buf)
+    return -ENOMEM;
+  for (uint64_t off = 0; off < img->cluster_size && r == 0;
+       off += slice_size) {
+    r = cache_get (img, img->cache, old + off, false, &slice);
+    if (r == 0)
+      memcpy (buf + off, slice, slice_size);
+  }
+  if (r == 0)
+    r = io_write_meta (img, buf, img->cluster_size, new, "copied L2 table");
+  free (buf);
+  return r;
+}
+
+/* The L2 slice mapping guest offset, and the index of its entry in the
+ * slice.  For a write, an L2 table is allocated where there is none, and
+ * a table shared with a snapshot is copied first (COW of metadata).
+ */
+int
+cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
+                  uint8_t **slice, uint64_t *index)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t l1_index = offset >> (img->cluster_bits + img->l2_bits);
+  uint64_t slice_size = cache_entry_size (img->cache);
+  uint64_t l2_index = (offset >> img->cluster_bits)
+    & ((UINT64_C (1) << img->l2_bits) - 1);
+  uint64_t in_table = l2_index * img->l2_entry_size;
+  uint64_t l1e, l2_offset, new_offset;
+  bool fresh = false, zeroed;
+  int r;
+
+  if (l1_index >= img->l1_size)
+    return cluster_corrupt (img, "guest offset beyond the L1 table at",
+                            offset, offset);
+  l1e = img->l1[l1_index];
+  l2_offset = l1e & QCOW2_OFFSET_MASK;
+  if (l2_offset & (cs - 1))
+    return cluster_corrupt (img, "unaligned L2 table offset", l2_offset,
+                            offset);
+  if (l2_offset && range_exceeds (l2_offset, cs, img->file_size))
+    return cluster_corrupt (img, "L2 table beyond the end of the file at",
+                            l2_offset, offset);
+
+  if (for_write && (l2_offset == 0 || !(l1e & QCOW2_OFLAG_COPIED))) {
+    r = alloc_clusters (img, 1, &new_offset, &zeroed);
+    if (r < 0)
+      return r;
+    if (l2_offset == 0) {
+      /* The table must read as zeros on disk before L1 points at it. */
+      uint8_t *zeros = calloc (1, cs);
+      if (!zeros)
+        return -ENOMEM;
+      r = io_write_meta (img, zeros, cs, new_offset, "new L2 table");
+      free (zeros);
+      fresh = true;
+    }
+    else {
+      r = cluster_copy_l2 (img, l2_offset, new_offset);
+      if (r == 0)
+        r = alloc_free_later (img, l2_offset, cs);
+    }
+    if (r < 0)
+      return r;
+    img->l1[l1_index] = new_offset | QCOW2_OFLAG_COPIED;
+    flush_mark_l1_dirty (img, l1_index);
+    img->l2_needs_sync_first = true;
+    l2_offset = new_offset;
+  }
+  else if (l2_offset == 0) {
+    *slice = NULL;
+    return 0;
+  }
+
+  r = cache_get (img, img->cache,
+                 l2_offset + (in_table & ~(slice_size - 1)), fresh, slice);
+  if (r < 0)
+    return r;
+  *index = (in_table & (slice_size - 1)) / img->l2_entry_size;
   return 0;
 }

@@ -38,17 +38,17 @@ header_free (struct qcow2_header *h)
  */
 static int
 header_check_table (struct qcow2_image *img, const char *what,
-                    uint64_t offset, uint64_t bytes, unsigned field)
+                    uint64_t offset, uint64_t bytes, uint64_t field)
 {
   if (offset & (img->cluster_size - 1)) {
-    qcow2_err (img, "%s offset %#" PRIx64 " (header offset %u) is not "
+    qcow2_err (img, "%s offset %#" PRIx64 " (header offset %" PRIu64 ") is not "
                "aligned to the cluster size %" PRIu64,
                what, offset, field, img->cluster_size);
     return -EINVAL;
   }
   if (bytes && range_exceeds (offset, bytes, img->file_size)) {
     qcow2_err (img, "%s at %#" PRIx64 " (%" PRIu64 " bytes, header offset "
-               "%u) lies beyond the end of the file (%" PRIu64 " bytes)",
+               "%" PRIu64 ") lies beyond the end of the file (%" PRIu64 " bytes)",
                what, offset, bytes, field, img->file_size);
     return -EINVAL;
   }
@@ -158,6 +158,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
         h->nb_bitmaps = be32_get (data);
         h->bitmap_directory_size = be64_get (data + 8);
         h->bitmap_directory_offset = be64_get (data + 16);
+        h->bitmaps_field_offset = off + 16;
       }
       break;
     default:
@@ -283,7 +284,8 @@ header_check_tables (struct qcow2_image *img)
   if (h->has_bitmaps_ext && h->nb_bitmaps) {
     r = header_check_table (img, "bitmap directory",
                             h->bitmap_directory_offset,
-                            h->bitmap_directory_size, 0);
+                            h->bitmap_directory_size,
+                            h->bitmaps_field_offset);
     if (r < 0)
       return r;
   }

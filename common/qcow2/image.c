@@ -68,8 +68,8 @@ image_free (struct qcow2_image *img)
     return;
   if (img->backing)
     image_free (img->backing);
-  if (img->cache)
-    cache_destroy (img->cache);
+  cache_destroy (img->cache);
+  cache_destroy (img->refcount_cache);
   if (img->data_io && img->data_io != img->io)
     img->data_io->ops->close (img->data_io);
   if (img->io)
@@ -80,7 +80,9 @@ image_free (struct qcow2_image *img)
   free (img->reftable);
   free (img->path);
   free (img->id);
+  free (img->pending_free);
   pthread_mutex_destroy (&img->lock);
+  pthread_rwlock_destroy (&img->data_lock);
   free (img);
 }
 
@@ -129,6 +131,10 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   }
   if ((r = cache_setup (img, opts)) < 0)
     return r;
+  img->writable = !opts->readonly && !opts->snapshot;
+  img->discard = !opts->discard_ignore;
+  img->lazy_refcounts = img->h.compatible_features
+    & QCOW2_COMPAT_LAZY_REFCOUNTS;
   if (!opts->no_backing && img->h.backing_file)
     return backing_open (img, opts, chain, depth);
   return 0;
@@ -153,6 +159,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     return NULL;
   }
   pthread_mutex_init (&img->lock, NULL);
+  pthread_rwlock_init (&img->data_lock, NULL);
   img->env = env;
   img->io = io;
   img->id = id;
@@ -212,10 +219,47 @@ qcow2_open (const struct qcow2_env *env, struct qcow2_io *io,
   return image_open_layer (env, io, path, id, "qcow2", opts, chain, 0);
 }
 
-void
+int
 qcow2_close (struct qcow2_image *img)
 {
+  int r = 0;
+
+  if (!img)
+    return 0;
+  if (img->writable) {
+    pthread_rwlock_wrlock (&img->data_lock);
+    pthread_mutex_lock (&img->lock);
+    r = flush_close (img);
+    pthread_mutex_unlock (&img->lock);
+    pthread_rwlock_unlock (&img->data_lock);
+  }
   image_free (img);
+  return r;
+}
+
+bool
+qcow2_can_write (const struct qcow2_image *img)
+{
+  return img->writable && !qcow2_is_corrupt (img) &&
+    !(img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY &&
+      !img->write_started);
+}
+
+bool
+qcow2_can_trim (const struct qcow2_image *img)
+{
+  return qcow2_can_write (img) && img->discard;
+}
+
+uint64_t
+qcow2_host_flushes (struct qcow2_image *img)
+{
+  uint64_t n;
+
+  pthread_mutex_lock (&img->lock);
+  n = img->flushes;
+  pthread_mutex_unlock (&img->lock);
+  return n;
 }
 
 uint64_t
@@ -238,6 +282,17 @@ qcow2_check_writable (struct qcow2_image *img)
                "it, and nbdkit -r serves it read-only");
     return -EPERM;
   }
+  if (!img->writable) {
+    qcow2_err (img, "image is opened read-only");
+    return -EROFS;
+  }
+  if (!qcow2_can_write (img)) {
+    qcow2_err (img, "image is dirty (lazy refcounts, not closed cleanly): "
+               "its refcounts must be rebuilt before writing; \"qemu-img "
+               "check -r all\" does that, and nbdkit -r serves it "
+               "read-only");
+    return -EPERM;
+  }
   return 0;
 }
 
@@ -251,12 +306,17 @@ int
 qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
             uint64_t offset)
 {
+  int r;
+
   if (range_exceeds (offset, count, img->size)) {
     qcow2_err (img, "read of %" PRIu64 " bytes at %" PRIu64 " is beyond "
                "the virtual size %" PRIu64, count, offset, img->size);
     return -EINVAL;
   }
-  return layer_read (img, buf, count, offset);
+  pthread_rwlock_rdlock (&img->data_lock);
+  r = layer_read (img, buf, count, offset);
+  pthread_rwlock_unlock (&img->data_lock);
+  return r;
 }
 
 int
@@ -268,7 +328,10 @@ qcow2_extents (struct qcow2_image *img, uint64_t offset, uint64_t count,
                "beyond the virtual size %" PRIu64, count, offset, img->size);
     return -EINVAL;
   }
-  return layer_extents (img, offset, count, req_one, add, opaque);
+  pthread_rwlock_rdlock (&img->data_lock);
+  int r = layer_extents (img, offset, count, req_one, add, opaque);
+  pthread_rwlock_unlock (&img->data_lock);
+  return r;
 }
 
 void

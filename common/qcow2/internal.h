@@ -81,6 +81,7 @@ struct qcow2_header {
   uint32_t nb_bitmaps;
   uint64_t bitmap_directory_size;
   uint64_t bitmap_directory_offset;
+  uint64_t bitmaps_field_offset;        /* where that offset is stored */
 };
 
 /* One internal snapshot, from the snapshot table. */
@@ -102,13 +103,14 @@ enum qcow2_run_kind {
 
 struct qcow2_run {
   enum qcow2_run_kind kind;
+  bool copied;                  /* RUN_DATA: refcount is exactly one */
   uint64_t length;              /* guest bytes covered */
   uint64_t host_offset;         /* RUN_DATA: host offset of the first byte */
   uint64_t comp_offset;         /* RUN_COMPRESSED: descriptor */
   uint64_t comp_size;
 };
 
-struct l2_cache;
+struct meta_cache;
 
 struct qcow2_image {
   const struct qcow2_env *env;
@@ -152,11 +154,34 @@ struct qcow2_image {
   bool prealloc_checked;
   bool metadata_prealloc;
 
-  struct l2_cache *cache;
+  struct meta_cache *cache;      /* L2 slices */
+  struct meta_cache *refcount_cache;
   bool debug_cache;
 
-  /* Guards the L2 cache and, later, all metadata. */
+  /* Write state (top image only). */
+  bool writable;                /* opened for writing, not a snapshot */
+  bool discard;                 /* trim frees clusters (discard=unmap) */
+  bool write_started;           /* header prepared for the first write */
+  bool lazy_refcounts;
+  bool changed;                 /* something to flush since the last flush */
+  /* Dirty L2 entries or L1 entries point at clusters whose refcount or
+   * contents are not durable yet: sync those before writing them.
+   */
+  bool l2_needs_sync_first;
+  uint32_t l1_dirty_lo, l1_dirty_hi;    /* dirty L1 entries [lo, hi) */
+  uint64_t rt_dirty_lo, rt_dirty_hi;    /* dirty reftable entries */
+  uint64_t free_hint;           /* first cluster that may be free */
+  uint64_t *pending_free;       /* host offsets to decrement after flush */
+  size_t pending_len, pending_cap;
+  uint64_t flushes;             /* host flushes issued (for tests) */
+
+  /* Guards the caches, the tables and allocation. */
   pthread_mutex_t lock;
+  /* Held shared by every request while it reads or writes data at host
+   * offsets it looked up; held exclusively while freed clusters are
+   * released, so no request still uses a cluster that is reused.
+   */
+  pthread_rwlock_t data_lock;
 };
 
 /* image.c */
@@ -180,12 +205,19 @@ extern int header_read (struct qcow2_image *img);
 extern void header_free (struct qcow2_header *h);
 
 /* cache.c */
-extern struct l2_cache *cache_create (uint64_t slice_size, uint64_t slices);
-extern void cache_destroy (struct l2_cache *c);
-extern int cache_get_slice (struct qcow2_image *img, uint64_t host_offset,
-                            const uint8_t **slice);
-extern uint64_t cache_slice_size (const struct l2_cache *c);
-extern void cache_stats (const struct l2_cache *c,
+extern struct meta_cache *cache_create (const char *what, bool is_l2,
+                                        uint64_t entry_size,
+                                        uint64_t entries);
+extern void cache_destroy (struct meta_cache *c);
+extern int cache_get (struct qcow2_image *img, struct meta_cache *c,
+                      uint64_t host_offset, bool fresh, uint8_t **data);
+extern void cache_mark_dirty (struct meta_cache *c, const uint8_t *data);
+extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c);
+extern void cache_forget (struct meta_cache *c, uint64_t offset,
+                          uint64_t len);
+extern bool cache_is_dirty (const struct meta_cache *c);
+extern uint64_t cache_entry_size (const struct meta_cache *c);
+extern void cache_stats (const struct meta_cache *c,
                          struct qcow2_cache_stats *stats);
 extern int cache_setup (struct qcow2_image *img,
                         const struct qcow2_options *opts);
@@ -195,6 +227,9 @@ extern int cluster_map (struct qcow2_image *img, uint64_t offset,
                         uint64_t max_len, struct qcow2_run *run);
 extern int cluster_check_data_offset (struct qcow2_image *img,
                                       uint64_t host_offset, uint64_t len);
+extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
+                             bool for_write, uint8_t **slice,
+                             uint64_t *index);
 
 /* compress.c */
 extern int compress_read_cluster (struct qcow2_image *img,
@@ -215,23 +250,50 @@ extern int snapshot_select (struct qcow2_image *img, const char *which);
 extern void snapshot_free_table (struct qcow2_image *img);
 
 /* refcount.c */
-struct refcount_cursor {
-  uint64_t block_offset;
-  uint8_t *block;
-};
 extern int refcount_load_table (struct qcow2_image *img);
 extern uint64_t refcount_entry_get (const uint8_t *block, uint32_t order,
                                     uint64_t index);
-extern void refcount_cursor_init (struct refcount_cursor *cur);
-extern void refcount_cursor_free (struct refcount_cursor *cur);
-extern int refcount_get (struct qcow2_image *img, struct refcount_cursor *cur,
-                         uint64_t cluster, uint64_t *refcount);
+extern void refcount_entry_set (uint8_t *block, uint32_t order,
+                                uint64_t index, uint64_t value);
+extern int refcount_read (struct qcow2_image *img, uint64_t cluster,
+                          uint64_t *refcount);
 extern int refcount_detect_metadata_prealloc (struct qcow2_image *img,
                                               bool *prealloc);
+extern int refcount_update (struct qcow2_image *img, uint64_t cluster,
+                            int64_t delta, uint64_t *result);
+
+/* alloc.c */
+extern int alloc_find_free (struct qcow2_image *img, uint64_t n,
+                            uint64_t *host_offset);
+extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
+                           uint64_t *host_offset, bool *zeroed);
+extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
+                             uint64_t bytes);
+extern int alloc_apply_frees (struct qcow2_image *img);
+extern int alloc_grow_reftable (struct qcow2_image *img,
+                                uint64_t min_entries);
+
+/* flush.c */
+extern int io_write_meta (struct qcow2_image *img, const void *buf,
+                          uint64_t len, uint64_t offset, const char *what);
+extern int io_flush (struct qcow2_image *img);
+extern void io_note_end (struct qcow2_image *img, uint64_t end);
+extern int flush_l2_dependencies (struct qcow2_image *img);
+extern int flush_locked (struct qcow2_image *img);
+extern int flush_begin_write (struct qcow2_image *img);
+extern void flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index);
+extern void flush_mark_reftable_dirty (struct qcow2_image *img,
+                                       uint64_t index);
+extern int io_write_data (struct qcow2_image *img, const void *buf,
+                          uint64_t len, uint64_t offset);
+extern int flush_close (struct qcow2_image *img);
+extern int header_write_features (struct qcow2_image *img);
 
 /* read.c */
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                        uint64_t offset);
+extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+                        uint64_t offset);
 extern int l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
                     const char *what);
 

@@ -21,6 +21,8 @@ struct qcow2_options {
   const char *snapshot;         /* internal snapshot name or ID, or NULL */
   const char *data_file;        /* override the external data file name */
   bool debug_cache;             /* debug messages for L2 cache hits/misses */
+  bool readonly;                /* never write (io may be read-only) */
+  bool discard_ignore;          /* trim does nothing (discard=ignore) */
 };
 
 /* Open the image in io (named path, used to resolve relative names).
@@ -29,7 +31,10 @@ struct qcow2_options {
 extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
                                        struct qcow2_io *io, const char *path,
                                        const struct qcow2_options *opts);
-extern void qcow2_close (struct qcow2_image *img);
+/* Close, flushing first if the image was written: returns the flush's
+ * error, if any (the image is freed anyway).
+ */
+extern int qcow2_close (struct qcow2_image *img);
 
 /* Virtual size of what is served (the snapshot's, if one was chosen). */
 extern uint64_t qcow2_get_size (const struct qcow2_image *img);
@@ -44,6 +49,25 @@ extern bool qcow2_is_corrupt (const struct qcow2_image *img);
 
 extern int qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
                        uint64_t offset);
+
+/* Writing (see qcow2_options.readonly).  fua: durable before returning.
+ * qcow2_zero with fast fails with -ENOTSUP, changing nothing, when
+ * zeroing would need data written; may_trim lets it free clusters.
+ */
+extern int qcow2_write (struct qcow2_image *img, const void *buf,
+                        uint64_t count, uint64_t offset, bool fua);
+extern int qcow2_zero (struct qcow2_image *img, uint64_t count,
+                       uint64_t offset, bool may_trim, bool fast, bool fua);
+extern int qcow2_trim (struct qcow2_image *img, uint64_t count,
+                       uint64_t offset, bool fua);
+extern int qcow2_flush (struct qcow2_image *img);
+
+/* Whether writes are possible, trims free space, zeroing is cheap. */
+extern bool qcow2_can_write (const struct qcow2_image *img);
+extern bool qcow2_can_trim (const struct qcow2_image *img);
+
+/* Host flushes issued so far (for tests and statistics). */
+extern uint64_t qcow2_host_flushes (struct qcow2_image *img);
 
 /* Extent flags, equal to NBD's base:allocation flags. */
 #define QCOW2_EXTENT_HOLE 1

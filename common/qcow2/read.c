@@ -59,9 +59,9 @@ read_data (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *run)
   return r;
 }
 
-int
-layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
-            uint64_t offset)
+static int
+read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+             uint64_t offset, bool locked)
 {
   if (img->raw) {
     int r = img->io->ops->pread (img->io, buf, count, offset);
@@ -75,9 +75,11 @@ layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     struct qcow2_run run;
     int r;
 
-    pthread_mutex_lock (&img->lock);
+    if (!locked)
+      pthread_mutex_lock (&img->lock);
     r = cluster_map (img, offset, count, &run);
-    pthread_mutex_unlock (&img->lock);
+    if (!locked)
+      pthread_mutex_unlock (&img->lock);
     if (r < 0)
       return r;
 
@@ -102,4 +104,21 @@ layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     count -= run.length;
   }
   return 0;
+}
+
+int
+layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+            uint64_t offset)
+{
+  return read_common (img, buf, count, offset, false);
+}
+
+/* What the guest sees now, for copy-on-write: called with img->lock
+ * held (backing layers take their own).
+ */
+int
+read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+             uint64_t offset)
+{
+  return read_common (img, buf, count, offset, true);
 }

@@ -57,30 +57,123 @@ refcount_entry_get (const uint8_t *block, uint32_t order, uint64_t index)
   }
 }
 
-/* A cursor over refcount blocks, so that a scan of many clusters reads
- * each block once.  Not a cache: the caller owns it.
+void
+refcount_entry_set (uint8_t *block, uint32_t order, uint64_t index,
+                    uint64_t value)
+{
+  switch (order) {
+  case 0: case 1: case 2: {
+    unsigned bits = 1u << order;
+    unsigned per_byte = 8 / bits;
+    unsigned shift = bits * (index % per_byte);
+    uint8_t mask = ((1u << bits) - 1) << shift;
+    block[index / per_byte] = (block[index / per_byte] & ~mask)
+      | (uint8_t) (value << shift);
+    break;
+  }
+  case 3: block[index] = value; break;
+  case 4: be16_put (block + index * 2, value); break;
+  case 5: be32_put (block + index * 4, value); break;
+  default: be64_put (block + index * 8, value); break;
+  }
+}
+
+/* Make the refcount block for reftable entry idx.  No cluster in its
+ * range is in use (none has a refcount), so the block goes in the first
+ * one and describes itself.  Its table entry reaches the disk at flush,
+ * after the block itself (see flush.c).
  */
-void
-refcount_cursor_init (struct refcount_cursor *cur)
+static int
+refcount_new_block (struct qcow2_image *img, uint64_t idx)
 {
-  memset (cur, 0, sizeof *cur);
-  cur->block_offset = UINT64_MAX;
+  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t offset = (idx << per_block_bits) << img->cluster_bits;
+  uint8_t *block;
+  int r;
+
+  if (idx >= img->reftable_size &&
+      (r = alloc_grow_reftable (img, idx + 1)) < 0)
+    return r;
+  if (img->reftable[idx] & REFTABLE_OFFSET_MASK)
+    return 0;                   /* made while growing the table */
+
+  r = cache_get (img, img->refcount_cache, offset, true, &block);
+  if (r < 0)
+    return r;
+  refcount_entry_set (block, img->h.refcount_order, 0, 1);
+  r = io_write_meta (img, block, img->cluster_size, offset,
+                     "new refcount block");
+  if (r < 0)
+    return r;
+  img->reftable[idx] = offset;
+  flush_mark_reftable_dirty (img, idx);
+  img->l2_needs_sync_first = true;
+  img->changed = true;
+  return 0;
 }
 
-void
-refcount_cursor_free (struct refcount_cursor *cur)
-{
-  free (cur->block);
-  cur->block = NULL;
-}
-
+/* Add delta to the refcount of cluster, allocating the refcount block
+ * if needed.  Leaving the range 0 to the width's maximum is corruption.
+ */
 int
-refcount_get (struct qcow2_image *img, struct refcount_cursor *cur,
-              uint64_t cluster, uint64_t *refcount)
+refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
+                 uint64_t *result)
+{
+  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t idx = cluster >> per_block_bits;
+  uint64_t index = cluster & ((UINT64_C (1) << per_block_bits) - 1);
+  uint64_t max = img->h.refcount_order == 6 ? UINT64_MAX
+    : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
+  uint64_t block_offset, value;
+  uint8_t *block;
+  int r;
+
+  if (idx >= img->reftable_size ||
+      (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
+    if (delta < 0) {
+      qcow2_err (img, "corrupt image: freeing cluster %#" PRIx64 " which "
+                 "has no refcount block", cluster << img->cluster_bits);
+      return -EIO;
+    }
+    if ((r = refcount_new_block (img, idx)) < 0)
+      return r;
+  }
+  block_offset = img->reftable[idx] & REFTABLE_OFFSET_MASK;
+  if (block_offset & (img->cluster_size - 1) ||
+      range_exceeds (block_offset, img->cluster_size, img->file_size)) {
+    qcow2_err (img, "corrupt image: refcount block offset %#" PRIx64
+               " (refcount table entry %" PRIu64 ") is misaligned or beyond "
+               "the end of the file", block_offset, idx);
+    return -EIO;
+  }
+  r = cache_get (img, img->refcount_cache, block_offset, false, &block);
+  if (r < 0)
+    return r;
+  value = refcount_entry_get (block, img->h.refcount_order, index);
+  if ((delta < 0 && value < (uint64_t) -delta) ||
+      (delta > 0 && max - value < (uint64_t) delta)) {
+    qcow2_err (img, "corrupt image: refcount of cluster %#" PRIx64 " would "
+               "go from %" PRIu64 " out of range by %" PRId64,
+               cluster << img->cluster_bits, value, delta);
+    return -EIO;
+  }
+  value += delta;
+  refcount_entry_set (block, img->h.refcount_order, index, value);
+  cache_mark_dirty (img->refcount_cache, block);
+  img->changed = true;
+  if (result)
+    *result = value;
+  return 0;
+}
+
+/* Read the refcount of cluster through the refcount cache. */
+int
+refcount_read (struct qcow2_image *img, uint64_t cluster, uint64_t *refcount)
 {
   uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
   uint64_t idx = cluster >> per_block_bits;
   uint64_t block;
+  uint8_t *data;
   int r;
 
   if (idx >= img->reftable_size ||
@@ -95,19 +188,10 @@ refcount_get (struct qcow2_image *img, struct refcount_cursor *cur,
                "the end of the file", block, idx);
     return -EIO;
   }
-  if (cur->block_offset != block) {
-    if (!cur->block && !(cur->block = malloc (img->cluster_size)))
-      return -ENOMEM;
-    r = img->io->ops->pread (img->io, cur->block, img->cluster_size, block);
-    if (r < 0) {
-      qcow2_err (img, "reading refcount block at %#" PRIx64 ": %s", block,
-                 strerror (-r));
-      cur->block_offset = UINT64_MAX;
-      return r;
-    }
-    cur->block_offset = block;
-  }
-  *refcount = refcount_entry_get (cur->block, img->h.refcount_order,
+  r = cache_get (img, img->refcount_cache, block, false, &data);
+  if (r < 0)
+    return r;
+  *refcount = refcount_entry_get (data, img->h.refcount_order,
                                   cluster & ((UINT64_C (1) << per_block_bits)
                                              - 1));
   return 0;
@@ -121,7 +205,6 @@ refcount_get (struct qcow2_image *img, struct refcount_cursor *cur,
 int
 refcount_detect_metadata_prealloc (struct qcow2_image *img, bool *prealloc)
 {
-  struct refcount_cursor cur;
   uint64_t real_clusters, threshold, end, count = 0;
   int64_t allocated;
   int r = 0;
@@ -136,14 +219,12 @@ refcount_detect_metadata_prealloc (struct qcow2_image *img, bool *prealloc)
   threshold = MAX (real_clusters * 10 / 9, real_clusters + 2);
   end = div_round_up (img->file_size, img->cluster_size);
 
-  refcount_cursor_init (&cur);
   for (uint64_t i = 0; i < end && count < threshold; i++) {
     uint64_t rc;
-    if ((r = refcount_get (img, &cur, i, &rc)) < 0)
+    if ((r = refcount_read (img, i, &rc)) < 0)
       break;
     count += rc != 0;
   }
-  refcount_cursor_free (&cur);
   if (r == 0)
     *prealloc = count >= threshold;
   return r;

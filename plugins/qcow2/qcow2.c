@@ -44,7 +44,9 @@ static const struct qcow2_env env = {
 static void
 plugin_unload (void)
 {
-  qcow2_close (image);
+  if (image && qcow2_close (image) < 0)
+    nbdkit_error ("%s: closing the image failed: its last changes may not "
+                  "be durable", filename);
   free (filename);
   free (data_file);
   free ((char *) options.snapshot);
@@ -96,6 +98,25 @@ plugin_config (const char *key, const char *value)
     options.data_file = data_file;
     return data_file ? 0 : -1;
   }
+  if (strcmp (key, "discard") == 0) {
+    if (strcmp (value, "unmap") == 0)
+      options.discard_ignore = false;
+    else if (strcmp (value, "ignore") == 0)
+      options.discard_ignore = true;
+    else {
+      nbdkit_error ("discard: expected \"unmap\" or \"ignore\", not "
+                    "\"%s\"", value);
+      return -1;
+    }
+    return 0;
+  }
+  if (strcmp (key, "readonly") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return -1;
+    options.readonly = r;
+    return 0;
+  }
   if (strcmp (key, "l2-cache-size") == 0)
     return plugin_parse_size (key, value, &options.l2_cache_size);
   if (strcmp (key, "l2-slice-size") == 0)
@@ -119,14 +140,30 @@ plugin_config_complete (void)
   "backing=none                    Serve the image without its backing file.\n" \
   "snapshot=<NAME|ID>              Serve an internal snapshot (read-only).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
+  "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
+  "readonly=true                   Open the image read-only.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size)."
 
 static int
 plugin_get_ready (void)
 {
-  struct qcow2_io *io = fileio_open (filename, true);
+  struct qcow2_io *io = NULL;
 
+  /* Read-write where the file allows it; connections with nbdkit -r
+   * never write.
+   */
+  if (!options.readonly) {
+    io = fileio_open (filename, false);
+    if (!io && errno != EACCES && errno != EROFS && errno != EPERM) {
+      nbdkit_error ("open: %s: %m", filename);
+      return -1;
+    }
+    if (!io)
+      options.readonly = true;
+  }
+  if (!io)
+    io = fileio_open (filename, true);
   if (!io) {
     nbdkit_error ("open: %s: %m", filename);
     return -1;
@@ -172,7 +209,37 @@ plugin_get_size (void *handle)
 static int
 plugin_can_write (void *handle)
 {
-  return 0;
+  return qcow2_can_write (image);
+}
+
+static int
+plugin_can_flush (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_can_fua (void *handle)
+{
+  return NBDKIT_FUA_NATIVE;
+}
+
+static int
+plugin_can_trim (void *handle)
+{
+  return qcow2_can_trim (image);
+}
+
+static int
+plugin_can_zero (void *handle)
+{
+  return 1;
+}
+
+static int
+plugin_can_fast_zero (void *handle)
+{
+  return 1;
 }
 
 static int
@@ -199,6 +266,36 @@ plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   int r = qcow2_read (image, buf, count, offset);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+static int
+plugin_pwrite (void *handle, const void *buf, uint32_t count,
+               uint64_t offset, uint32_t flags)
+{
+  int r = qcow2_write (image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+static int
+plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  int r = qcow2_zero (image, count, offset, flags & NBDKIT_FLAG_MAY_TRIM,
+                      flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+static int
+plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  int r = qcow2_trim (image, count, offset, flags & NBDKIT_FLAG_FUA);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+static int
+plugin_flush (void *handle, uint32_t flags)
+{
+  int r = qcow2_flush (image);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -234,9 +331,18 @@ static struct nbdkit_plugin plugin = {
   .close             = plugin_close,
   .get_size          = plugin_get_size,
   .can_write         = plugin_can_write,
+  .can_flush         = plugin_can_flush,
+  .can_fua           = plugin_can_fua,
+  .can_trim          = plugin_can_trim,
+  .can_zero          = plugin_can_zero,
+  .can_fast_zero     = plugin_can_fast_zero,
   .can_multi_conn    = plugin_can_multi_conn,
   .can_extents       = plugin_can_extents,
   .pread             = plugin_pread,
+  .pwrite            = plugin_pwrite,
+  .zero              = plugin_zero,
+  .trim              = plugin_trim,
+  .flush             = plugin_flush,
   .extents           = plugin_extents,
   .errno_is_preserved = 1,
 };

@@ -1,0 +1,246 @@
+/* Cluster allocation and freeing.
+ *
+ * Allocation searches for free clusters from a hint (the lowest cluster
+ * that may be free) rather than always appending.  Freeing is deferred:
+ * a cluster whose last reference was dropped is released only after the
+ * L2 update that dropped it is durable (flush), so a crash never leaves
+ * a table pointing at a reused cluster, and no request still reading a
+ * cluster sees it reused (the release holds data_lock exclusively).
+ *
+ * Called with img->lock held.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+/* Find n free contiguous clusters, without taking them. */
+int
+alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t *host_offset)
+{
+  uint64_t start = img->free_hint, run = 0;
+
+  for (uint64_t c = start; run < n; c++) {
+    uint64_t rc;
+    int r = refcount_read (img, c, &rc);
+    if (r < 0)
+      return r;
+    if (rc) {
+      run = 0;
+      start = c + 1;
+    }
+    else
+      run++;
+  }
+  *host_offset = start << img->cluster_bits;
+  return 0;
+}
+
+/* Make sure every refcount block counting [first, first+n) exists, so
+ * that taking the references allocates nothing in between.  Returns 1
+ * if a block was made (the free run must be searched again).
+ */
+static int
+alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
+{
+  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  int made = 0;
+
+  for (uint64_t idx = first >> per_block_bits;
+       idx <= (first + n - 1) >> per_block_bits; idx++) {
+    if (idx < img->reftable_size && img->reftable[idx])
+      continue;
+    /* Counting a cluster of this block's range creates it. */
+    uint64_t c = MAX (first, idx << per_block_bits);
+    int r = refcount_update (img, c, 1, NULL);
+    if (r == 0)
+      r = refcount_update (img, c, -1, NULL);
+    if (r < 0)
+      return r;
+    made = 1;
+  }
+  return made;
+}
+
+/* Allocate n contiguous clusters with refcount 1.  *zeroed tells whether
+ * they lie past the end of the file (and so read as zeros).
+ */
+int
+alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
+                bool *zeroed)
+{
+  uint64_t offset, first;
+  int r;
+
+  do {
+    if ((r = alloc_find_free (img, n, &offset)) < 0)
+      return r;
+    first = offset >> img->cluster_bits;
+  } while ((r = alloc_ensure_blocks (img, first, n)) == 1);
+  if (r < 0)
+    return r;
+
+  for (uint64_t i = 0; i < n; i++) {
+    if ((r = refcount_update (img, first + i, 1, NULL)) < 0)
+      return r;
+  }
+  img->free_hint = first + n;
+  img->l2_needs_sync_first |= !img->lazy_refcounts;
+  *zeroed = offset >= img->file_size;
+  *host_offset = offset;
+  return 0;
+}
+
+/* Drop one reference from each cluster of [host_offset, +bytes) once
+ * the change that dropped it is durable.
+ */
+int
+alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
+                  uint64_t bytes)
+{
+  uint64_t first = host_offset >> img->cluster_bits;
+  uint64_t last = (host_offset + bytes - 1) >> img->cluster_bits;
+
+  for (uint64_t c = first; c <= last; c++) {
+    if (img->pending_len == img->pending_cap) {
+      size_t cap = img->pending_cap ? img->pending_cap * 2 : 64;
+      uint64_t *p = realloc (img->pending_free, cap * sizeof *p);
+      if (!p)
+        return -ENOMEM;
+      img->pending_free = p;
+      img->pending_cap = cap;
+    }
+    img->pending_free[img->pending_len++] = c;
+  }
+  img->changed = true;
+  return 0;
+}
+
+/* Release what alloc_free_later queued.  Clusters left unreferenced
+ * are punched, so the space returns to the host and stale data never
+ * shows through a later allocation.
+ */
+int
+alloc_apply_frees (struct qcow2_image *img)
+{
+  int r = 0;
+
+  for (size_t i = 0; i < img->pending_len && r == 0; i++) {
+    uint64_t c = img->pending_free[i], rc;
+    uint64_t offset = c << img->cluster_bits;
+
+    r = refcount_update (img, c, -1, &rc);
+    if (r < 0 || rc)
+      continue;
+    img->free_hint = MIN (img->free_hint, c);
+    cache_forget (img->cache, offset, img->cluster_size);
+    if (img->discard && img->io->ops->punch)
+      img->io->ops->punch (img->io, offset, img->cluster_size);
+  }
+  img->pending_len = 0;
+  return r;
+}
+
+/* Grow the refcount table to at least min_entries.  The new table and
+ * the refcount blocks that count it go together past the end of the
+ * file, in one area whose every cluster they count; then the header
+ * switches to the new table.  Rare, so it syncs as it goes.
+ */
+int
+alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t per_cluster = cs / 8;
+  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t entries, table_clusters, start, nblocks = 0, needed;
+  uint64_t old_offset = img->h.refcount_table_offset;
+  uint64_t old_clusters = img->h.refcount_table_clusters;
+  uint64_t *table = NULL;
+  uint8_t *area = NULL, hdr[12];
+  int r;
+
+  entries = MAX (min_entries, img->reftable_size + img->reftable_size / 2);
+  start = div_round_up (img->file_size, cs);
+
+  /* Find how many new blocks the area needs to count itself. */
+  for (;;) {
+    entries = div_round_up (entries, per_cluster) * per_cluster;
+    table_clusters = entries / per_cluster;
+    uint64_t end = start + table_clusters + nblocks;
+    needed = 0;
+    for (uint64_t idx = start >> per_block_bits;
+         idx <= (end - 1) >> per_block_bits; idx++)
+      if (idx >= img->reftable_size || !img->reftable[idx])
+        needed++;
+    uint64_t last_idx = (end - 1) >> per_block_bits;
+    if (last_idx >= entries) {
+      entries = last_idx + 1;
+      continue;
+    }
+    if (needed <= nblocks)
+      break;
+    nblocks = needed;
+  }
+  if (table_clusters * cs > QCOW2_MAX_REFTABLE_BYTES) {
+    qcow2_err (img, "the refcount table would exceed %u bytes",
+               QCOW2_MAX_REFTABLE_BYTES);
+    return -EFBIG;
+  }
+
+  uint64_t total = table_clusters + nblocks;
+  uint64_t end = start + total;
+  table = calloc (entries, sizeof *table);
+  area = calloc (total, cs);
+  if (!table || !area) {
+    r = -ENOMEM;
+    goto out;
+  }
+  memcpy (table, img->reftable, img->reftable_size * sizeof *table);
+
+  /* Place the new blocks after the table and count the area. */
+  uint64_t b = 0;
+  for (uint64_t idx = start >> per_block_bits;
+       idx <= (end - 1) >> per_block_bits; idx++)
+    if (!table[idx])
+      table[idx] = (start + table_clusters + b++) << img->cluster_bits;
+  for (uint64_t c = start; c < end; c++) {
+    uint64_t idx = c >> per_block_bits;
+    uint64_t blk = table[idx] >> img->cluster_bits;
+    if (blk >= start && blk < end)
+      refcount_entry_set (area + (blk - start) * cs, img->h.refcount_order,
+                          c & ((UINT64_C (1) << per_block_bits) - 1), 1);
+    else if ((r = refcount_update (img, c, 1, NULL)) < 0)
+      goto out;
+  }
+  for (uint64_t i = 0; i < entries; i++)
+    be64_put (area + i * 8, table[i]);
+
+  /* Everything the header will point at must be durable first. */
+  if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
+      (r = io_write_meta (img, area, total * cs, start << img->cluster_bits,
+                          "new refcount table")) < 0 ||
+      (r = io_flush (img)) < 0)
+    goto out;
+  be64_put (hdr, start << img->cluster_bits);
+  be32_put (hdr + 8, table_clusters);
+  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header")) < 0 ||
+      (r = io_flush (img)) < 0)
+    goto out;
+
+  free (img->reftable);
+  img->reftable = table;
+  table = NULL;
+  img->reftable_size = entries;
+  img->h.refcount_table_offset = start << img->cluster_bits;
+  img->h.refcount_table_clusters = table_clusters;
+  img->rt_dirty_lo = img->rt_dirty_hi = 0;
+  r = alloc_free_later (img, old_offset, old_clusters * cs);
+ out:
+  free (table);
+  free (area);
+  return r;
+}

@@ -1,0 +1,249 @@
+/* Writing metadata and making it durable, in an order that keeps the
+ * image consistent at every instant:
+ *
+ *  - refcount blocks (and new tables' contents) before the L2/L1/
+ *    reftable entries that point at newly allocated clusters;
+ *  - L2 updates before the refcount decrements that free clusters
+ *    (frees are applied only after a flush, see alloc.c);
+ *  - one host flush per client flush when nothing depends on a
+ *    refcount or copied data that is not durable yet, and none at all
+ *    when nothing changed since the last flush.
+ *
+ * Called with img->lock held.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+#define HDR_INCOMPAT 72
+#define HDR_AUTOCLEAR 88
+
+void
+io_note_end (struct qcow2_image *img, uint64_t end)
+{
+  if (end > img->file_size)
+    img->file_size = end;
+}
+
+int
+io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
+               uint64_t offset, const char *what)
+{
+  int r = img->io->ops->pwrite (img->io, buf, len, offset);
+
+  if (r < 0) {
+    qcow2_err (img, "writing %s at %#" PRIx64 ": %s", what, offset,
+               strerror (-r));
+    return r;
+  }
+  io_note_end (img, offset + len);
+  return 0;
+}
+
+int
+io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
+               uint64_t offset)
+{
+  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
+
+  if (r < 0) {
+    qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
+               PRIx64 ": %s", len, offset, strerror (-r));
+    return r;
+  }
+  return 0;
+}
+
+int
+io_flush (struct qcow2_image *img)
+{
+  int r;
+
+  if (img->data_io != img->io &&
+      (r = img->data_io->ops->flush (img->data_io)) < 0) {
+    qcow2_err (img, "flushing the external data file: %s", strerror (-r));
+    return r;
+  }
+  r = img->io->ops->flush (img->io);
+  if (r < 0) {
+    qcow2_err (img, "flushing: %s", strerror (-r));
+    return r;
+  }
+  img->flushes++;
+  return 0;
+}
+
+void
+flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index)
+{
+  if (img->l1_dirty_lo == img->l1_dirty_hi) {
+    img->l1_dirty_lo = index;
+    img->l1_dirty_hi = index + 1;
+  }
+  else {
+    img->l1_dirty_lo = MIN (img->l1_dirty_lo, index);
+    img->l1_dirty_hi = MAX (img->l1_dirty_hi, index + 1);
+  }
+  img->changed = true;
+}
+
+void
+flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
+{
+  if (img->rt_dirty_lo == img->rt_dirty_hi) {
+    img->rt_dirty_lo = index;
+    img->rt_dirty_hi = index + 1;
+  }
+  else {
+    img->rt_dirty_lo = MIN (img->rt_dirty_lo, index);
+    img->rt_dirty_hi = MAX (img->rt_dirty_hi, index + 1);
+  }
+  img->changed = true;
+}
+
+/* Write table entries [lo, hi) of an in-memory table of u64. */
+static int
+flush_write_table (struct qcow2_image *img, const uint64_t *table,
+                   uint64_t lo, uint64_t hi, uint64_t table_offset,
+                   const char *what)
+{
+  uint64_t n = hi - lo;
+  uint8_t *buf = malloc (n * 8);
+  int r;
+
+  if (!buf)
+    return -ENOMEM;
+  for (uint64_t i = 0; i < n; i++)
+    be64_put (buf + i * 8, table[lo + i]);
+  r = io_write_meta (img, buf, n * 8, table_offset + lo * 8, what);
+  free (buf);
+  return r;
+}
+
+/* Before any L2, L1 or reftable entry reaches the disk, make durable
+ * what it may point at.
+ */
+int
+flush_l2_dependencies (struct qcow2_image *img)
+{
+  int r;
+
+  if (!img->l2_needs_sync_first)
+    return 0;
+  if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
+      (r = io_flush (img)) < 0)
+    return r;
+  img->l2_needs_sync_first = false;
+  return 0;
+}
+
+static int
+flush_tables (struct qcow2_image *img)
+{
+  int r;
+
+  if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
+      (r = flush_l2_dependencies (img)) < 0)
+    return r;
+  if (img->rt_dirty_hi > img->rt_dirty_lo) {
+    r = flush_write_table (img, img->reftable, img->rt_dirty_lo,
+                           img->rt_dirty_hi, img->h.refcount_table_offset,
+                           "refcount table");
+    if (r < 0)
+      return r;
+    img->rt_dirty_lo = img->rt_dirty_hi = 0;
+  }
+  if ((r = cache_writeback (img, img->cache)) < 0)
+    return r;
+  if (img->l1_dirty_hi > img->l1_dirty_lo) {
+    r = flush_write_table (img, img->l1, img->l1_dirty_lo, img->l1_dirty_hi,
+                           img->h.l1_table_offset, "L1 table");
+    if (r < 0)
+      return r;
+    img->l1_dirty_lo = img->l1_dirty_hi = 0;
+  }
+  return 0;
+}
+
+int
+flush_locked (struct qcow2_image *img)
+{
+  int r;
+
+  if (!img->changed)
+    return 0;
+  if ((r = flush_tables (img)) < 0 || (r = io_flush (img)) < 0)
+    return r;
+  img->changed = false;
+  return 0;
+}
+
+/* Patch the feature bit fields of a v3 header in place. */
+int
+header_write_features (struct qcow2_image *img)
+{
+  uint8_t buf[8];
+  int r;
+
+  be64_put (buf, img->h.incompatible_features);
+  r = io_write_meta (img, buf, 8, HDR_INCOMPAT, "header");
+  if (r < 0)
+    return r;
+  be64_put (buf, img->h.autoclear_features);
+  return io_write_meta (img, buf, 8, HDR_AUTOCLEAR, "header");
+}
+
+/* Before the first change: autoclear features we do not maintain are
+ * cleared (the spec requires it of an editor that does not know them),
+ * and with lazy refcounts the dirty bit is set and made durable before
+ * any metadata changes.
+ */
+int
+flush_begin_write (struct qcow2_image *img)
+{
+  uint64_t autoclear;
+  int r;
+
+  if (img->write_started)
+    return 0;
+  if (img->h.version >= 3) {
+    autoclear = img->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_RAW;
+    bool dirty = img->lazy_refcounts &&
+      !(img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY);
+    if (autoclear != img->h.autoclear_features || dirty) {
+      img->h.autoclear_features = autoclear;
+      if (dirty)
+        img->h.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+      if ((r = header_write_features (img)) < 0 ||
+          (r = io_flush (img)) < 0)
+        return r;
+    }
+  }
+  img->write_started = true;
+  return 0;
+}
+
+/* Clean close: everything durable, frees released, dirty bit cleared. */
+int
+flush_close (struct qcow2_image *img)
+{
+  int r;
+
+  if (!img->write_started)
+    return 0;
+  if ((r = flush_locked (img)) < 0 ||
+      (r = alloc_apply_frees (img)) < 0 ||
+      (r = flush_locked (img)) < 0)
+    return r;
+  if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {
+    img->h.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+    if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+      return r;
+  }
+  return 0;
+}

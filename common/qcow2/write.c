@@ -1,0 +1,533 @@
+/* The write path: guest writes, zeroes and trims.
+ *
+ * A write into a cluster that is allocated, owned by this image alone
+ * (COPIED) and not a zero cluster goes to its host offset without
+ * holding the image lock.  Any other write allocates: one read of what
+ * the guest sees around the new data (head and tail together when they
+ * are close) and one write of head + data + tail (COW in two
+ * operations), or just the data when the new cluster reads as zeros and
+ * nothing needs copying.  With extended L2 entries the unit is the
+ * subcluster, so aligned writes copy nothing.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+/* Head and tail closer than this are read in one request. */
+#define COW_MERGE_GAP (256u << 10)
+
+#define L2_ALL_ALLOC 0xffffffffULL
+#define L2_ALL_ZERO (0xffffffffULL << 32)
+
+struct l2_state {
+  uint64_t entry, bitmap;
+  uint64_t host;                /* host cluster, if normal */
+  bool compressed, normal, copied, zero_flag;
+};
+
+static void
+write_decode (const struct qcow2_image *img, const uint8_t *p,
+              struct l2_state *s)
+{
+  bool external = img->data_io != img->io;
+
+  s->entry = be64_get (p);
+  s->bitmap = img->extended_l2 ? be64_get (p + 8) : 0;
+  s->host = s->entry & QCOW2_OFFSET_MASK;
+  s->compressed = s->entry & QCOW2_OFLAG_COMPRESSED;
+  s->copied = s->entry & QCOW2_OFLAG_COPIED;
+  s->normal = !s->compressed &&
+    (s->host != 0 || (external && s->copied));
+  s->zero_flag = !img->extended_l2 && (s->entry & QCOW2_OFLAG_ZERO);
+}
+
+static void
+write_encode (const struct qcow2_image *img, uint8_t *p, uint64_t entry,
+              uint64_t bitmap)
+{
+  be64_put (p, entry);
+  if (img->extended_l2)
+    be64_put (p + 8, bitmap);
+}
+
+/* Subcluster bits of [start, end) within a cluster. */
+static uint64_t
+write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
+{
+  unsigned first = start >> img->subcluster_bits;
+  unsigned last = (end - 1) >> img->subcluster_bits;
+  uint64_t n = last - first + 1;
+  return (n >= 32 ? L2_ALL_ALLOC : ((UINT64_C (1) << n) - 1)) << first;
+}
+
+/* Whether the guest reads zeros from [offset, offset+len) now. */
+static int
+write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                  bool *zero)
+{
+  *zero = true;
+  while (len > 0 && *zero) {
+    struct qcow2_run run;
+    int r = cluster_map (img, offset, len, &run);
+    if (r < 0)
+      return r;
+    if (run.kind == RUN_DATA || run.kind == RUN_COMPRESSED)
+      *zero = false;
+    else if (run.kind == RUN_UNALLOCATED && img->backing &&
+             offset < img->backing->size)
+      *zero = false;
+    offset += run.length;
+    len -= run.length;
+  }
+  return 0;
+}
+
+/* Drop this image's reference to the old data of an entry. */
+static int
+write_release_old (struct qcow2_image *img, const struct l2_state *s)
+{
+  if (s->compressed) {
+    uint64_t x = img->compressed_offset_bits;
+    uint64_t off = s->entry & ((UINT64_C (1) << x) - 1);
+    uint64_t sectors = (s->entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
+    return alloc_free_later (img, off & ~UINT64_C (511), (sectors + 1) * 512);
+  }
+  if (s->normal && img->data_io == img->io)
+    return alloc_free_later (img, s->host, img->cluster_size);
+  return 0;
+}
+
+/* Fill buf (guest [start, end) of the cluster at cstart) around the
+ * client's data at [in, in+len): what the guest sees now, or zeros.
+ */
+static int
+write_fill_cow (struct qcow2_image *img, uint8_t *buf, uint64_t cstart,
+                uint64_t start, uint64_t end, uint64_t in, uint64_t len,
+                bool need_head, bool need_tail)
+{
+  int r = 0;
+
+  if (need_head && need_tail && len <= COW_MERGE_GAP)
+    return read_locked (img, buf, end - start, cstart + start);
+  if (need_head)
+    r = read_locked (img, buf, in - start, cstart + start);
+  else
+    memset (buf, 0, in - start);
+  if (r == 0 && need_tail)
+    r = read_locked (img, buf + (in + len - start), end - in - len,
+                     cstart + in + len);
+  else if (r == 0)
+    memset (buf + (in + len - start), 0, end - in - len);
+  return r;
+}
+
+/* Write [offset, offset+len) within one cluster, allocating.  Called
+ * with the lock held and the cluster's L2 table writable.
+ */
+static int
+write_allocating (struct qcow2_image *img, const uint8_t *data,
+                  uint64_t offset, uint64_t len)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t cstart = offset & ~(cs - 1), in = offset - cstart;
+  bool external = img->data_io != img->io;
+  struct l2_state s;
+  uint8_t *slice, *tmp = NULL;
+  uint64_t idx, target, start, end, bitmap;
+  bool reuse, zeroed = false, need_head = false, need_tail = false;
+  int r;
+
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  write_decode (img, slice + idx * img->l2_entry_size, &s);
+
+  /* Where the data goes, and which part of the cluster is written. */
+  reuse = s.normal && s.copied;
+  if (reuse)
+    target = s.host;
+  else if (external)
+    target = cstart;            /* external data files map 1:1 */
+  else if ((r = alloc_clusters (img, 1, &target, &zeroed)) < 0)
+    return r;
+  if (img->extended_l2 && (reuse || (!s.normal && !s.compressed))) {
+    start = in & ~(img->subcluster_size - 1);
+    end = MIN (cs, (in + len + img->subcluster_size - 1)
+               & ~(img->subcluster_size - 1));
+  }
+  else {
+    start = 0;
+    end = cs;
+  }
+
+  if (start < in &&
+      (r = write_reads_zero (img, cstart + start, in - start, &need_head)) < 0)
+    return r;
+  if (in + len < end &&
+      (r = write_reads_zero (img, cstart + in + len, end - in - len,
+                             &need_tail)) < 0)
+    return r;
+  need_head = start < in && !need_head;
+  need_tail = in + len < end && !need_tail;
+
+  /* The whole new cluster counts as part of the file from now on, even
+   * where it is not written yet (it reads as zeros).
+   */
+  if (zeroed)
+    io_note_end (img, target + cs);
+  if (!need_head && !need_tail && zeroed)
+    r = io_write_data (img, data, len, target + in);
+  else {
+    tmp = malloc (end - start);
+    if (!tmp)
+      return -ENOMEM;
+    r = write_fill_cow (img, tmp, cstart, start, end, in, len,
+                        need_head, need_tail);
+    if (r == 0) {
+      memcpy (tmp + in - start, data, len);
+      r = io_write_data (img, tmp, end - start, target + start);
+    }
+    free (tmp);
+  }
+  if (r < 0)
+    return r;
+
+  /* Reading the old contents may have evicted the slice: look again. */
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  if (!img->extended_l2)
+    bitmap = 0;
+  else if (reuse || (!s.normal && !s.compressed)) {
+    uint64_t mask = write_unit_mask (img, start, end);
+    bitmap = ((s.bitmap & L2_ALL_ALLOC) | mask) |
+      ((s.bitmap >> 32) & ~mask) << 32;
+  }
+  else
+    bitmap = L2_ALL_ALLOC;
+  write_encode (img, slice + idx * img->l2_entry_size,
+                target | QCOW2_OFLAG_COPIED, bitmap);
+  cache_mark_dirty (img->cache, slice);
+  img->changed = true;
+  if (need_head || need_tail)
+    img->l2_needs_sync_first = true;    /* copied data first */
+  return reuse ? 0 : write_release_old (img, &s);
+}
+
+/* Where an in-place write of [offset, offset+len) goes, or 0 if the
+ * write must allocate.
+ */
+static int
+write_in_place_target (struct qcow2_image *img, uint64_t offset,
+                       uint64_t len, uint64_t *host)
+{
+  uint64_t in = offset & (img->cluster_size - 1);
+  struct l2_state s;
+  uint8_t *slice;
+  uint64_t idx;
+  int r;
+
+  *host = 0;
+  if ((r = cluster_l2_slice (img, offset, false, &slice, &idx)) < 0)
+    return r;
+  if (!slice)
+    return 0;
+  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  if (!s.normal || !s.copied || s.zero_flag)
+    return 0;
+  if (img->extended_l2) {
+    uint64_t mask = write_unit_mask (img, in, in + len);
+    if ((s.bitmap & mask) != mask || ((s.bitmap >> 32) & mask))
+      return 0;
+  }
+  if (s.host & (img->cluster_size - 1)) {
+    qcow2_err (img, "corrupt image: unaligned data cluster offset %#" PRIx64
+               " (guest offset %#" PRIx64 ")", s.host, offset);
+    return -EIO;
+  }
+  *host = s.host + in;
+  return 0;
+}
+
+static int
+write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
+{
+  if (!img->writable)
+    return qcow2_check_writable (img) ? : -EROFS;
+  if (range_exceeds (offset, count, img->size)) {
+    qcow2_err (img, "write of %" PRIu64 " bytes at %" PRIu64 " is beyond "
+               "the virtual size %" PRIu64, count, offset, img->size);
+    return -ENOSPC;
+  }
+  return 0;
+}
+
+int
+qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
+             uint64_t offset, bool fua)
+{
+  const uint8_t *p = buf;
+  int r;
+
+  if ((r = write_check (img, count, offset)) < 0)
+    return r;
+  pthread_rwlock_rdlock (&img->data_lock);
+  while (count > 0 && r == 0) {
+    uint64_t in = offset & (img->cluster_size - 1);
+    uint64_t n = MIN (count, img->cluster_size - in);
+    uint64_t host;
+
+    pthread_mutex_lock (&img->lock);
+    r = flush_begin_write (img);
+    if (r == 0)
+      r = write_in_place_target (img, offset, n, &host);
+    if (r == 0 && host) {
+      pthread_mutex_unlock (&img->lock);
+      r = io_write_data (img, p, n, host);
+    }
+    else {
+      if (r == 0)
+        r = write_allocating (img, p, offset, n);
+      pthread_mutex_unlock (&img->lock);
+    }
+    p += n;
+    offset += n;
+    count -= n;
+  }
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r == 0 && fua)
+    r = qcow2_flush (img);
+  return r;
+}
+
+/* Zero or trim one whole cluster through its L2 entry.  trim: leave
+ * the cluster reading as what a discard leaves (QEMU's rules: zeros on
+ * v3, the backing file on v2); else make it read as zeros, keeping the
+ * allocation unless may_trim.  Returns 1 if the cluster needs zeros
+ * written as data instead (v2 over a backing file).
+ */
+static int
+write_zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
+                    bool may_trim)
+{
+  bool backing_shows = img->backing && cstart < img->backing->size;
+  bool v3 = img->h.version >= 3;
+  struct l2_state s;
+  uint8_t *slice;
+  uint64_t idx, entry, bitmap;
+  bool keep;
+  int r;
+
+  if (!v3 && !trim && backing_shows)
+    return 1;
+  /* Nothing to do where there is no L2 table and nothing shows. */
+  if ((r = cluster_l2_slice (img, cstart, false, &slice, &idx)) < 0)
+    return r;
+  if (!slice && (trim ? !v3 || !backing_shows : !backing_shows))
+    return 0;
+  if ((r = cluster_l2_slice (img, cstart, true, &slice, &idx)) < 0)
+    return r;
+  write_decode (img, slice + idx * img->l2_entry_size, &s);
+
+  keep = !trim && !may_trim && s.normal && s.copied && v3;
+  if (keep) {
+    entry = s.host | QCOW2_OFLAG_COPIED
+      | (img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO);
+    bitmap = L2_ALL_ZERO;
+  }
+  else if (v3 && (!trim || backing_shows)) {
+    entry = img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO;
+    bitmap = L2_ALL_ZERO;
+  }
+  else
+    entry = bitmap = 0;
+  if (!img->extended_l2)
+    bitmap = 0;
+  if (entry == s.entry && bitmap == s.bitmap)
+    return 0;
+  write_encode (img, slice + idx * img->l2_entry_size, entry, bitmap);
+  cache_mark_dirty (img->cache, slice);
+  img->changed = true;
+  return keep ? 0 : write_release_old (img, &s);
+}
+
+/* Zero whole subclusters [offset, offset+len) of one cluster through
+ * the bitmap.  Returns 1 if that cannot be done (compressed cluster).
+ */
+static int
+write_zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len)
+{
+  uint64_t in = offset & (img->cluster_size - 1);
+  uint64_t mask = write_unit_mask (img, in, in + len);
+  struct l2_state s;
+  uint8_t *slice;
+  uint64_t idx, bitmap;
+  int r;
+
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  if (s.compressed || (s.normal && !s.copied))
+    return 1;
+  bitmap = (s.bitmap & L2_ALL_ALLOC & ~mask) | ((s.bitmap >> 32) | mask) << 32;
+  if (bitmap != s.bitmap) {
+    write_encode (img, slice + idx * img->l2_entry_size, s.entry, bitmap);
+    cache_mark_dirty (img->cache, slice);
+    img->changed = true;
+  }
+  return 0;
+}
+
+/* How one piece of a zero request is done. */
+enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
+
+static int
+write_zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
+                 enum zero_how *how)
+{
+  uint64_t cs = img->cluster_size, in = offset & (cs - 1);
+  bool zero;
+  int r;
+
+  if ((r = write_reads_zero (img, offset, n, &zero)) < 0)
+    return r;
+  if (zero)
+    *how = ZERO_NOTHING;
+  else if (n == cs)
+    *how = img->h.version >= 3 || !img->backing ||
+      offset >= img->backing->size ? ZERO_METADATA : ZERO_DATA;
+  else if (img->extended_l2 && !((in | n) & (img->subcluster_size - 1)))
+    *how = ZERO_UNITS;
+  else
+    *how = ZERO_DATA;
+  return 0;
+}
+
+/* Zeros as data, through the write path. */
+static int
+write_zeros_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
+{
+  uint8_t *zeros = calloc (1, n);
+  uint64_t host;
+  int r;
+
+  if (!zeros)
+    return -ENOMEM;
+  r = write_in_place_target (img, offset, n, &host);
+  if (r == 0 && host)
+    r = io_write_data (img, zeros, n, host);
+  else if (r == 0)
+    r = write_allocating (img, zeros, offset, n);
+  free (zeros);
+  return r;
+}
+
+int
+qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
+            bool may_trim, bool fast, bool fua)
+{
+  uint64_t cs = img->cluster_size;
+  int r;
+
+  if ((r = write_check (img, count, offset)) < 0)
+    return r;
+
+  /* A fast zero fails at once if any piece would need data written. */
+  if (fast) {
+    pthread_mutex_lock (&img->lock);
+    for (uint64_t off = offset, left = count; left > 0 && r == 0; ) {
+      uint64_t n = MIN (left, cs - (off & (cs - 1)));
+      enum zero_how how;
+      r = write_zero_plan (img, off, n, &how);
+      if (r == 0 && how == ZERO_DATA)
+        r = -ENOTSUP;
+      off += n;
+      left -= n;
+    }
+    pthread_mutex_unlock (&img->lock);
+    if (r < 0)
+      return r;
+  }
+
+  pthread_rwlock_rdlock (&img->data_lock);
+  while (count > 0 && r == 0) {
+    uint64_t n = MIN (count, cs - (offset & (cs - 1)));
+    enum zero_how how;
+
+    pthread_mutex_lock (&img->lock);
+    r = flush_begin_write (img);
+    if (r == 0)
+      r = write_zero_plan (img, offset, n, &how);
+    if (r == 0 && how == ZERO_METADATA)
+      r = write_zero_cluster (img, offset, false, may_trim);
+    else if (r == 0 && how == ZERO_UNITS)
+      r = write_zero_units (img, offset, n);
+    if (r == 1 || (r == 0 && how == ZERO_DATA))
+      r = write_zeros_as_data (img, offset, n);
+    pthread_mutex_unlock (&img->lock);
+    offset += n;
+    count -= n;
+  }
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r == 0 && fua)
+    r = qcow2_flush (img);
+  return r;
+}
+
+int
+qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
+            bool fua)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t first = (offset + cs - 1) & ~(cs - 1);
+  uint64_t end = (offset + count) & ~(cs - 1);
+  int r;
+
+  if ((r = write_check (img, count, offset)) < 0)
+    return r;
+  if (!img->discard)
+    return 0;
+  /* The last cluster of the disk may be partial: trimming to the end of
+   * the disk covers it.
+   */
+  if (offset + count == img->size)
+    end = (img->size + cs - 1) & ~(cs - 1);
+
+  pthread_rwlock_rdlock (&img->data_lock);
+  for (uint64_t c = first; c < end && r == 0; c += cs) {
+    pthread_mutex_lock (&img->lock);
+    r = flush_begin_write (img);
+    if (r == 0)
+      r = write_zero_cluster (img, c, true, true);
+    pthread_mutex_unlock (&img->lock);
+  }
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r == 0 && fua)
+    r = qcow2_flush (img);
+  return r;
+}
+
+int
+qcow2_flush (struct qcow2_image *img)
+{
+  bool frees;
+  int r;
+
+  pthread_mutex_lock (&img->lock);
+  r = flush_locked (img);
+  frees = img->pending_len > 0;
+  pthread_mutex_unlock (&img->lock);
+  if (r < 0 || !frees)
+    return r;
+
+  /* The changes that dropped these references are durable now. */
+  pthread_rwlock_wrlock (&img->data_lock);
+  pthread_mutex_lock (&img->lock);
+  r = alloc_apply_frees (img);
+  pthread_mutex_unlock (&img->lock);
+  pthread_rwlock_unlock (&img->data_lock);
+  return r;
+}
