@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The corrupt bit (incompatible bit 1) and the dirty bit (bit 0, lazy
+# refcounts after a crash).
+#  - corrupt: nbdkit starts, but a connection that could write is
+#    refused with a message about the corrupt image; with nbdkit -r the
+#    image is served and reads as it did before it was marked.
+#  - dirty: served and read correctly (the refcounts are not needed to
+#    read).  Neither image is modified by serving it.
+source "${srcdir:-.}/bad-functions.sh"
+requires nbdinfo nbdcopy md5sum
+
+img=$tmp/corrupt.qcow2
+qemu-img create -q -f qcow2 "$img" 4M
+qemu-io -f qcow2 -c 'write -P 0x55 0 64k' -c 'write -P 0xaa 1M 4k' \
+  -c 'write -z 2M 64k' "$img" >/dev/null
+qemu-img convert -f qcow2 -O raw "$img" "$tmp/before.raw"
+qpatch "$img" set-bits 72 2
+sum=$(md5sum < "$img")
+
+# Without -r: the server starts, the connection is refused.
+log=$tmp/corrupt.log
+rc=0
+timeout 30 nbdkit -U - qcow2 "file=$img" \
+  --run "touch '$tmp/started'; nbdinfo \"\$uri\"" > "$log" 2>&1 || rc=$?
+sed 's/^/    /' "$log"
+[ -e "$tmp/started" ] || fail "nbdkit did not start with a corrupt image"
+[ "$rc" -ne 0 ] || fail "a writable connection to a corrupt image succeeded"
+check_status "nbdinfo of a corrupt image" "$rc" 1 "$log"
+grep -qF "error: $img: image is marked corrupt (incompatible feature bit 1)" \
+  "$log" || fail "no message saying the image is marked corrupt"
+grep -qE "nbdkit -r|read-only" "$log" || fail "the message does not suggest -r"
+
+# With -r: served, and equal to what it held before being marked
+# corrupt, and to what qemu reads from it (and qemu-img map).
+timeout 30 nbdkit -r -U - qcow2 "file=$img" --run 'nbdcopy "$uri" '"$tmp/out.raw" ||
+  fail "nbdkit -r does not serve a corrupt image"
+cmp "$tmp/before.raw" "$tmp/out.raw" ||
+  fail "a corrupt image served read-only differs from before it was marked"
+check_image "$img" -r
+[ "$(md5sum < "$img")" = "$sum" ] || fail "serving changed the corrupt image"
+[ "$(qpatch "$img" field incompatible_features)" -eq 2 ] ||
+  fail "the corrupt bit was cleared"
+
+# The dirty bit: qemu-io with lazy refcounts, killed ("abort") before it
+# could clear the bit; the refcounts of the new clusters are missing.
+img=$tmp/dirty.qcow2
+qemu-img create -q -f qcow2 -o lazy_refcounts=on "$img" 4M
+qemu-io -f qcow2 -c 'write -P 0x11 0 64k' "$img" >/dev/null
+bash -c 'qemu-io -f qcow2 -c "write -P 0x5a 64k 128k" -c "write -P 0x66 3M 4k" \
+           -c abort "$1"; exit 0' _ "$img" >/dev/null 2>&1
+[ "$(qpatch "$img" field incompatible_features)" -eq 1 ] ||
+  fail "qemu-io did not leave the dirty bit set: cannot test it"
+qemu-img check "$img" >/dev/null 2>&1 && fail "qemu-img check finds no leaks?"
+sum=$(md5sum < "$img")
+timeout 30 nbdkit -U - qcow2 "file=$img" --run 'nbdsh -u "$uri" -c "
+assert h.pread(65536, 0) == b\"\\x11\" * 65536
+assert h.pread(131072, 65536) == b\"\\x5a\" * 131072
+assert h.pread(4096, 3 << 20) == b\"\\x66\" * 4096
+assert h.pread(65536, 1 << 20) == bytes(65536)
+"' || fail "the dirty image does not read as written"
+check_image "$img"
+[ "$(md5sum < "$img")" = "$sum" ] || fail "serving changed the dirty image"
+
+# Dirty and corrupt together: -r serves it.
+qpatch "$img" set-bits 72 2
+check_image "$img" -r
