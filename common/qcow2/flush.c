@@ -78,32 +78,32 @@ io_flush (struct qcow2_image *img)
   return 0;
 }
 
-void
-flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index)
+/* Grow the dirty range [*lo, *hi) of a table to cover index. */
+static void
+flush_mark_range (struct qcow2_image *img, uint64_t *lo, uint64_t *hi,
+                  uint64_t index)
 {
-  if (img->l1_dirty_lo == img->l1_dirty_hi) {
-    img->l1_dirty_lo = index;
-    img->l1_dirty_hi = index + 1;
+  if (*lo == *hi) {
+    *lo = index;
+    *hi = index + 1;
   }
   else {
-    img->l1_dirty_lo = MIN (img->l1_dirty_lo, index);
-    img->l1_dirty_hi = MAX (img->l1_dirty_hi, index + 1);
+    *lo = MIN (*lo, index);
+    *hi = MAX (*hi, index + 1);
   }
   img->changed = true;
 }
 
 void
+flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index)
+{
+  flush_mark_range (img, &img->l1_dirty_lo, &img->l1_dirty_hi, index);
+}
+
+void
 flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
 {
-  if (img->rt_dirty_lo == img->rt_dirty_hi) {
-    img->rt_dirty_lo = index;
-    img->rt_dirty_hi = index + 1;
-  }
-  else {
-    img->rt_dirty_lo = MIN (img->rt_dirty_lo, index);
-    img->rt_dirty_hi = MAX (img->rt_dirty_hi, index + 1);
-  }
-  img->changed = true;
+  flush_mark_range (img, &img->rt_dirty_lo, &img->rt_dirty_hi, index);
 }
 
 /* Write table entries [lo, hi) of an in-memory table of u64. */

@@ -168,7 +168,7 @@ struct qcow2_image {
    * contents are not durable yet: sync those before writing them.
    */
   bool l2_needs_sync_first;
-  uint32_t l1_dirty_lo, l1_dirty_hi;    /* dirty L1 entries [lo, hi) */
+  uint64_t l1_dirty_lo, l1_dirty_hi;    /* dirty L1 entries [lo, hi) */
   uint64_t rt_dirty_lo, rt_dirty_hi;    /* dirty reftable entries */
   uint64_t free_hint;           /* first cluster that may be free */
   uint64_t *pending_free;       /* host offsets to decrement after flush */

@@ -78,6 +78,24 @@ refcount_entry_set (uint8_t *block, uint32_t order, uint64_t index,
   }
 }
 
+/* The refcount block of reftable entry idx (which must be set), from
+ * the cache.
+ */
+static int
+refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
+{
+  uint64_t offset = img->reftable[idx] & REFTABLE_OFFSET_MASK;
+
+  if (offset & (img->cluster_size - 1) ||
+      range_exceeds (offset, img->cluster_size, img->file_size)) {
+    qcow2_err (img, "corrupt image: refcount block offset %#" PRIx64
+               " (refcount table entry %" PRIu64 ") is misaligned or beyond "
+               "the end of the file", offset, idx);
+    return -EIO;
+  }
+  return cache_get (img, img->refcount_cache, offset, false, data);
+}
+
 /* Make the refcount block for reftable entry idx.  No cluster in its
  * range is in use (none has a refcount), so the block goes in the first
  * one and describes itself.  Its table entry reaches the disk at flush,
@@ -124,7 +142,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   uint64_t index = cluster & ((UINT64_C (1) << per_block_bits) - 1);
   uint64_t max = img->h.refcount_order == 6 ? UINT64_MAX
     : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
-  uint64_t block_offset, value;
+  uint64_t value;
   uint8_t *block;
   int r;
 
@@ -138,16 +156,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
     if ((r = refcount_new_block (img, idx)) < 0)
       return r;
   }
-  block_offset = img->reftable[idx] & REFTABLE_OFFSET_MASK;
-  if (block_offset & (img->cluster_size - 1) ||
-      range_exceeds (block_offset, img->cluster_size, img->file_size)) {
-    qcow2_err (img, "corrupt image: refcount block offset %#" PRIx64
-               " (refcount table entry %" PRIu64 ") is misaligned or beyond "
-               "the end of the file", block_offset, idx);
-    return -EIO;
-  }
-  r = cache_get (img, img->refcount_cache, block_offset, false, &block);
-  if (r < 0)
+  if ((r = refcount_block (img, idx, &block)) < 0)
     return r;
   value = refcount_entry_get (block, img->h.refcount_order, index);
   if ((delta < 0 && value < (uint64_t) -delta) ||
@@ -172,24 +181,15 @@ refcount_read (struct qcow2_image *img, uint64_t cluster, uint64_t *refcount)
 {
   uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
   uint64_t idx = cluster >> per_block_bits;
-  uint64_t block;
   uint8_t *data;
   int r;
 
   if (idx >= img->reftable_size ||
-      (block = img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
+      (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
     *refcount = 0;
     return 0;
   }
-  if (block & (img->cluster_size - 1) ||
-      range_exceeds (block, img->cluster_size, img->file_size)) {
-    qcow2_err (img, "corrupt image: refcount block offset %#" PRIx64
-               " (refcount table entry %" PRIu64 ") is misaligned or beyond "
-               "the end of the file", block, idx);
-    return -EIO;
-  }
-  r = cache_get (img, img->refcount_cache, block, false, &data);
-  if (r < 0)
+  if ((r = refcount_block (img, idx, &data)) < 0)
     return r;
   *refcount = refcount_entry_get (data, img->h.refcount_order,
                                   cluster & ((UINT64_C (1) << per_block_bits)
