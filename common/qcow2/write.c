@@ -218,7 +218,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
 }
 
 /* Where an in-place write of [offset, offset+len) goes, or 0 if the
- * write must allocate.
+ * write must allocate.  The caller writes there.
  */
 static int
 write_in_place_target (struct qcow2_image *img, uint64_t offset,
@@ -249,6 +249,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
     return -EIO;
   }
   *host = s.host + in;
+  img->changed = true;          /* the data needs the next flush */
   return 0;
 }
 
