@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Host system calls per operation, counted with strace:
+#  - a partial write to a new cluster over a backing file is one read (of
+#    the backing file, head and tail together) plus one write (of the
+#    whole cluster, head + data + tail);
+#  - a client flush after in-place data writes is one fdatasync;
+#  - a flush with nothing changed since the last one is none.
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img qemu-io nbdsh strace
+
+base=$tmp/base.raw
+img=$tmp/top.qcow2
+trace=$tmp/trace
+qemu-img create -q -f raw "$base" 1M
+qemu-io -f raw -c 'write -P 7 0 1M' "$base" >/dev/null
+qemu-img create -q -f qcow2 -o cluster_size=64k -b "$base" -F raw "$img" 1M
+
+# COW: 4 KiB in the middle of the first cluster.
+strace -f -y -e trace=pread64,pwrite64,fdatasync -o "$trace" \
+  nbdkit -U - qcow2 "$img" --run 'nbdsh -u "$uri" -c "h.pwrite(b\"X\" * 4096, 8192); h.flush()"'
+host=$(qemu-img map --output=json -f qcow2 "$img" |
+       /usr/bin/python3 -c 'import json,sys; print([e["offset"] for e in json.load(sys.stdin) if e["start"] == 0][0])')
+backing_reads=$(grep -c "pread64([0-9]*<$base>" "$trace" || true)
+data_writes=$(grep -cE "pwrite64\([0-9]*<$img>, .*, $host\) " "$trace" || true)
+echo "COW: $backing_reads read(s) of the backing file, $data_writes write(s) at host offset $host"
+[ "$backing_reads" -eq 1 ] || fail "COW read the backing file $backing_reads times"
+[ "$data_writes" -eq 1 ] || fail "COW wrote the data cluster $data_writes times"
+# qemu-io exits non-zero when a pattern does not match.
+qemu-io -f qcow2 -c 'read -P 7 0 8192' -c 'read -P 0x58 8192 4096' \
+  -c 'read -P 7 12288 53248' "$img" >/dev/null || fail "COW result reads wrong"
+
+# In place: data only, then a flush with nothing new.
+strace -f -y -e trace=fdatasync -o "$trace" \
+  nbdkit -U - qcow2 "$img" --run 'nbdsh -u "$uri" -c "
+h.pwrite(b\"Y\" * 4096, 16384)
+h.flush()
+h.flush()
+"'
+syncs=$(grep -c "fdatasync([0-9]*<$img>" "$trace" || true)
+echo "in-place write + flush + empty flush: $syncs fdatasync(s)"
+[ "$syncs" -eq 1 ] || fail "expected one fdatasync, got $syncs"
+
+qemu-img check -q "$img" || fail "qemu-img check"
+qemu-io -f qcow2 -c 'read -P 0x59 16384 4096' "$img" >/dev/null ||
+  fail "in-place write reads wrong"
