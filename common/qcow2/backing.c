@@ -53,11 +53,6 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   struct qcow2_io *io;
   char *path, *id;
 
-  if (name[0] == '\0') {
-    qcow2_err (img, "backing file name (at offset %#" PRIx64 ") is empty",
-               img->h.backing_file_offset);
-    return -EINVAL;
-  }
   if (strncmp (name, "json:", 5) == 0 || strstr (name, "://")) {
     qcow2_err (img, "backing file \"%s\" is not a local file: only local "
                "backing files are supported", name);

@@ -102,9 +102,12 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
       piece->kind = RUN_UNALLOCATED;
   }
 
+  /* As QEMU, an unaligned host offset is corruption even where the
+   * (sub)cluster reads as zeros.
+   */
+  if (host & (img->cluster_size - 1))
+    return cluster_corrupt (img, "unaligned data cluster offset", host, pos);
   if (piece->kind == RUN_DATA) {
-    if (host & (img->cluster_size - 1))
-      return cluster_corrupt (img, "unaligned data cluster offset", host, pos);
     piece->host_offset = host + in_cluster;
     piece->copied = entry & QCOW2_OFLAG_COPIED;
   }

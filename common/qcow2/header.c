@@ -379,7 +379,8 @@ header_read (struct qcow2_image *img)
   if (h->version == 3 && h->header_length > HDR_COMPRESSION_TYPE)
     h->compression_type = buf[HDR_COMPRESSION_TYPE];
 
-  if (h->backing_file_offset) {
+  /* An empty name means no backing file, as QEMU reads it. */
+  if (h->backing_file_offset && h->backing_file_size) {
     if (h->backing_file_size > QCOW2_MAX_BACKING_NAME ||
         h->backing_file_offset < h->header_length ||
         range_exceeds (h->backing_file_offset, h->backing_file_size,

@@ -123,7 +123,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
       return r;
   }
   else {
-    img->size = img->h.size;
+    /* QEMU serves whole sectors of a qcow2 image. */
+    img->size = img->h.size & ~UINT64_C (511);
     r = l1_load (img, img->h.l1_table_offset, img->h.l1_size,
                  "active L1 table");
     if (r < 0)

@@ -158,6 +158,6 @@ snapshot_select (struct qcow2_image *img, const char *which)
   if (r < 0)
     return r;
   img->served_snapshot = sn;
-  img->size = sn->disk_size;
+  img->size = sn->disk_size & ~UINT64_C (511);
   return 0;
 }
