@@ -172,10 +172,10 @@ cache_entry_size (const struct meta_cache *c)
   return c->entry_size;
 }
 
-bool
-cache_is_dirty (const struct meta_cache *c)
+uint32_t
+cache_entries (const struct meta_cache *c)
 {
-  return c->ndirty > 0;
+  return c->n;
 }
 
 void

@@ -198,31 +198,57 @@ header_write_features (struct qcow2_image *img)
   return io_write_meta (img, buf, 8, HDR_AUTOCLEAR, "header");
 }
 
-/* Before the first change: autoclear features we do not maintain are
- * cleared (the spec requires it of an editor that does not know them),
- * and with lazy refcounts the dirty bit is set and made durable before
- * any metadata changes.
+static int
+flush_collect (struct qcow2_image *img, void *opaque, uint64_t offset,
+               uint64_t len, const char *what)
+{
+  return len ? alloc_free_later (img, offset, len) : 0;
+}
+
+/* Before the first change:
+ *  - an image left dirty by a crash under lazy refcounts gets its
+ *    refcounts rebuilt (its refcounts cannot be trusted for allocation);
+ *  - autoclear features we do not maintain are cleared, as the spec
+ *    requires of an editor that does not know them; persistent bitmaps
+ *    are then stale, so their clusters are released;
+ *  - with lazy refcounts, the dirty bit is set and made durable before
+ *    any metadata changes.
  */
 int
 flush_begin_write (struct qcow2_image *img)
 {
-  uint64_t autoclear;
+  struct qcow2_header *h = &img->h;
+  bool dirty;
   int r;
 
   if (img->write_started)
     return 0;
-  if (img->h.version >= 3) {
-    autoclear = img->h.autoclear_features & QCOW2_AUTOCLEAR_DATA_RAW;
-    bool dirty = img->lazy_refcounts &&
-      !(img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY);
-    if (autoclear != img->h.autoclear_features || dirty) {
-      img->h.autoclear_features = autoclear;
-      if (dirty)
-        img->h.incompatible_features |= QCOW2_INCOMPAT_DIRTY;
-      if ((r = header_write_features (img)) < 0 ||
-          (r = io_flush (img)) < 0)
-        return r;
-    }
+  if (h->incompatible_features & QCOW2_INCOMPAT_DIRTY) {
+    if ((r = check_rebuild_refcounts (img)) < 0)
+      return r;
+    h->incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+    if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+      return r;
+    qcow2_notice (img, "the image was not closed cleanly (dirty bit set): "
+                  "refcounts rebuilt");
+  }
+  if (h->version >= 3 &&
+      (h->autoclear_features & ~QCOW2_AUTOCLEAR_DATA_RAW)) {
+    uint64_t pending = img->pending_len;
+    if ((r = check_walk_bitmaps (img, flush_collect, NULL)) < 0)
+      return r;
+    h->autoclear_features &= QCOW2_AUTOCLEAR_DATA_RAW;
+    if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+      return r;
+    if (img->pending_len > pending)
+      qcow2_notice (img, "persistent bitmaps are not maintained: they are "
+                    "dropped by the first write");
+  }
+  dirty = img->lazy_refcounts && h->version >= 3;
+  if (dirty) {
+    h->incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+    if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+      return r;
   }
   img->write_started = true;
   return 0;

@@ -53,6 +53,19 @@ qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
 }
 
 void
+qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (msg, sizeof msg, fmt, ap);
+  va_end (ap);
+  if (img->env->notice)
+    img->env->notice (img->env->opaque, img->path, msg);
+}
+
+void
 qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
@@ -241,9 +254,7 @@ qcow2_close (struct qcow2_image *img)
 bool
 qcow2_can_write (const struct qcow2_image *img)
 {
-  return img->writable && !qcow2_is_corrupt (img) &&
-    !(img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY &&
-      !img->write_started);
+  return img->writable && !qcow2_is_corrupt (img);
 }
 
 bool
@@ -286,13 +297,6 @@ qcow2_check_writable (struct qcow2_image *img)
   if (!img->writable) {
     qcow2_err (img, "image is opened read-only");
     return -EROFS;
-  }
-  if (!qcow2_can_write (img)) {
-    qcow2_err (img, "image is dirty (lazy refcounts, not closed cleanly): "
-               "its refcounts must be rebuilt before writing; \"qemu-img "
-               "check -r all\" does that, and nbdkit -r serves it "
-               "read-only");
-    return -EPERM;
   }
   return 0;
 }

@@ -143,6 +143,7 @@ struct qcow2_image {
 
   struct qcow2_snapshot *snapshots;
   uint32_t nb_snapshots;
+  uint64_t snapshot_table_bytes;
   const struct qcow2_snapshot *served_snapshot;   /* NULL = active */
 
   struct qcow2_image *backing;  /* NULL if none or backing=none */
@@ -187,6 +188,8 @@ struct qcow2_image {
 /* image.c */
 extern void qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+extern void qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
 extern void qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 extern void env_err (const struct qcow2_env *env, const char *fmt, ...)
@@ -215,7 +218,7 @@ extern void cache_mark_dirty (struct meta_cache *c, const uint8_t *data);
 extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c);
 extern void cache_forget (struct meta_cache *c, uint64_t offset,
                           uint64_t len);
-extern bool cache_is_dirty (const struct meta_cache *c);
+extern uint32_t cache_entries (const struct meta_cache *c);
 extern uint64_t cache_entry_size (const struct meta_cache *c);
 extern void cache_stats (const struct meta_cache *c,
                          struct qcow2_cache_stats *stats);
@@ -288,6 +291,16 @@ extern int io_write_data (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
 extern int header_write_features (struct qcow2_image *img);
+
+/* check.c */
+typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,
+                             uint64_t offset, uint64_t len,
+                             const char *what);
+extern int check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn,
+                               void *opaque);
+extern int check_walk_refs (struct qcow2_image *img, bool with_refcounts,
+                            check_ref_fn fn, void *opaque);
+extern int check_rebuild_refcounts (struct qcow2_image *img);
 
 /* read.c */
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,

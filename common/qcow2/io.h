@@ -58,6 +58,10 @@ struct qcow2_env {
   /* Error and debug messages from the engine. */
   void (*error) (void *opaque, const char *msg);
   void (*debug) (void *opaque, const char *msg);
+  /* Optional: something the user should know that is not an error
+   * (an image repaired, bitmaps dropped), about the file at path.
+   */
+  void (*notice) (void *opaque, const char *path, const char *msg);
 };
 
 #endif /* QCOW2_IO_H */

@@ -121,6 +121,7 @@ snapshot_read_table (struct qcow2_image *img)
     if (r < 0)
       return r;
   }
+  img->snapshot_table_bytes = off - img->h.snapshots_offset;
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,10 +36,19 @@ plugin_debug (void *opaque, const char *msg)
   nbdkit_debug ("%s", msg);
 }
 
+/* Not errors, but the user must hear of them (a repaired image). */
+static void
+plugin_notice (void *opaque, const char *path, const char *msg)
+{
+  fprintf (stderr, "nbdkit: qcow2: %s: %s\n", path, msg);
+  nbdkit_debug ("%s: %s", path, msg);
+}
+
 static const struct qcow2_env env = {
   .open = fileio_env_open,
   .error = plugin_error,
   .debug = plugin_debug,
+  .notice = plugin_notice,
 };
 
 static void

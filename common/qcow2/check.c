@@ -1,0 +1,380 @@
+/* Checking and repair: every cluster the image references, found by
+ * walking all of its metadata, and rebuilding the refcounts from that
+ * (a dirty image under lazy refcounts, or one with leaks).
+ *
+ * Called with img->lock held.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+#define BITMAP_ENTRY_FIXED 24
+#define BITMAP_MAX_DIR (64u << 20)
+
+/* Every cluster referenced by the L2 tables of an L1 table, and those
+ * tables themselves.  L2 entries are read through the cache, which may
+ * hold changes not yet written.
+ */
+static int
+check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
+               check_ref_fn fn, void *opaque)
+{
+  uint64_t slice_size = cache_entry_size (img->cache);
+  bool external = img->data_io != img->io;
+  int r;
+
+  for (uint32_t i = 0; i < l1_size; i++) {
+    uint64_t l2 = l1[i] & QCOW2_OFFSET_MASK;
+    if (!l2)
+      continue;
+    if ((r = fn (img, opaque, l2, img->cluster_size, "L2 table")) < 0)
+      return r;
+    for (uint64_t off = 0; off < img->cluster_size; off += slice_size) {
+      uint8_t *slice;
+      if ((r = cache_get (img, img->cache, l2 + off, false, &slice)) < 0)
+        return r;
+      for (uint64_t e = 0; e < slice_size; e += img->l2_entry_size) {
+        uint64_t entry = be64_get (slice + e);
+        uint64_t host = entry & QCOW2_OFFSET_MASK;
+        if (entry & QCOW2_OFLAG_COMPRESSED) {
+          uint64_t x = img->compressed_offset_bits;
+          uint64_t coff = entry & ((UINT64_C (1) << x) - 1);
+          uint64_t sectors = (entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
+          r = fn (img, opaque, coff & ~UINT64_C (511), (sectors + 1) * 512,
+                  "compressed cluster");
+        }
+        else if (host && !external)
+          r = fn (img, opaque, host, img->cluster_size, "data cluster");
+        if (r < 0)
+          return r;
+        /* The slice may have been evicted by the callback: look again. */
+        if ((r = cache_get (img, img->cache, l2 + off, false, &slice)) < 0)
+          return r;
+      }
+    }
+  }
+  return 0;
+}
+
+static int
+check_read (struct qcow2_image *img, void *buf, uint64_t len, uint64_t off,
+            const char *what)
+{
+  int r;
+
+  if (range_exceeds (off, len, img->file_size)) {
+    qcow2_err (img, "corrupt image: %s at %#" PRIx64 " (%" PRIu64 " bytes) "
+               "lies beyond the end of the file", what, off, len);
+    return -EIO;
+  }
+  r = img->io->ops->pread (img->io, buf, len, off);
+  if (r < 0)
+    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, off,
+               strerror (-r));
+  return r;
+}
+
+/* A snapshot's L1 table, read from disk. */
+static int
+check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
+                     check_ref_fn fn, void *opaque)
+{
+  uint64_t bytes = (uint64_t) sn->l1_size * 8;
+  uint64_t *l1;
+  uint8_t *buf;
+  int r;
+
+  if (bytes > QCOW2_MAX_L1_BYTES)
+    return -EIO;
+  if (sn->l1_size == 0)
+    return 0;
+  if ((r = fn (img, opaque, sn->l1_table_offset, bytes,
+               "snapshot L1 table")) < 0)
+    return r;
+  l1 = malloc (bytes);
+  buf = malloc (bytes);
+  if (!l1 || !buf) {
+    r = -ENOMEM;
+    goto out;
+  }
+  r = check_read (img, buf, bytes, sn->l1_table_offset, "snapshot L1 table");
+  if (r == 0) {
+    for (uint32_t i = 0; i < sn->l1_size; i++)
+      l1[i] = be64_get (buf + (uint64_t) i * 8);
+    r = check_walk_l1 (img, l1, sn->l1_size, fn, opaque);
+  }
+ out:
+  free (l1);
+  free (buf);
+  return r;
+}
+
+/* Persistent bitmaps, while the autoclear bit says they are valid: the
+ * directory, each bitmap's table and its data clusters.
+ */
+int
+check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
+{
+  const struct qcow2_header *h = &img->h;
+  uint64_t size = h->bitmap_directory_size;
+  uint8_t *dir = NULL, *table = NULL;
+  int r;
+
+  if (!h->has_bitmaps_ext || !h->nb_bitmaps ||
+      !(h->autoclear_features & QCOW2_AUTOCLEAR_BITMAPS))
+    return 0;
+  if (size > BITMAP_MAX_DIR) {
+    qcow2_err (img, "corrupt image: bitmap directory of %" PRIu64 " bytes",
+               size);
+    return -EIO;
+  }
+  if ((r = fn (img, opaque, h->bitmap_directory_offset, size,
+               "bitmap directory")) < 0)
+    return r;
+  dir = malloc (size ? size : 1);
+  if (!dir)
+    return -ENOMEM;
+  r = check_read (img, dir, size, h->bitmap_directory_offset,
+                  "bitmap directory");
+  for (uint64_t off = 0, i = 0; r == 0 && i < h->nb_bitmaps; i++) {
+    if (range_exceeds (off, BITMAP_ENTRY_FIXED, size)) {
+      r = -EIO;
+      break;
+    }
+    uint64_t toff = be64_get (dir + off);
+    uint32_t tsize = be32_get (dir + off + 8);
+    uint16_t name_size = be16_get (dir + off + 18);
+    uint32_t extra = be32_get (dir + off + 20);
+    uint64_t tbytes = (uint64_t) tsize * 8;
+
+    off += BITMAP_ENTRY_FIXED + extra + name_size;
+    off = (off + 7) & ~UINT64_C (7);
+    if (tsize == 0)
+      continue;
+    if ((r = fn (img, opaque, toff, tbytes, "bitmap table")) < 0)
+      break;
+    free (table);
+    table = malloc (tbytes);
+    if (!table) {
+      r = -ENOMEM;
+      break;
+    }
+    if ((r = check_read (img, table, tbytes, toff, "bitmap table")) < 0)
+      break;
+    for (uint32_t j = 0; j < tsize && r == 0; j++) {
+      uint64_t data = be64_get (table + (uint64_t) j * 8) & QCOW2_OFFSET_MASK;
+      if (data)
+        r = fn (img, opaque, data, img->cluster_size, "bitmap data");
+    }
+  }
+  if (r == -EIO)
+    qcow2_err (img, "corrupt image: bad bitmap directory");
+  free (dir);
+  free (table);
+  return r;
+}
+
+/* Call fn for every range of the image file that the image uses; the
+ * refcount structure itself only if with_refcounts (a rebuild replaces
+ * it).
+ */
+int
+check_walk_refs (struct qcow2_image *img, bool with_refcounts,
+                 check_ref_fn fn, void *opaque)
+{
+  const struct qcow2_header *h = &img->h;
+  int r;
+
+  if ((r = fn (img, opaque, 0, img->cluster_size, "header")) < 0)
+    return r;
+  if (h->l1_size &&
+      (r = fn (img, opaque, h->l1_table_offset, (uint64_t) h->l1_size * 8,
+               "L1 table")) < 0)
+    return r;
+  if ((r = check_walk_l1 (img, img->l1, img->l1_size, fn, opaque)) < 0)
+    return r;
+  if (with_refcounts &&
+      (r = fn (img, opaque, h->refcount_table_offset,
+               (uint64_t) h->refcount_table_clusters * img->cluster_size,
+               "refcount table")) < 0)
+    return r;
+  for (uint64_t i = 0; with_refcounts && i < img->reftable_size; i++) {
+    uint64_t b = img->reftable[i] & ~UINT64_C (511);
+    if (b && (r = fn (img, opaque, b, img->cluster_size,
+                      "refcount block")) < 0)
+      return r;
+  }
+  if (img->nb_snapshots &&
+      (r = fn (img, opaque, h->snapshots_offset, img->snapshot_table_bytes,
+               "snapshot table")) < 0)
+    return r;
+  for (uint32_t i = 0; i < img->nb_snapshots; i++)
+    if ((r = check_walk_snapshot (img, &img->snapshots[i], fn, opaque)) < 0)
+      return r;
+  return check_walk_bitmaps (img, fn, opaque);
+}
+
+struct check_counts {
+  uint32_t *counts;
+  uint64_t n;                   /* clusters counted */
+};
+
+static int
+check_count (struct qcow2_image *img, void *opaque, uint64_t offset,
+             uint64_t len, const char *what)
+{
+  struct check_counts *cc = opaque;
+  uint64_t first = offset >> img->cluster_bits;
+  uint64_t last;
+
+  if (len == 0)
+    return 0;
+  last = (offset + len - 1) >> img->cluster_bits;
+  if (range_exceeds (offset, len, cc->n << img->cluster_bits)) {
+    qcow2_err (img, "corrupt image: %s at %#" PRIx64 " lies beyond the end "
+               "of the file: cannot rebuild the refcounts", what, offset);
+    return -EIO;
+  }
+  for (uint64_t c = first; c <= last; c++)
+    if (++cc->counts[c] == 0) {
+      qcow2_err (img, "corrupt image: cluster %#" PRIx64 " is referenced "
+                 "too often", c << img->cluster_bits);
+      return -EIO;
+    }
+  return 0;
+}
+
+/* Whether refcount block idx counts anything: a referenced cluster, or
+ * part of the new structure from cluster start on.
+ */
+static bool
+check_block_used (const struct check_counts *cc, uint64_t idx,
+                  uint64_t per_block_bits, uint64_t start)
+{
+  uint64_t lo = idx << per_block_bits;
+  uint64_t hi = (idx + 1) << per_block_bits;
+
+  if (hi > start)
+    return true;
+  for (uint64_t c = lo; c < hi; c++)
+    if (cc->counts[c])
+      return true;
+  return false;
+}
+
+/* Rebuild the refcounts from what the metadata references.  The new
+ * refcount table and blocks go after the end of the file, counting
+ * themselves; the header then switches to them and the old structure
+ * becomes free space.
+ */
+int
+check_rebuild_refcounts (struct qcow2_image *img)
+{
+  uint64_t cs = img->cluster_size, per_cluster = cs / 8;
+  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t max = img->h.refcount_order == 6 ? UINT64_MAX
+    : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
+  struct check_counts cc;
+  uint64_t start, tclusters = 1, nblocks = 0, end, entries = 0;
+  uint8_t *area = NULL, hdr[12];
+  uint64_t *table = NULL;
+  struct meta_cache *rc;
+  int r;
+
+  /* Dirty metadata reaches the disk first: the walk reads through the
+   * caches, but the new structure must describe what is on disk.
+   */
+  if ((r = cache_writeback (img, img->cache)) < 0)
+    return r;
+  cc.n = div_round_up (img->file_size, cs);
+  cc.counts = calloc (cc.n, sizeof *cc.counts);
+  if (!cc.counts)
+    return -ENOMEM;
+  if ((r = check_walk_refs (img, false, check_count, &cc)) < 0)
+    goto out;
+
+  /* Size the table and the blocks, which count themselves too. */
+  start = cc.n;
+  for (;;) {
+    end = start + tclusters + nblocks;
+    uint64_t nidx = ((end - 1) >> per_block_bits) + 1, needed = 0;
+    for (uint64_t idx = 0; idx < nidx; idx++)
+      needed += check_block_used (&cc, idx, per_block_bits, start);
+    entries = div_round_up (nidx, per_cluster) * per_cluster;
+    if (entries / per_cluster == tclusters && needed == nblocks)
+      break;
+    tclusters = entries / per_cluster;
+    nblocks = needed;
+  }
+  if (tclusters * cs > QCOW2_MAX_REFTABLE_BYTES) {
+    r = -EFBIG;
+    goto out;
+  }
+
+  area = calloc (tclusters + nblocks, cs);
+  table = calloc (entries, sizeof *table);
+  if (!area || !table) {
+    r = -ENOMEM;
+    goto out;
+  }
+  uint64_t b = 0;
+  for (uint64_t idx = 0; idx < ((end - 1) >> per_block_bits) + 1; idx++)
+    if (check_block_used (&cc, idx, per_block_bits, start))
+      table[idx] = (start + tclusters + b++) << img->cluster_bits;
+  for (uint64_t c = 0; c < end; c++) {
+    uint64_t count = c < cc.n ? cc.counts[c] : 1;
+    if (!count)
+      continue;
+    if (count > max) {
+      qcow2_err (img, "cluster %#" PRIx64 " is referenced %" PRIu64 " times,"
+                 " more than %u-bit refcounts hold", c << img->cluster_bits,
+                 count, 1u << img->h.refcount_order);
+      r = -EIO;
+      goto out;
+    }
+    uint64_t blk = (table[c >> per_block_bits] >> img->cluster_bits) - start;
+    refcount_entry_set (area + blk * cs, img->h.refcount_order,
+                        c & ((UINT64_C (1) << per_block_bits) - 1), count);
+  }
+  for (uint64_t i = 0; i < entries; i++)
+    be64_put (area + i * 8, table[i]);
+
+  if ((r = io_write_meta (img, area, (tclusters + nblocks) * cs,
+                          start << img->cluster_bits,
+                          "rebuilt refcount structure")) < 0 ||
+      (r = io_flush (img)) < 0)
+    goto out;
+  be64_put (hdr, start << img->cluster_bits);
+  be32_put (hdr + 8, tclusters);
+  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header")) < 0 ||
+      (r = io_flush (img)) < 0)
+    goto out;
+
+  /* Forget the old structure. */
+  rc = cache_create ("refcount block", false, cs,
+                     cache_entries (img->refcount_cache));
+  if (!rc) {
+    r = -ENOMEM;
+    goto out;
+  }
+  cache_destroy (img->refcount_cache);
+  img->refcount_cache = rc;
+  free (img->reftable);
+  img->reftable = table;
+  table = NULL;
+  img->reftable_size = entries;
+  img->h.refcount_table_offset = start << img->cluster_bits;
+  img->h.refcount_table_clusters = tclusters;
+  img->rt_dirty_lo = img->rt_dirty_hi = 0;
+  img->free_hint = 0;
+ out:
+  free (cc.counts);
+  free (area);
+  free (table);
+  return r;
+}
