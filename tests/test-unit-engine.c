@@ -519,7 +519,7 @@ test_deep_chain (void)
   struct memenv *me = memenv_new ();
   struct ib top, ib;
   struct model models[MAX_LAYERS + 1];
-  char names[MAX_LAYERS + 2][16];
+  char names[MAX_LAYERS + 2][24];   /* "l" and any uint64_t */
   struct qcow2_image *img;
   const uint64_t layers[] = { MAX_LAYERS, MAX_LAYERS + 1 };
 
