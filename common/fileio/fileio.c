@@ -176,6 +176,28 @@ fileio_open (const char *path, bool readonly)
 }
 
 struct qcow2_io *
+fileio_create (const char *path)
+{
+  struct qcow2_io *io;
+  int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int64_t size;
+
+  if (fd == -1)
+    return NULL;
+  close (fd);
+  io = fileio_open (path, false);
+  if (!io)
+    return NULL;
+  size = io->ops->size (io);
+  if (size != 0) {
+    io->ops->close (io);
+    errno = size < 0 ? (int) -size : EEXIST;
+    return NULL;
+  }
+  return io;
+}
+
+struct qcow2_io *
 fileio_env_open (void *opaque, const char *path, bool readonly, char **id)
 {
   struct qcow2_io *io = fileio_open (path, readonly);

@@ -9,6 +9,9 @@
 /* Open path.  On failure returns NULL with errno set. */
 extern struct qcow2_io *fileio_open (const char *path, bool readonly);
 
+/* Create path, or open it if it exists and is empty (else EEXIST). */
+extern struct qcow2_io *fileio_create (const char *path);
+
 /* A qcow2_env.open callback opening local files with fileio_open; the
  * identity of a file is its canonical path.
  */

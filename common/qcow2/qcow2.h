@@ -25,6 +25,19 @@ struct qcow2_options {
   bool discard_ignore;          /* trim does nothing (discard=ignore) */
 };
 
+/* Write a new, empty image into io (which should be empty). */
+struct qcow2_create_options {
+  uint64_t size;                /* virtual size */
+  uint64_t cluster_size;        /* 0 = 64 KiB */
+  bool compat_v2;               /* version 2 (compat=0.10) */
+  bool extended_l2;
+  bool lazy_refcounts;
+  const char *backing;          /* backing file name, or NULL */
+  const char *backing_format;   /* "qcow2" or "raw", or NULL */
+};
+extern int qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
+                         const struct qcow2_create_options *opts);
+
 /* Open the image in io (named path, used to resolve relative names).
  * On success the image owns io.  On failure returns NULL and errno.
  */
@@ -61,6 +74,11 @@ extern int qcow2_zero (struct qcow2_image *img, uint64_t count,
 extern int qcow2_trim (struct qcow2_image *img, uint64_t count,
                        uint64_t offset, bool fua);
 extern int qcow2_flush (struct qcow2_image *img);
+
+/* Allocate every cluster of the disk (preallocation=metadata), and with
+ * full also write zeros to them.
+ */
+extern int qcow2_preallocate (struct qcow2_image *img, bool full);
 
 /* Whether writes are possible, trims free space, zeroing is cheap. */
 extern bool qcow2_can_write (const struct qcow2_image *img);

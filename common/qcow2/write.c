@@ -532,3 +532,52 @@ qcow2_flush (struct qcow2_image *img)
   pthread_rwlock_unlock (&img->data_lock);
   return r;
 }
+
+int
+qcow2_preallocate (struct qcow2_image *img, bool full)
+{
+  uint64_t cs = img->cluster_size;
+  uint8_t *zeros = NULL;
+  int r;
+
+  if ((r = write_check (img, 0, 0)) < 0)
+    return r;
+  if (full && !(zeros = calloc (1, cs)))
+    return -ENOMEM;
+  pthread_mutex_lock (&img->lock);
+  r = flush_begin_write (img);
+  for (uint64_t off = 0; off < img->size && r == 0; off += cs) {
+    struct l2_state s;
+    uint8_t *slice;
+    uint64_t idx, host;
+    bool zeroed;
+
+    if ((r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
+      break;
+    write_decode (img, slice + idx * img->l2_entry_size, &s);
+    if (s.normal || s.compressed)
+      continue;
+    if ((r = alloc_clusters (img, 1, &host, &zeroed)) < 0)
+      break;
+    if (full)
+      r = io_write_data (img, zeros, cs, host);
+    else
+      io_note_end (img, host + cs);
+    if (r < 0 ||
+        (r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
+      break;
+    write_encode (img, slice + idx * img->l2_entry_size,
+                  host | QCOW2_OFLAG_COPIED, L2_ALL_ALLOC);
+    cache_mark_dirty (img->cache, slice);
+  }
+  /* The file covers every cluster, as after qemu-img's preallocation;
+   * unwritten clusters stay holes.
+   */
+  if (r == 0 && !full)
+    r = io_write_meta (img, "", 1, img->file_size - 1, "end of file");
+  if (r == 0)
+    r = flush_locked (img);
+  pthread_mutex_unlock (&img->lock);
+  free (zeros);
+  return r;
+}

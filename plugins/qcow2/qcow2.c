@@ -24,6 +24,13 @@ static char *data_file;
 static struct qcow2_options options;
 static struct qcow2_image *image;
 
+/* create=true: make the image at get_ready. */
+static bool create;
+static char *create_backing;
+static int64_t create_size = -1;
+static struct qcow2_create_options create_options;
+static enum { PREALLOC_OFF, PREALLOC_METADATA, PREALLOC_FULL } prealloc;
+
 static void
 plugin_error (void *opaque, const char *msg)
 {
@@ -60,6 +67,7 @@ plugin_unload (void)
   free (filename);
   free (data_file);
   free ((char *) options.snapshot);
+  free (create_backing);
 }
 
 static int
@@ -89,12 +97,55 @@ plugin_config (const char *key, const char *value)
     return filename ? 0 : -1;
   }
   if (strcmp (key, "backing") == 0) {
-    if (strcmp (value, "none") != 0) {
-      nbdkit_error ("backing: only \"none\" is supported, to serve the "
-                    "image without its backing file");
+    /* "none" serves an image alone; a file name is for create=true. */
+    free (create_backing);
+    create_backing = NULL;
+    options.no_backing = strcmp (value, "none") == 0;
+    if (!options.no_backing && !(create_backing = strdup (value)))
+      return -1;
+    return 0;
+  }
+  if (strcmp (key, "create") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return -1;
+    create = r;
+    return 0;
+  }
+  if (strcmp (key, "size") == 0)
+    return (create_size = nbdkit_parse_size (value)) == -1 ? -1 : 0;
+  if (strcmp (key, "cluster-size") == 0)
+    return plugin_parse_size (key, value, &create_options.cluster_size);
+  if (strcmp (key, "compat") == 0) {
+    if (strcmp (value, "0.10") != 0 && strcmp (value, "1.1") != 0) {
+      nbdkit_error ("compat: expected 0.10 or 1.1, not \"%s\"", value);
       return -1;
     }
-    options.no_backing = true;
+    create_options.compat_v2 = strcmp (value, "0.10") == 0;
+    return 0;
+  }
+  if (strcmp (key, "extended-l2") == 0 || strcmp (key, "lazy-refcounts") == 0) {
+    int r = nbdkit_parse_bool (value);
+    if (r == -1)
+      return -1;
+    if (key[0] == 'e')
+      create_options.extended_l2 = r;
+    else
+      create_options.lazy_refcounts = r;
+    return 0;
+  }
+  if (strcmp (key, "preallocation") == 0) {
+    if (strcmp (value, "off") == 0)
+      prealloc = PREALLOC_OFF;
+    else if (strcmp (value, "metadata") == 0)
+      prealloc = PREALLOC_METADATA;
+    else if (strcmp (value, "full") == 0)
+      prealloc = PREALLOC_FULL;
+    else {
+      nbdkit_error ("preallocation: expected off, metadata or full, not "
+                    "\"%s\"", value);
+      return -1;
+    }
     return 0;
   }
   if (strcmp (key, "snapshot") == 0) {
@@ -142,12 +193,93 @@ plugin_config_complete (void)
     nbdkit_error ("you must supply the file=<FILENAME> parameter");
     return -1;
   }
+  if (!create && (create_backing || create_size != -1)) {
+    nbdkit_error ("backing=FILE and size= are for create=true (to serve "
+                  "an image without its backing file, use backing=none)");
+    return -1;
+  }
+  if (create && create_size == -1 && !create_backing) {
+    nbdkit_error ("create=true needs size= (or backing= to take its size)");
+    return -1;
+  }
   return 0;
+}
+
+/* The backing file of an image being created: its format and, unless
+ * size= was given, its size.  Relative names are relative to the new
+ * image's folder, as in the header.
+ */
+static int
+plugin_probe_backing (void)
+{
+  const char *slash = strrchr (filename, '/');
+  struct qcow2_options probe = { .no_backing = true, .readonly = true };
+  struct qcow2_image *b = NULL;
+  struct qcow2_io *io;
+  char *path = NULL, magic[4] = "";
+  int r = -1;
+
+  if (create_backing[0] != '/' && slash &&
+      asprintf (&path, "%.*s/%s", (int) (slash - filename), filename,
+                create_backing) == -1)
+    return -1;
+  io = fileio_open (path ? path : create_backing, true);
+  if (!io) {
+    nbdkit_error ("backing file %s: %m", path ? path : create_backing);
+    goto out;
+  }
+  if (io->ops->pread (io, magic, 4, 0) == 0 && memcmp (magic, "QFI\xfb", 4) == 0) {
+    create_options.backing_format = "qcow2";
+    b = qcow2_open (&env, io, path ? path : create_backing, &probe);
+    if (!b)
+      goto out;
+    if (create_size == -1)
+      create_size = qcow2_get_size (b);
+    qcow2_close (b);
+  }
+  else {
+    create_options.backing_format = "raw";
+    if (create_size == -1)
+      create_size = io->ops->size (io);
+    io->ops->close (io);
+  }
+  r = create_size >= 0 ? 0 : -1;
+ out:
+  free (path);
+  return r;
+}
+
+static int
+plugin_create (void)
+{
+  struct qcow2_io *io;
+  int r;
+
+  if (create_backing && plugin_probe_backing () == -1)
+    return -1;
+  io = fileio_create (filename);
+  if (!io) {
+    if (errno == EEXIST)
+      nbdkit_error ("create: %s already exists and is not empty: remove it "
+                    "or drop create=true", filename);
+    else
+      nbdkit_error ("create: %s: %m", filename);
+    return -1;
+  }
+  create_options.size = create_size;
+  create_options.backing = create_backing;
+  r = qcow2_create (&env, io, &create_options);
+  io->ops->close (io);
+  return r < 0 ? -1 : 0;
 }
 
 #define plugin_config_help \
   "file=<FILENAME>      (required) The qcow2 image to serve.\n" \
   "backing=none                    Serve the image without its backing file.\n" \
+  "create=true size=<SIZE>         Create the image (see the man page for\n" \
+  "                                backing=, cluster-size=, compat=,\n" \
+  "                                extended-l2=, lazy-refcounts=,\n" \
+  "                                preallocation=).\n" \
   "snapshot=<NAME|ID>              Serve an internal snapshot (read-only).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
   "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
@@ -159,6 +291,9 @@ static int
 plugin_get_ready (void)
 {
   struct qcow2_io *io = NULL;
+
+  if (create && plugin_create () == -1)
+    return -1;
 
   /* Read-write where the file allows it; connections with nbdkit -r
    * never write.
@@ -180,7 +315,12 @@ plugin_get_ready (void)
   }
   options.debug_cache = qcow2_debug_cache;
   image = qcow2_open (&env, io, filename, &options);
-  return image ? 0 : -1;
+  if (!image)
+    return -1;
+  if (create && prealloc != PREALLOC_OFF &&
+      qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
+    return -1;
+  return 0;
 }
 
 static void *

@@ -1,0 +1,145 @@
+/* Creating a new image: a header, a refcount table and blocks that
+ * count the metadata, and an empty L1 table, laid out as QEMU does
+ * (header, refcount table, refcount blocks, L1), so that qemu-img check
+ * finds it clean.  Preallocation then goes through the engine.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "be.h"
+#include "checked.h"
+#include "internal.h"
+
+#define CREATE_V3_HEADER 112    /* with the compression type, padded */
+#define CREATE_REFCOUNT_ORDER 4 /* 16-bit refcounts, QEMU's default */
+
+static int
+create_put_ext (uint8_t *buf, uint64_t *off, uint64_t limit, uint32_t type,
+                const void *data, uint32_t len)
+{
+  uint64_t padded = ((uint64_t) len + 7) & ~UINT64_C (7);
+
+  if (*off + 8 + padded > limit)
+    return -ENAMETOOLONG;
+  be32_put (buf + *off, type);
+  be32_put (buf + *off + 4, len);
+  memcpy (buf + *off + 8, data, len);
+  *off += 8 + padded;
+  return 0;
+}
+
+/* The header cluster: fields, extensions, then the backing file name. */
+static int
+create_header (const struct qcow2_create_options *o, uint8_t *buf,
+               uint64_t cs, uint32_t cluster_bits, uint32_t l1_size,
+               uint64_t reftable_clusters, uint64_t l1_offset)
+{
+  bool v3 = !o->compat_v2;
+  uint64_t off = v3 ? CREATE_V3_HEADER : QCOW2_V2_HEADER_SIZE;
+  int r;
+
+  be32_put (buf, QCOW2_MAGIC);
+  be32_put (buf + 4, v3 ? 3 : 2);
+  be32_put (buf + 20, cluster_bits);
+  be64_put (buf + 24, o->size);
+  be32_put (buf + 36, l1_size);
+  be64_put (buf + 40, l1_offset);
+  be64_put (buf + 48, cs);              /* refcount table: cluster 1 */
+  be32_put (buf + 56, reftable_clusters);
+  if (v3) {
+    be64_put (buf + 72, o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0);
+    be64_put (buf + 80, o->lazy_refcounts ? QCOW2_COMPAT_LAZY_REFCOUNTS : 0);
+    be32_put (buf + 96, CREATE_REFCOUNT_ORDER);
+    be32_put (buf + 100, CREATE_V3_HEADER);
+  }
+  if (o->backing && o->backing_format &&
+      (r = create_put_ext (buf, &off, cs, QCOW2_EXT_BACKING_FORMAT,
+                           o->backing_format,
+                           strlen (o->backing_format))) < 0)
+    return r;
+  off += 8;                             /* end of extensions */
+  if (o->backing) {
+    uint64_t len = strlen (o->backing);
+    if (len > QCOW2_MAX_BACKING_NAME || off + len > cs)
+      return -ENAMETOOLONG;
+    be64_put (buf + 8, off);
+    be32_put (buf + 16, len);
+    memcpy (buf + off, o->backing, len);
+  }
+  return 0;
+}
+
+int
+qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
+              const struct qcow2_create_options *o)
+{
+  uint64_t cs = o->cluster_size ? o->cluster_size : 65536;
+  uint32_t cluster_bits = __builtin_ctzll (cs);
+  uint64_t l2_entries = cs / (o->extended_l2 ? 16 : 8);
+  uint64_t per_block = cs * 8 >> CREATE_REFCOUNT_ORDER;
+  uint64_t l1_size, l1_clusters, blocks = 1, tclusters = 1, total;
+  uint8_t *area;
+  int r;
+
+  if (!is_power_of_2 (cs) || cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
+      cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
+    env_err (env, "cluster-size %" PRIu64 " must be a power of two from 512 "
+             "to 2M", cs);
+    return -EINVAL;
+  }
+  if (o->extended_l2 && (o->compat_v2 || cs < 16384)) {
+    env_err (env, "extended L2 entries need compat=1.1 and clusters of at "
+             "least 16K");
+    return -EINVAL;
+  }
+  if (o->lazy_refcounts && o->compat_v2) {
+    env_err (env, "lazy refcounts need compat=1.1");
+    return -EINVAL;
+  }
+  l1_size = div_round_up (div_round_up (o->size, cs), l2_entries);
+  if (l1_size * 8 > QCOW2_MAX_L1_BYTES) {
+    env_err (env, "size %" PRIu64 " is too large for %" PRIu64 "-byte "
+             "clusters", o->size, cs);
+    return -EFBIG;
+  }
+  l1_clusters = MAX (div_round_up (l1_size * 8, cs), 1);
+
+  /* Header, refcount table, refcount blocks, L1: the blocks count them
+   * all, and the table holds the blocks.
+   */
+  for (;;) {
+    total = 1 + tclusters + blocks + l1_clusters;
+    uint64_t b = div_round_up (total, per_block);
+    uint64_t t = div_round_up (b * 8, cs);
+    if (b == blocks && t == tclusters)
+      break;
+    blocks = b;
+    tclusters = t;
+  }
+
+  area = calloc (total, cs);
+  if (!area)
+    return -ENOMEM;
+  r = create_header (o, area, cs, cluster_bits, l1_size, tclusters,
+                     (1 + tclusters + blocks) * cs);
+  if (r < 0) {
+    env_err (env, "the backing file name does not fit in the header");
+    goto out;
+  }
+  for (uint64_t i = 0; i < blocks; i++)
+    be64_put (area + cs + i * 8, (1 + tclusters + i) * cs);
+  for (uint64_t c = 0; c < total; c++)
+    refcount_entry_set (area + (1 + tclusters + c / per_block) * cs,
+                        CREATE_REFCOUNT_ORDER, c % per_block, 1);
+
+  r = io->ops->pwrite (io, area, total * cs, 0);
+  if (r == 0)
+    r = io->ops->flush (io);
+  if (r < 0)
+    env_err (env, "writing the new image: %s", strerror (-r));
+ out:
+  free (area);
+  return r;
+}
