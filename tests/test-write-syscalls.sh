@@ -37,10 +37,37 @@ h.pwrite(b\"Y\" * 4096, 16384)
 h.flush()
 h.flush()
 "'
-syncs=$(grep -c "fdatasync([0-9]*<$img>" "$trace" || true)
+syncs=$(grep -Ec "fdatasync.*= 0$" "$trace" || true)
 echo "in-place write + flush + empty flush: $syncs fdatasync(s)"
 [ "$syncs" -eq 1 ] || fail "expected one fdatasync, got $syncs"
 
 qemu-img check -q "$img" || fail "qemu-img check"
 qemu-io -f qcow2 -c 'read -P 0x59 16384 4096' "$img" >/dev/null ||
   fail "in-place write reads wrong"
+
+# Allocating writes: sequential 64 KiB writes into an empty image, a
+# flush after every 64.  Past the first flush, every further flush is
+# one fdatasync: new clusters come from a reserve whose refcounts an
+# earlier flush made durable.
+syncs_for ()    # N: fdatasyncs for N rounds of 64 writes + flush
+{
+  local n=$1 img=$tmp/seq.qcow2
+  rm -f "$img"
+  qemu-img create -q -f qcow2 "$img" 4G
+  strace -f -e trace=fdatasync -o "$trace" \
+    nbdkit -U - qcow2 "$img" --run "nbdsh -u \"\$uri\" -c \"
+off = 0
+for f in range($n):
+    for i in range(64):
+        h.pwrite(b'S' * 65536, off)
+        off += 65536
+    h.flush()
+\""
+  qemu-img check -q "$img" || fail "qemu-img check after $n rounds"
+  grep -Ec "fdatasync.*= 0$" "$trace" || true
+}
+s2=$(syncs_for 2)
+s12=$(syncs_for 12)
+echo "allocating rounds: 2 flushes -> $s2 fdatasyncs, 12 flushes -> $s12"
+[ $((s12 - s2)) -eq 10 ] ||
+  fail "10 more flushes cost $((s12 - s2)) fdatasyncs, not 10"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "errstr.h"
 #include "internal.h"
 
 char *
@@ -35,7 +36,7 @@ backing_open_file (struct qcow2_image *img, const char *what,
   if (!io) {
     int e = errno;
     qcow2_err (img, "cannot open %s \"%s\": %s", what, path,
-               *id ? *id : strerror (e));
+               *id ? *id : errstr (e));
     free (*id);
     *id = NULL;
     errno = e;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define CACHE_DEFAULT_MAX (32u << 20)   /* QEMU's default cap on Linux */
@@ -278,7 +279,7 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
     r = img->io->ops->pread (img->io, *data, c->entry_size, host_offset);
     if (r < 0) {
       qcow2_err (img, "reading %s at %#" PRIx64 ": %s", c->what,
-                 host_offset, strerror (-r));
+                 host_offset, errstr (-r));
       return r;
     }
   }
@@ -399,7 +400,7 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
   if (!img->cache || !img->refcount_cache) {
     int r = -errno;
     qcow2_err (img, "cannot allocate the metadata caches (%" PRIu64
-               " bytes of L2 cache): %s", size, strerror (-r));
+               " bytes of L2 cache): %s", size, errstr (-r));
     return r;
   }
   if (img->debug_cache)

@@ -11,6 +11,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define BITMAP_ENTRY_FIXED 24
@@ -75,7 +76,7 @@ check_read (struct qcow2_image *img, void *buf, uint64_t len, uint64_t off,
   r = img->io->ops->pread (img->io, buf, len, off);
   if (r < 0)
     qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, off,
-               strerror (-r));
+               errstr (-r));
   return r;
 }
 

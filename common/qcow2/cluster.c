@@ -10,6 +10,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 /* Load an L1 table (the active one or a snapshot's) into memory. */
@@ -41,7 +42,7 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
   r = img->io->ops->pread (img->io, buf, bytes, offset);
   if (r < 0) {
     qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, offset,
-               strerror (-r));
+               errstr (-r));
     free (buf);
     return r;
   }

@@ -11,6 +11,7 @@
 #include <zstd.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 static int
@@ -85,7 +86,7 @@ compress_read_cluster (struct qcow2_image *img, uint64_t comp_offset,
   r = img->io->ops->pread (img->io, in, comp_size, comp_offset);
   if (r < 0) {
     qcow2_err (img, "reading compressed cluster at %#" PRIx64 ": %s",
-               comp_offset, strerror (-r));
+               comp_offset, errstr (-r));
     goto out;
   }
   if (img->h.compression_type == QCOW2_COMPRESSION_ZSTD)

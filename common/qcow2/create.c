@@ -10,6 +10,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define CREATE_V3_HEADER 112    /* with the compression type, padded */
@@ -138,7 +139,7 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
   if (r == 0)
     r = io->ops->flush (io);
   if (r < 0)
-    env_err (env, "writing the new image: %s", strerror (-r));
+    env_err (env, "writing the new image: %s", errstr (-r));
  out:
   free (area);
   return r;

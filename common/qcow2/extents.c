@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define EXTENT_HOLE_ZERO (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO)
@@ -72,7 +73,7 @@ extent_walk_file (struct qcow2_image *img, struct qcow2_io *io,
     int r = io->ops->hole (io, host_offset, count, &hole, &len);
     if (r < 0) {
       qcow2_err (img, "finding holes at %#" PRIx64 ": %s", host_offset,
-                 strerror (-r));
+                 errstr (-r));
       return r;
     }
     len = MAX (MIN (len, count), 1);

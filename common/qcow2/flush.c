@@ -18,6 +18,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define HDR_INCOMPAT 72
@@ -38,7 +39,7 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
 
   if (r < 0) {
     qcow2_err (img, "writing %s at %#" PRIx64 ": %s", what, offset,
-               strerror (-r));
+               errstr (-r));
     return r;
   }
   io_note_end (img, offset + len);
@@ -53,7 +54,7 @@ io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
 
   if (r < 0) {
     qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
-               PRIx64 ": %s", len, offset, strerror (-r));
+               PRIx64 ": %s", len, offset, errstr (-r));
     return r;
   }
   return 0;
@@ -66,12 +67,12 @@ io_flush (struct qcow2_image *img)
 
   if (img->data_io != img->io &&
       (r = img->data_io->ops->flush (img->data_io)) < 0) {
-    qcow2_err (img, "flushing the external data file: %s", strerror (-r));
+    qcow2_err (img, "flushing the external data file: %s", errstr (-r));
     return r;
   }
   r = img->io->ops->flush (img->io);
   if (r < 0) {
-    qcow2_err (img, "flushing: %s", strerror (-r));
+    qcow2_err (img, "flushing: %s", errstr (-r));
     return r;
   }
   img->flushes++;
@@ -147,7 +148,8 @@ flush_tables (struct qcow2_image *img)
 {
   int r;
 
-  if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
+  if ((r = alloc_refill_reserve (img)) < 0 ||
+      (r = cache_writeback (img, img->refcount_cache)) < 0 ||
       (r = flush_l2_dependencies (img)) < 0)
     return r;
   if (img->rt_dirty_hi > img->rt_dirty_lo) {
@@ -179,6 +181,7 @@ flush_locked (struct qcow2_image *img)
     return 0;
   if ((r = flush_tables (img)) < 0 || (r = io_flush (img)) < 0)
     return r;
+  alloc_reserve_durable (img);
   img->changed = false;
   return 0;
 }
@@ -262,8 +265,10 @@ flush_close (struct qcow2_image *img)
 
   if (!img->write_started)
     return 0;
+  img->closing = true;
   if ((r = flush_locked (img)) < 0 ||
       (r = alloc_apply_frees (img)) < 0 ||
+      (r = alloc_release_reserve (img)) < 0 ||
       (r = flush_locked (img)) < 0)
     return r;
   if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {

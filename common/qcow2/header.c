@@ -10,6 +10,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 /* Byte offsets of the header fields (the spec's table). */
@@ -310,7 +311,7 @@ header_read (struct qcow2_image *img)
   }
   r = img->io->ops->pread (img->io, fixed, sizeof fixed, 0);
   if (r < 0) {
-    qcow2_err (img, "reading the header: %s", strerror (-r));
+    qcow2_err (img, "reading the header: %s", errstr (-r));
     return r;
   }
   if (be32_get (fixed + HDR_MAGIC) != QCOW2_MAGIC) {
@@ -373,7 +374,7 @@ header_read (struct qcow2_image *img)
   r = img->io->ops->pread (img->io, buf,
                            MIN (img->cluster_size, img->file_size), 0);
   if (r < 0) {
-    qcow2_err (img, "reading the header cluster: %s", strerror (-r));
+    qcow2_err (img, "reading the header cluster: %s", errstr (-r));
     goto out;
   }
   if (h->version == 3 && h->header_length > HDR_COMPRESSION_TYPE)

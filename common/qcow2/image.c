@@ -9,6 +9,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 static void
@@ -109,7 +110,7 @@ image_probe_format (struct qcow2_image *img, const char **format)
     r = img->io->ops->pread (img->io, magic, sizeof magic, 0);
     if (r < 0) {
       qcow2_err (img, "reading the first bytes to probe the format: %s",
-                 strerror (-r));
+                 errstr (-r));
       return r;
     }
   }
@@ -187,7 +188,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   size = io->ops->size (io);
   if (size < 0) {
     r = (int) size;
-    qcow2_err (img, "cannot get the file size: %s", strerror (-r));
+    qcow2_err (img, "cannot get the file size: %s", errstr (-r));
     goto err;
   }
   img->file_size = size;

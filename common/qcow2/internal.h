@@ -172,6 +172,16 @@ struct qcow2_image {
   uint64_t l1_dirty_lo, l1_dirty_hi;    /* dirty L1 entries [lo, hi) */
   uint64_t rt_dirty_lo, rt_dirty_hi;    /* dirty reftable entries */
   uint64_t free_hint;           /* first cluster that may be free */
+  /* Clusters counted (refcount 1) but not yet used, in two runs:
+   * cur's refcounts are durable, so allocating from it makes no table
+   * depend on an unwritten refcount block; next becomes durable with the
+   * flush that is writing it.  See alloc.c.
+   */
+  uint64_t reserve_cur, reserve_cur_end;
+  uint64_t reserve_next, reserve_next_end;
+  bool reserve_next_durable;
+  uint64_t allocated_since_flush;
+  bool closing;                 /* no more reserve */
   uint64_t *pending_free;       /* host offsets to decrement after flush */
   size_t pending_len, pending_cap;
   uint64_t flushes;             /* host flushes issued (for tests) */
@@ -275,6 +285,9 @@ extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
 extern int alloc_apply_frees (struct qcow2_image *img);
 extern int alloc_grow_reftable (struct qcow2_image *img,
                                 uint64_t min_entries);
+extern int alloc_refill_reserve (struct qcow2_image *img);
+extern void alloc_reserve_durable (struct qcow2_image *img);
+extern int alloc_release_reserve (struct qcow2_image *img);
 
 /* flush.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,

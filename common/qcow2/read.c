@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 /* Read from a backing layer; past its end, or with none, zeros. */
@@ -55,7 +56,7 @@ read_data (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *run)
                                 run->host_offset);
   if (r < 0)
     qcow2_err (img, "reading %" PRIu64 " bytes of data at host offset %#"
-               PRIx64 ": %s", run->length, run->host_offset, strerror (-r));
+               PRIx64 ": %s", run->length, run->host_offset, errstr (-r));
   return r;
 }
 
@@ -67,7 +68,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     int r = img->io->ops->pread (img->io, buf, count, offset);
     if (r < 0)
       qcow2_err (img, "reading %" PRIu64 " bytes at %#" PRIx64 ": %s",
-                 count, offset, strerror (-r));
+                 count, offset, errstr (-r));
     return r;
   }
 

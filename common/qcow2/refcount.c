@@ -8,6 +8,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define REFTABLE_OFFSET_MASK 0xfffffffffffffe00ULL
@@ -28,7 +29,7 @@ refcount_load_table (struct qcow2_image *img)
   r = img->io->ops->pread (img->io, buf, n * 8, img->h.refcount_table_offset);
   if (r < 0) {
     qcow2_err (img, "reading the refcount table at %#" PRIx64 ": %s",
-               img->h.refcount_table_offset, strerror (-r));
+               img->h.refcount_table_offset, errstr (-r));
     free (buf);
     return r;
   }

@@ -9,6 +9,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 #define SNAPSHOT_ENTRY_FIXED 40
@@ -44,7 +45,7 @@ snapshot_read_bytes (struct qcow2_image *img, uint32_t index, void *buf,
   r = img->io->ops->pread (img->io, buf, len, *off);
   if (r < 0) {
     qcow2_err (img, "reading snapshot table at %#" PRIx64 ": %s", *off,
-               strerror (-r));
+               errstr (-r));
     return r;
   }
   *off += len;

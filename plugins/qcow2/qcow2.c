@@ -13,11 +13,15 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "errstr.h"
 #include "fileio.h"
 #include "qcow2.h"
 
 /* -D qcow2.cache=1: L2 cache hits, misses and evictions. */
 NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
+
+/* -D qcow2.flush=1: host flushes issued, after each client flush. */
+NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
 static char *filename;
 static char *data_file;
@@ -225,7 +229,8 @@ plugin_probe_backing (void)
     return -1;
   io = fileio_open (path ? path : create_backing, true);
   if (!io) {
-    nbdkit_error ("backing file %s: %m", path ? path : create_backing);
+    nbdkit_error ("backing file %s: %s", path ? path : create_backing,
+                  errstr (errno));
     goto out;
   }
   if (io->ops->pread (io, magic, 4, 0) == 0 && memcmp (magic, "QFI\xfb", 4) == 0) {
@@ -263,7 +268,7 @@ plugin_create (void)
       nbdkit_error ("create: %s already exists and is not empty: remove it "
                     "or drop create=true", filename);
     else
-      nbdkit_error ("create: %s: %m", filename);
+      nbdkit_error ("create: %s: %s", filename, errstr (errno));
     return -1;
   }
   create_options.size = create_size;
@@ -301,7 +306,7 @@ plugin_get_ready (void)
   if (!options.readonly) {
     io = fileio_open (filename, false);
     if (!io && errno != EACCES && errno != EROFS && errno != EPERM) {
-      nbdkit_error ("open: %s: %m", filename);
+      nbdkit_error ("open: %s: %s", filename, errstr (errno));
       return -1;
     }
     if (!io)
@@ -310,7 +315,7 @@ plugin_get_ready (void)
   if (!io)
     io = fileio_open (filename, true);
   if (!io) {
-    nbdkit_error ("open: %s: %m", filename);
+    nbdkit_error ("open: %s: %s", filename, errstr (errno));
     return -1;
   }
   options.debug_cache = qcow2_debug_cache;
@@ -446,6 +451,10 @@ static int
 plugin_flush (void *handle, uint32_t flags)
 {
   int r = qcow2_flush (image);
+
+  if (qcow2_debug_flush)
+    nbdkit_debug ("flush: %" PRIu64 " host flushes so far",
+                  qcow2_host_flushes (image));
   return r < 0 ? plugin_errno (r) : 0;
 }
 
