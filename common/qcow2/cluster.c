@@ -279,8 +279,10 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
       if (r == 0)
         r = alloc_free_later (img, l2_offset, cs);
     }
-    if (r < 0)
+    if (r < 0) {
+      refcount_update (img, new_offset >> img->cluster_bits, -1, NULL);
       return r;
+    }
     img->l1[l1_index] = new_offset | QCOW2_OFLAG_COPIED;
     flush_mark_l1_dirty (img, l1_index);
     img->l2_needs_sync_first = true;

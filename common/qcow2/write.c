@@ -193,8 +193,14 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     }
     free (tmp);
   }
-  if (r < 0)
+  if (r < 0) {
+    /* Nothing points at the new cluster yet: give it back (a full
+     * disk must not leave a leak behind).
+     */
+    if (!reuse && !external)
+      refcount_update (img, target >> img->cluster_bits, -1, NULL);
     return r;
+  }
 
   /* Reading the old contents may have evicted the slice: look again. */
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
