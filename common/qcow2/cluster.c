@@ -197,10 +197,12 @@ int
 cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
                            uint64_t len)
 {
-  if (img->data_io == img->io && host_offset >= img->file_size) {
+  uint64_t file_size = image_file_size (img);
+
+  if (img->data_io == img->io && host_offset >= file_size) {
     qcow2_err (img, "corrupt image: data at host offset %#" PRIx64
                " (%" PRIu64 " bytes) lies beyond the end of the file (%"
-               PRIu64 " bytes)", host_offset, len, img->file_size);
+               PRIu64 " bytes)", host_offset, len, file_size);
     return -EIO;
   }
   return 0;

@@ -68,17 +68,18 @@ int
 compress_read_cluster (struct qcow2_image *img, uint64_t comp_offset,
                        uint64_t comp_size, uint8_t *out)
 {
+  uint64_t file_size = image_file_size (img);
   uint8_t *in;
   int r;
 
-  if (comp_offset >= img->file_size) {
+  if (comp_offset >= file_size) {
     qcow2_err (img, "corrupt image: compressed cluster at host offset %#"
                PRIx64 " lies beyond the end of the file (%" PRIu64 " bytes)",
-               comp_offset, img->file_size);
+               comp_offset, file_size);
     return -EIO;
   }
   /* The last compressed cluster may end before its last sector. */
-  comp_size = MIN (comp_size, img->file_size - comp_offset);
+  comp_size = MIN (comp_size, file_size - comp_offset);
 
   in = malloc (comp_size);
   if (!in)

@@ -27,8 +27,9 @@
 void
 io_note_end (struct qcow2_image *img, uint64_t end)
 {
+  /* Read without the lock by the data paths, see image_file_size. */
   if (end > img->file_size)
-    img->file_size = end;
+    __atomic_store_n (&img->file_size, end, __ATOMIC_RELAXED);
 }
 
 int

@@ -195,6 +195,13 @@ struct qcow2_image {
   pthread_rwlock_t data_lock;
 };
 
+/* The file size, for callers that do not hold img->lock. */
+static inline uint64_t
+image_file_size (const struct qcow2_image *img)
+{
+  return __atomic_load_n (&img->file_size, __ATOMIC_RELAXED);
+}
+
 /* image.c */
 extern void qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
