@@ -234,16 +234,17 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
   return 0;
 }
 
-/* Release what alloc_free_later queued.  Clusters left unreferenced
+/* Release the first n frees that alloc_free_later queued: those whose
+ * table changes a completed flush made durable.  Clusters left unreferenced
  * are punched, so the space returns to the host and stale data never
  * shows through a later allocation.
  */
 int
-alloc_apply_frees (struct qcow2_image *img)
+alloc_apply_frees (struct qcow2_image *img, size_t n)
 {
   int r = 0;
 
-  for (size_t i = 0; i < img->pending_len && r == 0; i++) {
+  for (size_t i = 0; i < n && r == 0; i++) {
     uint64_t c = img->pending_free[i], rc;
     uint64_t offset = c << img->cluster_bits;
 
@@ -255,7 +256,10 @@ alloc_apply_frees (struct qcow2_image *img)
     if (img->discard && img->io->ops->punch)
       img->io->ops->punch (img->io, offset, img->cluster_size);
   }
-  img->pending_len = 0;
+  /* Frees queued since that flush wait for the next one. */
+  memmove (img->pending_free, img->pending_free + n,
+           (img->pending_len - n) * sizeof *img->pending_free);
+  img->pending_len -= n;
   return r;
 }
 
@@ -278,7 +282,11 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
   int r;
 
   entries = MAX (min_entries, img->reftable_size + img->reftable_size / 2);
+  /* Past the end of the file and past the reserve, which is counted
+   * but may not be written yet.
+   */
   start = div_round_up (img->file_size, cs);
+  start = MAX (start, MAX (img->reserve_cur_end, img->reserve_next_end));
 
   /* Find how many new blocks the area needs to count itself. */
   for (;;) {

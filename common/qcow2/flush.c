@@ -3,6 +3,9 @@
  *
  *  - refcount blocks (and new tables' contents) before the L2/L1/
  *    reftable entries that point at newly allocated clusters;
+ *  - guest data before the L2 entry that makes it visible, except where
+ *    a crash between the two could only show zeros where there were
+ *    zeros (see write.c);
  *  - L2 updates before the refcount decrements that free clusters
  *    (frees are applied only after a flush, see alloc.c);
  *  - one host flush per client flush when nothing depends on a
@@ -268,10 +271,11 @@ flush_close (struct qcow2_image *img)
     return 0;
   img->closing = true;
   if ((r = flush_locked (img)) < 0 ||
-      (r = alloc_apply_frees (img)) < 0 ||
+      (r = alloc_apply_frees (img, img->pending_len)) < 0 ||
       (r = alloc_release_reserve (img)) < 0 ||
       (r = flush_locked (img)) < 0)
     return r;
+  img->pending_durable = 0;
   if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {
     img->h.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)

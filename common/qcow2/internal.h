@@ -184,6 +184,7 @@ struct qcow2_image {
   bool closing;                 /* no more reserve */
   uint64_t *pending_free;       /* host offsets to decrement after flush */
   size_t pending_len, pending_cap;
+  size_t pending_durable;       /* how many of them a flush made safe */
   uint64_t flushes;             /* host flushes issued (for tests) */
 
   /* Guards the caches, the tables and allocation. */
@@ -289,7 +290,7 @@ extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
                            uint64_t *host_offset, bool *zeroed);
 extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
                              uint64_t bytes);
-extern int alloc_apply_frees (struct qcow2_image *img);
+extern int alloc_apply_frees (struct qcow2_image *img, size_t n);
 extern int alloc_grow_reftable (struct qcow2_image *img,
                                 uint64_t min_entries);
 extern int alloc_refill_reserve (struct qcow2_image *img);

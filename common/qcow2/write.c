@@ -140,6 +140,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   uint8_t *slice, *tmp = NULL;
   uint64_t idx, target, start, end, bitmap;
   bool reuse, zeroed = false, need_head = false, need_tail = false;
+  bool old_zero;
   int r;
 
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
@@ -173,6 +174,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     return r;
   need_head = start < in && !need_head;
   need_tail = in + len < end && !need_tail;
+  if ((r = write_reads_zero (img, offset, len, &old_zero)) < 0)
+    return r;
 
   /* The whole new cluster counts as part of the file from now on, even
    * where it is not written yet (it reads as zeros).
@@ -218,8 +221,13 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
                 target | QCOW2_OFLAG_COPIED, bitmap);
   cache_mark_dirty (img->cache, slice);
   img->changed = true;
-  if (need_head || need_tail)
-    img->l2_needs_sync_first = true;    /* copied data first */
+  /* The data must be durable before the entry that makes it visible,
+   * unless a crash between the two could only show zeros where zeros
+   * were: a new cluster past the end of the file, over a range and a
+   * head and tail that all read as zeros before.
+   */
+  if (reuse || !zeroed || need_head || need_tail || !old_zero)
+    img->l2_needs_sync_first = true;
   return reuse ? 0 : write_release_old (img, &s);
 }
 
@@ -520,20 +528,27 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
 int
 qcow2_flush (struct qcow2_image *img)
 {
+  size_t queued;
   bool frees;
   int r;
 
   pthread_mutex_lock (&img->lock);
+  queued = img->pending_len;
   r = flush_locked (img);
-  frees = img->pending_len > 0;
+  /* The changes that dropped the references queued before this flush
+   * are durable now (later ones wait for the next flush).
+   */
+  if (r == 0)
+    img->pending_durable = MAX (img->pending_durable, queued);
+  frees = img->pending_durable > 0;
   pthread_mutex_unlock (&img->lock);
   if (r < 0 || !frees)
     return r;
 
-  /* The changes that dropped these references are durable now. */
   pthread_rwlock_wrlock (&img->data_lock);
   pthread_mutex_lock (&img->lock);
-  r = alloc_apply_frees (img);
+  r = alloc_apply_frees (img, img->pending_durable);
+  img->pending_durable = 0;
   pthread_mutex_unlock (&img->lock);
   pthread_rwlock_unlock (&img->data_lock);
   return r;
