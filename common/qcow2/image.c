@@ -258,6 +258,18 @@ qcow2_can_write (const struct qcow2_image *img)
   return img->writable && !qcow2_is_corrupt (img);
 }
 
+const char *
+qcow2_readonly_reason (const struct qcow2_image *img)
+{
+  if (img->served_snapshot)
+    return "a snapshot is served";
+  if (qcow2_is_corrupt (img))
+    return "the image is marked corrupt";
+  if (!img->writable)
+    return "the image was opened read-only";
+  return NULL;
+}
+
 bool
 qcow2_can_trim (const struct qcow2_image *img)
 {

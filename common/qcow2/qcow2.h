@@ -84,6 +84,9 @@ extern int qcow2_preallocate (struct qcow2_image *img, bool full);
 extern bool qcow2_can_write (const struct qcow2_image *img);
 extern bool qcow2_can_trim (const struct qcow2_image *img);
 
+/* Why the image cannot be written, or NULL if it can. */
+extern const char *qcow2_readonly_reason (const struct qcow2_image *img);
+
 /* Host flushes issued so far (for tests and statistics). */
 extern uint64_t qcow2_host_flushes (struct qcow2_image *img);
 

@@ -325,6 +325,9 @@ plugin_get_ready (void)
   if (create && prealloc != PREALLOC_OFF &&
       qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
     return -1;
+  if (qcow2_readonly_reason (image))
+    plugin_notice (NULL, filename, nbdkit_printf_intern (
+                     "served read-only: %s", qcow2_readonly_reason (image)));
   return 0;
 }
 
