@@ -257,9 +257,11 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
       img->io->ops->punch (img->io, offset, img->cluster_size);
   }
   /* Frees queued since that flush wait for the next one. */
-  memmove (img->pending_free, img->pending_free + n,
-           (img->pending_len - n) * sizeof *img->pending_free);
-  img->pending_len -= n;
+  if (n > 0) {
+    memmove (img->pending_free, img->pending_free + n,
+             (img->pending_len - n) * sizeof *img->pending_free);
+    img->pending_len -= n;
+  }
   return r;
 }
 
@@ -278,7 +280,7 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
   uint64_t old_offset = img->h.refcount_table_offset;
   uint64_t old_clusters = img->h.refcount_table_clusters;
   uint64_t *table = NULL;
-  uint8_t *area = NULL, hdr[12];
+  uint8_t *area = NULL;
   int r;
 
   entries = MAX (min_entries, img->reftable_size + img->reftable_size / 2);
@@ -343,23 +345,10 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
 
   /* Everything the header will point at must be durable first. */
   if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
-      (r = io_write_meta (img, area, total * cs, start << img->cluster_bits,
-                          "new refcount table")) < 0 ||
-      (r = io_flush (img)) < 0)
+      (r = refcount_switch_table (img, area, total, start, table, entries,
+                                  table_clusters, "new refcount table")) < 0)
     goto out;
-  be64_put (hdr, start << img->cluster_bits);
-  be32_put (hdr + 8, table_clusters);
-  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header")) < 0 ||
-      (r = io_flush (img)) < 0)
-    goto out;
-
-  free (img->reftable);
-  img->reftable = table;
   table = NULL;
-  img->reftable_size = entries;
-  img->h.refcount_table_offset = start << img->cluster_bits;
-  img->h.refcount_table_clusters = table_clusters;
-  img->rt_dirty_lo = img->rt_dirty_hi = 0;
   r = alloc_free_later (img, old_offset, old_clusters * cs);
  out:
   free (table);

@@ -282,7 +282,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
     : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
   struct check_counts cc;
   uint64_t start, tclusters = 1, nblocks = 0, end, entries = 0;
-  uint8_t *area = NULL, hdr[12];
+  uint8_t *area = NULL;
   uint64_t *table = NULL;
   struct meta_cache *rc;
   int r;
@@ -345,33 +345,22 @@ check_rebuild_refcounts (struct qcow2_image *img)
   for (uint64_t i = 0; i < entries; i++)
     be64_put (area + i * 8, table[i]);
 
-  if ((r = io_write_meta (img, area, (tclusters + nblocks) * cs,
-                          start << img->cluster_bits,
-                          "rebuilt refcount structure")) < 0 ||
-      (r = io_flush (img)) < 0)
-    goto out;
-  be64_put (hdr, start << img->cluster_bits);
-  be32_put (hdr + 8, tclusters);
-  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header")) < 0 ||
-      (r = io_flush (img)) < 0)
-    goto out;
-
-  /* Forget the old structure. */
+  /* The old structure's blocks must not linger in the cache. */
   rc = cache_create ("refcount block", false, cs,
                      cache_entries (img->refcount_cache));
   if (!rc) {
     r = -ENOMEM;
     goto out;
   }
+  r = refcount_switch_table (img, area, tclusters + nblocks, start, table,
+                             entries, tclusters, "rebuilt refcount structure");
+  if (r < 0) {
+    cache_destroy (rc);
+    goto out;
+  }
+  table = NULL;
   cache_destroy (img->refcount_cache);
   img->refcount_cache = rc;
-  free (img->reftable);
-  img->reftable = table;
-  table = NULL;
-  img->reftable_size = entries;
-  img->h.refcount_table_offset = start << img->cluster_bits;
-  img->h.refcount_table_clusters = tclusters;
-  img->rt_dirty_lo = img->rt_dirty_hi = 0;
   img->free_hint = 0;
  out:
   free (cc.counts);

@@ -190,16 +190,18 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
   return 0;
 }
 
-/* A data range in the image file itself must start inside the file
- * (a short tail past the end reads as zeros, as in QEMU).
+/* A data cluster in the image file itself must start inside the file;
+ * whatever of it lies past the end reads as zeros, as in QEMU (a crash
+ * may leave a new cluster's tail unwritten).
  */
 int
 cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
                            uint64_t len)
 {
   uint64_t file_size = image_file_size (img);
+  uint64_t cluster = host_offset & ~(img->cluster_size - 1);
 
-  if (img->data_io == img->io && host_offset >= file_size) {
+  if (img->data_io == img->io && cluster >= file_size) {
     qcow2_err (img, "corrupt image: data at host offset %#" PRIx64
                " (%" PRIu64 " bytes) lies beyond the end of the file (%"
                PRIu64 " bytes)", host_offset, len, file_size);

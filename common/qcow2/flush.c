@@ -276,6 +276,15 @@ flush_close (struct qcow2_image *img)
       (r = flush_locked (img)) < 0)
     return r;
   img->pending_durable = 0;
+  /* New clusters written only in part leave the file short of them:
+   * make it cover every cluster, as QEMU's images do.
+   */
+  int64_t size = img->io->ops->size (img->io);
+  if (size >= 0 && (uint64_t) size < img->file_size &&
+      ((r = io_write_meta (img, "", 1, img->file_size - 1,
+                           "end of file")) < 0 ||
+       (r = io_flush (img)) < 0))
+    return r;
   if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {
     img->h.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)

@@ -278,6 +278,11 @@ extern void refcount_entry_set (uint8_t *block, uint32_t order,
                                 uint64_t index, uint64_t value);
 extern int refcount_read (struct qcow2_image *img, uint64_t cluster,
                           uint64_t *refcount);
+extern int refcount_switch_table (struct qcow2_image *img,
+                                  const uint8_t *area, uint64_t clusters,
+                                  uint64_t start, uint64_t *table,
+                                  uint64_t entries, uint64_t table_clusters,
+                                  const char *what);
 extern int refcount_detect_metadata_prealloc (struct qcow2_image *img,
                                               bool *prealloc);
 extern int refcount_update (struct qcow2_image *img, uint64_t cluster,

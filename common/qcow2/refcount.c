@@ -198,6 +198,38 @@ refcount_read (struct qcow2_image *img, uint64_t cluster, uint64_t *refcount)
   return 0;
 }
 
+/* Switch to a new refcount structure: area (clusters long, at cluster
+ * start) holds the new table and any new blocks; it is made durable,
+ * then the header points at it.  On success the image owns table.
+ */
+int
+refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
+                       uint64_t clusters, uint64_t start, uint64_t *table,
+                       uint64_t entries, uint64_t table_clusters,
+                       const char *what)
+{
+  uint64_t offset = start << img->cluster_bits;
+  uint8_t hdr[12];
+  int r;
+
+  if ((r = io_write_meta (img, area, clusters << img->cluster_bits, offset,
+                          what)) < 0 ||
+      (r = io_flush (img)) < 0)
+    return r;
+  be64_put (hdr, offset);
+  be32_put (hdr + 8, table_clusters);
+  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header")) < 0 ||
+      (r = io_flush (img)) < 0)
+    return r;
+  free (img->reftable);
+  img->reftable = table;
+  img->reftable_size = entries;
+  img->h.refcount_table_offset = offset;
+  img->h.refcount_table_clusters = table_clusters;
+  img->rt_dirty_lo = img->rt_dirty_hi = 0;
+  return 0;
+}
+
 /* Whether the image was made with preallocation=metadata, decided as
  * QEMU decides it (qcow2_detect_metadata_preallocation): many more
  * clusters have a refcount than the file has space allocated.  QEMU
