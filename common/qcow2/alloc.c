@@ -253,6 +253,7 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
       continue;
     img->free_hint = MIN (img->free_hint, c);
     cache_forget (img->cache, offset, img->cluster_size);
+    overlap_remove (img, offset, img->cluster_size);
     if (img->discard && img->io->ops->punch)
       img->io->ops->punch (img->io, offset, img->cluster_size);
   }

@@ -200,7 +200,7 @@ cache_write_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
   if (c->is_l2 && (r = flush_l2_dependencies (img)) < 0)
     return r;
   r = io_write_meta (img, cache_data (c, i), c->entry_size, c->e[i].key,
-                     c->what);
+                     c->what, c->is_l2 ? OL (ACTIVE_L2) : OL (REFCOUNT_BLOCK));
   if (r < 0)
     return r;
   c->e[i].dirty = false;

@@ -345,7 +345,12 @@ check_rebuild_refcounts (struct qcow2_image *img)
   for (uint64_t i = 0; i < entries; i++)
     be64_put (area + i * 8, table[i]);
 
-  /* The old structure's blocks must not linger in the cache. */
+  /* The old structure's blocks must not linger in the cache, nor in
+   * the overlap map (they become free space).
+   */
+  for (uint64_t i = 0; i < img->reftable_size; i++)
+    if (img->reftable[i] & ~UINT64_C (511))
+      overlap_remove (img, img->reftable[i] & ~UINT64_C (511), cs);
   rc = cache_create ("refcount block", false, cs,
                      cache_entries (img->refcount_cache));
   if (!rc) {

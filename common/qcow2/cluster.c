@@ -230,7 +230,8 @@ cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
       memcpy (buf + off, slice, slice_size);
   }
   if (r == 0)
-    r = io_write_meta (img, buf, img->cluster_size, new, "copied L2 table");
+    r = io_write_meta (img, buf, img->cluster_size, new, "copied L2 table",
+                       OL (ACTIVE_L2));
   free (buf);
   return r;
 }
@@ -274,7 +275,8 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
       uint8_t *zeros = calloc (1, cs);
       if (!zeros)
         return -ENOMEM;
-      r = io_write_meta (img, zeros, cs, new_offset, "new L2 table");
+      r = io_write_meta (img, zeros, cs, new_offset, "new L2 table",
+                         OL (ACTIVE_L2));
       free (zeros);
       fresh = true;
     }
@@ -287,6 +289,13 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
       refcount_update (img, new_offset >> img->cluster_bits, -1, NULL);
       return r;
     }
+    /* The map learns of the new table; a copied one stays in use by a
+     * snapshot.
+     */
+    if ((r = overlap_add (img, new_offset, cs, QCOW2_OL_ACTIVE_L2_BIT)) < 0 ||
+        (!fresh && (r = overlap_add (img, l2_offset, cs,
+                                     QCOW2_OL_INACTIVE_L2_BIT)) < 0))
+      return r;
     img->l1[l1_index] = new_offset | QCOW2_OFLAG_COPIED;
     flush_mark_l1_dirty (img, l1_index);
     img->l2_needs_sync_first = true;

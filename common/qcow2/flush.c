@@ -35,13 +35,20 @@ io_note_end (struct qcow2_image *img, uint64_t end)
     __atomic_store_n (&img->file_size, end, __ATOMIC_RELAXED);
 }
 
+/* Every write to the image file goes through the overlap guard: a
+ * metadata write may touch only the structures in may_touch.
+ */
 int
 io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
-               uint64_t offset, const char *what)
+               uint64_t offset, const char *what, uint32_t may_touch)
 {
-  int r = img->io->ops->pwrite (img->io, buf, len, offset);
+  int r = overlap_check (img, offset, len, may_touch);
 
+  if (r == 0)
+    r = img->io->ops->pwrite (img->io, buf, len, offset);
   if (r < 0) {
+    if (r == -EIO)
+      return r;               /* the guard said why */
     qcow2_err (img, "writing %s at %#" PRIx64 ": %s", what, offset,
                errstr (-r));
     return r;
@@ -54,7 +61,13 @@ int
 io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
                uint64_t offset)
 {
-  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
+  int r;
+
+  /* Guest data never lands on metadata. */
+  if (img->data_io == img->io &&
+      (r = overlap_check (img, offset, len, 0)) < 0)
+    return r;
+  r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
 
   if (r < 0) {
     qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
@@ -115,7 +128,7 @@ flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
 static int
 flush_write_table (struct qcow2_image *img, const uint64_t *table,
                    uint64_t lo, uint64_t hi, uint64_t table_offset,
-                   const char *what)
+                   const char *what, uint32_t may_touch)
 {
   uint64_t n = hi - lo;
   uint8_t *buf = malloc (n * 8);
@@ -125,7 +138,8 @@ flush_write_table (struct qcow2_image *img, const uint64_t *table,
     return -ENOMEM;
   for (uint64_t i = 0; i < n; i++)
     be64_put (buf + i * 8, table[lo + i]);
-  r = io_write_meta (img, buf, n * 8, table_offset + lo * 8, what);
+  r = io_write_meta (img, buf, n * 8, table_offset + lo * 8, what,
+                     may_touch);
   free (buf);
   return r;
 }
@@ -159,7 +173,7 @@ flush_tables (struct qcow2_image *img)
   if (img->rt_dirty_hi > img->rt_dirty_lo) {
     r = flush_write_table (img, img->reftable, img->rt_dirty_lo,
                            img->rt_dirty_hi, img->h.refcount_table_offset,
-                           "refcount table");
+                           "refcount table", OL (REFCOUNT_TABLE));
     if (r < 0)
       return r;
     img->rt_dirty_lo = img->rt_dirty_hi = 0;
@@ -168,7 +182,7 @@ flush_tables (struct qcow2_image *img)
     return r;
   if (img->l1_dirty_hi > img->l1_dirty_lo) {
     r = flush_write_table (img, img->l1, img->l1_dirty_lo, img->l1_dirty_hi,
-                           img->h.l1_table_offset, "L1 table");
+                           img->h.l1_table_offset, "L1 table", OL (ACTIVE_L1));
     if (r < 0)
       return r;
     img->l1_dirty_lo = img->l1_dirty_hi = 0;
@@ -198,11 +212,12 @@ header_write_features (struct qcow2_image *img)
   int r;
 
   be64_put (buf, img->h.incompatible_features);
-  r = io_write_meta (img, buf, 8, HDR_INCOMPAT, "header");
+  r = io_write_meta (img, buf, 8, HDR_INCOMPAT, "header", OL (MAIN_HEADER));
   if (r < 0)
     return r;
   be64_put (buf, img->h.autoclear_features);
-  return io_write_meta (img, buf, 8, HDR_AUTOCLEAR, "header");
+  return io_write_meta (img, buf, 8, HDR_AUTOCLEAR, "header",
+                        OL (MAIN_HEADER));
 }
 
 static int
@@ -282,7 +297,7 @@ flush_close (struct qcow2_image *img)
   int64_t size = img->io->ops->size (img->io);
   if (size >= 0 && (uint64_t) size < img->file_size &&
       ((r = io_write_meta (img, "", 1, img->file_size - 1,
-                           "end of file")) < 0 ||
+                           "end of file", 0)) < 0 ||
        (r = io_flush (img)) < 0))
     return r;
   if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {

@@ -84,6 +84,7 @@ image_free (struct qcow2_image *img)
     image_free (img->backing);
   cache_destroy (img->cache);
   cache_destroy (img->refcount_cache);
+  overlap_destroy (img->overlap);
   if (img->data_io && img->data_io != img->io)
     img->data_io->ops->close (img->data_io);
   if (img->io)
@@ -150,6 +151,13 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   img->discard = !opts->discard_ignore;
   img->lazy_refcounts = img->h.compatible_features
     & QCOW2_COMPAT_LAZY_REFCOUNTS;
+  img->overlap_mask = opts->overlap_set ? opts->overlap_mask
+                                        : QCOW2_OL_CACHED;
+  if (img->writable && (r = overlap_build (img)) < 0) {
+    qcow2_err (img, "cannot map the metadata for the overlap guard: %s",
+               errstr (-r));
+    return r;
+  }
   if (!opts->no_backing && img->h.backing_file)
     return backing_open (img, opts, chain, depth);
   return 0;

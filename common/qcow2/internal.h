@@ -111,6 +111,7 @@ struct qcow2_run {
 };
 
 struct meta_cache;
+struct overlap_map;
 
 struct qcow2_image {
   const struct qcow2_env *env;
@@ -186,6 +187,13 @@ struct qcow2_image {
   size_t pending_len, pending_cap;
   size_t pending_durable;       /* how many of them a flush made safe */
   uint64_t flushes;             /* host flushes issued (for tests) */
+
+  /* The overlap guard: structures checked before every write, and the
+   * map of where metadata lives (NULL when no mapped structure is
+   * checked).
+   */
+  uint32_t overlap_mask;
+  struct overlap_map *overlap;
 
   /* Guards the caches, the tables and allocation. */
   pthread_mutex_t lock;
@@ -304,7 +312,8 @@ extern int alloc_release_reserve (struct qcow2_image *img);
 
 /* flush.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,
-                          uint64_t len, uint64_t offset, const char *what);
+                          uint64_t len, uint64_t offset, const char *what,
+                          uint32_t may_touch);
 extern int io_flush (struct qcow2_image *img);
 extern void io_note_end (struct qcow2_image *img, uint64_t end);
 extern int flush_l2_dependencies (struct qcow2_image *img);
@@ -317,6 +326,23 @@ extern int io_write_data (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
 extern int header_write_features (struct qcow2_image *img);
+
+/* overlap.c */
+#define OL(bit) (UINT32_C (1) << QCOW2_OL_##bit##_BIT)
+extern const char *overlap_name (unsigned bit);
+extern struct overlap_map *overlap_create (void);
+extern void overlap_destroy (struct overlap_map *m);
+extern int overlap_add (struct qcow2_image *img, uint64_t offset,
+                        uint64_t len, unsigned bit);
+extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
+                           uint64_t len);
+extern int overlap_check (struct qcow2_image *img, uint64_t offset,
+                          uint64_t len, uint32_t ign);
+extern int overlap_build (struct qcow2_image *img);
+/* The map itself, by cluster, with 1-based type values (0: none). */
+extern int overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
+                        unsigned value);
+extern unsigned overlap_type (struct overlap_map *m, uint64_t c);
 
 /* check.c */
 typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,

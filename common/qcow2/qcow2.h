@@ -14,6 +14,35 @@
 
 struct qcow2_image;
 
+/* Metadata structures the overlap guard protects (QEMU's names). */
+enum {
+  QCOW2_OL_MAIN_HEADER_BIT,
+  QCOW2_OL_ACTIVE_L1_BIT,
+  QCOW2_OL_ACTIVE_L2_BIT,
+  QCOW2_OL_REFCOUNT_TABLE_BIT,
+  QCOW2_OL_REFCOUNT_BLOCK_BIT,
+  QCOW2_OL_SNAPSHOT_TABLE_BIT,
+  QCOW2_OL_INACTIVE_L1_BIT,
+  QCOW2_OL_INACTIVE_L2_BIT,
+  QCOW2_OL_BITMAP_DIRECTORY_BIT,
+  QCOW2_OL_MAX_BITS
+};
+#define QCOW2_OL_ALL ((UINT32_C (1) << QCOW2_OL_MAX_BITS) - 1)
+#define QCOW2_OL_CONSTANT \
+  ((UINT32_C (1) << QCOW2_OL_MAIN_HEADER_BIT) | \
+   (UINT32_C (1) << QCOW2_OL_ACTIVE_L1_BIT) | \
+   (UINT32_C (1) << QCOW2_OL_REFCOUNT_TABLE_BIT) | \
+   (UINT32_C (1) << QCOW2_OL_SNAPSHOT_TABLE_BIT))
+#define QCOW2_OL_CACHED \
+  (QCOW2_OL_ALL & ~(UINT32_C (1) << QCOW2_OL_INACTIVE_L2_BIT))
+
+/* overlap-check=MODE: the mask of a mode (none, constant, cached,
+ * all), or -1; overlap-check.NAME: the bit of a structure (main-header,
+ * active-l1, ...), or -1.
+ */
+extern int64_t qcow2_overlap_mode (const char *mode);
+extern int qcow2_overlap_structure (const char *name);
+
 struct qcow2_options {
   uint64_t l2_cache_size;       /* bytes; 0 = cover the disk, up to a cap */
   uint64_t l2_slice_size;       /* bytes; 0 = default (see cache.c) */
@@ -23,6 +52,8 @@ struct qcow2_options {
   bool debug_cache;             /* debug messages for L2 cache hits/misses */
   bool readonly;                /* never write (io may be read-only) */
   bool discard_ignore;          /* trim does nothing (discard=ignore) */
+  bool overlap_set;             /* else the default, QCOW2_OL_CACHED */
+  uint32_t overlap_mask;        /* structures the overlap guard checks */
 };
 
 /* Write a new, empty image into io (which should be empty). */

@@ -121,7 +121,10 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return r;
   refcount_entry_set (block, img->h.refcount_order, 0, 1);
   r = io_write_meta (img, block, img->cluster_size, offset,
-                     "new refcount block");
+                     "new refcount block", OL (REFCOUNT_BLOCK));
+  if (r == 0)
+    r = overlap_add (img, offset, img->cluster_size,
+                     QCOW2_OL_REFCOUNT_BLOCK_BIT);
   if (r < 0)
     return r;
   img->reftable[idx] = offset;
@@ -213,14 +216,25 @@ refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
   int r;
 
   if ((r = io_write_meta (img, area, clusters << img->cluster_bits, offset,
-                          what)) < 0 ||
+                          what, 0)) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
   be64_put (hdr, offset);
   be32_put (hdr + 8, table_clusters);
-  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header")) < 0 ||
+  if ((r = io_write_meta (img, hdr, sizeof hdr, 48, "header",
+                          OL (MAIN_HEADER))) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
+  /* The map learns of the new blocks (the table is found from the
+   * header); the old structure's clusters leave it as they are freed.
+   */
+  for (uint64_t i = 0; i < entries; i++) {
+    uint64_t b = table[i] & ~UINT64_C (511);
+    if (b >= offset && b < offset + (clusters << img->cluster_bits) &&
+        (r = overlap_add (img, b, img->cluster_size,
+                          QCOW2_OL_REFCOUNT_BLOCK_BIT)) < 0)
+      return r;
+  }
   free (img->reftable);
   img->reftable = table;
   img->reftable_size = entries;

@@ -270,7 +270,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
 static int
 write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
 {
-  if (!img->writable)
+  if (!qcow2_can_write (img))
     return qcow2_check_writable (img) ? : -EROFS;
   if (range_exceeds (offset, count, img->size)) {
     qcow2_err (img, "write of %" PRIu64 " bytes at %" PRIu64 " is beyond "
@@ -595,7 +595,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
    * unwritten clusters stay holes.
    */
   if (r == 0 && !full)
-    r = io_write_meta (img, "", 1, img->file_size - 1, "end of file");
+    r = io_write_meta (img, "", 1, img->file_size - 1, "end of file", 0);
   if (r == 0)
     r = flush_locked (img);
   pthread_mutex_unlock (&img->lock);

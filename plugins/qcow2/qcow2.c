@@ -28,6 +28,11 @@ static char *data_file;
 static struct qcow2_options options;
 static struct qcow2_image *image;
 
+/* overlap-check=MODE and overlap-check.NAME=on|off, the latter
+ * overriding the former whatever their order, as in QEMU.
+ */
+static uint32_t overlap_on, overlap_off;
+
 /* create=true: make the image at get_ready. */
 static bool create;
 static char *create_backing;
@@ -182,6 +187,33 @@ plugin_config (const char *key, const char *value)
     options.readonly = r;
     return 0;
   }
+  if (strcmp (key, "overlap-check") == 0) {
+    int64_t mask = qcow2_overlap_mode (value);
+    if (mask == -1) {
+      nbdkit_error ("overlap-check: expected none, constant, cached or all, "
+                    "not \"%s\"", value);
+      return -1;
+    }
+    options.overlap_mask = mask;
+    options.overlap_set = true;
+    return 0;
+  }
+  if (strncmp (key, "overlap-check.", 14) == 0) {
+    int bit = qcow2_overlap_structure (key + 14);
+    int on = nbdkit_parse_bool (value);
+    if (bit == -1) {
+      nbdkit_error ("%s: unknown structure (main-header, active-l1, "
+                    "active-l2, refcount-table, refcount-block, "
+                    "snapshot-table, inactive-l1, inactive-l2, "
+                    "bitmap-directory)", key);
+      return -1;
+    }
+    if (on == -1)
+      return -1;
+    overlap_on = on ? overlap_on | 1u << bit : overlap_on & ~(1u << bit);
+    overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
+    return 0;
+  }
   if (strcmp (key, "l2-cache-size") == 0)
     return plugin_parse_size (key, value, &options.l2_cache_size);
   if (strcmp (key, "l2-slice-size") == 0)
@@ -205,6 +237,12 @@ plugin_config_complete (void)
   if (create && create_size == -1 && !create_backing) {
     nbdkit_error ("create=true needs size= (or backing= to take its size)");
     return -1;
+  }
+  if (overlap_on | overlap_off) {
+    if (!options.overlap_set)
+      options.overlap_mask = qcow2_overlap_mode ("cached");
+    options.overlap_mask = (options.overlap_mask | overlap_on) & ~overlap_off;
+    options.overlap_set = true;
   }
   return 0;
 }
@@ -289,6 +327,8 @@ plugin_create (void)
   "data-file=<FILENAME>            Override the external data file.\n" \
   "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
   "readonly=true                   Open the image read-only.\n" \
+  "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
+  "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size)."
 
