@@ -119,6 +119,42 @@ image_probe_format (struct qcow2_image *img, const char **format)
   return 0;
 }
 
+/* The header, the active L1 table, the refcount table and the snapshot
+ * table must not share a cluster: each would be read as the other and
+ * written over the other.
+ */
+static int
+image_check_tables_apart (struct qcow2_image *img)
+{
+  const struct qcow2_header *h = &img->h;
+  const struct { const char *what; uint64_t off, len; } t[] = {
+    { "header", 0, img->cluster_size },
+    { "L1 table", h->l1_table_offset, (uint64_t) h->l1_size * 8 },
+    { "refcount table", h->refcount_table_offset,
+      (uint64_t) h->refcount_table_clusters << img->cluster_bits },
+    { "snapshot table", h->snapshots_offset, img->snapshot_table_bytes },
+  };
+  const size_t n = sizeof t / sizeof t[0];
+
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = i + 1; j < n; j++) {
+      if (!t[i].len || !t[j].len)
+        continue;
+      /* Compare whole clusters. */
+      uint64_t a0 = t[i].off >> img->cluster_bits;
+      uint64_t a1 = (t[i].off + t[i].len - 1) >> img->cluster_bits;
+      uint64_t b0 = t[j].off >> img->cluster_bits;
+      uint64_t b1 = (t[j].off + t[j].len - 1) >> img->cluster_bits;
+      if (a0 <= b1 && b0 <= a1) {
+        qcow2_err (img, "corrupt image: the %s (at %#" PRIx64 ") and the %s "
+                   "(at %#" PRIx64 ") overlap", t[i].what, t[i].off,
+                   t[j].what, t[j].off);
+        return -EINVAL;
+      }
+    }
+  return 0;
+}
+
 static int
 image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
                   const char **chain, unsigned depth)
@@ -132,6 +168,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if ((r = refcount_load_table (img)) < 0)
     return r;
   if ((r = snapshot_read_table (img)) < 0)
+    return r;
+  if ((r = image_check_tables_apart (img)) < 0)
     return r;
   if (opts->snapshot) {
     if ((r = snapshot_select (img, opts->snapshot)) < 0)
@@ -263,7 +301,7 @@ qcow2_close (struct qcow2_image *img)
 bool
 qcow2_can_write (const struct qcow2_image *img)
 {
-  return img->writable && !qcow2_is_corrupt (img);
+  return img->writable && !qcow2_is_corrupt (img) && !img->overlap_conflict;
 }
 
 const char *
@@ -275,6 +313,8 @@ qcow2_readonly_reason (const struct qcow2_image *img)
     return "the image is marked corrupt";
   if (!img->writable)
     return "the image was opened read-only";
+  if (img->overlap_conflict)
+    return img->overlap_conflict_msg;
   return NULL;
 }
 
@@ -318,6 +358,11 @@ qcow2_check_writable (struct qcow2_image *img)
   if (!img->writable) {
     qcow2_err (img, "image is opened read-only");
     return -EROFS;
+  }
+  if (img->overlap_conflict) {
+    qcow2_err (img, "corrupt image: %s: refusing write access",
+               img->overlap_conflict_msg);
+    return -EPERM;
   }
   return 0;
 }

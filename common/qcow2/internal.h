@@ -194,6 +194,8 @@ struct qcow2_image {
    */
   uint32_t overlap_mask;
   struct overlap_map *overlap;
+  bool overlap_conflict;        /* found at open: never write */
+  char overlap_conflict_msg[160];
 
   /* Guards the caches, the tables and allocation. */
   pthread_mutex_t lock;
@@ -339,6 +341,7 @@ extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
 extern int overlap_check (struct qcow2_image *img, uint64_t offset,
                           uint64_t len, uint32_t ign);
 extern int overlap_build (struct qcow2_image *img);
+extern int overlap_fixed_type (const struct qcow2_image *img, uint64_t at);
 /* The map itself, by cluster, with 1-based type values (0: none). */
 extern int overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
                         unsigned value);

@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -259,7 +260,7 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
 }
 
 /* The structures found from the header alone, checked directly. */
-static int
+int
 overlap_fixed_type (const struct qcow2_image *img, uint64_t at)
 {
   const struct qcow2_header *h = &img->h;
@@ -369,6 +370,28 @@ overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
 {
   if (range_exceeds (offset, len, img->file_size))
     return 0;
+  /* Two structures in one cluster: writing either would destroy the
+   * other, so the image is not written at all.  (A table used by the
+   * active L1 and by snapshots is legitimately both.)
+   */
+  for (uint64_t c = offset >> img->cluster_bits;
+       c <= (offset + len - 1) >> img->cluster_bits && !img->overlap_conflict;
+       c++) {
+    int other = overlap_fixed_type (img, c << img->cluster_bits);
+    if (other < 0)
+      other = (int) overlap_type (img->overlap, c) - 1;
+    bool l2s = (other == QCOW2_OL_ACTIVE_L2_BIT ||
+                other == QCOW2_OL_INACTIVE_L2_BIT) &&
+               (bit == QCOW2_OL_ACTIVE_L2_BIT ||
+                bit == QCOW2_OL_INACTIVE_L2_BIT);
+    if (other >= 0 && other != (int) bit && !l2s) {
+      snprintf (img->overlap_conflict_msg, sizeof img->overlap_conflict_msg,
+                "metadata structures overlap at %#" PRIx64 ": %s and %s",
+                c << img->cluster_bits, overlap_name (bit),
+                overlap_name (other));
+      img->overlap_conflict = true;
+    }
+  }
   return overlap_add (img, offset, len, bit);
 }
 
