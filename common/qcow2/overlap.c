@@ -47,22 +47,26 @@ struct overlap_map {
   uint64_t clock;
 };
 
-static const char *const overlap_names[] = {
-  [QCOW2_OL_MAIN_HEADER_BIT] = "main header",
-  [QCOW2_OL_ACTIVE_L1_BIT] = "active L1 table",
-  [QCOW2_OL_ACTIVE_L2_BIT] = "active L2 table",
-  [QCOW2_OL_REFCOUNT_TABLE_BIT] = "refcount table",
-  [QCOW2_OL_REFCOUNT_BLOCK_BIT] = "refcount block",
-  [QCOW2_OL_SNAPSHOT_TABLE_BIT] = "snapshot table",
-  [QCOW2_OL_INACTIVE_L1_BIT] = "inactive L1 table",
-  [QCOW2_OL_INACTIVE_L2_BIT] = "inactive L2 table",
-  [QCOW2_OL_BITMAP_DIRECTORY_BIT] = "bitmap directory",
+/* Each structure's name in messages, and in overlap-check.NAME. */
+static const struct {
+  const char *name, *option;
+} overlap_names[] = {
+  [QCOW2_OL_MAIN_HEADER_BIT] = { "main header", "main-header" },
+  [QCOW2_OL_ACTIVE_L1_BIT] = { "active L1 table", "active-l1" },
+  [QCOW2_OL_ACTIVE_L2_BIT] = { "active L2 table", "active-l2" },
+  [QCOW2_OL_REFCOUNT_TABLE_BIT] = { "refcount table", "refcount-table" },
+  [QCOW2_OL_REFCOUNT_BLOCK_BIT] = { "refcount block", "refcount-block" },
+  [QCOW2_OL_SNAPSHOT_TABLE_BIT] = { "snapshot table", "snapshot-table" },
+  [QCOW2_OL_INACTIVE_L1_BIT] = { "inactive L1 table", "inactive-l1" },
+  [QCOW2_OL_INACTIVE_L2_BIT] = { "inactive L2 table", "inactive-l2" },
+  [QCOW2_OL_BITMAP_DIRECTORY_BIT] = { "bitmap directory",
+                                      "bitmap-directory" },
 };
 
 const char *
 overlap_name (unsigned bit)
 {
-  return bit < QCOW2_OL_MAX_BITS ? overlap_names[bit] : "?";
+  return bit < QCOW2_OL_MAX_BITS ? overlap_names[bit].name : "?";
 }
 
 struct overlap_map *
@@ -342,20 +346,8 @@ qcow2_overlap_mode (const char *mode)
 int
 qcow2_overlap_structure (const char *name)
 {
-  static const char *const names[] = {
-    [QCOW2_OL_MAIN_HEADER_BIT] = "main-header",
-    [QCOW2_OL_ACTIVE_L1_BIT] = "active-l1",
-    [QCOW2_OL_ACTIVE_L2_BIT] = "active-l2",
-    [QCOW2_OL_REFCOUNT_TABLE_BIT] = "refcount-table",
-    [QCOW2_OL_REFCOUNT_BLOCK_BIT] = "refcount-block",
-    [QCOW2_OL_SNAPSHOT_TABLE_BIT] = "snapshot-table",
-    [QCOW2_OL_INACTIVE_L1_BIT] = "inactive-l1",
-    [QCOW2_OL_INACTIVE_L2_BIT] = "inactive-l2",
-    [QCOW2_OL_BITMAP_DIRECTORY_BIT] = "bitmap-directory",
-  };
-
   for (int i = 0; i < QCOW2_OL_MAX_BITS; i++)
-    if (strcmp (name, names[i]) == 0)
+    if (strcmp (name, overlap_names[i].option) == 0)
       return i;
   return -1;
 }
