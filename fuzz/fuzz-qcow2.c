@@ -1,0 +1,669 @@
+/* libFuzzer target: the qcow2 engine over in-memory storage.
+ *
+ * An input is an image followed by an 8-byte little-endian control
+ * word (shorter inputs are an image with a control word of 0).  Keeping
+ * the control word out of the image lets the fuzzer vary the options
+ * and requests without breaking the image, and the seeds in corpus/
+ * carry a control word too (see make-corpus.sh).  Control word bits:
+ *
+ *   0-1   L2 cache size: default, 1 KiB, 4 KiB, 64 KiB
+ *   2-3   L2 slice size: default, 512, 2 KiB, default
+ *   4     no_backing
+ *   5     readonly
+ *   6     discard_ignore
+ *   7-8   snapshot: none, "snap1", "1", "nosuch"
+ *   9     data_file = "dir/data.raw"
+ *   10-11 sequential read chunk: 64 KiB, 4.5 KiB, 1 MiB + 512, 777
+ *   12    preallocate (small disks only), 13: full preallocation
+ *   16-63 seed of the offsets and lengths of the other requests
+ *
+ * The image is opened as "dir/disk.qcow2" beside other files that it
+ * may name as backing or external data file: "dir/base.raw" (a small
+ * raw file), "dir/base.qcow2" (a small valid qcow2 image backed by
+ * base.raw, made by the engine at start-up), "dir/data.raw", and
+ * "dir/disk.qcow2" (a copy of the input, so that an image naming
+ * itself loops).  The harness opens the image, reads the start of the
+ * disk and scattered ranges, asks for extents, writes a little if it
+ * may, flushes, closes, then opens the result again.
+ *
+ * Results are not judged, since almost every input is a broken image;
+ * only invariants that hold for any image are, by abort():
+ *  - a range read twice, or read as part of a larger read, gives the
+ *    same bytes each time (no write in between);
+ *  - a range that extents report as reading as zeros reads as zeros;
+ *  - extents are contiguous, non-empty, inside the request, of known
+ *    types, merged, and cover the request unless stopped early;
+ *  - requests past the virtual size fail;
+ *  - the virtual size never changes, and qcow2_can_write agrees with
+ *    qcow2_readonly_reason and qcow2_check_writable.
+ * AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer catch
+ * the rest.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memio.h"
+#include "qcow2.h"
+
+/* Bounds that keep one input well under 100 ms. */
+#define SEQ_MAX_BYTES (4u << 20)        /* sequential read of the start */
+#define SEQ_MAX_REQUESTS 256
+#define SCATTER_READS 16
+#define SCATTER_MAX (128u << 10)
+#define EXTENT_MAX (64u << 20)
+#define WRITE_MAX (160u << 10)
+#define ZERO_MAX (4u << 20)
+#define PREALLOC_MAX (4u << 20)
+#define BASE_RAW_SIZE (192u << 10)
+#define DATA_RAW_SIZE (64u << 10)
+#define BASE_QCOW2_SIZE (256u << 10)
+#define FILE_MAX (64u << 20)            /* largest file the storage holds */
+
+static uint8_t base_raw[BASE_RAW_SIZE], data_raw[DATA_RAW_SIZE];
+static uint8_t *base_qcow2;
+static size_t base_qcow2_len;
+
+#define fail(...)                                                       \
+  do {                                                                  \
+    fprintf (stderr, "fuzz-qcow2: invariant violated: " __VA_ARGS__);   \
+    fputc ('\n', stderr);                                               \
+    abort ();                                                           \
+  } while (0)
+
+/* splitmix64: request offsets and lengths from the control word. */
+static uint64_t
+rng_next (uint64_t *s)
+{
+  uint64_t z = (*s += UINT64_C (0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C (0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C (0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+/* A value below n (0 if n is 0). */
+static uint64_t
+rng_below (uint64_t *s, uint64_t n)
+{
+  return n ? rng_next (s) % n : 0;
+}
+
+/* Offsets that find edge cases: cluster-aligned, 512-aligned or not. */
+static uint64_t
+rng_offset (uint64_t *s, uint64_t limit)
+{
+  uint64_t off = rng_below (s, limit);
+
+  switch (rng_below (s, 4)) {
+  case 0: return off & ~UINT64_C (0xffff);
+  case 1: return off & ~UINT64_C (0x1ff);
+  default: return off;
+  }
+}
+
+static uint64_t
+rng_length (uint64_t *s, uint64_t max)
+{
+  uint64_t len = 1 + rng_below (s, max);
+
+  if (rng_below (s, 2) && len >= 512)
+    len &= ~UINT64_C (0x1ff);
+  return len;
+}
+
+static bool
+all_zero (const uint8_t *p, size_t n)
+{
+  return n == 0 || (p[0] == 0 && memcmp (p, p + 1, n - 1) == 0);
+}
+
+static void
+fill_pattern (uint8_t *p, size_t n, uint64_t seed)
+{
+  for (size_t i = 0; i < n; i++)
+    p[i] = (uint8_t) ((i * 131 + (i >> 9) + seed) | 1);
+}
+
+/* Storage of bounded size, like a file system's largest file, over
+ * memio: a corrupt table may send a write to any host offset, and memio
+ * would try to allocate all the bytes up to it.
+ */
+struct capio {
+  struct qcow2_io io;
+  struct qcow2_io *inner;
+};
+
+static struct qcow2_io *
+capio_inner (struct qcow2_io *io)
+{
+  return ((struct capio *) io)->inner;
+}
+
+static int
+capio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  struct qcow2_io *in = capio_inner (io);
+  return in->ops->pread (in, buf, count, offset);
+}
+
+static int
+capio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+              uint64_t offset)
+{
+  struct qcow2_io *in = capio_inner (io);
+
+  if (offset > FILE_MAX || count > FILE_MAX - offset)
+    return -EFBIG;
+  return in->ops->pwrite (in, buf, count, offset);
+}
+
+static int
+capio_flush (struct qcow2_io *io)
+{
+  struct qcow2_io *in = capio_inner (io);
+  return in->ops->flush (in);
+}
+
+static int
+capio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  struct qcow2_io *in = capio_inner (io);
+  return in->ops->punch (in, offset, count);
+}
+
+static int64_t
+capio_size (struct qcow2_io *io)
+{
+  struct qcow2_io *in = capio_inner (io);
+  return in->ops->size (in);
+}
+
+static void
+capio_close (struct qcow2_io *io)
+{
+  struct qcow2_io *in = capio_inner (io);
+
+  in->ops->close (in);
+  free (io);
+}
+
+static const struct qcow2_io_ops capio_ops = {
+  .pread = capio_pread,
+  .pwrite = capio_pwrite,
+  .flush = capio_flush,
+  .punch = capio_punch,
+  .size = capio_size,
+  .close = capio_close,
+};
+
+/* Wrap inner (taking its reference). */
+static struct qcow2_io *
+capio_new (struct qcow2_io *inner)
+{
+  struct capio *c = malloc (sizeof *c);
+
+  if (!c)
+    abort ();
+  c->io.ops = &capio_ops;
+  c->inner = inner;
+  return &c->io;
+}
+
+/* The memenv's files, each opened through a capio. */
+struct fuzz_env {
+  struct qcow2_env env;
+  const struct qcow2_env *mem;
+};
+
+static struct qcow2_io *
+fuzz_env_open (void *opaque, const char *path, bool readonly, char **id)
+{
+  struct fuzz_env *fe = opaque;
+  struct qcow2_io *io = fe->mem->open (fe->mem->opaque, path, readonly, id);
+
+  return io ? capio_new (io) : NULL;
+}
+
+static void
+fuzz_env_error (void *opaque, const char *msg)
+{
+  struct fuzz_env *fe = opaque;
+  fe->mem->error (fe->mem->opaque, msg);
+}
+
+static void
+fuzz_env_debug (void *opaque, const char *msg)
+{
+  struct fuzz_env *fe = opaque;
+  fe->mem->debug (fe->mem->opaque, msg);
+}
+
+static void
+fuzz_env_notice (void *opaque, const char *path, const char *msg)
+{
+}
+
+static void
+fuzz_env_init (struct fuzz_env *fe, struct memenv *me)
+{
+  fe->env = (struct qcow2_env) {
+    .opaque = fe,
+    .open = fuzz_env_open,
+    .error = fuzz_env_error,
+    .debug = fuzz_env_debug,
+    .notice = fuzz_env_notice,
+  };
+  fe->mem = memenv_env (me);
+}
+
+/* The start of the disk as first read: which chunks read successfully,
+ * so that later reads and extents are compared with it.
+ */
+struct seq {
+  uint8_t *buf;
+  uint64_t len, chunk;
+  bool ok[SEQ_MAX_REQUESTS];
+};
+
+/* Whether [off, off+len) of the sequential read is known. */
+static bool
+seq_known (const struct seq *sq, uint64_t off, uint64_t len)
+{
+  if (off >= sq->len || len > sq->len - off)
+    return false;
+  for (uint64_t c = off / sq->chunk;
+       len > 0 && c <= (off + len - 1) / sq->chunk; c++)
+    if (!sq->ok[c])
+      return false;
+  return true;
+}
+
+static void
+seq_read (struct qcow2_image *img, struct seq *sq)
+{
+  for (uint64_t off = 0, i = 0; off < sq->len; off += sq->chunk, i++) {
+    uint64_t n = sq->len - off < sq->chunk ? sq->len - off : sq->chunk;
+    sq->ok[i] = qcow2_read (img, sq->buf + off, n, off) == 0;
+  }
+}
+
+/* Read [off, off+len) twice: both reads, and the sequential read where
+ * it covers the range, must agree.
+ */
+static void
+check_read (struct qcow2_image *img, const struct seq *sq, uint64_t off,
+            uint64_t len)
+{
+  uint8_t *a = malloc (len ? len : 1), *b = malloc (len ? len : 1);
+
+  if (!a || !b)
+    abort ();
+  if (qcow2_read (img, a, len, off) == 0) {
+    if (qcow2_read (img, b, len, off) == 0 && memcmp (a, b, len) != 0)
+      fail ("two reads of %" PRIu64 " bytes at %" PRIu64 " differ",
+            len, off);
+    if (sq && seq_known (sq, off, len) && memcmp (a, sq->buf + off, len) != 0)
+      fail ("read of %" PRIu64 " bytes at %" PRIu64 " differs from the "
+            "sequential read", len, off);
+  }
+  free (a);
+  free (b);
+}
+
+struct ext_check {
+  const struct seq *sq;         /* to check zero extents, or NULL */
+  uint64_t next, end;
+  uint32_t last_type;
+  unsigned calls, stop_after;   /* return 1 at call stop_after (0 = never) */
+  bool req_one, stopped;
+};
+
+static int
+ext_add (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
+{
+  struct ext_check *x = opaque;
+
+  if (x->stopped)
+    fail ("extent at %" PRIu64 " after the callback asked to stop", offset);
+  if (x->req_one && x->calls > 0)
+    fail ("a second extent at %" PRIu64 " with req_one", offset);
+  if (offset != x->next)
+    fail ("extent at %" PRIu64 " but the previous one ended at %" PRIu64,
+          offset, x->next);
+  if (length == 0 || length > x->end - offset)
+    fail ("extent of %" PRIu64 " bytes at %" PRIu64 " outside the request "
+          "(ending at %" PRIu64 ")", length, offset, x->end);
+  if (type & ~(uint32_t) (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO))
+    fail ("extent type %#" PRIx32 " at %" PRIu64, type, offset);
+  if (x->calls > 0 && type == x->last_type)
+    fail ("adjacent extents of type %" PRIu32 " at %" PRIu64 " not merged",
+          type, offset);
+  if ((type & QCOW2_EXTENT_ZERO) && x->sq && seq_known (x->sq, offset, length)
+      && !all_zero (x->sq->buf + offset, length))
+    fail ("extent of %" PRIu64 " bytes at %" PRIu64 " reported as zero "
+          "(type %" PRIu32 ") reads as data", length, offset, type);
+  x->next = offset + length;
+  x->last_type = type;
+  x->calls++;
+  if (x->stop_after && x->calls == x->stop_after) {
+    x->stopped = true;
+    return 1;
+  }
+  return 0;
+}
+
+static int
+ext_ignore (void *opaque, uint64_t offset, uint64_t length, uint32_t type)
+{
+  return 0;
+}
+
+static void
+check_extents (struct qcow2_image *img, const struct seq *sq, uint64_t off,
+               uint64_t len, bool req_one, unsigned stop_after)
+{
+  struct ext_check x = {
+    .sq = sq, .next = off, .end = off + len,
+    .req_one = req_one, .stop_after = stop_after,
+  };
+
+  if (qcow2_extents (img, off, len, req_one, ext_add, &x) == 0 &&
+      !req_one && !x.stopped && x.next != x.end)
+    fail ("extents of [%" PRIu64 ", %" PRIu64 ") stop at %" PRIu64,
+          off, x.end, x.next);
+}
+
+static void
+check_state (struct qcow2_image *img, uint64_t size)
+{
+  bool can = qcow2_can_write (img);
+
+  if (qcow2_get_size (img) != size)
+    fail ("virtual size changed from %" PRIu64 " to %" PRIu64,
+          size, qcow2_get_size (img));
+  if (can != (qcow2_readonly_reason (img) == NULL))
+    fail ("qcow2_can_write says %d but the read-only reason is %s", can,
+          qcow2_readonly_reason (img) ? qcow2_readonly_reason (img) : "NULL");
+  if (can != (qcow2_check_writable (img) == 0))
+    fail ("qcow2_can_write says %d, qcow2_check_writable disagrees", can);
+  if (qcow2_can_trim (img) && !can)
+    fail ("qcow2_can_trim without qcow2_can_write");
+}
+
+/* Requests that end past the virtual size (or wrap) must fail. */
+static void
+check_out_of_range (struct qcow2_image *img, uint64_t size, uint64_t *rng)
+{
+  uint8_t buf[512];
+  uint64_t off = size - rng_below (rng, sizeof buf - 1);
+  uint64_t wrap = UINT64_MAX - rng_below (rng, 1024);
+
+  if (qcow2_read (img, buf, sizeof buf, off) == 0 ||
+      qcow2_read (img, buf, sizeof buf, wrap) == 0)
+    fail ("a read past the virtual size %" PRIu64 " succeeded", size);
+  if (qcow2_extents (img, off, sizeof buf, false, ext_ignore, NULL) == 0 ||
+      qcow2_extents (img, wrap, sizeof buf, false, ext_ignore, NULL) == 0)
+    fail ("extents past the virtual size %" PRIu64 " succeeded", size);
+  if (!qcow2_can_write (img))
+    return;
+  memset (buf, 0x55, sizeof buf);
+  if (qcow2_write (img, buf, sizeof buf, off, false) == 0 ||
+      qcow2_write (img, buf, sizeof buf, wrap, false) == 0 ||
+      qcow2_zero (img, sizeof buf, off, true, false, false) == 0 ||
+      qcow2_trim (img, sizeof buf, wrap, false) == 0)
+    fail ("a write past the virtual size %" PRIu64 " succeeded", size);
+}
+
+/* A few writes, zeroes and trims: results are ignored, the image may
+ * be broken in any way.
+ */
+static void
+do_writes (struct qcow2_image *img, uint64_t size, uint64_t near,
+           uint64_t *rng)
+{
+  unsigned n = 1 + rng_below (rng, 8);
+  uint8_t *buf = malloc (WRITE_MAX);
+
+  if (!buf)
+    abort ();
+  for (unsigned i = 0; i < n; i++) {
+    /* Mostly near the start, where the reads looked. */
+    uint64_t limit = rng_below (rng, 4) ? near : size;
+    uint64_t off = rng_offset (rng, limit), len;
+    bool fua = rng_below (rng, 8) == 0;
+
+    switch (rng_below (rng, 8)) {
+    case 0: case 1: case 2: case 3:
+      len = rng_length (rng, WRITE_MAX);
+      if (len > size - off)
+        len = size - off;
+      fill_pattern (buf, len, rng_next (rng));
+      qcow2_write (img, buf, len, off, fua);
+      break;
+    case 4:
+      len = rng_length (rng, ZERO_MAX);
+      if (len > size - off)
+        len = size - off;
+      qcow2_zero (img, len, off, rng_below (rng, 2), rng_below (rng, 2), fua);
+      break;
+    case 5:
+      /* The whole start, as qemu-img convert does to a new disk. */
+      qcow2_zero (img, near, 0, true, false, fua);
+      break;
+    case 6:
+      len = rng_length (rng, ZERO_MAX);
+      if (len > size - off)
+        len = size - off;
+      qcow2_trim (img, len, off, fua);
+      break;
+    default:
+      qcow2_flush (img);
+      break;
+    }
+  }
+  free (buf);
+}
+
+/* Open the result of the writes again, read-only, and read it. */
+static void
+reopen (const struct qcow2_env *env, struct qcow2_io *io, uint64_t *rng)
+{
+  struct qcow2_options opts = {
+    .readonly = true,
+    .no_backing = rng_below (rng, 2),
+  };
+  struct qcow2_image *img;
+  struct seq sq = { .chunk = 64 << 10 };
+
+  img = qcow2_open (env, capio_new (memio_ref (io)), "dir/disk.qcow2",
+                    &opts);
+  if (!img)
+    return;
+  sq.len = qcow2_get_size (img) < (1 << 20) ? qcow2_get_size (img) : 1 << 20;
+  sq.buf = malloc (sq.len ? sq.len : 1);
+  if (!sq.buf)
+    abort ();
+  seq_read (img, &sq);
+  check_extents (img, &sq, 0, sq.len, false, 0);
+  free (sq.buf);
+  qcow2_close (img);
+}
+
+static void
+add_file (struct memenv *me, const char *name, const void *data, size_t len)
+{
+  struct qcow2_io *io = memio_new (data, len);
+
+  if (!io || memenv_add (me, name, io) < 0)
+    abort ();
+  io->ops->close (io);
+}
+
+/* The files every input sees.  base.qcow2 is made once, by the engine
+ * itself: a few clusters of its own over base.raw.
+ */
+static void
+make_base_files (void)
+{
+  const struct qcow2_create_options co = {
+    .size = BASE_QCOW2_SIZE, .cluster_size = 512,
+    .backing = "base.raw", .backing_format = "raw",
+  };
+  const struct qcow2_options opts = { 0 };
+  struct memenv *me = memenv_new ();
+  struct qcow2_io *io = memio_new (NULL, 0);
+  struct qcow2_image *img;
+  uint8_t buf[1536];
+  const void *p;
+
+  fill_pattern (base_raw, sizeof base_raw, 0x5a);
+  fill_pattern (data_raw, sizeof data_raw, 0xd0);
+  fill_pattern (buf, sizeof buf, 0x33);
+  if (!me || !io)
+    abort ();
+  add_file (me, "dir/base.raw", base_raw, sizeof base_raw);
+  if (qcow2_create (memenv_env (me), io, &co) < 0)
+    abort ();
+  img = qcow2_open (memenv_env (me), memio_ref (io), "dir/base.qcow2", &opts);
+  if (!img ||
+      qcow2_write (img, buf, sizeof buf, 1024, false) < 0 ||
+      qcow2_write (img, buf, 700, 150000, false) < 0 ||
+      qcow2_zero (img, 4096, 8192, false, false, false) < 0 ||
+      qcow2_close (img) < 0) {
+    fprintf (stderr, "fuzz-qcow2: making base.qcow2: %s\n",
+             memenv_last_error (me));
+    abort ();
+  }
+  p = memio_data (io, &base_qcow2_len);
+  base_qcow2 = malloc (base_qcow2_len);
+  if (!base_qcow2)
+    abort ();
+  memcpy (base_qcow2, p, base_qcow2_len);
+  io->ops->close (io);
+  memenv_free (me);
+}
+
+int LLVMFuzzerInitialize (int *argc, char ***argv);
+
+int
+LLVMFuzzerInitialize (int *argc, char ***argv)
+{
+  make_base_files ();
+  return 0;
+}
+
+int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
+
+int
+LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
+{
+  static const uint64_t cache_sizes[] = { 0, 1 << 10, 4 << 10, 64 << 10 };
+  static const uint64_t slice_sizes[] = { 0, 512, 2 << 10, 0 };
+  static const char *const snapshots[] = { NULL, "snap1", "1", "nosuch" };
+  static const uint64_t chunks[] = { 64 << 10, 4608, (1 << 20) + 512, 777 };
+  uint64_t ctl = 0, rng, vsize, near;
+  struct qcow2_options opts;
+  struct memenv *me;
+  struct fuzz_env fe;
+  struct qcow2_io *io;
+  struct qcow2_image *img;
+  struct seq sq;
+
+  if (size >= 8) {
+    size -= 8;
+    for (int i = 7; i >= 0; i--)
+      ctl = ctl << 8 | data[size + i];
+  }
+  rng = ctl >> 16;
+
+  me = memenv_new ();
+  io = memio_new (data, size);
+  if (!me || !io)
+    abort ();
+  add_file (me, "dir/base.raw", base_raw, sizeof base_raw);
+  add_file (me, "dir/base.qcow2", base_qcow2, base_qcow2_len);
+  add_file (me, "dir/data.raw", data_raw, sizeof data_raw);
+  add_file (me, "dir/disk.qcow2", data, size);
+
+  opts = (struct qcow2_options) {
+    .l2_cache_size = cache_sizes[ctl & 3],
+    .l2_slice_size = slice_sizes[(ctl >> 2) & 3],
+    .no_backing = ctl & (1 << 4),
+    .readonly = ctl & (1 << 5),
+    .discard_ignore = ctl & (1 << 6),
+    .snapshot = snapshots[(ctl >> 7) & 3],
+    .data_file = ctl & (1 << 9) ? "dir/data.raw" : NULL,
+  };
+  /* qcow2_open takes a reference; ours opens the result again. */
+  fuzz_env_init (&fe, me);
+  img = qcow2_open (&fe.env, capio_new (memio_ref (io)), "dir/disk.qcow2",
+                    &opts);
+  if (!img)
+    goto out;
+
+  vsize = qcow2_get_size (img);
+  check_state (img, vsize);
+
+  /* The start of the disk, in chunks of one size. */
+  sq = (struct seq) { .chunk = chunks[(ctl >> 10) & 3] };
+  sq.len = vsize < SEQ_MAX_BYTES ? vsize : SEQ_MAX_BYTES;
+  if (sq.len > sq.chunk * SEQ_MAX_REQUESTS)
+    sq.len = sq.chunk * SEQ_MAX_REQUESTS;
+  sq.buf = malloc (sq.len ? sq.len : 1);
+  if (!sq.buf)
+    abort ();
+  seq_read (img, &sq);
+  near = sq.len ? sq.len : vsize;
+
+  check_extents (img, &sq, 0, sq.len, false, 0);
+  check_extents (img, &sq, 0, sq.len, false, 1 + rng_below (&rng, 4));
+  for (int i = 0; i < 4; i++) {
+    uint64_t off = rng_offset (&rng, vsize);
+    uint64_t len = rng_length (&rng, EXTENT_MAX);
+    check_extents (img, &sq, off, len < vsize - off ? len : vsize - off,
+                   i == 0, 0);
+  }
+
+  /* Scattered reads, over the start and anywhere. */
+  for (int i = 0; i < SCATTER_READS; i++) {
+    uint64_t off = rng_offset (&rng, i & 1 ? vsize : near);
+    uint64_t len = rng_length (&rng, SCATTER_MAX);
+    check_read (img, &sq, off, len < vsize - off ? len : vsize - off);
+  }
+  check_out_of_range (img, vsize, &rng);
+
+  if (qcow2_can_write (img)) {
+    if ((ctl & (1 << 12)) && vsize <= PREALLOC_MAX)
+      qcow2_preallocate (img, ctl & (1 << 13));
+    do_writes (img, vsize, near, &rng);
+    check_state (img, vsize);
+
+    /* After the writes: reads still repeat, and agree with extents. */
+    sq.len = near < (1 << 20) ? near : 1 << 20;
+    sq.chunk = 64 << 10;
+    seq_read (img, &sq);
+    check_extents (img, &sq, 0, sq.len, false, 0);
+    for (int i = 0; i < 4; i++) {
+      uint64_t off = rng_offset (&rng, near);
+      uint64_t len = rng_length (&rng, SCATTER_MAX);
+      check_read (img, &sq, off, len < vsize - off ? len : vsize - off);
+    }
+    qcow2_flush (img);
+  }
+  free (sq.buf);
+  {
+    bool written = qcow2_can_write (img);
+    qcow2_close (img);
+    if (written)
+      reopen (&fe.env, io, &rng);
+  }
+
+ out:
+  io->ops->close (io);
+  memenv_free (me);
+  return 0;
+}

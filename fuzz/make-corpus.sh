@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Regenerate the seed corpus in fuzz/corpus/ with qemu-img and qemu-io:
+# small valid images of each kind the engine reads, each followed by
+# the harness's 8-byte control word (see fuzz-qcow2.c).  Not run by CI;
+# run it by hand after changing the list, and commit the result.
+#
+# Images are tiny: small virtual sizes and small clusters.  Backing and
+# data file names are those the harness provides beside the image
+# (base.raw, base.qcow2, data.raw, disk.qcow2).
+set -euo pipefail
+cd "$(dirname "$0")"
+out=$PWD/corpus
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+
+# The harness's control word bits (fuzz-qcow2.c).
+CACHE_1K=1 SLICE_512=$((1 << 2)) NO_BACKING=$((1 << 4)) READONLY=$((1 << 5))
+DISCARD_IGNORE=$((1 << 6)) SNAP_NAME=$((1 << 7)) SNAP_ID=$((2 << 7))
+CHUNK_SMALL=$((1 << 10)) CHUNK_ODD=$((3 << 10)) PREALLOC=$((1 << 12))
+
+create () { qemu-img create -q -f qcow2 "$@"; }
+io () { local f=$1; shift; qemu-io -f qcow2 "${@/#/-c}" "$f" >/dev/null; }
+
+# Copy image $1 into the corpus as $2 with control word $3 (plus a
+# seed in the high bits, so that seeds differ in their requests too).
+seed () {
+  local ctl=$(( $3 | ($(printf %s "$2" | cksum | cut -d' ' -f1) << 16) ))
+  {
+    cat "$1"
+    for i in 0 1 2 3 4 5 6 7; do
+      printf "\\$(printf %03o $(( (ctl >> (8 * i)) & 255 )))"
+    done
+  } > "$out/$2"
+}
+
+rm -f "$out"/*.qcow2
+mkdir -p "$out"
+qemu-img create -q -f raw base.raw 192K
+
+create -o compat=0.10,cluster_size=512 v2.qcow2 1M
+io v2.qcow2 'write -P 0x11 0 1536' 'write -P 0x22 4096 512' \
+   'write -P 0x23 700000 3000'
+seed v2.qcow2 v2-512.qcow2 0
+seed v2.qcow2 v2-512-smallcache.qcow2 $((CACHE_1K | SLICE_512 | CHUNK_ODD))
+
+create -o cluster_size=4096 v3.qcow2 2M
+io v3.qcow2 'write -P 0x31 0 12k' 'write -z 16k 8k' 'write -P 0x32 40k 6k' \
+   'discard 4k 4k' 'write -z -u 44k 4k'
+seed v3.qcow2 v3-4k.qcow2 0
+seed v3.qcow2 v3-4k-discard-ignore.qcow2 $((DISCARD_IGNORE | CHUNK_SMALL))
+
+create -o cluster_size=4096,refcount_bits=1 rc1.qcow2 1M
+io rc1.qcow2 'write -P 0x41 4k 8k'
+seed rc1.qcow2 v3-4k-refcount1.qcow2 0
+
+create -o cluster_size=512,refcount_bits=64 rc64.qcow2 1M
+io rc64.qcow2 'write -P 0x42 0 40k'
+seed rc64.qcow2 v3-512-refcount64.qcow2 0
+
+# The default cluster size: the only seed over 64 KiB with extl2-16k.
+create v3-64k.qcow2 1M
+seed v3-64k.qcow2 v3-64k-empty.qcow2 $CHUNK_SMALL
+
+create -o cluster_size=16384,extended_l2=on extl2.qcow2 1M
+io extl2.qcow2 'write -P 0x51 512 1024' 'write -z 2048 1024' \
+   'write -z 16k 16k'
+seed extl2.qcow2 extl2-16k.qcow2 0
+
+create -o cluster_size=4096 zlib.qcow2 256K
+io zlib.qcow2 'write -c -P 0x61 0 4k' 'write -c -P 0x62 8k 8k' \
+   'write -P 0x63 20k 1k'
+seed zlib.qcow2 zlib-4k.qcow2 0
+
+create -o cluster_size=4096,compression_type=zstd zstd.qcow2 256K
+io zstd.qcow2 'write -c -P 0x71 0 4k' 'write -c -P 0x72 12k 4k'
+seed zstd.qcow2 zstd-4k.qcow2 0
+
+create -o cluster_size=512 -b base.raw -F raw over-raw.qcow2 256K
+io over-raw.qcow2 'write -P 0x81 100 200' 'write -z 4096 1024' \
+   'write -P 0x82 200000 512'
+seed over-raw.qcow2 backing-raw-512.qcow2 0
+seed over-raw.qcow2 backing-raw-512-nobacking.qcow2 $NO_BACKING
+
+create -o cluster_size=512,compat=0.10 -u -b base.qcow2 -F qcow2 \
+  over-qcow2.qcow2 256K
+seed over-qcow2.qcow2 backing-qcow2-512.qcow2 0
+
+# Names itself: the chain loops.
+create -o cluster_size=512 -u -b disk.qcow2 -F qcow2 loop.qcow2 64K
+seed loop.qcow2 backing-loop.qcow2 0
+
+create -o cluster_size=512 snap.qcow2 128K
+io snap.qcow2 'write -P 0x91 0 2k'
+qemu-img snapshot -c snap1 snap.qcow2
+io snap.qcow2 'write -P 0x92 1k 2k'
+qemu-img snapshot -c snap2 snap.qcow2
+seed snap.qcow2 snapshot-512.qcow2 0
+seed snap.qcow2 snapshot-512-snap1.qcow2 $SNAP_NAME
+seed snap.qcow2 snapshot-512-id1.qcow2 $((SNAP_ID | READONLY))
+
+create -o compat=0.10,cluster_size=512 snapv2.qcow2 64K
+io snapv2.qcow2 'write -P 0x93 512 1k'
+qemu-img snapshot -c snap1 snapv2.qcow2
+seed snapv2.qcow2 snapshot-v2-512.qcow2 0
+
+create -o cluster_size=4096 bitmaps.qcow2 256K
+io bitmaps.qcow2 'write -P 0xa1 0 8k'
+qemu-img bitmap --add bitmaps.qcow2 b0
+qemu-img bitmap --add --granularity 8k bitmaps.qcow2 b1
+qemu-img bitmap --disable bitmaps.qcow2 b1
+seed bitmaps.qcow2 bitmaps-4k.qcow2 0
+
+create -o cluster_size=4096,data_file=data.raw datafile.qcow2 64K
+io datafile.qcow2 'write -P 0xb1 4k 4k'
+seed datafile.qcow2 datafile-4k.qcow2 0
+create -o cluster_size=4096,data_file=data.raw,data_file_raw=on \
+  datafile-raw.qcow2 64K
+seed datafile-raw.qcow2 datafile-raw-4k.qcow2 0
+
+# Left dirty by a crash under lazy refcounts: repaired on first write.
+create -o cluster_size=512,lazy_refcounts=on lazy.qcow2 64K
+(ulimit -c 0; qemu-io -f qcow2 -c "write -P 0xc1 0 4k" -c abort lazy.qcow2; true) \
+  >/dev/null 2>&1 || true
+seed lazy.qcow2 lazy-dirty-512.qcow2 0
+
+qemu-img create -q -f qcow2 -o cluster_size=512,preallocation=metadata \
+  prealloc.qcow2 32K
+seed prealloc.qcow2 prealloc-512.qcow2 0
+
+create -o cluster_size=512 empty.qcow2 64K
+seed empty.qcow2 empty-512-prealloc.qcow2 $PREALLOC
+
+ls -l "$out"
+du -sh "$out"
