@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential nbdkit nbdkit-plugin-dev libnbd-bin libnbd-dev
           python3-libnbd qemu-utils zlib1g-dev libzstd-dev autoconf automake
-          libtool pkg-config fio perl strace)
+          libtool pkg-config fio perl strace
+          # clang and libFuzzer, for fuzz/run-fuzz.sh
+          clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Fuzz the qcow2 engine with libFuzzer for a bounded time.
+#
+#   fuzz/run-fuzz.sh [SECONDS]     fuzz for SECONDS (default 60)
+#   fuzz/run-fuzz.sh FILE...       run the target once on each FILE
+#
+# The target is built with clang, ASan and UBSan (--enable-fuzzing) in a
+# temporary copy of this tree, so the build tree here is never touched,
+# and fuzzes from a scratch copy of fuzz/corpus/ (the committed seeds do
+# not change).  Exits non-zero on a crash, leak, timeout, out-of-memory
+# or sanitizer error, saying where the input that caused it was saved.
+#
+# Environment:
+#   FUZZ_ARTIFACTS  where failing inputs go (default: fuzz-findings/ at
+#                   the top of this tree, ignored by git)
+#   FUZZ_ARGS       more libFuzzer options, e.g. "-jobs=2 -workers=2"
+#   FUZZ_KEEP=1     keep the temporary build and corpus
+set -euo pipefail
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+artifacts=${FUZZ_ARTIFACTS:-$src/fuzz-findings}
+work=$(mktemp -d "${TMPDIR:-/tmp}/fuzz-qcow2.XXXXXX")
+if [ "${FUZZ_KEEP:-}" = 1 ]; then
+  echo "run-fuzz: keeping $work"
+else
+  trap 'rm -rf "$work"' EXIT
+fi
+
+mode=fuzz secs=60
+if [ $# -gt 0 ]; then
+  case $1 in
+    *[!0-9]*) mode=repro ;;
+    *) secs=$1 ;;
+  esac
+fi
+
+# The sources as they are now (uncommitted changes too), without any
+# build products.
+mkdir "$work/tree"
+if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+  (cd "$src" && git ls-files -z -co --exclude-standard |
+     tar -c --null --ignore-failed-read -T - 2>/dev/null) |
+    tar -x -C "$work/tree"
+else
+  cp -a "$src/." "$work/tree"
+  make -C "$work/tree" distclean >/dev/null 2>&1 || true
+fi
+
+echo "run-fuzz: building in $work/tree"
+(
+  cd "$work/tree" &&
+  autoreconf -fi &&
+  # -Werror off: clang warns about things gcc does not.
+  ./configure CC=clang --enable-fuzzing --disable-werror \
+    CFLAGS="-g -O1 -fno-omit-frame-pointer -fno-sanitize-recover=all -fsanitize=fuzzer-no-link,address,undefined" &&
+  make -j"$(nproc)" -C common &&
+  make -C fuzz
+) >"$work/build.log" 2>&1 || {
+  tail -n 40 "$work/build.log"
+  echo "run-fuzz: build failed (log: $work/build.log)" >&2
+  trap - EXIT
+  exit 1
+}
+target=$work/tree/fuzz/fuzz-qcow2
+
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
+
+if [ "$mode" = repro ]; then
+  "$target" -rss_limit_mb=2048 -timeout=10 "$@"
+  exit
+fi
+
+mkdir -p "$artifacts" "$work/corpus"
+cp "$src"/fuzz/corpus/* "$work/corpus/"
+echo "run-fuzz: fuzzing for $secs s"
+# -max_len: the largest seed is under 200 KiB.
+status=0
+# shellcheck disable=SC2086
+"$target" -max_total_time="$secs" -max_len=262144 -timeout=10 \
+  -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" ${FUZZ_ARGS:-} "$work/corpus" \
+  >"$work/fuzz.log" 2>&1 || status=$?
+
+if [ "$status" -ne 0 ]; then
+  # The report from the sanitizer or libFuzzer, then the saved input.
+  sed -n '/==[0-9]*==\|^==\|ERROR\|invariant violated\|runtime error/,$p' \
+    "$work/fuzz.log" | head -n 150
+  echo "run-fuzz: FAILED (exit $status)" >&2
+  grep -h "Test unit written to" "$work/fuzz.log" |
+    sed 's/.*Test unit written to /run-fuzz: input saved as /' >&2 || true
+  echo "run-fuzz: reproduce with: fuzz/run-fuzz.sh FILE" >&2
+  exit 1
+fi
+grep -E '^stat::|^Done' "$work/fuzz.log" || true
+echo "run-fuzz: no crash, leak or timeout in $secs s"
