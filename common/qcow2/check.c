@@ -157,6 +157,11 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
     off = (off + 7) & ~UINT64_C (7);
     if (tsize == 0)
       continue;
+    /* Before trusting the size with an allocation. */
+    if (range_exceeds (toff, tbytes, img->file_size)) {
+      r = -EIO;
+      break;
+    }
     if ((r = fn (img, opaque, toff, tbytes, "bitmap table")) < 0)
       break;
     free (table);

@@ -402,7 +402,11 @@ header_read (struct qcow2_image *img)
   }
 
   ext_start = h->header_length;
-  ext_end = h->backing_file_offset ? h->backing_file_offset
+  /* Extensions end where the backing file name starts, and never past
+   * the first cluster (the name may be empty and its offset anything).
+   */
+  ext_end = h->backing_file_offset ? MIN (h->backing_file_offset,
+                                          img->cluster_size)
                                    : img->cluster_size;
   r = header_read_extensions (img, buf, ext_start, ext_end,
                               &feature_table, &ft_len);

@@ -87,6 +87,20 @@ write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
   return 0;
 }
 
+/* A cluster written in place must be one a sound image could have:
+ * aligned, and starting inside the file.
+ */
+static int
+write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
+{
+  if (host & (img->cluster_size - 1)) {
+    qcow2_err (img, "corrupt image: unaligned data cluster offset %#" PRIx64
+               " (guest offset %#" PRIx64 ")", host, guest);
+    return -EIO;
+  }
+  return cluster_check_data_offset (img, host, img->cluster_size);
+}
+
 /* Drop this image's reference to the old data of an entry. */
 static int
 write_release_old (struct qcow2_image *img, const struct l2_state *s)
@@ -149,6 +163,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
 
   /* Where the data goes, and which part of the cluster is written. */
   reuse = s.normal && s.copied;
+  if (reuse && (r = write_check_host (img, s.host, offset)) < 0)
+    return r;
   if (reuse)
     target = s.host;
   else if (external)
@@ -257,11 +273,8 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
     if ((s.bitmap & mask) != mask || ((s.bitmap >> 32) & mask))
       return 0;
   }
-  if (s.host & (img->cluster_size - 1)) {
-    qcow2_err (img, "corrupt image: unaligned data cluster offset %#" PRIx64
-               " (guest offset %#" PRIx64 ")", s.host, offset);
-    return -EIO;
-  }
+  if ((r = write_check_host (img, s.host, offset)) < 0)
+    return r;
   *host = s.host + in;
   img->changed = true;          /* the data needs the next flush */
   return 0;
