@@ -14,9 +14,11 @@
 #            with everything they call outside the overlap_* group
 #
 # Usage: callgrind-share.py CALLGRIND.OUT PLUGIN.so [TOP]
+#        callgrind-share.py --per-call CALLGRIND.OUT FUNCTION...
 #
 # Prints one line of "name value" pairs, then with TOP the TOP functions
 # of the plugin by self cost and the cost of each overlap_* function.
+# With --per-call: calls and inclusive instructions of each FUNCTION.
 
 import re
 import sys
@@ -91,7 +93,22 @@ def parse(path):
     return summary, self_cost, call_cost, call_count
 
 
+def per_call(path, functions):
+    summary, self_cost, call_cost, call_count = parse(path)
+    for name in functions:
+        incl = sum(v for (ob, fn), v in self_cost.items() if fn == name)
+        incl += sum(v for ((ob, fn), (cob, cfn)), v in call_cost.items()
+                    if fn == name and cfn != name)
+        n = sum(v for (_, (cob, cfn)), v in call_count.items()
+                if cfn == name)
+        print("%s calls %d Ir %d Ir/call %.1f"
+              % (name, n, incl, incl / n if n else 0))
+
+
 def main():
+    if sys.argv[1] == "--per-call":
+        per_call(sys.argv[2], sys.argv[3:])
+        return
     path, plugin = sys.argv[1], sys.argv[2]
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     summary, self_cost, call_cost, call_count = parse(path)

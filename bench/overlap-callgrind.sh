@@ -83,14 +83,14 @@ done |
       split("all none", modes, " ")
       for (k = 1; k <= 2; k++) {
         m = modes[k]
-        printf "| %s | %d | %d | %d | %.1f | %.3f%% | %d | %.3f%% |\n",
+        printf "| %s | %.0f | %.0f | %.0f | %.1f | %.3f%% | %.0f | %.3f%% |\n",
                m, v[m, "plugin"], v[m, "calls"], v[m, "check"],
                v[m, "calls"] ? v[m, "check"] / v[m, "calls"] : 0,
                100 * v[m, "check"] / v[m, "plugin"], v[m, "maint"],
                100 * v[m, "maint"] / v[m, "plugin"]
       }
       d = v["all", "plugin"] - v["none", "plugin"]
-      printf "\nall costs %d Ir more than none: %.3f%% of the plugin " \
+      printf "\nall costs %.0f Ir more than none: %.3f%% of the plugin " \
              "with all\n", d, 100 * d / v["all", "plugin"]
     }'
 
