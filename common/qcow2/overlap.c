@@ -309,72 +309,26 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
     io_flush (img);
 }
 
-/* The first cluster of [first, last] that [t0, t0+tlen) occupies, or
- * UINT64_MAX.
- */
-static uint64_t
-overlap_meet (const struct qcow2_image *img, uint64_t first, uint64_t last,
-              uint64_t t0, uint64_t tlen)
-{
-  uint64_t a, b;
-
-  if (tlen == 0)
-    return UINT64_MAX;
-  a = t0 >> img->cluster_bits;
-  b = (t0 + tlen - 1) >> img->cluster_bits;
-  return a <= last && first <= b ? MAX (a, first) : UINT64_MAX;
-}
-
 /* Before a write of [offset, offset+len) that may touch only the
  * structures in the mask ign: 0, or -EIO after marking the image
- * corrupt (the write must not happen).  The structures found from the
- * header are range tests; the rest is one map lookup per cluster,
- * skipping whole windows that hold no metadata.
+ * corrupt (the write must not happen).
  */
 int
 overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
                uint32_t ign)
 {
-  const struct qcow2_header *h = &img->h;
   uint32_t checked = img->overlap_mask & ~ign;
-  uint64_t first, last, c;
 
   if (!checked || len == 0)
     return 0;
-  first = offset >> img->cluster_bits;
-  last = (offset + len - 1) >> img->cluster_bits;
-
-  const struct { unsigned bit; uint64_t off, len; } fixed[] = {
-    { QCOW2_OL_MAIN_HEADER_BIT, 0, img->cluster_size },
-    { QCOW2_OL_ACTIVE_L1_BIT, h->l1_table_offset, (uint64_t) h->l1_size * 8 },
-    { QCOW2_OL_REFCOUNT_TABLE_BIT, h->refcount_table_offset,
-      (uint64_t) h->refcount_table_clusters << img->cluster_bits },
-    { QCOW2_OL_SNAPSHOT_TABLE_BIT, h->snapshots_offset,
-      img->nb_snapshots ? img->snapshot_table_bytes : 0 },
-  };
-  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
-    if (!(checked & (UINT32_C (1) << fixed[i].bit)))
-      continue;
-    c = overlap_meet (img, first, last, fixed[i].off, fixed[i].len);
-    if (c != UINT64_MAX) {
-      overlap_hit (img, fixed[i].bit, c << img->cluster_bits, offset, len);
-      return -EIO;
-    }
-  }
-
-  if (!img->overlap)
-    return 0;
-  for (c = first; c <= last; c++) {
-    uint64_t wi = c >> WINDOW_BITS;
-    if (wi >= img->overlap->nwindows)
-      break;
-    if (!img->overlap->windows[wi]) {
-      c |= WINDOW_CLUSTERS - 1;         /* nothing in this window */
-      continue;
-    }
-    int bit = (int) overlap_type (img->overlap, c) - 1;
+  for (uint64_t c = offset >> img->cluster_bits;
+       c <= (offset + len - 1) >> img->cluster_bits; c++) {
+    uint64_t at = c << img->cluster_bits;
+    int bit = overlap_fixed_type (img, at);
+    if (bit < 0 && img->overlap)
+      bit = (int) overlap_type (img->overlap, c) - 1;
     if (bit >= 0 && (checked & (UINT32_C (1) << bit))) {
-      overlap_hit (img, bit, c << img->cluster_bits, offset, len);
+      overlap_hit (img, bit, at, offset, len);
       return -EIO;
     }
   }
