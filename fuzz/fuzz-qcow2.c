@@ -15,6 +15,7 @@
  *   9     data_file = "dir/data.raw"
  *   10-11 sequential read chunk: 64 KiB, 4.5 KiB, 1 MiB + 512, 777
  *   12    preallocate (small disks only), 13: full preallocation
+ *   14-15 overlap guard: default, none, constant, all
  *   16-63 seed of the offsets and lengths of the other requests
  *
  * The image is opened as "dir/disk.qcow2" beside other files that it
@@ -34,6 +35,8 @@
  *  - extents are contiguous, non-empty, inside the request, of known
  *    types, merged, and cover the request unless stopped early;
  *  - requests past the virtual size fail;
+ *  - a successful write or zero inside one cluster reads back, while
+ *    the overlap guard is on (see check_written);
  *  - the virtual size never changes, and qcow2_can_write agrees with
  *    qcow2_readonly_reason and qcow2_check_writable.
  * AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer catch
@@ -418,12 +421,49 @@ check_out_of_range (struct qcow2_image *img, uint64_t size, uint64_t *rng)
     fail ("a write past the virtual size %" PRIu64 " succeeded", size);
 }
 
-/* A few writes, zeroes and trims: results are ignored, the image may
- * be broken in any way.
+/* Bytes from off to write or zero: half the time inside one cluster,
+ * where the result is checked, and never past the end.
+ */
+static uint64_t
+write_length (uint64_t *rng, uint64_t off, uint64_t max, uint64_t cluster,
+              uint64_t size)
+{
+  uint64_t len = rng_below (rng, 2)
+    ? 1 + rng_below (rng, cluster - (off & (cluster - 1)))
+    : rng_length (rng, max);
+
+  return len < size - off ? len : size - off;
+}
+
+/* A successful write or zero inside one cluster reads back, if the
+ * overlap guard protects the metadata (verify).  Across clusters it
+ * need not: a corrupt image may map two guest clusters to one host
+ * cluster, and without the guard data may land on a table.
+ */
+static void
+check_written (struct qcow2_image *img, const uint8_t *want, uint64_t len,
+               uint64_t off, uint64_t cluster, bool verify)
+{
+  uint8_t *back;
+
+  if (!verify || len == 0 || off / cluster != (off + len - 1) / cluster)
+    return;
+  back = malloc (len);
+  if (!back)
+    abort ();
+  if (qcow2_read (img, back, len, off) == 0 &&
+      (want ? memcmp (back, want, len) != 0 : !all_zero (back, len)))
+    fail ("%s of %" PRIu64 " bytes at %" PRIu64 " succeeded but reads "
+          "back differently", want ? "write" : "zero", len, off);
+  free (back);
+}
+
+/* A few writes, zeroes and trims, which may fail: the image may be
+ * broken in any way.
  */
 static void
 do_writes (struct qcow2_image *img, uint64_t size, uint64_t near,
-           uint64_t *rng)
+           uint64_t cluster, bool verify, uint64_t *rng)
 {
   unsigned n = 1 + rng_below (rng, 8);
   uint8_t *buf = malloc (WRITE_MAX);
@@ -438,26 +478,23 @@ do_writes (struct qcow2_image *img, uint64_t size, uint64_t near,
 
     switch (rng_below (rng, 8)) {
     case 0: case 1: case 2: case 3:
-      len = rng_length (rng, WRITE_MAX);
-      if (len > size - off)
-        len = size - off;
+      len = write_length (rng, off, WRITE_MAX, cluster, size);
       fill_pattern (buf, len, rng_next (rng));
-      qcow2_write (img, buf, len, off, fua);
+      if (qcow2_write (img, buf, len, off, fua) == 0)
+        check_written (img, buf, len, off, cluster, verify);
       break;
     case 4:
-      len = rng_length (rng, ZERO_MAX);
-      if (len > size - off)
-        len = size - off;
-      qcow2_zero (img, len, off, rng_below (rng, 2), rng_below (rng, 2), fua);
+      len = write_length (rng, off, ZERO_MAX, cluster, size);
+      if (qcow2_zero (img, len, off, rng_below (rng, 2), rng_below (rng, 2),
+                      fua) == 0)
+        check_written (img, NULL, len, off, cluster, verify);
       break;
     case 5:
       /* The whole start, as qemu-img convert does to a new disk. */
       qcow2_zero (img, near, 0, true, false, fua);
       break;
     case 6:
-      len = rng_length (rng, ZERO_MAX);
-      if (len > size - off)
-        len = size - off;
+      len = write_length (rng, off, ZERO_MAX, cluster, size);
       qcow2_trim (img, len, off, fua);
       break;
     default:
@@ -565,6 +602,9 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   static const uint64_t slice_sizes[] = { 0, 512, 2 << 10, 0 };
   static const char *const snapshots[] = { NULL, "snap1", "1", "nosuch" };
   static const uint64_t chunks[] = { 64 << 10, 4608, (1 << 20) + 512, 777 };
+  static const uint32_t overlap_masks[] = {
+    0, 0, QCOW2_OL_CONSTANT, QCOW2_OL_ALL
+  };
   uint64_t ctl = 0, rng, vsize, near;
   struct qcow2_options opts;
   struct memenv *me;
@@ -597,6 +637,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     .discard_ignore = ctl & (1 << 6),
     .snapshot = snapshots[(ctl >> 7) & 3],
     .data_file = ctl & (1 << 9) ? "dir/data.raw" : NULL,
+    .overlap_set = (ctl >> 14) & 3,
+    .overlap_mask = overlap_masks[(ctl >> 14) & 3],
   };
   /* qcow2_open takes a reference; ours opens the result again. */
   fuzz_env_init (&fe, me);
@@ -639,7 +681,12 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   if (qcow2_can_write (img)) {
     if ((ctl & (1 << 12)) && vsize <= PREALLOC_MAX)
       qcow2_preallocate (img, ctl & (1 << 13));
-    do_writes (img, vsize, near, &rng);
+    /* The header was valid, so its cluster_bits field is. */
+    uint32_t cluster_bits = (uint32_t) data[20] << 24 | data[21] << 16
+      | data[22] << 8 | data[23];
+
+    do_writes (img, vsize, near, UINT64_C (1) << cluster_bits,
+               !opts.overlap_set || opts.overlap_mask == QCOW2_OL_ALL, &rng);
     check_state (img, vsize);
 
     /* After the writes: reads still repeat, and agree with extents. */

@@ -19,6 +19,7 @@ cd "$tmp"
 CACHE_1K=1 SLICE_512=$((1 << 2)) NO_BACKING=$((1 << 4)) READONLY=$((1 << 5))
 DISCARD_IGNORE=$((1 << 6)) SNAP_NAME=$((1 << 7)) SNAP_ID=$((2 << 7))
 CHUNK_SMALL=$((1 << 10)) CHUNK_ODD=$((3 << 10)) PREALLOC=$((1 << 12))
+OVERLAP_NONE=$((1 << 14)) OVERLAP_ALL=$((3 << 14))
 
 create () { qemu-img create -q -f qcow2 "$@"; }
 io () { local f=$1; shift; qemu-io -f qcow2 "${@/#/-c}" "$f" >/dev/null; }
@@ -44,12 +45,14 @@ io v2.qcow2 'write -P 0x11 0 1536' 'write -P 0x22 4096 512' \
    'write -P 0x23 700000 3000'
 seed v2.qcow2 v2-512.qcow2 0
 seed v2.qcow2 v2-512-smallcache.qcow2 $((CACHE_1K | SLICE_512 | CHUNK_ODD))
+seed v2.qcow2 v2-512-overlap-none.qcow2 $OVERLAP_NONE
 
 create -o cluster_size=4096 v3.qcow2 2M
 io v3.qcow2 'write -P 0x31 0 12k' 'write -z 16k 8k' 'write -P 0x32 40k 6k' \
    'discard 4k 4k' 'write -z -u 44k 4k'
 seed v3.qcow2 v3-4k.qcow2 0
 seed v3.qcow2 v3-4k-discard-ignore.qcow2 $((DISCARD_IGNORE | CHUNK_SMALL))
+seed v3.qcow2 v3-4k-overlap-all.qcow2 $OVERLAP_ALL
 
 create -o cluster_size=4096,refcount_bits=1 rc1.qcow2 1M
 io rc1.qcow2 'write -P 0x41 4k 8k'
