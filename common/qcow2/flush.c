@@ -257,8 +257,10 @@ flush_begin_write (struct qcow2_image *img)
   if (h->version >= 3 &&
       (h->autoclear_features & ~QCOW2_AUTOCLEAR_DATA_RAW)) {
     uint64_t pending = img->pending_len;
-    if ((r = check_walk_bitmaps (img, flush_collect, NULL)) < 0)
+    if ((r = check_walk_bitmaps (img, flush_collect, NULL)) < 0) {
+      img->pending_len = pending;       /* the next write walks again */
       return r;
+    }
     h->autoclear_features &= QCOW2_AUTOCLEAR_DATA_RAW;
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;

@@ -12,7 +12,7 @@
 #include "errstr.h"
 #include "internal.h"
 
-static void
+static void __attribute__ ((format (printf, 4, 0)))
 env_vmsg (const struct qcow2_env *env, bool debug, const char *prefix,
           const char *fmt, va_list ap)
 {
