@@ -341,7 +341,6 @@ extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
 extern int overlap_check (struct qcow2_image *img, uint64_t offset,
                           uint64_t len, uint32_t ign);
 extern int overlap_build (struct qcow2_image *img);
-extern int overlap_fixed_type (const struct qcow2_image *img, uint64_t at);
 /* The map itself, by cluster, with 1-based type values (0: none). */
 extern int overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
                         unsigned value);

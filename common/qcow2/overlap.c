@@ -270,7 +270,7 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
 }
 
 /* The structures found from the header alone, checked directly. */
-int
+static int
 overlap_fixed_type (const struct qcow2_image *img, uint64_t at)
 {
   const struct qcow2_header *h = &img->h;
