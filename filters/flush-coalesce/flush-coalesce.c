@@ -1,0 +1,11 @@
+/* nbdkit flush-coalesce filter: being built (issue 5); passes requests through. */
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-filter.h>
+
+static struct nbdkit_filter filter = {
+  .name = "flush-coalesce",
+  .longname = "nbdkit flush-coalesce filter",
+};
+
+NBDKIT_REGISTER_FILTER (filter)
