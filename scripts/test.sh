@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-make -j"$(nproc)" check
+# On failure, show the failing tests' logs: CI keeps only this output.
+make -j"$(nproc)" check || { scripts/show-failures.sh tests; exit 1; }
