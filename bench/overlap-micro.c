@@ -122,7 +122,7 @@ layout_make (struct layout *l, uint64_t size)
 }
 
 /* Build the map as overlap_build does at open: refcount blocks, then
- * L2 tables, each in file order.
+ * L2 tables, each in file order, then every window collapsed.
  */
 static struct overlap_map *
 map_build (const struct layout *l, double *ns_per_set)
@@ -140,6 +140,8 @@ map_build (const struct layout *l, double *ns_per_set)
           overlap_set (m, l->r[i].first, l->r[i].n, want) < 0)
         abort ();
   }
+  if (overlap_compact (m) < 0)
+    abort ();
   *ns_per_set = (now_ns () - t) / l->n;
   return m;
 }

@@ -1,11 +1,16 @@
 /* The overlap map against a plain linear-scan oracle: random marks and
  * removals of cluster ranges over layouts from small to huge, with more
- * windows in use than the map keeps expanded, and every query compared.
+ * windows in use than the map keeps expanded, and every query compared:
+ * single clusters, and range checks with random masks of structures
+ * (which also exercise the remembered metadata-free run, since marks
+ * land inside runs found free earlier).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "checked.h"
 #include "internal.h"
 #include "unit.h"
 
@@ -24,6 +29,38 @@ oracle_type (const struct mark *marks, size_t nmarks, uint64_t c)
   return 0;
 }
 
+/* The oracle's range check: the first cluster of [first, last] whose
+ * type is in the mask, or UINT64_MAX.
+ */
+static uint64_t
+oracle_find (const struct mark *marks, size_t nmarks, uint64_t first,
+             uint64_t last, uint32_t checked, unsigned *type)
+{
+  uint64_t len = last - first + 1, found = UINT64_MAX;
+  /* The last mark covering a cluster wins: walk the marks newest first
+   * and keep the first value seen for each cluster (0xff: none yet).
+   */
+  uint8_t *t = malloc (len);
+
+  CHECK (t);
+  memset (t, 0xff, len);
+  for (size_t i = nmarks; i-- > 0; ) {
+    uint64_t lo = MAX (first, marks[i].first);
+    uint64_t hi = MIN (last + 1, marks[i].first + marks[i].n);
+    for (uint64_t c = lo; c < hi; c++)
+      if (t[c - first] == 0xff)
+        t[c - first] = marks[i].value;
+  }
+  for (uint64_t c = 0; c < len; c++)
+    if (t[c] != 0xff && t[c] && (checked & (UINT32_C (1) << (t[c] - 1)))) {
+      *type = t[c];
+      found = first + c;
+      break;
+    }
+  free (t);
+  return found;
+}
+
 static uint64_t
 rnd (uint64_t *state)
 {
@@ -39,7 +76,8 @@ test_layout (uint64_t clusters, unsigned seed)
   struct overlap_map *m = overlap_create ();
   struct mark *marks = calloc (4000, sizeof *marks);
   uint64_t state = 0x9e3779b97f4a7c15ULL * (seed + 1);
-  size_t nmarks = 0, mismatches = 0, queries = 0;
+  size_t nmarks = 0, mismatches = 0, queries = 0, ranges = 0, hits = 0;
+  uint64_t last_clear = 0;
 
   CHECK (m && marks);
   for (int op = 0; op < 4000; op++) {
@@ -47,7 +85,13 @@ test_layout (uint64_t clusters, unsigned seed)
     /* Mostly small runs near earlier ones (metadata clusters bunch),
      * sometimes far away, sometimes removals.
      */
-    mk.first = rnd (&state) % clusters;
+    /* Sometimes just past a range found clear: inside the run the map
+     * remembers as free, which the mark must end.
+     */
+    mk.first = rnd (&state) % 4 == 0 ? last_clear + rnd (&state) % 64
+                                     : rnd (&state) % clusters;
+    if (mk.first >= clusters)
+      mk.first = clusters - 1;
     mk.n = 1 + rnd (&state) % (rnd (&state) % 8 == 0 ? 9000 : 20);
     if (mk.first + mk.n > clusters)
       mk.n = clusters - mk.first;
@@ -64,9 +108,31 @@ test_layout (uint64_t clusters, unsigned seed)
       if (overlap_type (m, c) != oracle_type (marks, nmarks, c))
         mismatches++;
     }
+
+    for (int q = 0; q < 10; q++) {
+      uint64_t first = rnd (&state) % 2 ? mk.first + rnd (&state) % (mk.n + 40)
+                                        : rnd (&state) % clusters;
+      uint64_t len = 1 + rnd (&state) % (rnd (&state) % 16 == 0 ? 10000 : 300);
+      uint32_t checked = rnd (&state) % 3 == 0
+        ? (uint32_t) rnd (&state) & ((1u << QCOW2_OL_MAX_BITS) - 1)
+        : (1u << QCOW2_OL_MAX_BITS) - 1;
+      unsigned t1 = 0, t2 = 0;
+      if (first >= clusters)
+        continue;
+      uint64_t last = MIN (first + len, clusters) - 1;
+      uint64_t want = oracle_find (marks, nmarks, first, last, checked, &t1);
+      uint64_t got = overlap_find (m, first, last, checked, &t2);
+      ranges++;
+      hits += want != UINT64_MAX;
+      if (want == UINT64_MAX)
+        last_clear = last + 1;
+      if (got != want || (want != UINT64_MAX && t1 != t2))
+        mismatches++;
+    }
   }
-  printf ("layout of %" PRIu64 " clusters: %zu queries, %zu mismatches\n",
-          clusters, queries, mismatches);
+  printf ("layout of %" PRIu64 " clusters: %zu queries, %zu range checks "
+          "(%zu hits), %zu mismatches\n", clusters, queries, ranges, hits,
+          mismatches);
   CHECK_EQ (mismatches, 0);
   overlap_destroy (m);
   free (marks);

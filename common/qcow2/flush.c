@@ -57,17 +57,28 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
   return 0;
 }
 
+/* Guest data never lands on metadata.  With the lock held. */
+int
+io_check_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
+{
+  return img->data_io == img->io ? overlap_check (img, offset, len, 0) : 0;
+}
+
 int
 io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
                uint64_t offset)
 {
-  int r;
+  int r = io_check_data (img, len, offset);
 
-  /* Guest data never lands on metadata. */
-  if (img->data_io == img->io &&
-      (r = overlap_check (img, offset, len, 0)) < 0)
-    return r;
-  r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
+  return r ? r : io_pwrite_data (img, buf, len, offset);
+}
+
+/* Write guest data that io_check_data passed; needs no lock. */
+int
+io_pwrite_data (struct qcow2_image *img, const void *buf, uint64_t len,
+                uint64_t offset)
+{
+  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
 
   if (r < 0) {
     qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"

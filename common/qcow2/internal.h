@@ -324,8 +324,12 @@ extern int flush_begin_write (struct qcow2_image *img);
 extern void flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index);
 extern void flush_mark_reftable_dirty (struct qcow2_image *img,
                                        uint64_t index);
+extern int io_check_data (struct qcow2_image *img, uint64_t len,
+                          uint64_t offset);
 extern int io_write_data (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset);
+extern int io_pwrite_data (struct qcow2_image *img, const void *buf,
+                           uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
 extern int header_write_features (struct qcow2_image *img);
 
@@ -341,10 +345,16 @@ extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
 extern int overlap_check (struct qcow2_image *img, uint64_t offset,
                           uint64_t len, uint32_t ign);
 extern int overlap_build (struct qcow2_image *img);
+extern int overlap_move_reftable (struct qcow2_image *img,
+                                  uint64_t old_offset, uint64_t old_clusters);
 /* The map itself, by cluster, with 1-based type values (0: none). */
 extern int overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
                         unsigned value);
 extern unsigned overlap_type (struct overlap_map *m, uint64_t c);
+extern int overlap_compact (struct overlap_map *m);
+extern uint64_t overlap_find (struct overlap_map *m, uint64_t first,
+                              uint64_t last, uint32_t checked,
+                              unsigned *type);
 
 /* check.c */
 typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,

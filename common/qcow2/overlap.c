@@ -4,11 +4,18 @@
  * touch.
  *
  * The file is cut into windows of 4096 clusters.  A window is held as a
- * short sorted list of fragments (start, length, type) or, while in use,
- * expanded to one byte per cluster; a small LRU keeps the expanded
- * windows.  A query is then a window lookup and, in an expanded window,
- * one byte per cluster: constant time, whatever the size of the image.
- * Memory stays near a pointer per window plus the fragments.
+ * short sorted list of fragments (start, length, type) or, while it is
+ * being changed, expanded to one byte per cluster; a small LRU keeps
+ * the expanded windows.  Each window costs one 8-byte slot, and a
+ * window with a single fragment (the common case with 64 KiB clusters)
+ * holds it in the slot itself, so memory stays near four bytes per
+ * metadata fragment.
+ *
+ * A query is a slot lookup plus a binary search in a short list or one
+ * byte of a bitmap: constant time, whatever the size of the image.  A
+ * write is checked once for its whole range, and the run of clusters
+ * around it known to hold no metadata is remembered, so that the next
+ * data write there costs two comparisons.
  *
  * Called with img->lock held.
  */
@@ -25,30 +32,69 @@
 
 #define WINDOW_BITS 12
 #define WINDOW_CLUSTERS (1u << WINDOW_BITS)
+#define WINDOW_MASK (WINDOW_CLUSTERS - 1)
 #define EXPANDED_MAX 16
+/* How far (in windows) the remembered metadata-free run may reach. */
+#define FREE_RUN_WINDOWS 64
 
-struct overlap_fragment {
-  uint16_t start;               /* cluster within the window */
-  uint16_t len_minus_1;
-  uint8_t type;                 /* index into overlap_names, 1-based */
+/* A fragment in 32 bits, laid out so that comparing two fragments as
+ * integers compares their starts: start (12 bits), length - 1 (12
+ * bits), type (8 bits, 1-based).
+ */
+typedef uint32_t frag_t;
+
+static inline frag_t
+frag_make (uint32_t start, uint32_t len, unsigned type)
+{
+  return start << 20 | (len - 1) << 8 | type;
+}
+
+static inline uint32_t
+frag_start (frag_t f)
+{
+  return f >> 20;
+}
+
+static inline uint32_t
+frag_end (frag_t f)
+{
+  return (f >> 20) + ((f >> 8) & 0xfff) + 1;
+}
+
+static inline unsigned
+frag_type (frag_t f)
+{
+  return f & 0xff;
+}
+
+/* A window's slot:
+ *   0                        no metadata
+ *   frag << 2 | SLOT_INLINE  one fragment, held in the slot
+ *   i << 2 | SLOT_EXPANDED   expanded, in map->expanded[i]
+ *   a pointer (low bits 00)  a struct overlap_list
+ */
+#define SLOT_INLINE 1
+#define SLOT_EXPANDED 2
+
+struct overlap_list {
+  uint32_t n;
+  frag_t f[];
 };
 
-struct overlap_window {
-  struct overlap_fragment *frags;
-  uint32_t nfrags, cap;
-  uint8_t *bitmap;              /* expanded: a type per cluster, or NULL */
+struct overlap_expanded {
+  uint64_t window;
   uint64_t last_use;
+  uint8_t type[WINDOW_CLUSTERS];
 };
 
 struct overlap_map {
-  struct overlap_window **windows;
-  uint64_t nwindows;
-  /* The expanded windows, so that finding the least recently used one
-   * costs EXPANDED_MAX steps, not a walk over every window.
-   */
-  struct overlap_window *expanded[EXPANDED_MAX];
+  uint64_t *slots;
+  uint64_t nslots;
+  struct overlap_expanded *expanded[EXPANDED_MAX];
   uint32_t nexpanded;
   uint64_t clock;
+  /* Clusters [free_lo, free_hi) hold no metadata of any kind. */
+  uint64_t free_lo, free_hi;
 };
 
 /* Each structure's name in messages, and in overlap-check.NAME. */
@@ -84,106 +130,174 @@ overlap_destroy (struct overlap_map *m)
 {
   if (!m)
     return;
-  for (uint64_t i = 0; i < m->nwindows; i++) {
-    if (m->windows[i]) {
-      free (m->windows[i]->frags);
-      free (m->windows[i]->bitmap);
-      free (m->windows[i]);
-    }
-  }
-  free (m->windows);
+  for (uint64_t i = 0; i < m->nslots; i++)
+    if (m->slots[i] && (m->slots[i] & 3) == 0)
+      free ((struct overlap_list *) (uintptr_t) m->slots[i]);
+  for (uint32_t i = 0; i < m->nexpanded; i++)
+    free (m->expanded[i]);
+  free (m->slots);
   free (m);
 }
 
-/* Fold an expanded window back into fragments and drop the bitmap. */
-static int
-overlap_collapse (struct overlap_map *m, struct overlap_window *w)
+/* The fragments of a window that is not expanded; *tmp holds an inline
+ * one.
+ */
+static const frag_t *
+overlap_frags (uint64_t slot, frag_t *tmp, uint32_t *n)
 {
-  uint32_t n = 0;
-
-  for (uint32_t c = 0; c < WINDOW_CLUSTERS; ) {
-    uint32_t e = c + 1;
-    if (!w->bitmap[c]) {
-      c++;
-      continue;
-    }
-    while (e < WINDOW_CLUSTERS && w->bitmap[e] == w->bitmap[c])
-      e++;
-    if (n == w->cap) {
-      uint32_t cap = w->cap ? w->cap * 2 : 4;
-      struct overlap_fragment *f = realloc (w->frags, cap * sizeof *f);
-      if (!f)
-        return -ENOMEM;
-      w->frags = f;
-      w->cap = cap;
-    }
-    w->frags[n].start = c;
-    w->frags[n].len_minus_1 = e - c - 1;
-    w->frags[n].type = w->bitmap[c];
-    n++;
-    c = e;
+  if (slot == 0) {
+    *n = 0;
+    return NULL;
   }
-  w->nfrags = n;
-  free (w->bitmap);
-  w->bitmap = NULL;
-  for (uint32_t i = 0; i < m->nexpanded; i++)
-    if (m->expanded[i] == w) {
-      m->expanded[i] = m->expanded[--m->nexpanded];
-      break;
+  if ((slot & 3) == SLOT_INLINE) {
+    *tmp = slot >> 2;
+    *n = 1;
+    return tmp;
+  }
+  const struct overlap_list *l = (const struct overlap_list *) (uintptr_t) slot;
+  *n = l->n;
+  return l->f;
+}
+
+/* The first fragment that ends after cluster in. */
+static uint32_t
+overlap_search (const frag_t *f, uint32_t n, uint32_t in)
+{
+  uint32_t lo = 0, hi = n;
+
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (frag_end (f[mid]) <= in)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* The first cluster at or after in with metadata in an expanded
+ * window.  Metadata is sparse: empty stretches are skipped eight
+ * clusters at a time.
+ */
+static uint32_t
+overlap_bytes_next (const uint8_t *type, uint32_t in)
+{
+  while (in < WINDOW_CLUSTERS) {
+    uint64_t word;
+    if ((in & 7) == 0) {
+      memcpy (&word, type + in, 8);
+      if (word == 0) {
+        in += 8;
+        continue;
+      }
     }
+    if (type[in])
+      return in;
+    in++;
+  }
+  return WINDOW_CLUSTERS;
+}
+
+/* Fold an expanded window back into fragments. */
+static int
+overlap_collapse (struct overlap_map *m, uint32_t i)
+{
+  struct overlap_expanded *e = m->expanded[i];
+  frag_t f[WINDOW_CLUSTERS / 2];
+  uint32_t n = 0;
+  uint64_t slot = 0;
+
+  for (uint32_t c = overlap_bytes_next (e->type, 0); c < WINDOW_CLUSTERS;
+       c = overlap_bytes_next (e->type, c)) {
+    uint32_t end = c + 1;
+    while (end < WINDOW_CLUSTERS && e->type[end] == e->type[c])
+      end++;
+    f[n++] = frag_make (c, end - c, e->type[c]);
+    c = end;
+  }
+  if (n == 1)
+    slot = (uint64_t) f[0] << 2 | SLOT_INLINE;
+  else if (n > 1) {
+    struct overlap_list *l = malloc (sizeof *l + n * sizeof (frag_t));
+    if (!l)
+      return -ENOMEM;
+    l->n = n;
+    memcpy (l->f, f, n * sizeof (frag_t));
+    slot = (uintptr_t) l;
+  }
+  m->slots[e->window] = slot;
+  free (e);
+  m->expanded[i] = m->expanded[--m->nexpanded];
+  if (i < m->nexpanded)
+    m->slots[m->expanded[i]->window] = (uint64_t) i << 2 | SLOT_EXPANDED;
   return 0;
 }
 
-/* Make room in the LRU of expanded windows. */
-static int
-overlap_evict (struct overlap_map *m)
-{
-  struct overlap_window *oldest = NULL;
-
-  for (uint32_t i = 0; i < m->nexpanded; i++)
-    if (!oldest || m->expanded[i]->last_use < oldest->last_use)
-      oldest = m->expanded[i];
-  return oldest ? overlap_collapse (m, oldest) : 0;
-}
-
-static int
-overlap_expand (struct overlap_map *m, struct overlap_window *w)
+/* Collapse every expanded window: the map at rest. */
+int
+overlap_compact (struct overlap_map *m)
 {
   int r;
 
-  w->last_use = ++m->clock;
-  if (w->bitmap)
-    return 0;
-  if (m->nexpanded >= EXPANDED_MAX && (r = overlap_evict (m)) < 0)
-    return r;
-  w->bitmap = calloc (1, WINDOW_CLUSTERS);
-  if (!w->bitmap)
-    return -ENOMEM;
-  for (uint32_t i = 0; i < w->nfrags; i++)
-    memset (w->bitmap + w->frags[i].start, w->frags[i].type,
-            w->frags[i].len_minus_1 + 1u);
-  w->nfrags = 0;
-  m->expanded[m->nexpanded++] = w;
+  while (m->nexpanded)
+    if ((r = overlap_collapse (m, 0)) < 0)
+      return r;
   return 0;
 }
 
-static struct overlap_window *
-overlap_window (struct overlap_map *m, uint64_t index, bool create)
+/* The bytes of window wi, expanded (evicting the least recently used
+ * expanded window if need be).
+ */
+static uint8_t *
+overlap_expand (struct overlap_map *m, uint64_t wi)
 {
-  if (index >= m->nwindows) {
-    if (!create)
-      return NULL;
-    uint64_t n = MAX (index + 1, m->nwindows * 2);
-    struct overlap_window **p = realloc (m->windows, n * sizeof *p);
-    if (!p)
-      return NULL;
-    memset (p + m->nwindows, 0, (n - m->nwindows) * sizeof *p);
-    m->windows = p;
-    m->nwindows = n;
+  uint64_t slot = m->slots[wi];
+  struct overlap_expanded *e;
+  const frag_t *f;
+  frag_t tmp;
+  uint32_t n;
+
+  if ((slot & 3) == SLOT_EXPANDED) {
+    e = m->expanded[slot >> 2];
+    e->last_use = ++m->clock;
+    return e->type;
   }
-  if (!m->windows[index] && create)
-    m->windows[index] = calloc (1, sizeof (struct overlap_window));
-  return m->windows[index];
+  if (m->nexpanded == EXPANDED_MAX) {
+    uint32_t oldest = 0;
+    for (uint32_t i = 1; i < m->nexpanded; i++)
+      if (m->expanded[i]->last_use < m->expanded[oldest]->last_use)
+        oldest = i;
+    if (overlap_collapse (m, oldest) < 0)
+      return NULL;
+  }
+  if (!(e = malloc (sizeof *e)))
+    return NULL;
+  e->window = wi;
+  e->last_use = ++m->clock;
+  memset (e->type, 0, sizeof e->type);
+  f = overlap_frags (slot, &tmp, &n);
+  for (uint32_t i = 0; i < n; i++)
+    memset (e->type + frag_start (f[i]), frag_type (f[i]),
+            frag_end (f[i]) - frag_start (f[i]));
+  if (n > 1)
+    free ((struct overlap_list *) (uintptr_t) slot);
+  m->slots[wi] = (uint64_t) m->nexpanded << 2 | SLOT_EXPANDED;
+  m->expanded[m->nexpanded++] = e;
+  return e->type;
+}
+
+static int
+overlap_grow (struct overlap_map *m, uint64_t wi)
+{
+  uint64_t n = MAX (wi + 1, m->nslots + m->nslots / 4);
+  uint64_t *p = realloc (m->slots, n * sizeof *p);
+
+  if (!p)
+    return -ENOMEM;
+  memset (p + m->nslots, 0, (n - m->nslots) * sizeof *p);
+  m->slots = p;
+  m->nslots = n;
+  return 0;
 }
 
 /* Mark clusters [first, first+n) as holding metadata of the 1-based
@@ -193,19 +307,25 @@ int
 overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
              unsigned value)
 {
+  if (value && first < m->free_hi && first + n > m->free_lo)
+    m->free_lo = m->free_hi = 0;
   while (n > 0) {
     uint64_t wi = first >> WINDOW_BITS;
-    uint32_t in = first & (WINDOW_CLUSTERS - 1);
+    uint32_t in = first & WINDOW_MASK;
     uint32_t k = MIN (n, WINDOW_CLUSTERS - in);
-    struct overlap_window *w = overlap_window (m, wi, value != 0);
+    uint8_t *type;
     int r;
 
-    if (value && !w)
-      return -ENOMEM;
-    if (w) {
-      if ((r = overlap_expand (m, w)) < 0)
+    if (wi >= m->nslots) {
+      if (!value)
+        return 0;
+      if ((r = overlap_grow (m, wi)) < 0)
         return r;
-      memset (w->bitmap + in, value, k);
+    }
+    if (value || m->slots[wi]) {
+      if (!(type = overlap_expand (m, wi)))
+        return -ENOMEM;
+      memset (type + in, value, k);
     }
     first += k;
     n -= k;
@@ -213,34 +333,106 @@ overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
   return 0;
 }
 
-/* The 1-based type of metadata at cluster c, 0 if none.  Fragment
- * lists are searched without expanding, so a query never allocates.
+/* The first metadata cluster of window wi at or after in (or
+ * WINDOW_CLUSTERS), its type in *type.
+ */
+static uint32_t
+overlap_window_next (const struct overlap_map *m, uint64_t wi, uint32_t in,
+                     unsigned *type)
+{
+  uint64_t slot = m->slots[wi];
+
+  if ((slot & 3) == SLOT_EXPANDED) {
+    const uint8_t *t = m->expanded[slot >> 2]->type;
+    in = overlap_bytes_next (t, in);
+    if (in < WINDOW_CLUSTERS)
+      *type = t[in];
+    return in;
+  }
+  frag_t tmp;
+  uint32_t n;
+  const frag_t *f = overlap_frags (slot, &tmp, &n);
+  uint32_t i = overlap_search (f, n, in);
+  if (i == n)
+    return WINDOW_CLUSTERS;
+  *type = frag_type (f[i]);
+  return MAX (in, frag_start (f[i]));
+}
+
+/* One past the last metadata cluster of window wi at or before in (0
+ * if none).
+ */
+static uint32_t
+overlap_window_prev (const struct overlap_map *m, uint64_t wi, uint32_t in)
+{
+  uint64_t slot = m->slots[wi];
+
+  if ((slot & 3) == SLOT_EXPANDED) {
+    const uint8_t *t = m->expanded[slot >> 2]->type;
+    for (uint32_t c = in + 1; c > 0; c--)
+      if (t[c - 1])
+        return c;
+    return 0;
+  }
+  frag_t tmp;
+  uint32_t n;
+  const frag_t *f = overlap_frags (slot, &tmp, &n);
+  uint32_t i = overlap_search (f, n, in);
+  if (i < n && frag_start (f[i]) <= in)
+    return in + 1;
+  return i > 0 ? frag_end (f[i - 1]) : 0;
+}
+
+/* The first metadata cluster in [c, end), or end. */
+static uint64_t
+overlap_next (const struct overlap_map *m, uint64_t c, uint64_t end,
+              unsigned *type)
+{
+  while (c < end) {
+    uint64_t wi = c >> WINDOW_BITS;
+    if (wi >= m->nslots)
+      return end;
+    uint32_t hit = overlap_window_next (m, wi, c & WINDOW_MASK, type);
+    uint64_t base = wi << WINDOW_BITS;
+    if (hit < WINDOW_CLUSTERS)
+      return MIN (base + hit, end);
+    c = base + WINDOW_CLUSTERS;
+  }
+  return end;
+}
+
+/* The start of the metadata-free run that ends at c (inclusive),
+ * looking no further back than floor.
+ */
+static uint64_t
+overlap_free_start (const struct overlap_map *m, uint64_t c, uint64_t floor)
+{
+  for (;;) {
+    uint64_t wi = c >> WINDOW_BITS;
+    uint64_t base = wi << WINDOW_BITS;
+    uint32_t after = wi < m->nslots ?
+      overlap_window_prev (m, wi, c & WINDOW_MASK) : 0;
+    if (after > 0 || base <= floor)
+      return MAX (base + after, floor);
+    c = base - 1;
+  }
+}
+
+/* The 1-based type of metadata at cluster c, 0 if none.  A query never
+ * expands a window, so it never allocates.
  */
 unsigned
 overlap_type (struct overlap_map *m, uint64_t c)
 {
   uint64_t wi = c >> WINDOW_BITS;
-  uint32_t in = c & (WINDOW_CLUSTERS - 1);
-  struct overlap_window *w;
-  uint32_t lo, hi;
+  uint32_t in = c & WINDOW_MASK;
+  unsigned type;
 
-  if (wi >= m->nwindows || !(w = m->windows[wi]))
+  if (wi >= m->nslots)
     return 0;
-  if (w->bitmap) {
-    w->last_use = ++m->clock;
-    return w->bitmap[in];
-  }
-  for (lo = 0, hi = w->nfrags; lo < hi; ) {
-    uint32_t mid = (lo + hi) / 2;
-    const struct overlap_fragment *f = &w->frags[mid];
-    if (in < f->start)
-      hi = mid;
-    else if (in > f->start + f->len_minus_1)
-      lo = mid + 1;
-    else
-      return f->type;
-  }
-  return 0;
+  if ((m->slots[wi] & 3) == SLOT_EXPANDED)
+    return m->expanded[m->slots[wi] >> 2]->type[in];
+  return overlap_window_next (m, wi, in, &type) == in ? type : 0;
 }
 
 static int
@@ -269,29 +461,6 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
   return overlap_set_range (img, offset, len, 0);
 }
 
-/* The structures found from the header alone, checked directly. */
-static int
-overlap_fixed_type (const struct qcow2_image *img, uint64_t at)
-{
-  const struct qcow2_header *h = &img->h;
-  uint64_t end = at + img->cluster_size;
-
-  if (at == 0)
-    return QCOW2_OL_MAIN_HEADER_BIT;
-  if (h->l1_size && at < h->l1_table_offset + (uint64_t) h->l1_size * 8 &&
-      end > h->l1_table_offset)
-    return QCOW2_OL_ACTIVE_L1_BIT;
-  if (at < h->refcount_table_offset
-      + ((uint64_t) h->refcount_table_clusters << img->cluster_bits) &&
-      end > h->refcount_table_offset)
-    return QCOW2_OL_REFCOUNT_TABLE_BIT;
-  if (img->nb_snapshots &&
-      at < h->snapshots_offset + img->snapshot_table_bytes &&
-      end > h->snapshots_offset)
-    return QCOW2_OL_SNAPSHOT_TABLE_BIT;
-  return -1;
-}
-
 /* A write must not happen: say what it would have destroyed, and mark
  * the image corrupt so that neither we nor QEMU write it again before
  * it is checked (reads keep working).
@@ -309,6 +478,35 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
     io_flush (img);
 }
 
+/* The first cluster of [first, last] holding a structure in the mask
+ * checked, its 1-based type in *type; or UINT64_MAX if none.  Remembers
+ * the metadata-free run around a range that holds no metadata at all,
+ * so that the next data write there costs two comparisons.
+ */
+uint64_t
+overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
+              uint32_t checked, unsigned *type)
+{
+  const uint64_t span = (uint64_t) FREE_RUN_WINDOWS << WINDOW_BITS;
+  bool clear = true;
+  uint64_t c;
+
+  if (first >= m->free_lo && last < m->free_hi)
+    return UINT64_MAX;          /* the common case: guest data */
+  for (c = overlap_next (m, first, last + 1, type); c <= last;
+       c = overlap_next (m, c + 1, last + 1, type)) {
+    clear = false;
+    if (checked & (UINT32_C (1) << (*type - 1)))
+      return c;
+  }
+  if (clear && last < UINT64_MAX - span) {
+    m->free_lo = overlap_free_start (m, first, first > span ? first - span
+                                                            : 0);
+    m->free_hi = overlap_next (m, last + 1, last + 1 + span, type);
+  }
+  return UINT64_MAX;
+}
+
 /* Before a write of [offset, offset+len) that may touch only the
  * structures in the mask ign: 0, or -EIO after marking the image
  * corrupt (the write must not happen).
@@ -318,21 +516,17 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
                uint32_t ign)
 {
   uint32_t checked = img->overlap_mask & ~ign;
+  unsigned type;
+  uint64_t c;
 
-  if (!checked || len == 0)
+  if (!checked || len == 0 || !img->overlap)
     return 0;
-  for (uint64_t c = offset >> img->cluster_bits;
-       c <= (offset + len - 1) >> img->cluster_bits; c++) {
-    uint64_t at = c << img->cluster_bits;
-    int bit = overlap_fixed_type (img, at);
-    if (bit < 0 && img->overlap)
-      bit = (int) overlap_type (img->overlap, c) - 1;
-    if (bit >= 0 && (checked & (UINT32_C (1) << bit))) {
-      overlap_hit (img, bit, at, offset, len);
-      return -EIO;
-    }
-  }
-  return 0;
+  c = overlap_find (img->overlap, offset >> img->cluster_bits,
+                    (offset + len - 1) >> img->cluster_bits, checked, &type);
+  if (c == UINT64_MAX)
+    return 0;
+  overlap_hit (img, type - 1, c << img->cluster_bits, offset, len);
+  return -EIO;
 }
 
 int64_t
@@ -366,7 +560,7 @@ static int
 overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    unsigned bit)
 {
-  if (range_exceeds (offset, len, img->file_size))
+  if (len == 0 || range_exceeds (offset, len, img->file_size))
     return 0;
   /* Two structures in one cluster: writing either would destroy the
    * other, so the image is not written at all.  (A table used by the
@@ -375,9 +569,7 @@ overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
   for (uint64_t c = offset >> img->cluster_bits;
        c <= (offset + len - 1) >> img->cluster_bits && !img->overlap_conflict;
        c++) {
-    int other = overlap_fixed_type (img, c << img->cluster_bits);
-    if (other < 0)
-      other = (int) overlap_type (img->overlap, c) - 1;
+    int other = (int) overlap_type (img->overlap, c) - 1;
     bool l2s = (other == QCOW2_OL_ACTIVE_L2_BIT ||
                 other == QCOW2_OL_INACTIVE_L2_BIT) &&
                (bit == QCOW2_OL_ACTIVE_L2_BIT ||
@@ -406,21 +598,48 @@ overlap_add_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t n,
   return r;
 }
 
-/* Map the metadata of a writable image at open.  Inactive L2 tables
- * need every snapshot's L1 table read, so only when they are checked.
+/* The refcount table moved (refcount_switch_table). */
+int
+overlap_move_reftable (struct qcow2_image *img, uint64_t old_offset,
+                       uint64_t old_clusters)
+{
+  int r = overlap_remove (img, old_offset, old_clusters << img->cluster_bits);
+
+  return r ? r : overlap_add (img, img->h.refcount_table_offset,
+                              (uint64_t) img->h.refcount_table_clusters
+                              << img->cluster_bits,
+                              QCOW2_OL_REFCOUNT_TABLE_BIT);
+}
+
+/* Map the metadata of a writable image at open: every structure, so
+ * that one lookup answers for all; the mask decides which are checked.
+ * Inactive L2 tables need every snapshot's L1 table read, so only when
+ * they are checked.
  */
 int
 overlap_build (struct qcow2_image *img)
 {
-  const uint32_t mapped = OL (ACTIVE_L2) | OL (REFCOUNT_BLOCK) |
-    OL (INACTIVE_L1) | OL (INACTIVE_L2) | OL (BITMAP_DIRECTORY);
   const struct qcow2_header *h = &img->h;
   int r;
 
-  if (!(img->overlap_mask & mapped))
+  if (!img->overlap_mask)
     return 0;
   if (!(img->overlap = overlap_create ()))
     return -ENOMEM;
+  if ((r = overlap_add_found (img, 0, img->cluster_size,
+                              QCOW2_OL_MAIN_HEADER_BIT)) < 0 ||
+      (r = overlap_add_found (img, h->l1_table_offset,
+                              (uint64_t) h->l1_size * 8,
+                              QCOW2_OL_ACTIVE_L1_BIT)) < 0 ||
+      (r = overlap_add_found (img, h->refcount_table_offset,
+                              (uint64_t) h->refcount_table_clusters
+                              << img->cluster_bits,
+                              QCOW2_OL_REFCOUNT_TABLE_BIT)) < 0 ||
+      (img->nb_snapshots &&
+       (r = overlap_add_found (img, h->snapshots_offset,
+                               img->snapshot_table_bytes,
+                               QCOW2_OL_SNAPSHOT_TABLE_BIT)) < 0))
+    return r;
   for (uint64_t i = 0; i < img->reftable_size; i++) {
     uint64_t b = img->reftable[i] & ~UINT64_C (511);
     if (b && (r = overlap_add_found (img, b, img->cluster_size,
@@ -455,9 +674,10 @@ overlap_build (struct qcow2_image *img)
                            QCOW2_OL_ACTIVE_L2_BIT)) < 0)
     return r;
   if (h->has_bitmaps_ext && h->nb_bitmaps &&
-      (h->autoclear_features & QCOW2_AUTOCLEAR_BITMAPS))
-    return overlap_add_found (img, h->bitmap_directory_offset,
+      (h->autoclear_features & QCOW2_AUTOCLEAR_BITMAPS) &&
+      (r = overlap_add_found (img, h->bitmap_directory_offset,
                               h->bitmap_directory_size,
-                              QCOW2_OL_BITMAP_DIRECTORY_BIT);
-  return 0;
+                              QCOW2_OL_BITMAP_DIRECTORY_BIT)) < 0)
+    return r;
+  return overlap_compact (img->overlap);
 }

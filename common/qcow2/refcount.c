@@ -235,13 +235,15 @@ refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
                           QCOW2_OL_REFCOUNT_BLOCK_BIT)) < 0)
       return r;
   }
+  uint64_t old_offset = img->h.refcount_table_offset;
+  uint64_t old_clusters = img->h.refcount_table_clusters;
   free (img->reftable);
   img->reftable = table;
   img->reftable_size = entries;
   img->h.refcount_table_offset = offset;
   img->h.refcount_table_clusters = table_clusters;
   img->rt_dirty_lo = img->rt_dirty_hi = 0;
-  return 0;
+  return overlap_move_reftable (img, old_offset, old_clusters);
 }
 
 /* Whether the image was made with preallocation=metadata, decided as

@@ -247,6 +247,72 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   return reuse ? 0 : write_release_old (img, &s);
 }
 
+/* At most this many clusters are allocated and written together. */
+#define WRITE_RUN_MAX 256
+
+/* Write whole clusters from offset (count bytes, at least one cluster,
+ * offset aligned) into newly allocated clusters, as many as lie in one
+ * L2 slice and need a new cluster, with one contiguous allocation and
+ * one write; *done is the number of bytes written.  Nothing needs
+ * copying, since every cluster is overwritten whole.  Called with the
+ * lock held; *done is 0 if the first cluster is not such a cluster.
+ */
+static int
+write_allocating_run (struct qcow2_image *img, const uint8_t *data,
+                      uint64_t offset, uint64_t count, uint64_t *done)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t slice_entries = cache_entry_size (img->cache) / img->l2_entry_size;
+  struct l2_state old[WRITE_RUN_MAX];
+  uint64_t idx, k, target;
+  uint8_t *slice;
+  bool zeroed, old_zero;
+  int r;
+
+  *done = 0;
+  if (img->data_io != img->io)
+    return 0;                   /* external data files map 1:1 */
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  for (k = 0; k < WRITE_RUN_MAX && k < count / cs &&
+         idx + k < slice_entries; k++) {
+    write_decode (img, slice + (idx + k) * img->l2_entry_size, &old[k]);
+    if (old[k].normal && old[k].copied)
+      break;                    /* written in place */
+  }
+  if (k == 0)
+    return 0;
+
+  if ((r = write_reads_zero (img, offset, k * cs, &old_zero)) < 0 ||
+      (r = alloc_clusters (img, k, &target, &zeroed)) < 0)
+    return r;
+  if (zeroed)
+    io_note_end (img, target + k * cs);
+  if ((r = io_write_data (img, data, k * cs, target)) < 0) {
+    for (uint64_t i = 0; i < k; i++)
+      refcount_update (img, (target >> img->cluster_bits) + i, -1, NULL);
+    return r;
+  }
+
+  /* Reading what the guest saw may have evicted the slice. */
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  for (uint64_t i = 0; i < k; i++)
+    write_encode (img, slice + (idx + i) * img->l2_entry_size,
+                  (target + i * cs) | QCOW2_OFLAG_COPIED,
+                  img->extended_l2 ? L2_ALL_ALLOC : 0);
+  cache_mark_dirty (img->cache, slice);
+  img->changed = true;
+  /* As in write_allocating: zeros over zeros need no ordering. */
+  if (!zeroed || !old_zero)
+    img->l2_needs_sync_first = true;
+  *done = k * cs;
+  for (uint64_t i = 0; i < k; i++)
+    if ((r = write_release_old (img, &old[i])) < 0)
+      return r;
+  return 0;
+}
+
 /* Where an in-place write of [offset, offset+len) goes, or 0 if the
  * write must allocate.  The caller writes there.
  */
@@ -313,11 +379,30 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
     if (r == 0)
       r = write_in_place_target (img, offset, n, &host);
     if (r == 0 && host) {
+      /* The following clusters too, while they follow in the file: one
+       * check and one write for the run.
+       */
+      uint64_t next;
+      while (r == 0 && n < count) {
+        uint64_t more = MIN (count - n, img->cluster_size);
+        r = write_in_place_target (img, offset + n, more, &next);
+        if (next != host + n)
+          break;
+        n += more;
+      }
+      if (r == 0)
+        r = io_check_data (img, n, host);
       pthread_mutex_unlock (&img->lock);
-      r = io_write_data (img, p, n, host);
+      if (r == 0)
+        r = io_pwrite_data (img, p, n, host);
     }
     else {
-      if (r == 0)
+      uint64_t done = 0;
+      if (r == 0 && in == 0 && count >= img->cluster_size)
+        r = write_allocating_run (img, p, offset, count, &done);
+      if (done)
+        n = done;
+      else if (r == 0)
         r = write_allocating (img, p, offset, n);
       pthread_mutex_unlock (&img->lock);
     }
