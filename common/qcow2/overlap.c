@@ -19,6 +19,7 @@
  *
  * Called with img->lock held.
  */
+#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -34,8 +35,6 @@
 #define WINDOW_CLUSTERS (1u << WINDOW_BITS)
 #define WINDOW_MASK (WINDOW_CLUSTERS - 1)
 #define EXPANDED_MAX 16
-/* How far (in windows) the remembered metadata-free run may reach. */
-#define FREE_RUN_WINDOWS 64
 
 /* A fragment in 32 bits, laid out so that comparing two fragments as
  * integers compares their starts: start (12 bits), length - 1 (12
@@ -81,9 +80,14 @@ struct overlap_list {
   frag_t f[];
 };
 
+/* An expanded window: a type per cluster, and a bit per 64 clusters
+ * saying whether any of them holds metadata, so that finding the next
+ * or previous metadata cluster skips empty stretches at once.
+ */
 struct overlap_expanded {
   uint64_t window;
   uint64_t last_use;
+  uint64_t summary;
   uint8_t type[WINDOW_CLUSTERS];
 };
 
@@ -175,27 +179,100 @@ overlap_search (const frag_t *f, uint32_t n, uint32_t in)
   return lo;
 }
 
-/* The first cluster at or after in with metadata in an expanded
- * window.  Metadata is sparse: empty stretches are skipped eight
- * clusters at a time.
+/* Recompute the summary bits of the blocks of [in, in+k). */
+static void
+overlap_summarize (struct overlap_expanded *e, uint32_t in, uint32_t k)
+{
+  for (uint32_t b = in >> 6; b <= (in + k - 1) >> 6; b++) {
+    uint64_t any = 0, word;
+    for (uint32_t i = 0; i < 64; i += 8) {
+      memcpy (&word, e->type + (b << 6) + i, 8);
+      any |= word;
+    }
+    if (any)
+      e->summary |= UINT64_C (1) << b;
+    else
+      e->summary &= ~(UINT64_C (1) << b);
+  }
+}
+
+/* The first nonzero byte of type[in, end), end within in's block of
+ * 64, or end: eight bytes at a time.
  */
 static uint32_t
-overlap_bytes_next (const uint8_t *type, uint32_t in)
+overlap_block_next (const uint8_t *type, uint32_t in, uint32_t end)
+{
+  while (in < end) {
+    uint64_t word;
+    uint32_t at = in & ~7u;
+    memcpy (&word, type + at, 8);
+    word = le64toh (word) & (~UINT64_C (0) << (in - at) * 8);
+    if (word) {
+      uint32_t c = at + __builtin_ctzll (word) / 8;
+      return MIN (c, end);
+    }
+    in = at + 8;
+  }
+  return end;
+}
+
+/* One past the last nonzero byte of type[start, in], start within in's
+ * block of 64, or start.
+ */
+static uint32_t
+overlap_block_prev (const uint8_t *type, uint32_t in, uint32_t start)
+{
+  for (;;) {
+    uint64_t word;
+    uint32_t at = in & ~7u;
+    memcpy (&word, type + at, 8);
+    word = le64toh (word) & (~UINT64_C (0) >> (7 - (in - at)) * 8);
+    if (word) {
+      uint32_t c = at + (63 - __builtin_clzll (word)) / 8 + 1;
+      return MAX (c, start);
+    }
+    if (at <= start)
+      return start;
+    in = at - 1;
+  }
+}
+
+/* The first cluster at or after in with metadata in an expanded
+ * window, or WINDOW_CLUSTERS.
+ */
+static uint32_t
+overlap_bytes_next (const struct overlap_expanded *e, uint32_t in)
 {
   while (in < WINDOW_CLUSTERS) {
-    uint64_t word;
-    if ((in & 7) == 0) {
-      memcpy (&word, type + in, 8);
-      if (word == 0) {
-        in += 8;
-        continue;
-      }
-    }
-    if (type[in])
+    uint64_t blocks = e->summary & (~UINT64_C (0) << (in >> 6));
+    if (!blocks)
+      break;
+    uint32_t b = __builtin_ctzll (blocks);
+    uint32_t end = (b + 1) << 6;
+    in = overlap_block_next (e->type, MAX (in, b << 6), end);
+    if (in < end)
       return in;
-    in++;
   }
   return WINDOW_CLUSTERS;
+}
+
+/* One past the last cluster at or before in with metadata in an
+ * expanded window, or 0.
+ */
+static uint32_t
+overlap_bytes_prev (const struct overlap_expanded *e, uint32_t in)
+{
+  for (;;) {
+    uint64_t blocks = e->summary & ((UINT64_C (2) << (in >> 6)) - 1);
+    if (!blocks)
+      return 0;
+    uint32_t b = 63 - __builtin_clzll (blocks);
+    uint32_t c = overlap_block_prev (e->type, MIN (in, (b << 6) + 63),
+                                     b << 6);
+    if (c > b << 6 || b == 0)
+      return c;
+    in = (b << 6) - 1;
+  }
 }
 
 /* Fold an expanded window back into fragments. */
@@ -207,8 +284,8 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
   uint32_t n = 0;
   uint64_t slot = 0;
 
-  for (uint32_t c = overlap_bytes_next (e->type, 0); c < WINDOW_CLUSTERS;
-       c = overlap_bytes_next (e->type, c)) {
+  for (uint32_t c = overlap_bytes_next (e, 0); c < WINDOW_CLUSTERS;
+       c = overlap_bytes_next (e, c)) {
     uint32_t end = c + 1;
     while (end < WINDOW_CLUSTERS && e->type[end] == e->type[c])
       end++;
@@ -233,22 +310,36 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
   return 0;
 }
 
-/* Collapse every expanded window: the map at rest. */
+/* Collapse every expanded window and drop the slack of the slot
+ * array: the map at rest.
+ */
 int
 overlap_compact (struct overlap_map *m)
 {
+  uint64_t n = m->nslots;
   int r;
 
   while (m->nexpanded)
     if ((r = overlap_collapse (m, 0)) < 0)
       return r;
+  while (n > 0 && m->slots[n - 1] == 0)
+    n--;
+  if (n < m->nslots) {
+    uint64_t *p = n ? realloc (m->slots, n * sizeof *p) : NULL;
+    if (n && !p)
+      return 0;                 /* keep the larger array */
+    if (!n)
+      free (m->slots);
+    m->slots = p;
+    m->nslots = n;
+  }
   return 0;
 }
 
-/* The bytes of window wi, expanded (evicting the least recently used
- * expanded window if need be).
+/* Window wi, expanded (evicting the least recently used expanded
+ * window if need be).
  */
-static uint8_t *
+static struct overlap_expanded *
 overlap_expand (struct overlap_map *m, uint64_t wi)
 {
   uint64_t slot = m->slots[wi];
@@ -260,7 +351,7 @@ overlap_expand (struct overlap_map *m, uint64_t wi)
   if ((slot & 3) == SLOT_EXPANDED) {
     e = m->expanded[slot >> 2];
     e->last_use = ++m->clock;
-    return e->type;
+    return e;
   }
   if (m->nexpanded == EXPANDED_MAX) {
     uint32_t oldest = 0;
@@ -274,16 +365,20 @@ overlap_expand (struct overlap_map *m, uint64_t wi)
     return NULL;
   e->window = wi;
   e->last_use = ++m->clock;
+  e->summary = 0;
   memset (e->type, 0, sizeof e->type);
   f = overlap_frags (slot, &tmp, &n);
-  for (uint32_t i = 0; i < n; i++)
+  for (uint32_t i = 0; i < n; i++) {
     memset (e->type + frag_start (f[i]), frag_type (f[i]),
             frag_end (f[i]) - frag_start (f[i]));
+    overlap_summarize (e, frag_start (f[i]),
+                       frag_end (f[i]) - frag_start (f[i]));
+  }
   if (n > 1)
     free ((struct overlap_list *) (uintptr_t) slot);
   m->slots[wi] = (uint64_t) m->nexpanded << 2 | SLOT_EXPANDED;
   m->expanded[m->nexpanded++] = e;
-  return e->type;
+  return e;
 }
 
 static int
@@ -313,7 +408,7 @@ overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
     uint64_t wi = first >> WINDOW_BITS;
     uint32_t in = first & WINDOW_MASK;
     uint32_t k = MIN (n, WINDOW_CLUSTERS - in);
-    uint8_t *type;
+    struct overlap_expanded *e;
     int r;
 
     if (wi >= m->nslots) {
@@ -323,9 +418,10 @@ overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
         return r;
     }
     if (value || m->slots[wi]) {
-      if (!(type = overlap_expand (m, wi)))
+      if (!(e = overlap_expand (m, wi)))
         return -ENOMEM;
-      memset (type + in, value, k);
+      memset (e->type + in, value, k);
+      overlap_summarize (e, in, k);
     }
     first += k;
     n -= k;
@@ -343,10 +439,10 @@ overlap_window_next (const struct overlap_map *m, uint64_t wi, uint32_t in,
   uint64_t slot = m->slots[wi];
 
   if ((slot & 3) == SLOT_EXPANDED) {
-    const uint8_t *t = m->expanded[slot >> 2]->type;
-    in = overlap_bytes_next (t, in);
+    const struct overlap_expanded *e = m->expanded[slot >> 2];
+    in = overlap_bytes_next (e, in);
     if (in < WINDOW_CLUSTERS)
-      *type = t[in];
+      *type = e->type[in];
     return in;
   }
   frag_t tmp;
@@ -368,11 +464,7 @@ overlap_window_prev (const struct overlap_map *m, uint64_t wi, uint32_t in)
   uint64_t slot = m->slots[wi];
 
   if ((slot & 3) == SLOT_EXPANDED) {
-    const uint8_t *t = m->expanded[slot >> 2]->type;
-    for (uint32_t c = in + 1; c > 0; c--)
-      if (t[c - 1])
-        return c;
-    return 0;
+    return overlap_bytes_prev (m->expanded[slot >> 2], in);
   }
   frag_t tmp;
   uint32_t n;
@@ -487,23 +579,27 @@ uint64_t
 overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
               uint32_t checked, unsigned *type)
 {
-  const uint64_t span = (uint64_t) FREE_RUN_WINDOWS << WINDOW_BITS;
-  bool clear = true;
+  uint64_t window_end = ((last >> WINDOW_BITS) + 1) << WINDOW_BITS;
   uint64_t c;
 
   if (first >= m->free_lo && last < m->free_hi)
     return UINT64_MAX;          /* the common case: guest data */
-  for (c = overlap_next (m, first, last + 1, type); c <= last;
-       c = overlap_next (m, c + 1, last + 1, type)) {
-    clear = false;
+  /* A metadata write is mostly one cluster of its own structure. */
+  if (first == last && (*type = overlap_type (m, first)) != 0)
+    return checked & (UINT32_C (1) << (*type - 1)) ? first : UINT64_MAX;
+
+  c = overlap_next (m, first, window_end, type);
+  if (c > last) {
+    /* Clear: remember the run, as far as first's and last's windows
+     * tell, at no extra cost.
+     */
+    m->free_lo = overlap_free_start (m, first, first & ~(uint64_t) WINDOW_MASK);
+    m->free_hi = c;
+    return UINT64_MAX;
+  }
+  for (; c <= last; c = overlap_next (m, c + 1, last + 1, type))
     if (checked & (UINT32_C (1) << (*type - 1)))
       return c;
-  }
-  if (clear && last < UINT64_MAX - span) {
-    m->free_lo = overlap_free_start (m, first, first > span ? first - span
-                                                            : 0);
-    m->free_hi = overlap_next (m, last + 1, last + 1 + span, type);
-  }
   return UINT64_MAX;
 }
 
