@@ -1,11 +1,326 @@
-/* nbdkit flush-coalesce filter: being built (issue 5); passes requests through. */
+/* nbdkit flush-coalesce filter: a flush with nothing new to make
+ * durable returns at once, and flushes that arrive together share one
+ * flush of the plugin.
+ *
+ * Writes, zeroes and trims are counted as they complete, under one
+ * mutex, so the count orders them.  A client flush must cover the
+ * writes completed when it arrives: the first `need` of them.  A plugin
+ * flush covers the writes completed when it started: the first `gen`.
+ * So a client flush can use a plugin flush that succeeded, or wait for
+ * one in progress, whose gen >= need; otherwise it starts its own once
+ * the one in progress (which started too early for it) ends.  Writes
+ * still in progress when a flush arrives need not be covered: the
+ * client has no reply for them yet.
+ *
+ * One plugin flush covers the writes of every connection only if the
+ * plugin says so (multi-conn); otherwise each connection coalesces
+ * its own flushes only.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "errstr.h"
+
+/* One plugin flush, shared by the client flushes waiting on it; freed
+ * by the last of them (or the flush that started it) to read its result.
+ */
+struct round {
+  uint64_t gen;                 /* writes completed when it started */
+  bool done;
+  int err;                      /* when done: 0 if it succeeded */
+  unsigned refs;
+};
+
+/* The writes that one plugin flush makes durable. */
+struct domain {
+  uint64_t completed;           /* writes, zeroes and trims completed */
+  uint64_t durable;             /* the first `durable` of them are durable */
+  struct round *current;        /* the plugin flush in progress, or NULL */
+};
+
+struct handle {
+  struct domain own;            /* if the plugin is not multi-conn */
+  struct domain *domain;
+};
+
+static bool fua_by_flush;       /* coalesce-fua=true */
+
+/* Everything below, and the domains, under this lock. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t round_done = PTHREAD_COND_INITIALIZER;
+static struct domain shared;
+
+static uint64_t flushes_received;   /* client flush requests */
+static uint64_t fua_received;       /* FUA requests turned into flushes */
+static uint64_t at_once;            /* ... returned at once */
+static uint64_t joined;             /* ... that used another's plugin flush */
+static uint64_t issued;             /* plugin flushes */
+static uint64_t issued_failed;
+
+static int
+coalesce_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
+                 const char *key, const char *value)
+{
+  if (strcmp (key, "coalesce-fua") == 0) {
+    int r = nbdkit_parse_bool (value);
+
+    if (r == -1) {
+      nbdkit_error ("coalesce-fua=%s: expected true or false", value);
+      return -1;
+    }
+    fua_by_flush = r;
+    return 0;
+  }
+  return next (nxdata, key, value);
+}
+
+#define coalesce_config_help \
+  "coalesce-fua=<BOOL>  Turn FUA requests into a write and a coalesced\n" \
+  "                     flush (default false: pass FUA to the plugin)."
+
+static void
+coalesce_unload (void)
+{
+  nbdkit_debug ("flush-coalesce: %" PRIu64 " flushes and %" PRIu64
+                " FUA requests received; %" PRIu64 " returned at once, %"
+                PRIu64 " shared a plugin flush; %" PRIu64
+                " plugin flushes issued, %" PRIu64 " failed",
+                flushes_received, fua_received, at_once, joined,
+                issued, issued_failed);
+}
+
+static void *
+coalesce_open (nbdkit_next_open *next, nbdkit_context *nxdata,
+               int readonly, const char *exportname, int is_tls)
+{
+  struct handle *h;
+
+  if (next (nxdata, readonly, exportname) == -1)
+    return NULL;
+  h = calloc (1, sizeof *h);
+  if (h == NULL) {
+    nbdkit_error ("calloc: %s", errstr (errno));
+    return NULL;
+  }
+  return h;
+}
+
+static void
+coalesce_close (void *handle)
+{
+  free (handle);
+}
+
+static int
+coalesce_prepare (nbdkit_next *next, void *handle, int readonly)
+{
+  struct handle *h = handle;
+  int r = next->can_multi_conn (next);
+
+  if (r == -1)
+    return -1;
+  h->domain = r ? &shared : &h->own;
+  return 0;
+}
+
+/* With coalesce-fua=true and a plugin that can flush, FUA is ours to
+ * do: the plugin gets the request without it, then a flush.
+ */
+static int
+coalesce_can_fua (nbdkit_next *next, void *handle)
+{
+  if (fua_by_flush) {
+    int r = next->can_flush (next);
+
+    if (r == -1)
+      return -1;
+    if (r)
+      return NBDKIT_FUA_NATIVE;
+  }
+  return next->can_fua (next);
+}
+
+static bool
+coalesce_takes_fua (nbdkit_next *next, uint32_t flags)
+{
+  return fua_by_flush && (flags & NBDKIT_FLAG_FUA) &&
+    next->can_flush (next) == 1;
+}
+
+static void
+coalesce_unref (struct round *r)
+{
+  if (--r->refs == 0)
+    free (r);
+}
+
+/* Make durable every write of domain d completed before now. */
+static int
+coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
+                       int *err)
+{
+  struct round *r;
+  uint64_t need;
+  bool waited = false;
+  int ret;
+
+  pthread_mutex_lock (&lock);
+  need = d->completed;
+  for (;;) {
+    if (d->durable >= need) {
+      /* A plugin flush that ended while this one waited still counts
+       * as shared.
+       */
+      if (waited)
+        joined++;
+      else
+        at_once++;
+      pthread_mutex_unlock (&lock);
+      return 0;
+    }
+    r = d->current;
+    if (r == NULL)
+      break;
+    if (r->gen >= need) {
+      r->refs++;
+      joined++;
+      while (!r->done)
+        pthread_cond_wait (&round_done, &lock);
+      ret = r->err ? -1 : 0;
+      if (ret == -1)
+        *err = r->err;
+      coalesce_unref (r);
+      pthread_mutex_unlock (&lock);
+      return ret;
+    }
+    /* That one started too early for us: wait for its end. */
+    pthread_cond_wait (&round_done, &lock);
+    waited = true;
+  }
+
+  r = malloc (sizeof *r);
+  if (r == NULL) {
+    *err = errno;
+    pthread_mutex_unlock (&lock);
+    nbdkit_error ("malloc: %s", errstr (*err));
+    return -1;
+  }
+  r->gen = d->completed;
+  r->done = false;
+  r->refs = 1;
+  d->current = r;
+  issued++;
+  pthread_mutex_unlock (&lock);
+
+  ret = next->flush (next, flags, err);
+
+  pthread_mutex_lock (&lock);
+  r->done = true;
+  if (ret == 0) {
+    r->err = 0;
+    if (r->gen > d->durable)
+      d->durable = r->gen;
+  }
+  else {
+    r->err = *err ? *err : EIO;
+    issued_failed++;
+  }
+  d->current = NULL;
+  pthread_cond_broadcast (&round_done);
+  coalesce_unref (r);
+  pthread_mutex_unlock (&lock);
+  return ret;
+}
+
+/* A write, zero or trim ended: count it, failed or not (it may have
+ * changed part of the disk), then do its FUA if it is ours.
+ */
+static int
+coalesce_completed (nbdkit_next *next, struct handle *h, int r, bool fua,
+                    int *err)
+{
+  pthread_mutex_lock (&lock);
+  h->domain->completed++;
+  if (r == 0 && fua)
+    fua_received++;
+  pthread_mutex_unlock (&lock);
+  if (r == 0 && fua)
+    return coalesce_flush_domain (next, h->domain, 0, err);
+  return r;
+}
+
+static int
+coalesce_pwrite (nbdkit_next *next, void *handle, const void *buf,
+                 uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  bool fua = coalesce_takes_fua (next, flags);
+  int r;
+
+  if (fua)
+    flags &= ~NBDKIT_FLAG_FUA;
+  r = next->pwrite (next, buf, count, offset, flags, err);
+  return coalesce_completed (next, handle, r, fua, err);
+}
+
+static int
+coalesce_zero (nbdkit_next *next, void *handle, uint32_t count,
+               uint64_t offset, uint32_t flags, int *err)
+{
+  bool fua = coalesce_takes_fua (next, flags);
+  int r;
+
+  if (fua)
+    flags &= ~NBDKIT_FLAG_FUA;
+  r = next->zero (next, count, offset, flags, err);
+  return coalesce_completed (next, handle, r, fua, err);
+}
+
+static int
+coalesce_trim (nbdkit_next *next, void *handle, uint32_t count,
+               uint64_t offset, uint32_t flags, int *err)
+{
+  bool fua = coalesce_takes_fua (next, flags);
+  int r;
+
+  if (fua)
+    flags &= ~NBDKIT_FLAG_FUA;
+  r = next->trim (next, count, offset, flags, err);
+  return coalesce_completed (next, handle, r, fua, err);
+}
+
+static int
+coalesce_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
+{
+  struct handle *h = handle;
+
+  pthread_mutex_lock (&lock);
+  flushes_received++;
+  pthread_mutex_unlock (&lock);
+  return coalesce_flush_domain (next, h->domain, flags, err);
+}
+
 static struct nbdkit_filter filter = {
   .name = "flush-coalesce",
   .longname = "nbdkit flush-coalesce filter",
+  .config = coalesce_config,
+  .config_help = coalesce_config_help,
+  .unload = coalesce_unload,
+  .open = coalesce_open,
+  .close = coalesce_close,
+  .prepare = coalesce_prepare,
+  .can_fua = coalesce_can_fua,
+  .pwrite = coalesce_pwrite,
+  .zero = coalesce_zero,
+  .trim = coalesce_trim,
+  .flush = coalesce_flush,
 };
 
 NBDKIT_REGISTER_FILTER (filter)
