@@ -66,8 +66,11 @@ for i in range(20):
     h.pread(512, 65536 if i % 5 == 2 else 0)
 '
   export reads
+  # The sanitizer runtime that ./nbdkit may preload is for nbdkit, not
+  # for the commands of the script.
   timeout -k 10 60 nbdkit -U - --filter=iostats eval get_size='echo 1M' \
-    pread='if [ "$4" -ge 65536 ]; then sleep 0.3; fi; head -c "$3" /dev/zero' \
+    pread='unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS
+           if [ "$4" -ge 65536 ]; then sleep 0.3; fi; head -c "$3" /dev/zero' \
     iostats-file="$tmp/eval.json" iostats-format=json \
     --run 'nbdsh -u "$uri" -c "$reads"' || fail "the eval run failed"
   percentiles "$tmp/eval.json" | tee "$tmp/p"
