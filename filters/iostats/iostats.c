@@ -382,13 +382,17 @@ iostats_report (bool final)
 static void *
 iostats_ticker (void *arg)
 {
-  uint64_t next = start_ns;
+  uint64_t now, next;
   struct timespec deadline;
 
   pthread_mutex_lock (&ticker_lock);
   for (;;) {
-    /* Deadlines on a grid from the start, so that reports do not drift. */
-    next += interval_ns;
+    /* The next point of a grid from the start, so that reports do not
+     * drift; one that took longer than the interval skips points
+     * rather than bursting.
+     */
+    now = iostats_now ();
+    next = now + interval_ns - (now - start_ns) % interval_ns;
     deadline.tv_sec = next / 1000000000;
     deadline.tv_nsec = next % 1000000000;
     while (!ticker_stop &&
