@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# A request sleeping in the latency filter does not hold nbdkit up:
-# over memory and qcow2, with 30 s delays,
-#  - nbdkit (with the exitlast filter) exits within 2 s of its only
-#    client disconnecting while its requests sleep;
-#  - on SIGTERM the sleeping requests fail with ESHUTDOWN within 2 s,
+# A request sleeping in the latency filter does not hold nbdkit up.
+# Over memory and qcow2, with 30 s delays on a read and a write in
+# flight:
+#  - the client disconnects (NBD_CMD_DISC): the requests fail with
+#    ESHUTDOWN at once, and nbdkit (with the exitlast filter) exits
+#    within 2 s;
+#  - the client drops the connection without a word: the requests end
+#    within 2 s (the log filter above sees them return), and so does
+#    nbdkit;
+#  - nbdkit gets SIGTERM: the requests fail with ESHUTDOWN at once,
 #    and nbdkit exits within 2 s of the client then leaving (nbdkit
 #    itself waits for connected clients to leave, filter or not).
 # The qcow2 image, whose write never happened, stays clean.
@@ -16,9 +21,17 @@ qemu-img create -q -f qcow2 "$img" 1M
 qio "$img" 'write -P 7 0 64k'
 sock=$tmp/sock
 
-# The client: sends a read and a write, makes sure they are out, then
-# says "sent".  With a pid, it sends SIGTERM to it and waits for the
-# replies: errors (ESHUTDOWN), within 2 s.  Then it disconnects.
+# Under AddressSanitizer (the wrapper preloads it), nbdkit hangs at exit
+# after its own message for the reply it cannot send to a client gone
+# without a word ("write reply: ... Broken pipe", through strerror,
+# which leaves glibc's locale lock held): nbdkit's delay filter does
+# the same.  There, that case checks the requests' end only.
+sanitized=$(sed -n "s/^preload='\(..*\)'$/\1/p" "$abs_top_builddir/nbdkit")
+
+# The client: sends a read and a write and makes sure they are out,
+# then: "disc", disconnects; "drop", closes the socket; PID, sends it
+# SIGTERM.  The requests must fail with ESHUTDOWN within 2 s (for
+# "drop" it cannot know).
 cat > "$tmp/client.py" <<'PY'
 import errno, nbd, os, signal, sys, time
 h = nbd.NBD()
@@ -28,30 +41,40 @@ cookies = [h.aio_pread(nbd.Buffer(512), 0),
 while h.aio_get_direction() & nbd.AIO_DIRECTION_WRITE:
     h.poll(1)
 time.sleep(0.2)             # for nbdkit to take them
-print("sent", flush=True)
-if len(sys.argv) > 2:
-    t = time.monotonic()
-    os.kill(int(sys.argv[2]), signal.SIGTERM)
+how = sys.argv[2]
+if how == "drop":
+    sys.exit(0)
+t = time.monotonic()
+if how == "disc":
+    h.shutdown()
+else:
+    os.kill(int(how), signal.SIGTERM)
     while h.aio_in_flight() > 0 and time.monotonic() - t < 10:
         h.poll(1000)
-    took = time.monotonic() - t
-    assert h.aio_in_flight() == 0, "no replies after SIGTERM"
-    for c in cookies:
-        try:
-            h.aio_command_completed(c)
-            raise AssertionError("a sleeping request succeeded")
-        except nbd.Error as e:
-            assert e.errnum == errno.ESHUTDOWN, e
-    print("replies %.3f s after SIGTERM" % took, flush=True)
-    assert took < 2, "the replies took %.3f s" % took
+took = time.monotonic() - t
+assert h.aio_in_flight() == 0, "no replies"
+for c in cookies:
+    try:
+        h.aio_command_completed(c)
+        raise AssertionError("a sleeping request succeeded")
+    except nbd.Error as e:
+        assert e.errnum == errno.ESHUTDOWN, e
+print("%s: replies after %.3f s" % ("SIGTERM" if how != "disc" else how, took))
+assert took < 2, "the replies took %.3f s" % took
+if how != "disc":
+    h.shutdown()
 PY
 
-# start TARGET...: nbdkit in the background on $sock, its pid in $pid.
+# start TARGET...: nbdkit in the background on $sock, its pid in $pid
+# (killed at exit if need be), the log filter's output in $tmp/log.
+pid=
+trap 'if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null || :; fi; rm -rf "$tmp"' EXIT
 start ()
 {
-  rm -f "$sock"
-  timeout -k 5 60 nbdkit -f -U "$sock" --filter=exitlast --filter=latency \
-    "$@" latency-read=30s latency-write=30s &
+  rm -f "$sock" "$tmp/log"
+  nbdkit -f -U "$sock" --filter=exitlast --filter=log \
+    --filter=latency "$@" latency-read=30s latency-write=30s \
+    logfile="$tmp/log" &
   pid=$!
   for i in $(seq 100); do [ -S "$sock" ] && return; sleep 0.1; done
   fail "nbdkit $* did not start"
@@ -60,28 +83,40 @@ start ()
 # gone_within SECONDS WHAT: nbdkit ($pid) exits within SECONDS.
 gone_within ()
 {
-  local t0=$SECONDS i
+  local i
   for i in $(seq $(($1 * 20))); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
   done
   if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid"
     fail "$2: nbdkit still running after $1 s"
   fi
   wait "$pid" || true
-  echo "$2: nbdkit gone after at most $((SECONDS - t0 + 1)) s"
 }
 
 for target in "memory 1M" "qcow2 $img"; do
-  # The client disconnects while its requests sleep.
   start $target
-  timeout 20 /usr/bin/python3 "$tmp/client.py" "$sock" > "$tmp/out" ||
-    fail "$target: client"
-  grep -q sent "$tmp/out" || fail "$target: the client did not send"
-  gone_within 2 "$target, client gone"
+  timeout 20 /usr/bin/python3 "$tmp/client.py" "$sock" disc ||
+    fail "$target: disconnect"
+  gone_within 2 "$target, client disconnected"
 
-  # SIGTERM while the client waits for its requests.
+  start $target
+  timeout 20 /usr/bin/python3 "$tmp/client.py" "$sock" drop ||
+    fail "$target: drop"
+  for i in $(seq 40); do
+    [ "$(grep -Ec '\.\.\.(Read|Write) id=[0-9]+ return=-1 error=ESHUTDOWN' \
+         "$tmp/log")" -eq 2 ] && break
+    sleep 0.05
+  done
+  [ "$i" -lt 40 ] || { cat "$tmp/log"; fail "$target: requests still sleeping"; }
+  if [ -z "$sanitized" ]; then
+    gone_within 2 "$target, client gone"
+  else
+    echo "$target, client gone: not waiting for nbdkit's exit under $sanitized"
+    kill -KILL "$pid"
+    wait "$pid" || true
+  fi
+
   start $target
   timeout 20 /usr/bin/python3 "$tmp/client.py" "$sock" "$pid" ||
     fail "$target: SIGTERM"

@@ -142,24 +142,49 @@ latency_parse_duration (const char *key, const char *value, uint64_t *ns)
   return -1;
 }
 
-/* latency-jitter=PERCENT: an integer from 0 to 100, with or without
- * a final '%'.
+/* VALUE as a decimal number from 0 to MAX, digits only, into *R; -1
+ * if it is not one.  (Not nbdkit_parse_*: their message for a number
+ * out of range goes through strerror, which under AddressSanitizer can
+ * leave glibc's locale lock held, and nbdkit then hangs at exit.)
+ */
+static int
+latency_parse_number (const char *value, uint64_t max, uint64_t *r)
+{
+  const char *p;
+  uint64_t n = 0;
+  unsigned d;
+
+  if (*value == '\0')
+    return -1;
+  for (p = value; *p; p++) {
+    if (*p < '0' || *p > '9')
+      return -1;
+    d = *p - '0';
+    if (n > (max - d) / 10)
+      return -1;
+    n = n * 10 + d;
+  }
+  *r = n;
+  return 0;
+}
+
+/* latency-jitter=PERCENT: a whole number from 0 to 100, with or
+ * without a final '%'.
  */
 static int
 latency_parse_jitter (const char *key, const char *value)
 {
-  char num[32];
+  char num[8];
   size_t len = strlen (value);
-  unsigned r;
+  uint64_t r;
 
   if (len > 0 && value[len - 1] == '%')
     len--;
-  if (len == 0 || len >= sizeof num)
+  if (len >= sizeof num)
     goto bad;
   memcpy (num, value, len);
   num[len] = '\0';
-  if (strspn (num, "0123456789") != len ||
-      nbdkit_parse_unsigned (key, num, &r) == -1 || r > 100)
+  if (latency_parse_number (num, 100, &r) == -1)
     goto bad;
   jitter_percent = r;
   return 0;
@@ -193,8 +218,7 @@ latency_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     if (strcmp (what, "jitter") == 0)
       return latency_parse_jitter (key, value);
     if (strcmp (what, "seed") == 0) {
-      if (value[0] == '\0' || strspn (value, "0123456789") != strlen (value) ||
-          nbdkit_parse_uint64_t (key, value, &seed) == -1) {
+      if (latency_parse_number (value, UINT64_MAX, &seed) == -1) {
         nbdkit_error ("%s: '%s' is not a number from 0 to %" PRIu64,
                       key, value, UINT64_MAX);
         return -1;
