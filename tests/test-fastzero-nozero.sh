@@ -98,9 +98,12 @@ for zm in notrim plugin; do
     { cat "$tmp/err"; fail "zeromode=$zm: no clear error"; }
 done
 
-expect_refused "unknown zeromode 'trim'" --filter=fastzero memory 1M zeromode=trim
-expect_refused "unknown fastzeromode 'fast'" --filter=fastzero memory 1M fastzeromode=fast
-expect_refused "unknown zerodetect 'yes'" --filter=fastzero memory 1M zerodetect=yes
+expect_refused "unknown zeromode 'trim' \\(expected none, emulate, notrim or plugin\\)" \
+  --filter=fastzero memory 1M zeromode=trim
+expect_refused "unknown fastzeromode 'fast' \\(expected default, none, slow, ignore or probe\\)" \
+  --filter=fastzero memory 1M fastzeromode=fast
+expect_refused "unknown zerodetect 'yes' \\(expected off, on or unmap\\)" \
+  --filter=fastzero memory 1M zerodetect=yes
 expect_refused "fastzeromode=probe needs zeromode=emulate, notrim or plugin" \
   --filter=fastzero memory 1M fastzeromode=probe
 expect_refused "zerodetect=unmap cannot be used with zeromode=emulate" \

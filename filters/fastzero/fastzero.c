@@ -48,17 +48,19 @@ static const char *const zeromode_names[] = {
 /* Always zeroes; not const, so that it lives in .bss, not in the file. */
 static char zero_buf[MAX_WRITE];
 
-/* VALUE's index in NAMES (N of them), or -1 with an error naming KEY. */
+/* VALUE's index in NAMES (N of them), or -1 with an error naming KEY
+ * and listing CHOICES.
+ */
 static int
 fastzero_lookup (const char *key, const char *value,
-                 const char *const *names, size_t n)
+                 const char *const *names, size_t n, const char *choices)
 {
   size_t i;
 
   for (i = 0; i < n; i++)
-    if (names[i] && strcmp (value, names[i]) == 0)
+    if (strcmp (value, names[i]) == 0)
       return i;
-  nbdkit_error ("unknown %s '%s'", key, value);
+  nbdkit_error ("unknown %s '%s' (expected %s)", key, value, choices);
   return -1;
 }
 
@@ -76,22 +78,26 @@ fastzero_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   int i;
 
   if (strcmp (key, "zeromode") == 0) {
-    i = fastzero_lookup (key, value, zeromode_names,
-                         ARRAY_SIZE (zeromode_names));
+    i = fastzero_lookup (key, value,
+                         zeromode_names, ARRAY_SIZE (zeromode_names),
+                         "none, emulate, notrim or plugin");
     if (i == -1)
       return -1;
     zeromode = i;
     return 0;
   }
   if (strcmp (key, "fastzeromode") == 0) {
-    i = fastzero_lookup (key, value, fast_names, ARRAY_SIZE (fast_names));
+    i = fastzero_lookup (key, value, fast_names, ARRAY_SIZE (fast_names),
+                         "default, none, slow, ignore or probe");
     if (i == -1)
       return -1;
     fastzeromode = i;
     return 0;
   }
   if (strcmp (key, "zerodetect") == 0) {
-    i = fastzero_lookup (key, value, detect_names, ARRAY_SIZE (detect_names));
+    i = fastzero_lookup (key, value,
+                         detect_names, ARRAY_SIZE (detect_names),
+                         "off, on or unmap");
     if (i == -1)
       return -1;
     zerodetect = i;
