@@ -4,10 +4,11 @@
 # sees no write and no zero); elsewhere it goes to a plugin that zeroes
 # natively and fast (memory, qcow2: the log sees the fast zero, which
 # qcow2 itself may refuse), and fails at once with ENOTSUP otherwise
-# (the file plugin, whose zeroes are not fast, and zeromode=emulate,
-# where zeroes are writes).  Without MAY_TRIM (NBD's NO_HOLE) a hole is
-# not enough; with FUA a skipped zero is flushed.  qcow2 images end
-# clean, their zeroes as qemu-img map shows them.
+# (the file plugin, whose zeroes are not fast, the split plugin, which
+# writes zeroes, and zeromode=emulate, where the filter does).  Without
+# MAY_TRIM (NBD's NO_HOLE) a hole is not enough; with FUA a skipped
+# zero is flushed.  qcow2 images end clean, their zeroes as qemu-img
+# map shows them.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdsh
@@ -91,6 +92,19 @@ assert fast_zero(65536, 524288, nbd.CMD_FLAG_NO_HOLE) == "ENOTSUP"
 log_lacks 'Zero id='
 cmp -n 65536 "$tmp/file.img" <(head -c 65536 /dev/zero | tr '\0' '\063') ||
   fail "file: data changed"
+
+# split: zeroes emulated with writes by the plugin (nbdkit's), so not
+# fast: holes skip, data fails, and plain zeroes are written.
+truncate -s 1M "$tmp/split.img"
+probe split "$tmp/split.img" zeromode=plugin -- '
+assert fast_zero(65536, 524288) == "ok"
+h.pwrite(b"\x33" * 65536, 0)
+assert fast_zero(65536, 0) == "ENOTSUP"
+h.zero(4096, 0)
+assert h.pread(8192, 0) == bytes(4096) + b"\x33" * 4096
+'
+log_lacks 'Zero id='
+log_count ' Write id=[0-9]+ offset=0x0 count=0x1000 ' 1
 
 # qcow2, zeromode=plugin: unallocated clusters skip; a data cluster
 # goes to the plugin, which zeroes it fast; a part of a data cluster

@@ -153,21 +153,25 @@ fastzero_prepare (nbdkit_next *next, void *handle, int readonly)
   return 0;
 }
 
-/* With emulate the filter writes the zeroes itself, so it must say
- * NATIVE: for EMULATE nbdkit would write them without calling
- * fastzero_zero, failing every fast zero, which ignore and probe
- * answer differently.
+/* Zero requests must reach fastzero_zero, so it says NATIVE where it
+ * emulates (and where the plugin emulates, it lets the plugin do so):
+ * for EMULATE nbdkit would write the zeroes at this level without
+ * calling fastzero_zero, failing every fast zero, which ignore and
+ * probe answer differently.
  */
 static int
 fastzero_can_zero (nbdkit_next *next, void *handle)
 {
+  int r;
+
   switch (zeromode) {
   case ZERO_NONE:
     return NBDKIT_ZERO_NONE;
   case ZERO_EMULATE:
     return NBDKIT_ZERO_NATIVE;
   default:
-    return next->can_zero (next);
+    r = next->can_zero (next);
+    return r == NBDKIT_ZERO_EMULATE ? NBDKIT_ZERO_NATIVE : r;
   }
 }
 
