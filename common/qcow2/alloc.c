@@ -18,25 +18,32 @@
 #include "checked.h"
 #include "internal.h"
 
-/* Find n free contiguous clusters, without taking them. */
+/* Find the first run of at least n free contiguous clusters, and take
+ * it up to max long (*len), without taking them.  With n small, a
+ * fragmented file costs no more to search than single clusters do.
+ */
 int
-alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t *host_offset)
+alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
+                 uint64_t *host_offset, uint64_t *len)
 {
   uint64_t start = img->free_hint, run = 0;
 
-  for (uint64_t c = start; run < n; c++) {
+  for (uint64_t c = start; run < max; c++) {
     uint64_t rc;
     int r = refcount_read (img, c, &rc);
     if (r < 0)
       return r;
-    if (rc) {
+    if (!rc)
+      run++;
+    else if (run >= n)
+      break;
+    else {
       run = 0;
       start = c + 1;
     }
-    else
-      run++;
   }
   *host_offset = start << img->cluster_bits;
+  *len = run;
   return 0;
 }
 
@@ -79,11 +86,14 @@ alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
 #define RESERVE_MIN 16
 #define RESERVE_MAX_BYTES (256u << 20)
 
-static int alloc_counted (struct qcow2_image *img, uint64_t n,
-                          uint64_t *host_offset, bool *zeroed);
+static int alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
+                          uint64_t *host_offset, uint64_t *len,
+                          bool *zeroed);
 
+/* Take at least n, at most max clusters (*len) from the reserve. */
 static bool
-alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t *first)
+alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
+                    uint64_t *first, uint64_t *len)
 {
   if (img->reserve_cur == img->reserve_cur_end && img->reserve_next_durable) {
     img->reserve_cur = img->reserve_next;
@@ -94,7 +104,8 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t *first)
   if (img->reserve_cur_end - img->reserve_cur < n)
     return false;
   *first = img->reserve_cur;
-  img->reserve_cur += n;
+  *len = MIN (max, img->reserve_cur_end - img->reserve_cur);
+  img->reserve_cur += *len;
   return true;
 }
 
@@ -105,7 +116,7 @@ int
 alloc_refill_reserve (struct qcow2_image *img)
 {
   uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
-  uint64_t want, have, offset;
+  uint64_t want, have, offset, len;
   bool zeroed;
   int r;
 
@@ -124,10 +135,10 @@ alloc_refill_reserve (struct qcow2_image *img)
   img->allocated_since_flush = 0;
   if (have >= want / 2 || img->reserve_next != img->reserve_next_end)
     return 0;
-  if ((r = alloc_counted (img, want, &offset, &zeroed)) < 0)
+  if ((r = alloc_counted (img, want, want, &offset, &len, &zeroed)) < 0)
     return r;
   img->reserve_next = offset >> img->cluster_bits;
-  img->reserve_next_end = img->reserve_next + want;
+  img->reserve_next_end = img->reserve_next + len;
   return 0;
 }
 
@@ -160,53 +171,66 @@ alloc_release_reserve (struct qcow2_image *img)
   return r;
 }
 
-/* Find n free contiguous clusters and count them. */
+/* Find at least n, at most max free contiguous clusters (*len) and
+ * count them.
+ */
 static int
-alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
-               bool *zeroed)
+alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
+               uint64_t *host_offset, uint64_t *len, bool *zeroed)
 {
   uint64_t offset, first;
   int r;
 
   do {
-    if ((r = alloc_find_free (img, n, &offset)) < 0)
+    if ((r = alloc_find_free (img, n, max, &offset, len)) < 0)
       return r;
     first = offset >> img->cluster_bits;
-  } while ((r = alloc_ensure_blocks (img, first, n)) == 1);
+  } while ((r = alloc_ensure_blocks (img, first, *len)) == 1);
   if (r < 0)
     return r;
 
-  for (uint64_t i = 0; i < n; i++) {
+  for (uint64_t i = 0; i < *len; i++) {
     if ((r = refcount_update (img, first + i, 1, NULL)) < 0)
       return r;
   }
-  img->free_hint = first + n;
+  img->free_hint = first + *len;
   *zeroed = offset >= img->file_size;
   *host_offset = offset;
   return 0;
 }
 
-/* Allocate n contiguous clusters with refcount 1, from the reserve if
- * it can.  *zeroed tells whether they lie past the end of the file (and
- * so read as zeros).
+/* Allocate at least n, at most max contiguous clusters (*len) with
+ * refcount 1, from the reserve if it can.  *zeroed tells whether they
+ * lie past the end of the file (and so read as zeros).
  */
 int
-alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
-                bool *zeroed)
+alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
+                     uint64_t *host_offset, uint64_t *len, bool *zeroed)
 {
   uint64_t first;
   int r;
 
-  img->allocated_since_flush += n;
-  if (alloc_from_reserve (img, n, &first)) {
+  if (alloc_from_reserve (img, n, max, &first, len)) {
+    img->allocated_since_flush += *len;
     *host_offset = first << img->cluster_bits;
     *zeroed = *host_offset >= img->file_size;
     return 0;
   }
-  if ((r = alloc_counted (img, n, host_offset, zeroed)) < 0)
+  if ((r = alloc_counted (img, n, max, host_offset, len, zeroed)) < 0)
     return r;
+  img->allocated_since_flush += *len;
   img->l2_needs_sync_first |= !img->lazy_refcounts;
   return 0;
+}
+
+/* Allocate exactly n contiguous clusters. */
+int
+alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
+                bool *zeroed)
+{
+  uint64_t len;
+
+  return alloc_clusters_upto (img, n, n, host_offset, &len, zeroed);
 }
 
 /* Drop one reference from each cluster of [host_offset, +bytes) once

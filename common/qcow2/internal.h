@@ -300,9 +300,13 @@ extern int refcount_update (struct qcow2_image *img, uint64_t cluster,
 
 /* alloc.c */
 extern int alloc_find_free (struct qcow2_image *img, uint64_t n,
-                            uint64_t *host_offset);
+                            uint64_t max, uint64_t *host_offset,
+                            uint64_t *len);
 extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
                            uint64_t *host_offset, bool *zeroed);
+extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,
+                                uint64_t max, uint64_t *host_offset,
+                                uint64_t *len, bool *zeroed);
 extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
                              uint64_t bytes);
 extern int alloc_apply_frees (struct qcow2_image *img, size_t n);

@@ -252,8 +252,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
 
 /* Write whole clusters from offset (count bytes, at least one cluster,
  * offset aligned) into newly allocated clusters, as many as lie in one
- * L2 slice and need a new cluster, with one contiguous allocation and
- * one write; *done is the number of bytes written.  Nothing needs
+ * L2 slice, need a new cluster and find free clusters together, with
+ * one allocation and one write; *done is the number of bytes written.  Nothing needs
  * copying, since every cluster is overwritten whole.  Called with the
  * lock held; *done is 0 if the first cluster is not such a cluster.
  */
@@ -283,8 +283,11 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   if (k == 0)
     return 0;
 
+  /* As many as lie free together where the allocator looks: a
+   * fragmented file must not be searched for a long run.
+   */
   if ((r = write_reads_zero (img, offset, k * cs, &old_zero)) < 0 ||
-      (r = alloc_clusters (img, k, &target, &zeroed)) < 0)
+      (r = alloc_clusters_upto (img, 1, k, &target, &k, &zeroed)) < 0)
     return r;
   if (zeroed)
     io_note_end (img, target + k * cs);
