@@ -546,11 +546,35 @@ overlap_add (struct qcow2_image *img, uint64_t offset, uint64_t len,
   return overlap_set_range (img, offset, len, bit + 1);
 }
 
-/* Clusters freed: whatever metadata they held is gone. */
+/* The structures the header locates: they stay where the header says,
+ * whatever the refcounts say.
+ */
+#define OVERLAP_FIXED (OL (MAIN_HEADER) | OL (ACTIVE_L1) | \
+                       OL (REFCOUNT_TABLE) | OL (SNAPSHOT_TABLE))
+
+/* Clusters freed: whatever metadata they held is gone, except for the
+ * structures the header locates.  (In a corrupt image a cluster of the
+ * L1 table may also be counted as data, and freed as such; unmapping it
+ * would let the next allocation land on the table.)
+ */
 int
 overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
 {
-  return overlap_set_range (img, offset, len, 0);
+  struct overlap_map *m = img->overlap;
+  uint64_t first, last, c;
+  unsigned type;
+  int r;
+
+  if (!m || len == 0)
+    return 0;
+  first = offset >> img->cluster_bits;
+  last = (offset + len - 1) >> img->cluster_bits;
+  for (c = overlap_next (m, first, last + 1, &type); c <= last;
+       c = overlap_next (m, c + 1, last + 1, &type))
+    if (!(OVERLAP_FIXED & (UINT32_C (1) << (type - 1))) &&
+        (r = overlap_set (m, c, 1, 0)) < 0)
+      return r;
+  return 0;
 }
 
 /* A write must not happen: say what it would have destroyed, and mark
@@ -699,7 +723,8 @@ int
 overlap_move_reftable (struct qcow2_image *img, uint64_t old_offset,
                        uint64_t old_clusters)
 {
-  int r = overlap_remove (img, old_offset, old_clusters << img->cluster_bits);
+  int r = overlap_set_range (img, old_offset,
+                             old_clusters << img->cluster_bits, 0);
 
   return r ? r : overlap_add (img, img->h.refcount_table_offset,
                               (uint64_t) img->h.refcount_table_clusters
