@@ -98,34 +98,40 @@ cm_make_source ()
 }
 
 # The client, run by nbdkit --run: copy.sh URI CLIENT SRC TIMEFILE
-# PREZEROFILE.  The copy is timed (the pre-zero included, the check
-# not); then the export is compared with the source through NBD (the
-# memory plugin's data is gone once nbdkit exits).  The compare's
-# reads go through iostats too: reads are not asserted.
+# PREZEROFILE.  The copy is timed: the pre-zero's request (not nbdsh's
+# start and connection: qemu-img sent it on the connection it copies
+# over) plus the whole qemu-img convert.  Then the export is compared
+# with the source through NBD (the memory plugin's data is gone once
+# nbdkit exits).  The compare's reads go through iostats too: reads
+# are not asserted.
 cat > "$cm_dir/copy.sh" <<'EOF'
 set -e
 uri=$1 client=$2 src=$3 timefile=$4 prezerofile=$5
-start=$(date +%s.%N)
-tiz=
+tiz= pz_time=0
 if [ "$client" = prezero ]; then
   /usr/bin/nbdsh -u "$uri" -c '
-import errno
+import errno, time
 if not h.can_fast_zero():
-    print("none")
+    print("none 0")
 else:
+    t = time.monotonic()
     try:
         h.zero(h.get_size(), 0, nbd.CMD_FLAG_FAST_ZERO)
-        print("ok")
+        r = "ok"
     except nbd.Error as e:
         if e.errnum != errno.ENOTSUP:
             raise
-        print("ENOTSUP")
-' > "$prezerofile"
-  if [ "$(cat "$prezerofile")" = ok ]; then tiz=--target-is-zero; fi
+        r = "ENOTSUP"
+    print(r, time.monotonic() - t)
+' > "$prezerofile.out"
+  read -r pz pz_time < "$prezerofile.out"
+  echo "$pz" > "$prezerofile"
+  if [ "$pz" = ok ]; then tiz=--target-is-zero; fi
 fi
+start=$(date +%s.%N)
 qemu-img convert -n $tiz -f qcow2 -O raw "$src" "$uri"
 end=$(date +%s.%N)
-echo "$start $end" > "$timefile"
+echo "$start $end $pz_time" > "$timefile"
 qemu-img compare -q -f qcow2 -F raw "$src" "$uri" ||
   { echo "the export differs from $src" >&2; exit 1; }
 EOF
@@ -142,7 +148,7 @@ cm_run ()
   local plugin="$1" zm="$2" fm="$3" client="$4"
   local what="$plugin zeromode=$zm fastzeromode=$fm $client"
   local target lat_filter=() lat_args=() dst=$cm_dir/dst.qcow2 run
-  rm -f "$cm_dir/log" "$cm_dir/stats.json" "$cm_dir/time" "$cm_dir/prezero"
+  rm -f "$cm_dir/log" "$cm_dir/stats.json" "$cm_dir/time" "$cm_dir/prezero"*
   echo skip > "$cm_dir/prezero"
   case "$plugin" in
     memory) target=(memory "${CM_SIZE_MIB}M") ;;
@@ -172,7 +178,7 @@ cm_run ()
     cat "$cm_dir/run.out" >&2
     fail "$what: the copy failed"
   }
-  cm_elapsed=$(awk '{ printf "%.3f", $2 - $1 }' "$cm_dir/time")
+  cm_elapsed=$(awk '{ printf "%.3f", $2 - $1 + $3 }' "$cm_dir/time")
   if [ "$plugin" = qcow2 ]; then
     qemu-img check --output=json "$dst" > "$cm_dir/check.json" || {
       cat "$cm_dir/check.json" >&2
