@@ -5,8 +5,9 @@
 # every client flush and FUA write that succeeded was covered by a
 # plugin flush that started after every write it had to cover and ended
 # before the client's next request.  With the memory plugin, the qcow2
-# plugin, and a plugin whose flush takes 0.1 s like a disk's, where the
-# plugin must see far fewer flushes than the clients sent.
+# plugin, qcow2 whose flushes take 20 ms, and a plugin whose flush takes
+# 0.1 s like a disk's; in the last two the plugin must see far fewer
+# flushes than the clients sent.
 #
 # The checker must also fail: on a pipeline that drops flushes (nbdkit's
 # fua filter, fuamode=discard), and on a true log doctored so that the
@@ -78,6 +79,17 @@ qemu-img create -q -f qcow2 "$img" 16M
 run qcow2 8 40 --fua --filter=flush-coalesce --filter=log qcow2 "file=$img" \
   coalesce-fua=true
 check_counts qcow2
+qemu-img check -q "$img" || fail "qemu-img check $img"
+
+# qcow2 on a disk whose flush takes 20 ms (the latency filter below the
+# log): the eight clients share most plugin flushes.
+qemu-img create -q -f qcow2 "$img" 16M
+run qcow2-slow 8 10 "" --filter=flush-coalesce --filter=log \
+  --filter=latency qcow2 "file=$img" latency-flush=20ms
+check_counts qcow2-slow
+received=$(summary qcow2-slow flushes) issued=$(summary qcow2-slow plugin_flushes)
+[ $((issued * 2)) -lt "$received" ] ||
+  fail "qcow2, slow flush: $issued plugin flushes for $received client flushes"
 qemu-img check -q "$img" || fail "qemu-img check $img"
 
 # A flush that takes 0.1 s, as a disk's may: eight clients share most.
