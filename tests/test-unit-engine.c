@@ -3,7 +3,7 @@
  * builder's model of them: reads and extents of every kind of cluster
  * at every cluster size, backing chains (raw and qcow2, shorter than
  * the overlay, as deep as allowed), external data files, snapshots,
- * and what bad L2 entries and bad headers do.
+ * what bad L2 entries and bad headers do, and qcow2_check.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -1111,6 +1111,89 @@ test_bad_headers (void)
   memenv_free (me);
 }
 
+/* Set the 16-bit refcount of the cluster at host offset in an image
+ * ib_finish made (one refcount block, named by the table at cluster 1).
+ */
+static void
+set_refcount (uint8_t *buf, uint64_t cs, uint64_t host, uint16_t value)
+{
+  uint64_t block = be64_get (buf + cs);
+
+  be16_put (buf + block + host / cs * 2, value);
+}
+
+/* qcow2_check counts what qemu-img check counts, and repairs leaks
+ * (rebuilding the refcounts of a dirty image) without changing data.
+ */
+static void
+test_check (void)
+{
+  const uint64_t cs = 4096, size = 64 * cs;
+  struct qcow2_options rw = { .readonly = false };
+  struct memenv *me = memenv_new ();
+  struct qcow2_check_result res;
+  struct qcow2_image *img;
+  uint64_t host;
+  uint8_t *buf;
+  struct ib ib;
+
+  ib_init (&ib, 3, 12, size, false);
+  ib_data (&ib, 0, 1);
+  ib_data (&ib, 5, 2);
+  ib_zero (&ib, 7);
+  ib_snapshot (&ib, "1", "s", 0, true);
+  host = ib_data (&ib, 9, 3);
+  ib_alloc (&ib, 2);                    /* nothing references these */
+  ib_finish (&ib);
+
+  img = open_ib (me, &ib, "check.qcow2", &rw, NULL);
+  if (CHECK (img != NULL)) {
+    CHECK_INT (qcow2_check (img, false, &res), 0);
+    CHECK_EQ (res.corruptions, 0);
+    CHECK_EQ (res.leaks, 2);
+    CHECK_INT (qcow2_check (img, true, &res), 0);
+    CHECK_EQ (res.leaks_fixed, 2);
+    CHECK_INT (qcow2_check (img, false, &res), 0);
+    CHECK_EQ (res.corruptions + res.leaks, 0);
+    check_reads (img, &ib.model, 0, size, "after reclaiming leaks");
+    /* The reclaimed clusters are used again, and nothing breaks. */
+    buf = malloc (3 * cs);
+    memset (buf, 0x5a, 3 * cs);
+    CHECK_INT (qcow2_write (img, buf, 3 * cs, 20 * cs, true), 0);
+    CHECK_INT (qcow2_check (img, false, &res), 0);
+    CHECK_EQ (res.corruptions + res.leaks, 0);
+    free (buf);
+    qcow2_close (img);
+  }
+
+  /* A referenced cluster counted zero times: a corruption (its COPIED
+   * flag disagrees too).
+   */
+  set_refcount (ib.buf, cs, host, 0);
+  ib_dump_bytes ("check-corrupt.qcow2", ib.buf, ib.len);
+  img = open_ib (me, &ib, "check.qcow2", NULL, NULL);
+  if (CHECK (img != NULL)) {
+    CHECK_INT (qcow2_check (img, false, &res), 0);
+    CHECK_EQ (res.corruptions, 2);
+    CHECK_EQ (res.leaks, 2);
+    qcow2_close (img);
+  }
+
+  /* Left dirty by lazy refcounts: the repair rebuilds the refcounts. */
+  ib.buf[72 + 7] |= 1;                  /* incompatible: dirty */
+  ib.buf[80 + 7] |= 1;                  /* compatible: lazy refcounts */
+  img = open_ib (me, &ib, "check.qcow2", &rw, NULL);
+  if (CHECK (img != NULL)) {
+    CHECK_INT (qcow2_check (img, true, &res), 0);
+    CHECK_INT (qcow2_check (img, false, &res), 0);
+    CHECK_EQ (res.corruptions + res.leaks, 0);
+    check_reads (img, &ib.model, 0, size, "after rebuilding refcounts");
+    qcow2_close (img);
+  }
+  ib_free (&ib);
+  memenv_free (me);
+}
+
 int
 main (void)
 {
@@ -1131,5 +1214,6 @@ main (void)
   test_snapshots ();
   test_bad_entries ();
   test_bad_headers ();
+  test_check ();
   return unit_finish ();
 }

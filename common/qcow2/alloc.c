@@ -258,6 +258,19 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
   return 0;
 }
 
+/* Cluster c has no reference left: it may be allocated again. */
+void
+alloc_released (struct qcow2_image *img, uint64_t c)
+{
+  uint64_t offset = c << img->cluster_bits;
+
+  img->free_hint = MIN (img->free_hint, c);
+  cache_forget (img->cache, offset, img->cluster_size);
+  overlap_remove (img, offset, img->cluster_size);
+  if (img->discard && img->io->ops->punch)
+    img->io->ops->punch (img->io, offset, img->cluster_size);
+}
+
 /* Release the first n frees that alloc_free_later queued: those whose
  * table changes a completed flush made durable.  Clusters left unreferenced
  * are punched, so the space returns to the host and stale data never
@@ -270,16 +283,10 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
 
   for (size_t i = 0; i < n && r == 0; i++) {
     uint64_t c = img->pending_free[i], rc;
-    uint64_t offset = c << img->cluster_bits;
 
     r = refcount_update (img, c, -1, &rc);
-    if (r < 0 || rc)
-      continue;
-    img->free_hint = MIN (img->free_hint, c);
-    cache_forget (img->cache, offset, img->cluster_size);
-    overlap_remove (img, offset, img->cluster_size);
-    if (img->discard && img->io->ops->punch)
-      img->io->ops->punch (img->io, offset, img->cluster_size);
+    if (r == 0 && rc == 0)
+      alloc_released (img, c);
   }
   /* Frees queued since that flush wait for the next one. */
   if (n > 0) {

@@ -309,6 +309,7 @@ extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,
                                 uint64_t *len, bool *zeroed);
 extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
                              uint64_t bytes);
+extern void alloc_released (struct qcow2_image *img, uint64_t c);
 extern int alloc_apply_frees (struct qcow2_image *img, size_t n);
 extern int alloc_grow_reftable (struct qcow2_image *img,
                                 uint64_t min_entries);

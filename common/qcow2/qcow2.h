@@ -118,6 +118,29 @@ extern bool qcow2_can_trim (const struct qcow2_image *img);
 /* Why the image cannot be written, or NULL if it can. */
 extern const char *qcow2_readonly_reason (const struct qcow2_image *img);
 
+/* What qemu-img check would report.  A corruption: a cluster referenced
+ * more often than its refcount says, a reference a cluster or more past
+ * the end of the file, a COPIED flag that disagrees with a refcount, an
+ * unaligned table or cluster offset.  A leak: a cluster counted more
+ * often than it is referenced.
+ */
+struct qcow2_check_result {
+  uint64_t corruptions;
+  uint64_t leaks;
+  uint64_t leaks_fixed;
+};
+
+/* Check the image's metadata (as it is in memory, unwritten changes
+ * included).  With fix_leaks, on an image that may be written: an image
+ * left dirty by lazy refcounts gets its refcounts rebuilt first, then
+ * each leaked cluster's refcount is lowered to its references, and
+ * clusters nothing references are freed; the repair is flushed.
+ * Returns 0 (whatever was found) or -errno if the check could not be
+ * done.
+ */
+extern int qcow2_check (struct qcow2_image *img, bool fix_leaks,
+                        struct qcow2_check_result *res);
+
 /* Host flushes issued so far (for tests and statistics). */
 extern uint64_t qcow2_host_flushes (struct qcow2_image *img);
 
