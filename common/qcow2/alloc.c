@@ -109,6 +109,17 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
   return true;
 }
 
+/* How many clusters to take ahead of need: twice what was allocated
+ * since the last flush.
+ */
+static uint64_t
+alloc_ahead (struct qcow2_image *img)
+{
+  uint64_t want = MAX (RESERVE_MIN, 2 * img->allocated_since_flush);
+
+  return MIN (want, MAX (RESERVE_MAX_BYTES >> img->cluster_bits, 1));
+}
+
 /* Count the next run of the reserve; called by a flush before it writes
  * the refcount blocks.
  */
@@ -121,24 +132,28 @@ alloc_refill_reserve (struct qcow2_image *img)
   int r;
 
   /* Only for images that are allocating. */
-  if (img->lazy_refcounts || img->data_io != img->io || img->closing ||
-      img->allocated_since_flush == 0)
-    return 0;
-  want = MAX (RESERVE_MIN, 2 * img->allocated_since_flush);
-  want = MIN (want, MAX (RESERVE_MAX_BYTES >> img->cluster_bits, 1));
-  /* A run longer than a refcount block's range could never be found
-   * where blocks are still missing (each new block lands in the run).
+  if (!img->lazy_refcounts && img->data_io == img->io && !img->closing &&
+      img->allocated_since_flush > 0) {
+    /* A run longer than a refcount block's range could never be found
+     * where blocks are still missing (each new block lands in the run).
+     */
+    want = MIN (alloc_ahead (img), (UINT64_C (1) << per_block_bits) - 1);
+    have = (img->reserve_cur_end - img->reserve_cur)
+      + (img->reserve_next_end - img->reserve_next);
+    img->allocated_since_flush = 0;
+    if (have < want / 2 && img->reserve_next == img->reserve_next_end) {
+      if ((r = alloc_counted (img, want, want, &offset, &len, &zeroed)) < 0)
+        return r;
+      img->reserve_next = offset >> img->cluster_bits;
+      img->reserve_next_end = img->reserve_next + len;
+    }
+  }
+  /* The flush that makes the run's counts durable makes the file cover
+   * it too, so that its clusters need no flush before their L2 entries
+   * (see write_allocating); an extension that failed is tried again by
+   * the next flush.
    */
-  want = MIN (want, (UINT64_C (1) << per_block_bits) - 1);
-  have = (img->reserve_cur_end - img->reserve_cur)
-    + (img->reserve_next_end - img->reserve_next);
-  img->allocated_since_flush = 0;
-  if (have >= want / 2 || img->reserve_next != img->reserve_next_end)
-    return 0;
-  if ((r = alloc_counted (img, want, want, &offset, &len, &zeroed)) < 0)
-    return r;
-  img->reserve_next = offset >> img->cluster_bits;
-  img->reserve_next_end = img->reserve_next + len;
+  io_extend (img, img->reserve_next_end << img->cluster_bits);
   return 0;
 }
 
@@ -220,6 +235,14 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
     return r;
   img->allocated_since_flush += *len;
   img->l2_needs_sync_first |= !img->lazy_refcounts;
+  /* Without the reserve (lazy refcounts), each new cluster past the
+   * durable end of the file would cost a flush before its L2 entry
+   * (see write_allocating): extend the file ahead, so that one flush
+   * covers the allocations to come.
+   */
+  if (*zeroed && img->lazy_refcounts)
+    io_extend (img, *host_offset + ((*len + alloc_ahead (img))
+                                    << img->cluster_bits));
   return 0;
 }
 

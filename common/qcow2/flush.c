@@ -35,6 +35,16 @@ io_note_end (struct qcow2_image *img, uint64_t end)
     __atomic_store_n (&img->file_size, end, __ATOMIC_RELAXED);
 }
 
+/* Called with the lock held: in-place data writes, which run without
+ * it, do not say where they end, so written_end may fall short, which
+ * is safe.
+ */
+void
+io_note_written (struct qcow2_image *img, uint64_t end)
+{
+  img->written_end = MAX (img->written_end, end);
+}
+
 /* Every write to the image file goes through the overlap guard: a
  * metadata write may touch only the structures in may_touch.
  */
@@ -54,7 +64,32 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
     return r;
   }
   io_note_end (img, offset + len);
+  io_note_written (img, offset + len);
   return 0;
+}
+
+/* Make the file at least end bytes long (a hole), so that the next
+ * flush makes clusters below end part of the file even if their data
+ * never reaches the disk.  The hole still counts as never written: new
+ * clusters there read as zeros (file_size does not move).  Only saves
+ * flushes (see write_allocating), so a failure (a full disk) is not an
+ * error.
+ */
+void
+io_extend (struct qcow2_image *img, uint64_t end)
+{
+  int r;
+
+  if (end <= img->written_end)
+    return;
+  r = overlap_check (img, end - 1, 1, 0);
+  if (r == 0)
+    r = img->io->ops->pwrite (img->io, "", 1, end - 1);
+  if (r < 0)
+    qcow2_dbg (img, "extending the file to %" PRIu64 " bytes: %s", end,
+               errstr (-r));
+  else
+    io_note_written (img, end);
 }
 
 /* Guest data never lands on metadata.  With the lock held. */
@@ -91,6 +126,7 @@ io_pwrite_data (struct qcow2_image *img, const void *buf, uint64_t len,
 int
 io_flush (struct qcow2_image *img)
 {
+  uint64_t end = img->written_end;
   int r;
 
   if (img->data_io != img->io &&
@@ -104,6 +140,7 @@ io_flush (struct qcow2_image *img)
     return r;
   }
   img->flushes++;
+  img->durable_end = end;
   return 0;
 }
 

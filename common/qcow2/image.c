@@ -237,7 +237,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     qcow2_err (img, "cannot get the file size: %s", errstr (-r));
     goto err;
   }
-  img->file_size = size;
+  img->file_size = img->written_end = img->durable_end = size;
 
   if (!format && (r = image_probe_format (img, &format)) < 0)
     goto err;

@@ -118,7 +118,13 @@ struct qcow2_image {
   char *path;                   /* as given; names resolve against it */
   char *id;                     /* canonical identity, for loop checks */
   struct qcow2_io *io;          /* the image file */
-  uint64_t file_size;
+  uint64_t file_size;            /* past every cluster written or taken */
+  /* The end of what was written to io, and its value at the last
+   * flush: the least the file's length may be after a crash.  An L2
+   * entry may point at a cluster past durable_end only once a flush has
+   * made the cluster's data durable (see write_allocating).
+   */
+  uint64_t written_end, durable_end;
 
   /* A raw layer (only ever a backing file) has no qcow2 metadata: reads
    * go straight to io, and only size and backing are meaningful.
@@ -323,6 +329,8 @@ extern int io_write_meta (struct qcow2_image *img, const void *buf,
                           uint32_t may_touch);
 extern int io_flush (struct qcow2_image *img);
 extern void io_note_end (struct qcow2_image *img, uint64_t end);
+extern void io_note_written (struct qcow2_image *img, uint64_t end);
+extern void io_extend (struct qcow2_image *img, uint64_t end);
 extern int flush_l2_dependencies (struct qcow2_image *img);
 extern int flush_locked (struct qcow2_image *img);
 extern int flush_begin_write (struct qcow2_image *img);

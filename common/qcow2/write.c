@@ -198,8 +198,11 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    */
   if (zeroed)
     io_note_end (img, target + cs);
-  if (!need_head && !need_tail && zeroed)
+  if (!need_head && !need_tail && zeroed) {
     r = io_write_data (img, data, len, target + in);
+    if (r == 0 && !external)
+      io_note_written (img, target + in + len);
+  }
   else {
     tmp = malloc (end - start);
     if (!tmp)
@@ -210,6 +213,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
       memcpy (tmp + in - start, data, len);
       r = io_write_data (img, tmp, end - start, target + start);
     }
+    if (r == 0 && !external)
+      io_note_written (img, target + end);
     free (tmp);
   }
   if (r < 0) {
@@ -240,9 +245,13 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   /* The data must be durable before the entry that makes it visible,
    * unless a crash between the two could only show zeros where zeros
    * were: a new cluster past the end of the file, over a range and a
-   * head and tail that all read as zeros before.
+   * head and tail that all read as zeros before -- and a cluster the
+   * file durably covers, since an entry pointing past the end of the
+   * file is corruption (the reserve and alloc_clusters extend the file
+   * ahead, so that this rarely costs a flush).
    */
-  if (reuse || !zeroed || need_head || need_tail || !old_zero)
+  if (reuse || !zeroed || need_head || need_tail || !old_zero ||
+      target >= img->durable_end)
     img->l2_needs_sync_first = true;
   return reuse ? 0 : write_release_old (img, &s);
 }
@@ -296,6 +305,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
       refcount_update (img, (target >> img->cluster_bits) + i, -1, NULL);
     return r;
   }
+  io_note_written (img, target + k * cs);
 
   /* Reading what the guest saw may have evicted the slice. */
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
@@ -306,8 +316,10 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
                   img->extended_l2 ? L2_ALL_ALLOC : 0);
   cache_mark_dirty (img->cache, slice);
   img->changed = true;
-  /* As in write_allocating: zeros over zeros need no ordering. */
-  if (!zeroed || !old_zero)
+  /* As in write_allocating: zeros over zeros need no ordering, in
+   * clusters the file durably covers.
+   */
+  if (!zeroed || !old_zero || target + (k - 1) * cs >= img->durable_end)
     img->l2_needs_sync_first = true;
   *done = k * cs;
   for (uint64_t i = 0; i < k; i++)
