@@ -2,10 +2,11 @@
  * image consistent at every instant:
  *
  *  - refcount blocks (and new tables' contents) before the L2/L1/
- *    reftable entries that point at newly allocated clusters;
+ *    reftable entries that point at newly allocated clusters, and the
+ *    reftable entry of a new block before those L2/L1 entries;
  *  - guest data before the L2 entry that makes it visible, except where
  *    a crash between the two could only show zeros where there were
- *    zeros (see write.c);
+ *    zeros and the file durably covers the cluster (see write.c);
  *  - L2 updates before the refcount decrements that free clusters
  *    (frees are applied only after a flush, see alloc.c);
  *  - one host flush per client flush when nothing depends on a
@@ -192,8 +193,10 @@ flush_write_table (struct qcow2_image *img, const uint64_t *table,
   return r;
 }
 
-/* Before any L2, L1 or reftable entry reaches the disk, make durable
- * what it may point at.
+/* Before any L2 or L1 entry reaches the disk, make durable what it
+ * may point at: refcount blocks, then the refcount table entries of new
+ * blocks (after the blocks: a second flush, but a block counts many
+ * clusters, so it is rare).  Cache evictions call this too.
  */
 int
 flush_l2_dependencies (struct qcow2_image *img)
@@ -205,6 +208,14 @@ flush_l2_dependencies (struct qcow2_image *img)
   if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
+  if (img->rt_dirty_hi > img->rt_dirty_lo) {
+    r = flush_write_table (img, img->reftable, img->rt_dirty_lo,
+                           img->rt_dirty_hi, img->h.refcount_table_offset,
+                           "refcount table", OL (REFCOUNT_TABLE));
+    if (r < 0 || (r = io_flush (img)) < 0)
+      return r;
+    img->rt_dirty_lo = img->rt_dirty_hi = 0;
+  }
   img->l2_needs_sync_first = false;
   return 0;
 }
@@ -214,18 +225,15 @@ flush_tables (struct qcow2_image *img)
 {
   int r;
 
+  /* New refcount blocks always come with l2_needs_sync_first; this
+   * only makes sure that their table entries are written.
+   */
+  if (img->rt_dirty_hi > img->rt_dirty_lo)
+    img->l2_needs_sync_first = true;
   if ((r = alloc_refill_reserve (img)) < 0 ||
       (r = cache_writeback (img, img->refcount_cache)) < 0 ||
       (r = flush_l2_dependencies (img)) < 0)
     return r;
-  if (img->rt_dirty_hi > img->rt_dirty_lo) {
-    r = flush_write_table (img, img->reftable, img->rt_dirty_lo,
-                           img->rt_dirty_hi, img->h.refcount_table_offset,
-                           "refcount table", OL (REFCOUNT_TABLE));
-    if (r < 0)
-      return r;
-    img->rt_dirty_lo = img->rt_dirty_hi = 0;
-  }
   if ((r = cache_writeback (img, img->cache)) < 0)
     return r;
   if (img->l1_dirty_hi > img->l1_dirty_lo) {
