@@ -298,8 +298,10 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   if ((r = write_reads_zero (img, offset, k * cs, &old_zero)) < 0 ||
       (r = alloc_clusters_upto (img, 1, k, &target, &k, &zeroed)) < 0)
     return r;
-  if (zeroed)
-    io_note_end (img, target + k * cs);
+  /* Not only when zeroed: a run may start in a free gap inside the
+   * file and end past it.
+   */
+  io_note_end (img, target + k * cs);
   if ((r = io_write_data (img, data, k * cs, target)) < 0) {
     for (uint64_t i = 0; i < k; i++)
       refcount_update (img, (target >> img->cluster_bits) + i, -1, NULL);
