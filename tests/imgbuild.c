@@ -11,6 +11,7 @@
 #include <zstd.h>
 
 #include "be.h"
+#include "checked.h"
 #include "qcow2.h"
 #include "imgbuild.h"
 
@@ -43,6 +44,25 @@ model_pattern (bool compressible, uint32_t seed, uint64_t o)
       (seed + 1) * UINT64_C (0xff51afd7ed558ccd);
   h ^= h >> 29;
   return (uint8_t) (o ^ (h >> 56));
+}
+
+void
+model_pattern_fill (bool compressible, uint32_t seed, uint64_t o,
+                    uint8_t *buf, size_t len)
+{
+  /* model_pattern, with the hash computed once per 256 bytes. */
+  for (size_t i = 0; i < len; ) {
+    uint64_t h = ((o + i) >> 8) * UINT64_C (0x9e3779b97f4a7c15) ^
+      (seed + 1) * UINT64_C (0xff51afd7ed558ccd);
+    size_t end = MIN (len, i + 256 - ((o + i) & 255));
+    h ^= h >> 29;
+    if (compressible)
+      for (; i < end; i++)
+        buf[i] = (uint8_t) ((o + i) ^ ((o + i) >> 12) ^ seed);
+    else
+      for (; i < end; i++)
+        buf[i] = (uint8_t) ((o + i) ^ (h >> 56));
+  }
 }
 
 static struct model_cluster *
@@ -164,8 +184,7 @@ model_fill (const struct model *m, uint8_t *buf, uint64_t len, uint64_t o)
         memset (buf, 0, n);
         break;
       case W_DATA:
-        for (uint64_t i = 0; i < n; i++)
-          buf[i] = model_pattern (mc->compressible, mc->seed, o + i);
+        model_pattern_fill (mc->compressible, mc->seed, o, buf, n);
         break;
       case W_BACKING:
         if (m->backing)
@@ -289,8 +308,7 @@ static void
 ib_fill (const struct ib *ib, uint8_t *p, uint64_t c, bool compressible,
          uint32_t seed)
 {
-  for (uint64_t i = 0; i < ib->cs; i++)
-    p[i] = model_pattern (compressible, seed, c * ib->cs + i);
+  model_pattern_fill (compressible, seed, c * ib->cs, p, ib->cs);
 }
 
 uint64_t
@@ -398,8 +416,14 @@ ib_snapshot (struct ib *ib, const char *id, const char *name,
 
     if (!l2)
       continue;
-    copy = ib_alloc (ib, 1);
-    memcpy (ib->buf + copy, ib->buf + l2, ib->cs);
+    if (ib->share_l2) {
+      copy = l2;
+      be64_put (ib->buf + ib->l1_offset + i * 8, l2);
+    }
+    else {
+      copy = ib_alloc (ib, 1);
+      memcpy (ib->buf + copy, ib->buf + l2, ib->cs);
+    }
     be64_put (ib->buf + sn->l1_offset + i * 8, copy);
     /* Data clusters are now shared, so neither copy may say COPIED. */
     for (uint32_t j = 0; j < ib->l2_entries; j++) {
@@ -481,10 +505,23 @@ ib_write_snapshots (struct ib *ib)
   return host;
 }
 
+/* Refcount entry i of a block, at 1 << order bits (3 to 6). */
+static void
+ib_put_refcount (uint8_t *block, unsigned order, uint64_t i, uint64_t v)
+{
+  switch (order) {
+  case 3: block[i] = v; break;
+  case 4: be16_put (block + i * 2, v); break;
+  case 5: be32_put (block + i * 4, v); break;
+  default: be64_put (block + i * 8, v); break;
+  }
+}
+
 static void
 ib_write_refcounts (struct ib *ib)
 {
-  uint64_t per_block = ib->cs / 2;         /* 16 bit refcounts */
+  unsigned order = ib->refcount_order ? ib->refcount_order : 4;
+  uint64_t per_block = ib->cs * 8 >> order;
   uint64_t n = ib->len / ib->cs, blocks = 0, first;
   uint16_t *rc;
 
@@ -511,7 +548,8 @@ ib_write_refcounts (struct ib *ib)
   for (uint64_t c = 0; c < n; c++) {
     if (rc[c] == 0)
       rc[c] = 1;
-    be16_put (ib->buf + first + c * 2, rc[c]);
+    ib_put_refcount (ib->buf + first + c / per_block * ib->cs, order,
+                     c % per_block, rc[c]);
   }
   free (rc);
 }
@@ -556,7 +594,7 @@ ib_finish (struct ib *ib)
     be64_put (h + 72, incompat);
     be64_put (h + 80, ib->compat);
     be64_put (h + 88, ib->autoclear);
-    be32_put (h + 96, 4);
+    be32_put (h + 96, ib->refcount_order ? ib->refcount_order : 4);
     be32_put (h + 100, header_length);
     h[104] = ib->compression_type;
   }

@@ -40,6 +40,9 @@ struct model {
  * well; the other differs at every shift, so misplaced data shows.
  */
 extern uint8_t model_pattern (bool compressible, uint32_t seed, uint64_t o);
+/* The same for guest bytes [o, o+len), faster. */
+extern void model_pattern_fill (bool compressible, uint32_t seed, uint64_t o,
+                                uint8_t *buf, size_t len);
 extern void model_set (struct model *m, uint64_t cluster,
                        enum model_kind kind, bool compressible,
                        uint32_t seed, uint32_t alloc, uint32_t zero);
@@ -89,6 +92,12 @@ struct ib {
 
   struct ib_snapshot snaps[4];
   unsigned nb_snaps;
+  /* Snapshots share the L2 tables with the active image, as qemu-img
+   * snapshot makes them, instead of getting copies (the active image
+   * must then not be changed through ib_data and the like).
+   */
+  bool share_l2;
+  unsigned refcount_order;      /* 3 to 6; 0 means 4 (16 bits) */
 
   struct model model;           /* what the active image reads as */
 };
