@@ -1,0 +1,1104 @@
+/* The crash simulator.  Random workloads (workload.c) run against the
+ * engine over a crashio, which records every host write, punch and
+ * flush.  At random host operations, the images a crash there could
+ * leave are built: the state at the last flush plus a subset of the
+ * writes since, torn into sectors.  Each must:
+ *
+ *  - open, and read back what the model allows: every byte a completed
+ *    flush, FUA request or clean close covered as it was written, every
+ *    other byte as some request wrote it;
+ *  - have no corruption by our check (leaks are allowed), and by
+ *    qemu-img check on a sample (exit 0 or 3) -- an image left dirty
+ *    under lazy refcounts excepted: the spec says to repair it first;
+ *  - open read-write and be repaired (qcow2_check fixing leaks, which
+ *    rebuilds the refcounts of a dirty image) without a change of data,
+ *    leaving no leak and no corruption; then take more writes, and be
+ *    clean after a clean close (qemu-img check exit 0 on the sample).
+ *
+ * A failure is shrunk (fewer requests, fewer kept writes) and the
+ * reproducer printed, saved as crash-sim-failure-CONFIG.txt with the
+ * image in crash-sim-failure-CONFIG.qcow2.  Before the random workloads,
+ * short regression workloads (reproducers of engine bugs found so far)
+ * are checked with many crash images at every host operation.
+ *
+ * Environment:
+ *  CRASH_IMAGES=N      crash images of random workloads (default 10000;
+ *                      3000 under AddressSanitizer, where an image costs
+ *                      four times as much and the point is memory
+ *                      errors, not crash orderings)
+ *  CRASH_SEED=N|random the workloads (default 1)
+ *  CRASH_CONFIG=NAME   one configuration only (see workload.c)
+ *  CRASH_QEMU_EVERY=N  qemu-img check on every Nth image (default 10;
+ *                      0: never)
+ *  CRASH_REPLAY=FILE   run a saved reproducer; with CRASH_REPLAY_ALL=1,
+ *                      its requests with many crash images at every host
+ *                      operation, as the regression workloads
+ *  CRASH_TRACE=1       print every request and host operation
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "be.h"
+#include "checked.h"
+#include "errstr.h"
+#include "workload.h"
+
+#define WHY 1024
+
+#if defined (__SANITIZE_ADDRESS__)
+#define DEFAULT_IMAGES 3000
+#elif defined (__has_feature)
+#if __has_feature (address_sanitizer)
+#define DEFAULT_IMAGES 3000
+#endif
+#endif
+#ifndef DEFAULT_IMAGES
+#define DEFAULT_IMAGES 10000
+#endif
+
+extern char **environ;
+
+struct failure {
+  char cls[32];                 /* what failed: open, data, check, ... */
+  char why[WHY];
+};
+
+/* Everything needed to build the failing image again. */
+struct repro {
+  const struct wl_config *cfg;
+  uint64_t seed;                /* of the initial image */
+  struct wl_op *ops;
+  size_t nops;
+  uint64_t crash_at;            /* which host write, punch or flush */
+  uint8_t *keep;                /* pieces kept, at that point */
+  size_t npieces;
+  struct failure f;
+};
+
+enum sim_mode {
+  SIM_COUNT,                    /* only count the host operations */
+  SIM_SAMPLE,                   /* crash images at random points */
+  SIM_AT,                       /* one image: crash_at and keep */
+  SIM_SEARCH,                   /* a few images at every point */
+  SIM_REGRESS,                  /* many images at every point */
+};
+
+struct sim {
+  const struct wl_setup *setup;
+  struct wl_run run;
+  enum sim_mode mode;
+  struct wl_rng rng;
+  double p;                     /* SIM_SAMPLE: chance of a crash point */
+  unsigned per_point;           /* SIM_SAMPLE: images per crash point */
+  uint64_t images_left;         /* SIM_SAMPLE: images still wanted */
+  uint64_t calls;               /* host writes, punches, flushes so far */
+  const char *want;             /* SIM_SEARCH: failure class wanted */
+  uint64_t crash_at;            /* SIM_AT */
+  const uint8_t *keep;
+  size_t nkeep;
+  bool failed;
+  uint64_t fail_at;
+  uint8_t *fail_keep;
+  size_t fail_npieces;
+  struct failure f;
+};
+
+/* Totals, for the summary. */
+static struct {
+  uint64_t images, points, dirty, leaky, qemu, qemu_after, workloads;
+} stats;
+
+static unsigned qemu_every = 10;
+static bool have_qemu;
+static char *workdir;           /* image files for qemu-img */
+static const char *save_image;  /* SIM_AT: save the crash image here */
+/* Reused from one image to the next. */
+static struct wl_buf buf_image, buf_data, buf_again, buf_got;
+static bool trace;
+
+static void __attribute__ ((format (printf, 3, 4)))
+fail_set (struct failure *f, const char *cls, const char *fmt, ...)
+{
+  va_list ap;
+
+  snprintf (f->cls, sizeof f->cls, "%s", cls);
+  va_start (ap, fmt);
+  vsnprintf (f->why, sizeof f->why, fmt, ap);
+  va_end (ap);
+}
+
+/* Where two guest images differ, for messages. */
+static uint64_t
+first_difference (const uint8_t *a, const uint8_t *b, uint64_t len)
+{
+  uint64_t i = 0;
+
+  while (i < len && a[i] == b[i])
+    i++;
+  return i;
+}
+
+static bool
+image_dirty (const uint8_t *buf, size_t len)
+{
+  return len >= 80 && be32_get (buf + 4) >= 3 && (be64_get (buf + 72) & 1);
+}
+
+static void
+write_file (const char *path, const void *data, size_t len)
+{
+  FILE *fp = fopen (path, "w");
+
+  if (!fp || fwrite (data, 1, len, fp) != len || fclose (fp) != 0) {
+    fprintf (stderr, "%s: %s\n", path, errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+}
+
+/* The backing file of the configuration, beside the images qemu-img
+ * checks.
+ */
+static void
+write_backing (const struct wl_setup *s)
+{
+  const struct qcow2_env *env = memenv_env (s->me);
+  char path[4096], *id;
+  struct qcow2_io *io;
+  int64_t size;
+  uint8_t *buf;
+
+  if (!s->cfg->backing || !workdir)
+    return;
+  io = env->open (env->opaque, "backing.img", true, &id);
+  if (!io)
+    abort ();
+  free (id);
+  size = io->ops->size (io);
+  buf = malloc (size ? size : 1);
+  if (!buf || io->ops->pread (io, buf, size, 0) < 0)
+    abort ();
+  snprintf (path, sizeof path, "%s/backing.img", workdir);
+  write_file (path, buf, size);
+  free (buf);
+  io->ops->close (io);
+}
+
+/* qemu-img check of an image: its exit status, its output in out. */
+static int
+qemu_check (const uint8_t *img, size_t len, char *out, size_t outlen)
+{
+  char path[4096], log[4096];
+  char *argv[] = { "qemu-img", "check", "-f", "qcow2", path, NULL };
+  posix_spawn_file_actions_t fa;
+  int status, fd;
+  ssize_t n;
+  pid_t pid;
+
+  snprintf (path, sizeof path, "%s/crash.qcow2", workdir);
+  snprintf (log, sizeof log, "%s/check.out", workdir);
+  write_file (path, img, len);
+  fflush (NULL);
+  /* posix_spawn, not fork: the heap is large. */
+  posix_spawn_file_actions_init (&fa);
+  posix_spawn_file_actions_addopen (&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC,
+                                    0644);
+  posix_spawn_file_actions_adddup2 (&fa, 1, 2);
+  errno = posix_spawnp (&pid, "qemu-img", &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy (&fa);
+  if (errno) {
+    fprintf (stderr, "running qemu-img: %s\n", errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+  if (waitpid (pid, &status, 0) == -1) {
+    fprintf (stderr, "waitpid: %s\n", errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+  out[0] = '\0';
+  fd = open (log, O_RDONLY);
+  if (fd >= 0) {
+    n = read (fd, out, outlen - 1);
+    out[n > 0 ? n : 0] = '\0';
+    close (fd);
+  }
+  return WIFEXITED (status) ? WEXITSTATUS (status) : 128;
+}
+
+static bool
+qemu_sampled (void)
+{
+  return have_qemu && qemu_every && stats.images % qemu_every == 0;
+}
+
+/* After a repair: more writes, then a clean close must leave an image
+ * without leak or corruption that reads as the model says.
+ */
+static bool
+verify_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
+                     struct failure *f)
+{
+  const struct wl_config *cfg = run->setup->cfg;
+  uint64_t cs = UINT64_C (1) << cfg->cluster_bits;
+  struct qcow2_check_result res;
+  struct qcow2_image *img;
+  const uint8_t *data;
+  uint8_t *got = NULL;
+  char out[4096];
+  size_t len;
+  bool ok = false;
+  int r;
+
+  for (int i = 0; i < 5; i++) {
+    struct wl_op op = { .kind = i == 3 ? WL_TRIM : WL_WRITE,
+                        .seed = wl_rand (rng) };
+    op.offset = wl_below (rng, run->model.size / cs) * cs
+      + (i == 3 ? 0 : wl_below (rng, cs));
+    op.len = 1 + wl_below (rng, 3 * cs);
+    op.len = MIN (op.len, run->model.size - op.offset);
+    if (trace) {
+      char line[256];
+      wl_format_op (&op, line, sizeof line);
+      fprintf (stderr, "after the repair: %s\n", line);
+    }
+    if ((r = wl_exec (run, &op)) < 0) {
+      fail_set (f, "after-repair", "request %d after the repair failed: %s",
+                i, errstr (-r));
+      return false;
+    }
+  }
+  r = qcow2_close (run->img);
+  run->img = NULL;
+  if (r < 0) {
+    fail_set (f, "after-repair", "close after the repair: %s", errstr (-r));
+    return false;
+  }
+  data = crashio_data (run->cio, &len);
+  img = wl_open_copy (run->setup, data, len, true);
+  if (!img) {
+    fail_set (f, "after-repair", "open after the repair: %s",
+              memenv_last_error (run->setup->me));
+    return false;
+  }
+  if ((r = qcow2_check (img, false, &res)) < 0 || res.corruptions ||
+      res.leaks)
+    fail_set (f, "after-repair", "after the repair, more writes and a clean "
+              "close: check: %s, %" PRIu64 " corruptions, %" PRIu64 " leaks",
+              errstr (-r), res.corruptions, res.leaks);
+  else if (!(got = wl_read_all (img, &buf_got)))
+    fail_set (f, "after-repair", "read after the repair: %s",
+              errstr (errno));
+  else if (memcmp (got, run->model.acked, run->model.size) != 0) {
+    uint64_t i = first_difference (got, run->model.acked, run->model.size);
+    fail_set (f, "after-repair", "after the repair, more writes and a clean "
+              "close, guest byte %#" PRIx64 " reads %#x, not %#x", i, got[i],
+              run->model.acked[i]);
+  }
+  else
+    ok = true;
+  qcow2_close (img);
+  if (ok && qemu) {
+    stats.qemu_after++;
+    if ((r = qemu_check (data, len, out, sizeof out)) != 0) {
+      fail_set (f, "qemu-img-after", "qemu-img check exit %d after the "
+                "repair, more writes and a clean close:\n%s", r, out);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+/* Everything a crash image must pass (see the top of the file). */
+static bool
+verify (struct sim *s, const uint8_t *buf, size_t len, uint64_t seed,
+        struct failure *f)
+{
+  const struct wl_setup *setup = s->setup;
+  const struct wl_model *m = &s->run.model;
+  bool dirty = image_dirty (buf, len), qemu = qemu_sampled ();
+  struct qcow2_check_result res = { 0 };
+  struct qcow2_image *img;
+  uint8_t *data = NULL, *again = NULL;
+  struct wl_run run;
+  struct wl_rng rng = { seed };
+  char why[WHY], out[4096];
+  bool ok = false;
+  int r;
+
+  stats.images++;
+  stats.dirty += dirty;
+  memenv_clear_errors (setup->me);
+  img = wl_open_copy (setup, buf, len, true);
+  if (!img) {
+    fail_set (f, "open", "the crash image does not open: %s",
+              memenv_last_error (setup->me));
+    return false;
+  }
+  if (!(data = wl_read_all (img, &buf_data)))
+    fail_set (f, "read", "reading the crash image: %s",
+              memenv_last_error (setup->me));
+  else if (!wl_model_check (m, data, why, sizeof why))
+    fail_set (f, "data", "%s", why);
+  else if (!dirty && ((r = qcow2_check (img, false, &res)) < 0 ||
+                      res.corruptions))
+    fail_set (f, "check", "our check: %s, %" PRIu64 " corruptions",
+              errstr (-r), res.corruptions);
+  else
+    ok = true;
+  stats.leaky += ok && !dirty && res.leaks > 0;
+  qcow2_close (img);
+  if (ok && qemu && !dirty) {
+    stats.qemu++;
+    r = qemu_check (buf, len, out, sizeof out);
+    if (r != 0 && r != 3) {
+      fail_set (f, "qemu-img", "qemu-img check exit %d (our check: %"
+                PRIu64 " leaks):\n%s", r, res.leaks, out);
+      ok = false;
+    }
+  }
+  if (!ok)
+    return false;
+
+  /* Repair, then use the image again. */
+  ok = false;
+  if ((r = wl_run_start (&run, setup, buf, len, data)) < 0)
+    fail_set (f, "repair", "the crash image does not open read-write: %s",
+              memenv_last_error (setup->me));
+  else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_REPAIR })) < 0)
+    fail_set (f, "repair", "repair: %s (%" PRIu64 " corruptions)",
+              errstr (-r), run.check.corruptions);
+  else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_CHECK })) < 0 ||
+           run.check.leaks)
+    fail_set (f, "repair", "after the repair: %s, %" PRIu64 " corruptions, %"
+              PRIu64 " leaks", errstr (-r), run.check.corruptions,
+              run.check.leaks);
+  else if (!(again = wl_read_all (run.img, &buf_again)))
+    fail_set (f, "repair", "reading after the repair: %s", errstr (errno));
+  else if (memcmp (again, data, m->size) != 0) {
+    uint64_t i = first_difference (again, data, m->size);
+    fail_set (f, "repair", "the repair changed guest byte %#" PRIx64
+              " from %#x to %#x", i, data[i], again[i]);
+  }
+  else
+    ok = verify_after_repair (&run, &rng, qemu, f);
+  wl_run_end (&run);
+  return ok;
+}
+
+/* Which pieces written since the last flush a crash keeps. */
+static void
+pick_keep (struct wl_rng *r, struct crashio *c, uint8_t *keep)
+{
+  size_t n = crashio_nr_pieces (c), ne = crashio_nr_entries (c);
+  size_t first, np, k, skip;
+  unsigned pct;
+
+  memset (keep, 0, (n + 7) / 8);
+  switch (wl_below (r, 20)) {
+  case 0: case 1: case 2: case 3: case 4: case 5: case 6:
+    for (size_t i = 0; i < n; i++)
+      crashio_set_bit (keep, i, wl_below (r, 2));
+    break;
+  case 7: case 8: case 9:
+    pct = wl_below (r, 101);
+    for (size_t i = 0; i < n; i++)
+      crashio_set_bit (keep, i, wl_below (r, 100) < pct);
+    break;
+  case 10: case 11: case 12:         /* whole writes, none torn */
+    for (size_t e = 0; e < ne; e++) {
+      bool on = wl_below (r, 2);
+      np = crashio_entry_pieces (c, e, &first);
+      for (size_t i = first; i < first + np; i++)
+        crashio_set_bit (keep, i, on);
+    }
+    break;
+  case 13: case 14:                  /* in order, up to a point */
+    k = wl_below (r, n + 1);
+    for (size_t i = 0; i < k; i++)
+      crashio_set_bit (keep, i, true);
+    break;
+  case 15: case 16:                  /* all writes but one */
+    skip = wl_below (r, ne);
+    for (size_t e = 0; e < ne; e++) {
+      np = crashio_entry_pieces (c, e, &first);
+      for (size_t i = first; i < first + np; i++)
+        crashio_set_bit (keep, i, e != skip);
+    }
+    break;
+  case 17:                           /* a single write */
+    if (ne) {
+      np = crashio_entry_pieces (c, wl_below (r, ne), &first);
+      for (size_t i = first; i < first + np; i++)
+        crashio_set_bit (keep, i, true);
+    }
+    break;
+  case 18:
+    memset (keep, 0xff, (n + 7) / 8);
+    break;
+  default:
+    break;
+  }
+}
+
+/* Build the image of keep at the current point and verify it; record
+ * the first failure.
+ */
+static bool
+sim_try (struct sim *s, const uint8_t *keep)
+{
+  struct crashio *c = s->run.cio;
+  size_t n = crashio_nr_pieces (c), len;
+  uint64_t seed = s->calls * UINT64_C (0x100000001b3);
+  uint8_t *buf;
+  struct failure f;
+  bool ok;
+
+  /* What happens after the repair depends on the image only, so that
+   * a reproducer replays it.
+   */
+  for (size_t i = 0; i < (n + 7) / 8; i++) {
+    uint8_t bits = keep[i];
+    if (i == n / 8)
+      bits &= (1u << (n % 8)) - 1;
+    seed = (seed ^ bits) * UINT64_C (0x100000001b3);
+  }
+  crashio_crash_image (c, keep, &buf_image.p, &buf_image.cap, &len);
+  buf = buf_image.p;
+  if (save_image)
+    write_file (save_image, buf, len);
+  ok = verify (s, buf, len, seed, &f);
+  if (!ok && !s->failed && (!s->want || strcmp (s->want, f.cls) == 0)) {
+    s->failed = true;
+    s->f = f;
+    s->fail_at = s->calls;
+    s->fail_npieces = n;
+    s->fail_keep = malloc ((n + 7) / 8 + 1);
+    memcpy (s->fail_keep, keep, (n + 7) / 8);
+  }
+  return ok;
+}
+
+/* keep = the pieces of the entries in set (a bitmask of entries,
+ * counted from the last one written).
+ */
+static void
+keep_entries (struct crashio *c, uint8_t *keep, uint64_t set)
+{
+  size_t ne = crashio_nr_entries (c), first, np;
+
+  memset (keep, 0, (crashio_nr_pieces (c) + 7) / 8);
+  for (size_t k = 0; k < 64 && k < ne; k++) {
+    np = crashio_entry_pieces (c, ne - 1 - k, &first);
+    for (size_t i = first; i < first + np; i++)
+      crashio_set_bit (keep, i, set >> k & 1);
+  }
+}
+
+/* The images a crash here could leave: every subset of the writes
+ * since the flush when they are few, else the likely culprits (the
+ * last write alone, or all but one of the last writes) and random
+ * subsets.
+ */
+static void
+sim_regress (struct sim *s, uint8_t *keep)
+{
+  struct crashio *c = s->run.cio;
+  size_t ne = crashio_nr_entries (c);
+  uint64_t all = ne >= 64 ? UINT64_MAX : (UINT64_C (1) << ne) - 1;
+
+  if (ne <= 5) {
+    for (uint64_t set = 0; set <= all && !s->failed; set++) {
+      keep_entries (c, keep, set);
+      sim_try (s, keep);
+    }
+    return;
+  }
+  keep_entries (c, keep, 1);
+  sim_try (s, keep);
+  for (unsigned k = 0; k < 3 && !s->failed; k++) {
+    keep_entries (c, keep, all & ~(UINT64_C (1) << k));
+    sim_try (s, keep);
+  }
+  for (unsigned k = 0; k < 2 && !s->failed; k++) {
+    pick_keep (&s->rng, c, keep);
+    sim_try (s, keep);
+  }
+}
+
+static int
+sim_hook (void *opaque, enum crashio_op op, uint64_t offset, uint64_t count)
+{
+  struct sim *s = opaque;
+  struct crashio *c = s->run.cio;
+  size_t n = crashio_nr_pieces (c);
+  uint8_t *keep;
+
+  if (op == CRASHIO_PREAD || s->failed)
+    return 0;
+  if (trace)
+    fprintf (stderr, "host op %" PRIu64 ": %s %#" PRIx64 " +%" PRIu64
+             " (%zu pieces since the flush)\n", s->calls,
+             crashio_op_name (op), offset, count, n);
+  keep = calloc (1, (n + 7) / 8 + 1);
+  if (!keep)
+    abort ();
+  switch (s->mode) {
+  case SIM_COUNT:
+    break;
+  case SIM_SAMPLE:
+    if (s->images_left && wl_below (&s->rng, 1000000) < s->p * 1000000) {
+      stats.points++;
+      for (unsigned i = 0; i < s->per_point && !s->failed &&
+             s->images_left; i++, s->images_left--) {
+        pick_keep (&s->rng, c, keep);
+        sim_try (s, keep);
+      }
+    }
+    break;
+  case SIM_AT:
+    if (s->calls == s->crash_at) {
+      for (size_t i = 0; i < n && i < s->nkeep; i++)
+        crashio_set_bit (keep, i, crashio_bit (s->keep, i));
+      sim_try (s, keep);
+    }
+    break;
+  case SIM_REGRESS:
+    sim_regress (s, keep);
+    break;
+  case SIM_SEARCH:
+    sim_try (s, keep);
+    memset (keep, 0xff, (n + 7) / 8);
+    if (!s->failed)
+      sim_try (s, keep);
+    for (int i = 0; i < 3 && !s->failed; i++) {
+      pick_keep (&s->rng, c, keep);
+      sim_try (s, keep);
+    }
+    break;
+  }
+  free (keep);
+  s->calls++;
+  return 0;
+}
+
+/* Run ops on a fresh image of cfg; true if a failure was found (in s). */
+static bool
+sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
+         const struct wl_op *ops, size_t nops, size_t *failed_op)
+{
+  struct wl_setup setup;
+  struct qcow2_image *img;
+  uint8_t *initial;
+  char line[256];
+  int r;
+
+  wl_setup (cfg, seed, &setup);
+  s->setup = &setup;
+  write_backing (&setup);
+  if (s->mode == SIM_COUNT && have_qemu &&
+      (r = qemu_check (setup.image, setup.len, line, sizeof line)) != 0) {
+    fprintf (stderr, "%s: the initial image is not clean: qemu-img check "
+             "exit %d:\n%s\n", cfg->name, r, line);
+    exit (EXIT_FAILURE);
+  }
+  img = wl_open_copy (&setup, setup.image, setup.len, true);
+  if (!img || !(initial = wl_read_all (img, &buf_data))) {
+    fprintf (stderr, "%s: the initial image does not open: %s\n", cfg->name,
+             memenv_last_error (setup.me));
+    exit (EXIT_FAILURE);
+  }
+  qcow2_close (img);
+  if ((r = wl_run_start (&s->run, &setup, setup.image, setup.len,
+                         initial)) < 0) {
+    fprintf (stderr, "%s: cannot open the initial image: %s\n", cfg->name,
+             memenv_last_error (setup.me));
+    exit (EXIT_FAILURE);
+  }
+  crashio_set_hook (s->run.cio, sim_hook, s);
+  *failed_op = nops;
+  for (size_t i = 0; i < nops && !s->failed; i++) {
+    if (trace) {
+      wl_format_op (&ops[i], line, sizeof line);
+      fprintf (stderr, "request %zu: %s\n", i, line);
+    }
+    r = wl_exec (&s->run, &ops[i]);
+    if (r == 0 && ops[i].kind == WL_CHECK && s->run.check.leaks)
+      r = -EUCLEAN;
+    if (r == 0 && ops[i].kind == WL_REPAIR && s->run.check.leaks_fixed)
+      r = -EUCLEAN;
+    if (r < 0 && !s->failed) {
+      wl_format_op (&ops[i], line, sizeof line);
+      s->failed = true;
+      s->fail_at = UINT64_MAX;
+      fail_set (&s->f, "live", "request %zu (%s) failed: %s (check: %"
+                PRIu64 " corruptions, %" PRIu64 " leaks, %" PRIu64
+                " leaks fixed): %s", i, line, errstr (-r),
+                s->run.check.corruptions, s->run.check.leaks,
+                s->run.check.leaks_fixed, memenv_last_error (setup.me));
+    }
+    if (s->failed)
+      *failed_op = i;
+  }
+
+  /* A clean close leaves every write durable and no leak. */
+  if (!s->failed && s->mode == SIM_SAMPLE) {
+    struct qcow2_check_result res;
+    const uint8_t *data;
+    uint8_t *got = NULL;
+    char out[4096];
+    size_t len;
+
+    r = qcow2_close (s->run.img);
+    s->run.img = NULL;
+    data = crashio_data (s->run.cio, &len);
+    img = wl_open_copy (&setup, data, len, true);
+    if (r < 0 || !img)
+      fail_set (&s->f, "live", "clean close, open: %s",
+                memenv_last_error (setup.me));
+    else if ((r = qcow2_check (img, false, &res)) < 0 || res.corruptions ||
+             res.leaks)
+      fail_set (&s->f, "live", "after a clean close: %" PRIu64
+                " corruptions, %" PRIu64 " leaks", res.corruptions,
+                res.leaks);
+    else if (!(got = wl_read_all (img, &buf_got)))
+      fail_set (&s->f, "live", "read after a clean close: %s",
+                memenv_last_error (setup.me));
+    else if (memcmp (got, s->run.model.acked, s->run.model.size) != 0) {
+      uint64_t i = first_difference (got, s->run.model.acked,
+                                     s->run.model.size);
+      fail_set (&s->f, "live", "after a clean close, guest byte %#" PRIx64
+                " reads %#x, not %#x", i, got[i], s->run.model.acked[i]);
+    }
+    else if (have_qemu && (r = qemu_check (data, len, out, sizeof out)) != 0)
+      fail_set (&s->f, "live", "qemu-img check exit %d after a clean "
+                "close:\n%s", r, out);
+    else
+      r = 0;
+    if (r != 0 || !img || !got) {
+      s->failed = true;
+      s->fail_at = UINT64_MAX;
+    }
+    qcow2_close (img);
+  }
+  crashio_set_hook (s->run.cio, NULL, NULL);
+  wl_run_end (&s->run);
+  wl_setup_free (&setup);
+  return s->failed;
+}
+
+static void
+repro_print (FILE *fp, const struct repro *rp)
+{
+  char line[256];
+
+  fprintf (fp, "# %s: %s\n", rp->f.cls, rp->f.why);
+  fprintf (fp, "config %s\nseed %" PRIu64 "\n", rp->cfg->name, rp->seed);
+  for (size_t i = 0; i < rp->nops; i++) {
+    wl_format_op (&rp->ops[i], line, sizeof line);
+    fprintf (fp, "op %s\n", line);
+  }
+  if (rp->crash_at == UINT64_MAX)
+    return;
+  fprintf (fp, "crash-at %" PRIu64 "\nkeep", rp->crash_at);
+  for (size_t i = 0; i < rp->npieces; ) {
+    size_t j = i;
+    if (!crashio_bit (rp->keep, i)) {
+      i++;
+      continue;
+    }
+    while (j + 1 < rp->npieces && crashio_bit (rp->keep, j + 1))
+      j++;
+    fprintf (fp, j > i ? " %zu-%zu" : " %zu", i, j);
+    i = j + 1;
+  }
+  fprintf (fp, " of %zu\n", rp->npieces);
+}
+
+/* Run a case once, in mode: whether it fails (with class want, if
+ * given); the failure goes to rp.
+ */
+static bool
+repro_fails (struct repro *rp, enum sim_mode mode, const char *want,
+             uint64_t rng_seed)
+{
+  struct sim s = {
+    .mode = mode, .want = want, .rng = { rng_seed },
+    .crash_at = rp->crash_at, .keep = rp->keep, .nkeep = rp->npieces,
+  };
+  size_t failed_op;
+
+  if (!sim_run (&s, rp->cfg, rp->seed, rp->ops, rp->nops, &failed_op))
+    return false;
+  if (want && strcmp (s.f.cls, want) != 0) {
+    free (s.fail_keep);
+    return false;
+  }
+  rp->f = s.f;
+  if (mode != SIM_AT || s.fail_at == UINT64_MAX) {
+    rp->crash_at = s.fail_at;
+    free (rp->keep);
+    rp->keep = s.fail_keep;
+    rp->npieces = s.fail_npieces;
+    rp->nops = failed_op + 1;
+  }
+  else
+    free (s.fail_keep);
+  return true;
+}
+
+/* Shrink a failing case: drop requests while the same kind of failure
+ * still happens somewhere, then drop kept writes.
+ */
+static void
+shrink (struct repro *rp, double budget)
+{
+  time_t end = time (NULL) + (time_t) budget;
+  char want[32];
+  size_t runs = 0;
+
+  snprintf (want, sizeof want, "%s", rp->f.cls);
+  for (size_t chunk = rp->nops / 2; chunk >= 1 && time (NULL) < end;
+       chunk /= 2) {
+    for (size_t i = 0; i + 1 < rp->nops && time (NULL) < end; ) {
+      struct repro c = *rp;
+      size_t n = MIN (chunk, rp->nops - 1 - i);
+      c.ops = malloc (rp->nops * sizeof *c.ops);
+      c.keep = NULL;
+      memcpy (c.ops, rp->ops, i * sizeof *c.ops);
+      memcpy (c.ops + i, rp->ops + i + n,
+              (rp->nops - i - n) * sizeof *c.ops);
+      c.nops = rp->nops - n;
+      runs++;
+      if (repro_fails (&c, SIM_SEARCH, want, runs)) {
+        free (rp->ops);
+        free (rp->keep);
+        *rp = c;
+      }
+      else {
+        free (c.ops);
+        free (c.keep);
+        i += n;
+      }
+    }
+    if (chunk == 1)
+      break;
+  }
+  /* Fewer kept pieces: whole writes first, then single sectors. */
+  if (rp->crash_at != UINT64_MAX)
+    for (size_t i = 0; i < rp->npieces && time (NULL) < end; i++) {
+      if (!crashio_bit (rp->keep, i))
+        continue;
+      crashio_set_bit (rp->keep, i, false);
+      runs++;
+      if (!repro_fails (rp, SIM_AT, want, runs))
+        crashio_set_bit (rp->keep, i, true);
+    }
+  /* The message of the final case. */
+  repro_fails (rp, rp->crash_at == UINT64_MAX ? SIM_SAMPLE : SIM_AT, want,
+               1);
+  fprintf (stderr, "shrunk in %zu runs\n", runs);
+}
+
+/* Save the reproducer and its image for the test's output. */
+static void
+repro_save (struct repro *rp)
+{
+  char txt[256], image[256];
+  FILE *fp;
+
+  snprintf (txt, sizeof txt, "crash-sim-failure-%s.txt", rp->cfg->name);
+  snprintf (image, sizeof image, "crash-sim-failure-%s.qcow2",
+            rp->cfg->name);
+  repro_print (stderr, rp);
+  if ((fp = fopen (txt, "w"))) {
+    repro_print (fp, rp);
+    fclose (fp);
+    fprintf (stderr, "saved as %s (CRASH_REPLAY=%s runs it)\n", txt, txt);
+  }
+  if (rp->crash_at != UINT64_MAX) {
+    save_image = image;
+    repro_fails (rp, SIM_AT, NULL, 1);
+    save_image = NULL;
+    fprintf (stderr, "the crash image: %s\n", image);
+  }
+}
+
+/* Short workloads that found engine bugs (shrunk reproducers), each
+ * checked at every host operation with many crash images.
+ */
+static const struct regression {
+  const char *what, *config;
+  uint64_t seed;
+  const char *ops;
+} regressions[] = {
+  /* A new cluster past the end of the file got its L2 entry without a
+   * flush after its data: a crash could leave the entry pointing past
+   * the end of the file (corruption to qemu-img check), from the
+   * reserve or, with lazy refcounts, from the end of the file.
+   */
+  { "an L2 entry pointing past the end of the file (reserve)",
+    "alloc-64k", 1,
+    "write 0 65536 seed=1 fua=1\n"
+    "write 131072 65536 seed=2 fua=0\n"
+    "write 262144 65536 seed=3 fua=1\n" },
+  { "an L2 entry pointing past the end of the file (lazy refcounts)",
+    "lazy-4k", 1,
+    "write 0 4096 seed=1 fua=1\n"
+    "write 131072 4096 seed=2 fua=0\n"
+    "write 262144 4096 seed=3 fua=1\n" },
+  /* The table entry of a new refcount block was written after the
+   * block, but with the L2 entries pointing at clusters it counts.
+   */
+  { "a new refcount block's table entry durable before the L2 entries",
+    "blocks-512-rc64", 1,
+    "write 600000 40000 seed=1 fua=1\n" },
+  { NULL },
+};
+
+static unsigned
+run_regressions (const char *only)
+{
+  unsigned failures = 0;
+
+  for (const struct regression *rg = regressions; rg->what; rg++) {
+    struct repro rp = { .cfg = wl_config_find (rg->config),
+                        .seed = rg->seed };
+    uint64_t images = stats.images;
+    size_t cap = 0;
+    char *copy = strdup (rg->ops);
+
+    if (!rp.cfg || !copy)
+      abort ();
+    if (only && strcmp (only, rg->config) != 0) {
+      free (copy);
+      continue;
+    }
+    for (char *line = strtok (copy, "\n"); line; line = strtok (NULL, "\n")) {
+      if (rp.nops == cap) {
+        cap = cap ? cap * 2 : 16;
+        rp.ops = realloc (rp.ops, cap * sizeof *rp.ops);
+      }
+      if (!rp.ops || wl_parse_op (line, &rp.ops[rp.nops++]) < 0)
+        abort ();
+    }
+    free (copy);
+    rp.crash_at = UINT64_MAX;
+    if (repro_fails (&rp, SIM_REGRESS, NULL, rp.seed)) {
+      fprintf (stderr, "FAIL: regression \"%s\": %s: %s\n", rg->what,
+               rp.f.cls, rp.f.why);
+      repro_save (&rp);
+      failures++;
+    }
+    printf ("regression: %-58.58s %5" PRIu64 " images\n", rg->what,
+            stats.images - images);
+    free (rp.keep);
+    free (rp.ops);
+  }
+  return failures;
+}
+
+static int
+replay (const char *path)
+{
+  struct repro rp = { .crash_at = UINT64_MAX };
+  FILE *fp = fopen (path, "r");
+  char line[1024], name[128];
+  size_t cap = 0;
+
+  if (!fp) {
+    fprintf (stderr, "%s: %s\n", path, errstr (errno));
+    return EXIT_FAILURE;
+  }
+  while (fgets (line, sizeof line, fp)) {
+    struct wl_op op;
+    char *p;
+    if (line[0] == '#')
+      continue;
+    if (sscanf (line, "config %127s", name) == 1) {
+      if (!(rp.cfg = wl_config_find (name))) {
+        fprintf (stderr, "%s: no configuration %s\n", path, name);
+        return EXIT_FAILURE;
+      }
+    }
+    else if (sscanf (line, "seed %" SCNu64, &rp.seed) == 1)
+      ;
+    else if (strncmp (line, "op ", 3) == 0 && wl_parse_op (line + 3, &op) == 0) {
+      if (rp.nops == cap) {
+        cap = cap ? cap * 2 : 64;
+        rp.ops = realloc (rp.ops, cap * sizeof *rp.ops);
+      }
+      rp.ops[rp.nops++] = op;
+    }
+    else if (sscanf (line, "crash-at %" SCNu64, &rp.crash_at) == 1)
+      ;
+    else if (strncmp (line, "keep", 4) == 0 && (p = strstr (line, " of "))) {
+      rp.npieces = strtoull (p + 4, NULL, 10);
+      rp.keep = calloc (1, rp.npieces / 8 + 1);
+      *p = '\0';
+      for (char *t = strtok (line + 4, " \n"); t; t = strtok (NULL, " \n")) {
+        size_t a, b;
+        int k = sscanf (t, "%zu-%zu", &a, &b);
+        if (k == 1)
+          b = a;
+        for (size_t i = a; k >= 1 && i <= b && i < rp.npieces; i++)
+          crashio_set_bit (rp.keep, i, true);
+      }
+    }
+  }
+  fclose (fp);
+  if (!rp.cfg) {
+    fprintf (stderr, "%s: no configuration\n", path);
+    return EXIT_FAILURE;
+  }
+  if (repro_fails (&rp, rp.crash_at != UINT64_MAX ? SIM_AT
+                   : getenv ("CRASH_REPLAY_ALL") ? SIM_REGRESS : SIM_SAMPLE,
+                   NULL, 1)) {
+    fprintf (stderr, "replay: FAIL: %s: %s\n", rp.f.cls, rp.f.why);
+    return EXIT_FAILURE;
+  }
+  printf ("replay: no failure\n");
+  return EXIT_SUCCESS;
+}
+
+static void
+make_workdir (void)
+{
+  char tmpl[] = "/tmp/crash-sim.XXXXXX";
+  char *p = getenv ("PATH"), *copy, *dir;
+
+  have_qemu = false;
+  for (copy = strdup (p ? p : ""), dir = strtok (copy, ":"); dir;
+       dir = strtok (NULL, ":")) {
+    char path[4096];
+    snprintf (path, sizeof path, "%s/qemu-img", dir);
+    if (access (path, X_OK) == 0)
+      have_qemu = true;
+  }
+  free (copy);
+  if (!have_qemu) {
+    printf ("qemu-img not found: our check only\n");
+    return;
+  }
+  workdir = mkdtemp (tmpl) ? strdup (tmpl) : NULL;
+  if (!workdir) {
+    fprintf (stderr, "mkdtemp: %s\n", errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+}
+
+static void
+remove_workdir (void)
+{
+  char path[4096];
+
+  if (!workdir)
+    return;
+  for (const char *const *n = (const char *const[]) { "crash.qcow2",
+         "check.out", "backing.img", NULL }; *n; n++) {
+    snprintf (path, sizeof path, "%s/%s", workdir, *n);
+    unlink (path);
+  }
+  rmdir (workdir);
+}
+
+int
+main (void)
+{
+  const char *e;
+  uint64_t total = DEFAULT_IMAGES, seed = 1;
+  const char *only = getenv ("CRASH_CONFIG");
+  size_t nconfigs = only ? 1 : wl_nr_configs;
+  unsigned failures = 0;
+  time_t start = time (NULL);
+
+  /* Each image allocates and frees buffers the size of the disk: keep
+   * them in the heap rather than mapping and faulting them in anew.
+   */
+  mallopt (M_MMAP_THRESHOLD, 256 << 20);
+  mallopt (M_TRIM_THRESHOLD, 512 << 20);
+  if ((e = getenv ("CRASH_IMAGES")))
+    total = strtoull (e, NULL, 10);
+  if ((e = getenv ("CRASH_QEMU_EVERY")))
+    qemu_every = strtoul (e, NULL, 10);
+  trace = getenv ("CRASH_TRACE") != NULL;
+  if ((e = getenv ("CRASH_SEED")))
+    seed = strcmp (e, "random") == 0 ? (uint64_t) time (NULL) ^ getpid ()
+                                     : strtoull (e, NULL, 10);
+  make_workdir ();
+  atexit (remove_workdir);
+  if ((e = getenv ("CRASH_REPLAY")))
+    return replay (e);
+  if (only && !wl_config_find (only)) {
+    fprintf (stderr, "CRASH_CONFIG=%s: no such configuration\n", only);
+    return EXIT_FAILURE;
+  }
+  printf ("crash-sim: %" PRIu64 " crash images, seed %" PRIu64
+          ", qemu-img check on every %u\n", total, seed, qemu_every);
+  failures += run_regressions (only);
+
+  for (size_t ci = 0; ci < wl_nr_configs; ci++) {
+    const struct wl_config *cfg = &wl_configs[ci];
+    uint64_t quota = (total + nconfigs - 1) / nconfigs;
+    uint64_t first = stats.images;
+    uint64_t dirty0 = stats.dirty, leaky0 = stats.leaky;
+    uint64_t qemu0 = stats.qemu + stats.qemu_after;
+    time_t t0 = time (NULL);
+    unsigned w;
+
+    if (only && strcmp (only, cfg->name) != 0)
+      continue;
+    for (w = 0; stats.images - first < quota; w++) {
+      uint64_t wseed = seed * 1000003 + ci * 7919 + w;
+      uint64_t want = MIN (quota - (stats.images - first), 150);
+      struct sim count = { .mode = SIM_COUNT };
+      struct sim s = {
+        .mode = SIM_SAMPLE, .rng = { wseed }, .per_point = 3,
+        .images_left = want,
+      };
+      struct wl_op *ops;
+      size_t nops, failed_op;
+
+      /* Spread the crash points over the whole workload. */
+      wl_generate (cfg, wseed, &ops, &nops);
+      sim_run (&count, cfg, wseed, ops, nops, &failed_op);
+      s.p = (double) want / s.per_point / MAX (count.calls, 1);
+      stats.workloads++;
+      if (sim_run (&s, cfg, wseed, ops, nops, &failed_op)) {
+        struct repro rp = {
+          .cfg = cfg, .seed = wseed, .ops = ops, .nops = failed_op + 1,
+          .crash_at = s.fail_at, .keep = s.fail_keep,
+          .npieces = s.fail_npieces, .f = s.f,
+        };
+        fprintf (stderr, "FAIL: %s (workload seed %" PRIu64 "): %s: %s\n",
+                 cfg->name, wseed, s.f.cls, s.f.why);
+        shrink (&rp, 120);
+        repro_save (&rp);
+        free (rp.keep);
+        free (rp.ops);
+        failures++;
+        break;
+      }
+      free (ops);
+    }
+    printf ("%-32s %3u workloads %6" PRIu64 " images (%" PRIu64 " dirty, %"
+            PRIu64 " with leaks) %4" PRIu64 " qemu-img checks %4lds\n",
+            cfg->name, w, stats.images - first, stats.dirty - dirty0,
+            stats.leaky - leaky0, stats.qemu + stats.qemu_after - qemu0,
+            (long) (time (NULL) - t0));
+    fflush (stdout);
+  }
+  printf ("crash-sim: %" PRIu64 " crash images at %" PRIu64 " points of %"
+          PRIu64 " workloads; %" PRIu64 " qemu-img checks of crash images, %"
+          PRIu64 " after repair; %u failures; %lds\n", stats.images,
+          stats.points, stats.workloads, stats.qemu, stats.qemu_after,
+          failures, (long) (time (NULL) - start));
+  return failures ? EXIT_FAILURE : EXIT_SUCCESS;
+}
