@@ -124,20 +124,59 @@ io_pwrite_data (struct qcow2_image *img, const void *buf, uint64_t len,
   return 0;
 }
 
+/* Metadata could not be written: mark the image dirty (v3), so that
+ * the next read-write open rebuilds its refcounts and reclaims what
+ * was leaked.  Best effort: if this write is lost too, the image has
+ * leaks at worst, since nothing was ever written out of order.
+ */
+void
+flush_mark_dirty (struct qcow2_image *img)
+{
+  struct qcow2_header *h = &img->h;
+
+  if (h->version < 3 || (h->incompatible_features & QCOW2_INCOMPAT_DIRTY))
+    return;
+  h->incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+  if (header_write_features (img) == 0 && !img->flush_failed)
+    io_flush (img);
+}
+
+/* A failed host flush cannot be taken back: the writes before it may
+ * be lost while the file still shows them (Linux marks the pages
+ * clean), and a later flush would succeed without them, breaking the
+ * order that every write relies on.  So, as QEMU does, every later
+ * flush fails too (reopening the image recovers), and the image is
+ * marked dirty.
+ */
+static void
+io_flush_failed (struct qcow2_image *img)
+{
+  img->flush_failed = true;
+  flush_mark_dirty (img);
+}
+
 int
 io_flush (struct qcow2_image *img)
 {
   uint64_t end = img->written_end;
   int r;
 
+  if (img->flush_failed) {
+    qcow2_err (img, "an earlier flush failed: what was written since the "
+               "flush before it may be lost, so no flush can succeed until "
+               "the image is opened again");
+    return -EIO;
+  }
   if (img->data_io != img->io &&
       (r = img->data_io->ops->flush (img->data_io)) < 0) {
     qcow2_err (img, "flushing the external data file: %s", errstr (-r));
+    io_flush_failed (img);
     return r;
   }
   r = img->io->ops->flush (img->io);
   if (r < 0) {
     qcow2_err (img, "flushing: %s", errstr (-r));
+    io_flush_failed (img);
     return r;
   }
   img->flushes++;

@@ -291,6 +291,8 @@ qcow2_close (struct qcow2_image *img)
     pthread_rwlock_wrlock (&img->data_lock);
     pthread_mutex_lock (&img->lock);
     r = flush_close (img);
+    if (r < 0)
+      flush_mark_dirty (img);
     pthread_mutex_unlock (&img->lock);
     pthread_rwlock_unlock (&img->data_lock);
   }

@@ -193,6 +193,7 @@ struct qcow2_image {
   size_t pending_len, pending_cap;
   size_t pending_durable;       /* how many of them a flush made safe */
   uint64_t flushes;             /* host flushes issued (for tests) */
+  bool flush_failed;            /* see io_flush_failed */
 
   /* The overlap guard: structures checked before every write, and the
    * map of where metadata lives (NULL when no mapped structure is
@@ -344,6 +345,7 @@ extern int io_write_data (struct qcow2_image *img, const void *buf,
 extern int io_pwrite_data (struct qcow2_image *img, const void *buf,
                            uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
+extern void flush_mark_dirty (struct qcow2_image *img);
 extern int header_write_features (struct qcow2_image *img);
 
 /* overlap.c */
