@@ -16,6 +16,7 @@ struct crashio_entry {
   uint64_t offset, len;
   uint8_t *data;                /* NULL for a punch */
   size_t first_piece;
+  bool lost;                    /* a flush after it failed */
 };
 
 struct crashio {
@@ -93,6 +94,7 @@ crashio_record (struct crashio *c, const void *buf, uint64_t len,
     memcpy (e->data, buf, len);
   }
   e->first_piece = c->npieces;
+  e->lost = false;
   c->npieces += crashio_sectors (offset, len);
 }
 
@@ -140,6 +142,31 @@ crashio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
   return r;
 }
 
+/* A flush: the writes since the last one reach the flushed state, in
+ * order, but those a failed flush lost.
+ */
+static void
+crashio_settle (struct crashio *c)
+{
+  for (size_t i = 0; i < c->nlog; i++) {
+    const struct crashio_entry *e = &c->log[i];
+    uint64_t end = e->offset + e->len;
+    if (e->lost)
+      continue;
+    if (e->data && end > c->durable_len) {
+      c->durable = crashio_xrealloc (c->durable, end);
+      memset (c->durable + c->durable_len, 0, end - c->durable_len);
+      c->durable_len = end;
+    }
+    if (e->data)
+      memcpy (c->durable + e->offset, e->data, e->len);
+    else if (e->offset < c->durable_len)
+      memset (c->durable + e->offset, 0,
+              MIN (e->len, c->durable_len - e->offset));
+  }
+  crashio_clear_log (c);
+}
+
 static int
 crashio_flush (struct qcow2_io *io)
 {
@@ -148,6 +175,9 @@ crashio_flush (struct qcow2_io *io)
 
   if (r == 0)
     crashio_settle (c);
+  else
+    for (size_t i = 0; i < c->nlog; i++)
+      c->log[i].lost = true;
   return r;
 }
 
@@ -191,11 +221,14 @@ crashio_new (const void *data, size_t len)
   c->io.ops = &crashio_ops;
   c->refs = 1;
   c->live = memio_new (data, len);
+  c->durable = crashio_xrealloc (NULL, len);
   if (!c->live) {
     fprintf (stderr, "memio_new: %s\n", errstr (errno));
     abort ();
   }
-  crashio_settle (c);
+  if (len)
+    memcpy (c->durable, data, len);
+  c->durable_len = len;
   return c;
 }
 
@@ -224,29 +257,6 @@ const uint8_t *
 crashio_data (struct crashio *c, size_t *len)
 {
   return memio_data (c->live, len);
-}
-
-void
-crashio_settle (struct crashio *c)
-{
-  size_t len;
-  const uint8_t *data = memio_data (c->live, &len);
-
-  /* Copy what changed, not the whole file. */
-  if (len != c->durable_len) {
-    c->durable = crashio_xrealloc (c->durable, len);
-    if (len > c->durable_len)
-      memcpy (c->durable + c->durable_len, data + c->durable_len,
-              len - c->durable_len);
-    c->durable_len = len;
-  }
-  for (size_t i = 0; i < c->nlog; i++) {
-    const struct crashio_entry *e = &c->log[i];
-    if (e->offset < len)
-      memcpy (c->durable + e->offset, data + e->offset,
-              MIN (e->len, len - e->offset));
-  }
-  crashio_clear_log (c);
 }
 
 size_t

@@ -28,7 +28,10 @@ enum crashio_op {
 extern const char *crashio_op_name (enum crashio_op op);
 
 /* Called before each operation: 0 lets it happen, a positive errno
- * fails it (nothing is written, nothing becomes durable).
+ * fails it: nothing is written; a failed flush makes nothing durable,
+ * and the writes before it never will be, though reads still see them
+ * (as Linux marks pages clean after a failed writeback): a crash may
+ * keep any of them, a later flush none.
  */
 typedef int (*crashio_hook) (void *opaque, enum crashio_op op,
                              uint64_t offset, uint64_t count);
@@ -49,9 +52,6 @@ extern void crashio_set_hook (struct crashio *c, crashio_hook hook,
 
 /* The contents now (as reads see them), valid until the next write. */
 extern const uint8_t *crashio_data (struct crashio *c, size_t *len);
-
-/* Forget the history: the current contents become the flushed state. */
-extern void crashio_settle (struct crashio *c);
 
 /* The sector pieces written since the last flush, in issue order. */
 struct crashio_piece {

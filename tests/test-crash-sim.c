@@ -51,27 +51,18 @@
 #include "be.h"
 #include "checked.h"
 #include "errstr.h"
-#include "workload.h"
+#include "crashcheck.h"
 
-#define WHY 1024
-
-#if defined (__SANITIZE_ADDRESS__)
+#ifdef CRASHCHECK_SANITIZED
 #define DEFAULT_IMAGES 3000
-#elif defined (__has_feature)
-#if __has_feature (address_sanitizer)
-#define DEFAULT_IMAGES 3000
-#endif
-#endif
-#ifndef DEFAULT_IMAGES
+#else
 #define DEFAULT_IMAGES 10000
 #endif
 
-extern char **environ;
-
-struct failure {
-  char cls[32];                 /* what failed: open, data, check, ... */
-  char why[WHY];
-};
+/* Save the crash image here (SIM_AT). */
+static const char *save_image;
+/* Reused from one image to the next. */
+static struct wl_buf buf_image, buf_read;
 
 /* Everything needed to build the failing image again. */
 struct repro {
@@ -112,286 +103,6 @@ struct sim {
   size_t fail_npieces;
   struct failure f;
 };
-
-/* Totals, for the summary. */
-static struct {
-  uint64_t images, points, dirty, leaky, qemu, qemu_after, workloads;
-} stats;
-
-static unsigned qemu_every = 10;
-static bool have_qemu;
-static char *workdir;           /* image files for qemu-img */
-static const char *save_image;  /* SIM_AT: save the crash image here */
-/* Reused from one image to the next. */
-static struct wl_buf buf_image, buf_data, buf_again, buf_got;
-static bool trace;
-
-static void __attribute__ ((format (printf, 3, 4)))
-fail_set (struct failure *f, const char *cls, const char *fmt, ...)
-{
-  va_list ap;
-
-  snprintf (f->cls, sizeof f->cls, "%s", cls);
-  va_start (ap, fmt);
-  vsnprintf (f->why, sizeof f->why, fmt, ap);
-  va_end (ap);
-}
-
-/* Where two guest images differ, for messages. */
-static uint64_t
-first_difference (const uint8_t *a, const uint8_t *b, uint64_t len)
-{
-  uint64_t i = 0;
-
-  while (i < len && a[i] == b[i])
-    i++;
-  return i;
-}
-
-static bool
-image_dirty (const uint8_t *buf, size_t len)
-{
-  return len >= 80 && be32_get (buf + 4) >= 3 && (be64_get (buf + 72) & 1);
-}
-
-static void
-write_file (const char *path, const void *data, size_t len)
-{
-  FILE *fp = fopen (path, "w");
-
-  if (!fp || fwrite (data, 1, len, fp) != len || fclose (fp) != 0) {
-    fprintf (stderr, "%s: %s\n", path, errstr (errno));
-    exit (EXIT_FAILURE);
-  }
-}
-
-/* The backing file of the configuration, beside the images qemu-img
- * checks.
- */
-static void
-write_backing (const struct wl_setup *s)
-{
-  const struct qcow2_env *env = memenv_env (s->me);
-  char path[4096], *id;
-  struct qcow2_io *io;
-  int64_t size;
-  uint8_t *buf;
-
-  if (!s->cfg->backing || !workdir)
-    return;
-  io = env->open (env->opaque, "backing.img", true, &id);
-  if (!io)
-    abort ();
-  free (id);
-  size = io->ops->size (io);
-  buf = malloc (size ? size : 1);
-  if (!buf || io->ops->pread (io, buf, size, 0) < 0)
-    abort ();
-  snprintf (path, sizeof path, "%s/backing.img", workdir);
-  write_file (path, buf, size);
-  free (buf);
-  io->ops->close (io);
-}
-
-/* qemu-img check of an image: its exit status, its output in out. */
-static int
-qemu_check (const uint8_t *img, size_t len, char *out, size_t outlen)
-{
-  char path[4096], log[4096];
-  char *argv[] = { "qemu-img", "check", "-f", "qcow2", path, NULL };
-  posix_spawn_file_actions_t fa;
-  int status, fd;
-  ssize_t n;
-  pid_t pid;
-
-  snprintf (path, sizeof path, "%s/crash.qcow2", workdir);
-  snprintf (log, sizeof log, "%s/check.out", workdir);
-  write_file (path, img, len);
-  fflush (NULL);
-  /* posix_spawn, not fork: the heap is large. */
-  posix_spawn_file_actions_init (&fa);
-  posix_spawn_file_actions_addopen (&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC,
-                                    0644);
-  posix_spawn_file_actions_adddup2 (&fa, 1, 2);
-  errno = posix_spawnp (&pid, "qemu-img", &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy (&fa);
-  if (errno) {
-    fprintf (stderr, "running qemu-img: %s\n", errstr (errno));
-    exit (EXIT_FAILURE);
-  }
-  if (waitpid (pid, &status, 0) == -1) {
-    fprintf (stderr, "waitpid: %s\n", errstr (errno));
-    exit (EXIT_FAILURE);
-  }
-  out[0] = '\0';
-  fd = open (log, O_RDONLY);
-  if (fd >= 0) {
-    n = read (fd, out, outlen - 1);
-    out[n > 0 ? n : 0] = '\0';
-    close (fd);
-  }
-  return WIFEXITED (status) ? WEXITSTATUS (status) : 128;
-}
-
-static bool
-qemu_sampled (void)
-{
-  return have_qemu && qemu_every && stats.images % qemu_every == 0;
-}
-
-/* After a repair: more writes, then a clean close must leave an image
- * without leak or corruption that reads as the model says.
- */
-static bool
-verify_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
-                     struct failure *f)
-{
-  const struct wl_config *cfg = run->setup->cfg;
-  uint64_t cs = UINT64_C (1) << cfg->cluster_bits;
-  struct qcow2_check_result res;
-  struct qcow2_image *img;
-  const uint8_t *data;
-  uint8_t *got = NULL;
-  char out[4096];
-  size_t len;
-  bool ok = false;
-  int r;
-
-  for (int i = 0; i < 5; i++) {
-    struct wl_op op = { .kind = i == 3 ? WL_TRIM : WL_WRITE,
-                        .seed = wl_rand (rng) };
-    op.offset = wl_below (rng, run->model.size / cs) * cs
-      + (i == 3 ? 0 : wl_below (rng, cs));
-    op.len = 1 + wl_below (rng, 3 * cs);
-    op.len = MIN (op.len, run->model.size - op.offset);
-    if (trace) {
-      char line[256];
-      wl_format_op (&op, line, sizeof line);
-      fprintf (stderr, "after the repair: %s\n", line);
-    }
-    if ((r = wl_exec (run, &op)) < 0) {
-      fail_set (f, "after-repair", "request %d after the repair failed: %s",
-                i, errstr (-r));
-      return false;
-    }
-  }
-  r = qcow2_close (run->img);
-  run->img = NULL;
-  if (r < 0) {
-    fail_set (f, "after-repair", "close after the repair: %s", errstr (-r));
-    return false;
-  }
-  data = crashio_data (run->cio, &len);
-  img = wl_open_copy (run->setup, data, len, true);
-  if (!img) {
-    fail_set (f, "after-repair", "open after the repair: %s",
-              memenv_last_error (run->setup->me));
-    return false;
-  }
-  if ((r = qcow2_check (img, false, &res)) < 0 || res.corruptions ||
-      res.leaks)
-    fail_set (f, "after-repair", "after the repair, more writes and a clean "
-              "close: check: %s, %" PRIu64 " corruptions, %" PRIu64 " leaks",
-              errstr (-r), res.corruptions, res.leaks);
-  else if (!(got = wl_read_all (img, &buf_got)))
-    fail_set (f, "after-repair", "read after the repair: %s",
-              errstr (errno));
-  else if (memcmp (got, run->model.acked, run->model.size) != 0) {
-    uint64_t i = first_difference (got, run->model.acked, run->model.size);
-    fail_set (f, "after-repair", "after the repair, more writes and a clean "
-              "close, guest byte %#" PRIx64 " reads %#x, not %#x", i, got[i],
-              run->model.acked[i]);
-  }
-  else
-    ok = true;
-  qcow2_close (img);
-  if (ok && qemu) {
-    stats.qemu_after++;
-    if ((r = qemu_check (data, len, out, sizeof out)) != 0) {
-      fail_set (f, "qemu-img-after", "qemu-img check exit %d after the "
-                "repair, more writes and a clean close:\n%s", r, out);
-      ok = false;
-    }
-  }
-  return ok;
-}
-
-/* Everything a crash image must pass (see the top of the file). */
-static bool
-verify (struct sim *s, const uint8_t *buf, size_t len, uint64_t seed,
-        struct failure *f)
-{
-  const struct wl_setup *setup = s->setup;
-  const struct wl_model *m = &s->run.model;
-  bool dirty = image_dirty (buf, len), qemu = qemu_sampled ();
-  struct qcow2_check_result res = { 0 };
-  struct qcow2_image *img;
-  uint8_t *data = NULL, *again = NULL;
-  struct wl_run run;
-  struct wl_rng rng = { seed };
-  char why[WHY], out[4096];
-  bool ok = false;
-  int r;
-
-  stats.images++;
-  stats.dirty += dirty;
-  memenv_clear_errors (setup->me);
-  img = wl_open_copy (setup, buf, len, true);
-  if (!img) {
-    fail_set (f, "open", "the crash image does not open: %s",
-              memenv_last_error (setup->me));
-    return false;
-  }
-  if (!(data = wl_read_all (img, &buf_data)))
-    fail_set (f, "read", "reading the crash image: %s",
-              memenv_last_error (setup->me));
-  else if (!wl_model_check (m, data, why, sizeof why))
-    fail_set (f, "data", "%s", why);
-  else if (!dirty && ((r = qcow2_check (img, false, &res)) < 0 ||
-                      res.corruptions))
-    fail_set (f, "check", "our check: %s, %" PRIu64 " corruptions",
-              errstr (-r), res.corruptions);
-  else
-    ok = true;
-  stats.leaky += ok && !dirty && res.leaks > 0;
-  qcow2_close (img);
-  if (ok && qemu && !dirty) {
-    stats.qemu++;
-    r = qemu_check (buf, len, out, sizeof out);
-    if (r != 0 && r != 3) {
-      fail_set (f, "qemu-img", "qemu-img check exit %d (our check: %"
-                PRIu64 " leaks):\n%s", r, res.leaks, out);
-      ok = false;
-    }
-  }
-  if (!ok)
-    return false;
-
-  /* Repair, then use the image again. */
-  ok = false;
-  if ((r = wl_run_start (&run, setup, buf, len, data)) < 0)
-    fail_set (f, "repair", "the crash image does not open read-write: %s",
-              memenv_last_error (setup->me));
-  else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_REPAIR })) < 0)
-    fail_set (f, "repair", "repair: %s (%" PRIu64 " corruptions)",
-              errstr (-r), run.check.corruptions);
-  else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_CHECK })) < 0 ||
-           run.check.leaks)
-    fail_set (f, "repair", "after the repair: %s, %" PRIu64 " corruptions, %"
-              PRIu64 " leaks", errstr (-r), run.check.corruptions,
-              run.check.leaks);
-  else if (!(again = wl_read_all (run.img, &buf_again)))
-    fail_set (f, "repair", "reading after the repair: %s", errstr (errno));
-  else if (memcmp (again, data, m->size) != 0) {
-    uint64_t i = first_difference (again, data, m->size);
-    fail_set (f, "repair", "the repair changed guest byte %#" PRIx64
-              " from %#x to %#x", i, data[i], again[i]);
-  }
-  else
-    ok = verify_after_repair (&run, &rng, qemu, f);
-  wl_run_end (&run);
-  return ok;
-}
 
 /* Which pieces written since the last flush a crash keeps. */
 static void
@@ -473,8 +184,8 @@ sim_try (struct sim *s, const uint8_t *keep)
   crashio_crash_image (c, keep, &buf_image.p, &buf_image.cap, &len);
   buf = buf_image.p;
   if (save_image)
-    write_file (save_image, buf, len);
-  ok = verify (s, buf, len, seed, &f);
+    crashcheck_write_file (save_image, buf, len);
+  ok = crashcheck_verify (s->setup, &s->run.model, buf, len, seed, &f);
   if (!ok && !s->failed && (!s->want || strcmp (s->want, f.cls) == 0)) {
     s->failed = true;
     s->f = f;
@@ -543,7 +254,7 @@ sim_hook (void *opaque, enum crashio_op op, uint64_t offset, uint64_t count)
 
   if (op == CRASHIO_PREAD || s->failed)
     return 0;
-  if (trace)
+  if (crashcheck_trace)
     fprintf (stderr, "host op %" PRIu64 ": %s %#" PRIx64 " +%" PRIu64
              " (%zu pieces since the flush)\n", s->calls,
              crashio_op_name (op), offset, count, n);
@@ -555,7 +266,7 @@ sim_hook (void *opaque, enum crashio_op op, uint64_t offset, uint64_t count)
     break;
   case SIM_SAMPLE:
     if (s->images_left && wl_below (&s->rng, 1000000) < s->p * 1000000) {
-      stats.points++;
+      crashcheck_stats.points++;
       for (unsigned i = 0; i < s->per_point && !s->failed &&
              s->images_left; i++, s->images_left--) {
         pick_keep (&s->rng, c, keep);
@@ -602,15 +313,15 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
 
   wl_setup (cfg, seed, &setup);
   s->setup = &setup;
-  write_backing (&setup);
-  if (s->mode == SIM_COUNT && have_qemu &&
-      (r = qemu_check (setup.image, setup.len, line, sizeof line)) != 0) {
+  crashcheck_write_backing (&setup);
+  if (s->mode == SIM_COUNT && crashcheck_have_qemu &&
+      (r = crashcheck_qemu (setup.image, setup.len, line, sizeof line)) != 0) {
     fprintf (stderr, "%s: the initial image is not clean: qemu-img check "
              "exit %d:\n%s\n", cfg->name, r, line);
     exit (EXIT_FAILURE);
   }
   img = wl_open_copy (&setup, setup.image, setup.len, true);
-  if (!img || !(initial = wl_read_all (img, &buf_data))) {
+  if (!img || !(initial = wl_read_all (img, &buf_read))) {
     fprintf (stderr, "%s: the initial image does not open: %s\n", cfg->name,
              memenv_last_error (setup.me));
     exit (EXIT_FAILURE);
@@ -625,7 +336,7 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
   crashio_set_hook (s->run.cio, sim_hook, s);
   *failed_op = nops;
   for (size_t i = 0; i < nops && !s->failed; i++) {
-    if (trace) {
+    if (crashcheck_trace) {
       wl_format_op (&ops[i], line, sizeof line);
       fprintf (stderr, "request %zu: %s\n", i, line);
     }
@@ -638,7 +349,7 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
       wl_format_op (&ops[i], line, sizeof line);
       s->failed = true;
       s->fail_at = UINT64_MAX;
-      fail_set (&s->f, "live", "request %zu (%s) failed: %s (check: %"
+      crashcheck_fail (&s->f, "live", "request %zu (%s) failed: %s (check: %"
                 PRIu64 " corruptions, %" PRIu64 " leaks, %" PRIu64
                 " leaks fixed): %s", i, line, errstr (-r),
                 s->run.check.corruptions, s->run.check.leaks,
@@ -661,24 +372,24 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
     data = crashio_data (s->run.cio, &len);
     img = wl_open_copy (&setup, data, len, true);
     if (r < 0 || !img)
-      fail_set (&s->f, "live", "clean close, open: %s",
+      crashcheck_fail (&s->f, "live", "clean close, open: %s",
                 memenv_last_error (setup.me));
     else if ((r = qcow2_check (img, false, &res)) < 0 || res.corruptions ||
              res.leaks)
-      fail_set (&s->f, "live", "after a clean close: %" PRIu64
+      crashcheck_fail (&s->f, "live", "after a clean close: %" PRIu64
                 " corruptions, %" PRIu64 " leaks", res.corruptions,
                 res.leaks);
-    else if (!(got = wl_read_all (img, &buf_got)))
-      fail_set (&s->f, "live", "read after a clean close: %s",
+    else if (!(got = wl_read_all (img, &buf_read)))
+      crashcheck_fail (&s->f, "live", "read after a clean close: %s",
                 memenv_last_error (setup.me));
     else if (memcmp (got, s->run.model.acked, s->run.model.size) != 0) {
-      uint64_t i = first_difference (got, s->run.model.acked,
+      uint64_t i = crashcheck_first_difference (got, s->run.model.acked,
                                      s->run.model.size);
-      fail_set (&s->f, "live", "after a clean close, guest byte %#" PRIx64
+      crashcheck_fail (&s->f, "live", "after a clean close, guest byte %#" PRIx64
                 " reads %#x, not %#x", i, got[i], s->run.model.acked[i]);
     }
-    else if (have_qemu && (r = qemu_check (data, len, out, sizeof out)) != 0)
-      fail_set (&s->f, "live", "qemu-img check exit %d after a clean "
+    else if (crashcheck_have_qemu && (r = crashcheck_qemu (data, len, out, sizeof out)) != 0)
+      crashcheck_fail (&s->f, "live", "qemu-img check exit %d after a clean "
                 "close:\n%s", r, out);
     else
       r = 0;
@@ -871,7 +582,7 @@ run_regressions (const char *only)
   for (const struct regression *rg = regressions; rg->what; rg++) {
     struct repro rp = { .cfg = wl_config_find (rg->config),
                         .seed = rg->seed };
-    uint64_t images = stats.images;
+    uint64_t images = crashcheck_stats.images;
     size_t cap = 0;
     char *copy = strdup (rg->ops);
 
@@ -898,7 +609,7 @@ run_regressions (const char *only)
       failures++;
     }
     printf ("regression: %-58.58s %5" PRIu64 " images\n", rg->what,
-            stats.images - images);
+            crashcheck_stats.images - images);
     free (rp.keep);
     free (rp.ops);
   }
@@ -968,47 +679,6 @@ replay (const char *path)
   return EXIT_SUCCESS;
 }
 
-static void
-make_workdir (void)
-{
-  char tmpl[] = "/tmp/crash-sim.XXXXXX";
-  char *p = getenv ("PATH"), *copy, *dir;
-
-  have_qemu = false;
-  for (copy = strdup (p ? p : ""), dir = strtok (copy, ":"); dir;
-       dir = strtok (NULL, ":")) {
-    char path[4096];
-    snprintf (path, sizeof path, "%s/qemu-img", dir);
-    if (access (path, X_OK) == 0)
-      have_qemu = true;
-  }
-  free (copy);
-  if (!have_qemu) {
-    printf ("qemu-img not found: our check only\n");
-    return;
-  }
-  workdir = mkdtemp (tmpl) ? strdup (tmpl) : NULL;
-  if (!workdir) {
-    fprintf (stderr, "mkdtemp: %s\n", errstr (errno));
-    exit (EXIT_FAILURE);
-  }
-}
-
-static void
-remove_workdir (void)
-{
-  char path[4096];
-
-  if (!workdir)
-    return;
-  for (const char *const *n = (const char *const[]) { "crash.qcow2",
-         "check.out", "backing.img", NULL }; *n; n++) {
-    snprintf (path, sizeof path, "%s/%s", workdir, *n);
-    unlink (path);
-  }
-  rmdir (workdir);
-}
-
 int
 main (void)
 {
@@ -1027,13 +697,12 @@ main (void)
   if ((e = getenv ("CRASH_IMAGES")))
     total = strtoull (e, NULL, 10);
   if ((e = getenv ("CRASH_QEMU_EVERY")))
-    qemu_every = strtoul (e, NULL, 10);
-  trace = getenv ("CRASH_TRACE") != NULL;
+    crashcheck_qemu_every = strtoul (e, NULL, 10);
+  crashcheck_trace = getenv ("CRASH_TRACE") != NULL;
   if ((e = getenv ("CRASH_SEED")))
     seed = strcmp (e, "random") == 0 ? (uint64_t) time (NULL) ^ getpid ()
                                      : strtoull (e, NULL, 10);
-  make_workdir ();
-  atexit (remove_workdir);
+  crashcheck_init ();
   if ((e = getenv ("CRASH_REPLAY")))
     return replay (e);
   if (only && !wl_config_find (only)) {
@@ -1041,23 +710,23 @@ main (void)
     return EXIT_FAILURE;
   }
   printf ("crash-sim: %" PRIu64 " crash images, seed %" PRIu64
-          ", qemu-img check on every %u\n", total, seed, qemu_every);
+          ", qemu-img check on every %u\n", total, seed, crashcheck_qemu_every);
   failures += run_regressions (only);
 
   for (size_t ci = 0; ci < wl_nr_configs; ci++) {
     const struct wl_config *cfg = &wl_configs[ci];
     uint64_t quota = (total + nconfigs - 1) / nconfigs;
-    uint64_t first = stats.images;
-    uint64_t dirty0 = stats.dirty, leaky0 = stats.leaky;
-    uint64_t qemu0 = stats.qemu + stats.qemu_after;
+    uint64_t first = crashcheck_stats.images;
+    uint64_t dirty0 = crashcheck_stats.dirty, leaky0 = crashcheck_stats.leaky;
+    uint64_t qemu0 = crashcheck_stats.qemu + crashcheck_stats.qemu_after;
     time_t t0 = time (NULL);
     unsigned w;
 
     if (only && strcmp (only, cfg->name) != 0)
       continue;
-    for (w = 0; stats.images - first < quota; w++) {
+    for (w = 0; crashcheck_stats.images - first < quota; w++) {
       uint64_t wseed = seed * 1000003 + ci * 7919 + w;
-      uint64_t want = MIN (quota - (stats.images - first), 150);
+      uint64_t want = MIN (quota - (crashcheck_stats.images - first), 150);
       struct sim count = { .mode = SIM_COUNT };
       struct sim s = {
         .mode = SIM_SAMPLE, .rng = { wseed }, .per_point = 3,
@@ -1070,7 +739,7 @@ main (void)
       wl_generate (cfg, wseed, &ops, &nops);
       sim_run (&count, cfg, wseed, ops, nops, &failed_op);
       s.p = (double) want / s.per_point / MAX (count.calls, 1);
-      stats.workloads++;
+      crashcheck_stats.workloads++;
       if (sim_run (&s, cfg, wseed, ops, nops, &failed_op)) {
         struct repro rp = {
           .cfg = cfg, .seed = wseed, .ops = ops, .nops = failed_op + 1,
@@ -1090,15 +759,15 @@ main (void)
     }
     printf ("%-32s %3u workloads %6" PRIu64 " images (%" PRIu64 " dirty, %"
             PRIu64 " with leaks) %4" PRIu64 " qemu-img checks %4lds\n",
-            cfg->name, w, stats.images - first, stats.dirty - dirty0,
-            stats.leaky - leaky0, stats.qemu + stats.qemu_after - qemu0,
+            cfg->name, w, crashcheck_stats.images - first, crashcheck_stats.dirty - dirty0,
+            crashcheck_stats.leaky - leaky0, crashcheck_stats.qemu + crashcheck_stats.qemu_after - qemu0,
             (long) (time (NULL) - t0));
     fflush (stdout);
   }
   printf ("crash-sim: %" PRIu64 " crash images at %" PRIu64 " points of %"
           PRIu64 " workloads; %" PRIu64 " qemu-img checks of crash images, %"
-          PRIu64 " after repair; %u failures; %lds\n", stats.images,
-          stats.points, stats.workloads, stats.qemu, stats.qemu_after,
+          PRIu64 " after repair; %u failures; %lds\n", crashcheck_stats.images,
+          crashcheck_stats.points, crashcheck_stats.workloads, crashcheck_stats.qemu, crashcheck_stats.qemu_after,
           failures, (long) (time (NULL) - start));
   return failures ? EXIT_FAILURE : EXIT_SUCCESS;
 }

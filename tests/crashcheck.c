@@ -1,0 +1,339 @@
+/* Verifying the images a crash or a failing disk leaves (see
+ * crashcheck.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "be.h"
+#include "checked.h"
+#include "errstr.h"
+#include "crashcheck.h"
+
+extern char **environ;
+
+struct crashcheck_stats crashcheck_stats;
+unsigned crashcheck_qemu_every = 10;
+bool crashcheck_have_qemu;
+bool crashcheck_trace;
+
+static char *workdir;           /* image files for qemu-img */
+/* Reused from one image to the next: large allocations are slow under
+ * AddressSanitizer.
+ */
+static struct wl_buf buf_data, buf_again, buf_got;
+
+void
+crashcheck_fail (struct failure *f, const char *cls, const char *fmt, ...)
+{
+  va_list ap;
+
+  snprintf (f->cls, sizeof f->cls, "%s", cls);
+  va_start (ap, fmt);
+  vsnprintf (f->why, sizeof f->why, fmt, ap);
+  va_end (ap);
+}
+
+/* Where two guest images differ, for messages. */
+uint64_t
+crashcheck_first_difference (const uint8_t *a, const uint8_t *b, uint64_t len)
+{
+  uint64_t i = 0;
+
+  while (i < len && a[i] == b[i])
+    i++;
+  return i;
+}
+
+static bool
+crashcheck_dirty (const uint8_t *buf, size_t len)
+{
+  return len >= 80 && be32_get (buf + 4) >= 3 && (be64_get (buf + 72) & 1);
+}
+
+void
+crashcheck_write_file (const char *path, const void *data, size_t len)
+{
+  FILE *fp = fopen (path, "w");
+
+  if (!fp || fwrite (data, 1, len, fp) != len || fclose (fp) != 0) {
+    fprintf (stderr, "%s: %s\n", path, errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+}
+
+/* The backing file of the configuration, beside the images qemu-img
+ * checks.
+ */
+void
+crashcheck_write_backing (const struct wl_setup *s)
+{
+  const struct qcow2_env *env = memenv_env (s->me);
+  char path[4096], *id;
+  struct qcow2_io *io;
+  int64_t size;
+  uint8_t *buf;
+
+  if (!s->cfg->backing || !workdir)
+    return;
+  io = env->open (env->opaque, "backing.img", true, &id);
+  if (!io)
+    abort ();
+  free (id);
+  size = io->ops->size (io);
+  buf = malloc (size ? size : 1);
+  if (!buf || io->ops->pread (io, buf, size, 0) < 0)
+    abort ();
+  snprintf (path, sizeof path, "%s/backing.img", workdir);
+  crashcheck_write_file (path, buf, size);
+  free (buf);
+  io->ops->close (io);
+}
+
+/* qemu-img check of an image: its exit status, its output in out. */
+int
+crashcheck_qemu (const uint8_t *img, size_t len, char *out, size_t outlen)
+{
+  char path[4096], log[4096];
+  char *argv[] = { "qemu-img", "check", "-f", "qcow2", path, NULL };
+  posix_spawn_file_actions_t fa;
+  int status, fd;
+  ssize_t n;
+  pid_t pid;
+
+  snprintf (path, sizeof path, "%s/crash.qcow2", workdir);
+  snprintf (log, sizeof log, "%s/check.out", workdir);
+  crashcheck_write_file (path, img, len);
+  fflush (NULL);
+  /* posix_spawn, not fork: the heap is large. */
+  posix_spawn_file_actions_init (&fa);
+  posix_spawn_file_actions_addopen (&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC,
+                                    0644);
+  posix_spawn_file_actions_adddup2 (&fa, 1, 2);
+  errno = posix_spawnp (&pid, "qemu-img", &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy (&fa);
+  if (errno) {
+    fprintf (stderr, "running qemu-img: %s\n", errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+  if (waitpid (pid, &status, 0) == -1) {
+    fprintf (stderr, "waitpid: %s\n", errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+  out[0] = '\0';
+  fd = open (log, O_RDONLY);
+  if (fd >= 0) {
+    n = read (fd, out, outlen - 1);
+    out[n > 0 ? n : 0] = '\0';
+    close (fd);
+  }
+  return WIFEXITED (status) ? WEXITSTATUS (status) : 128;
+}
+
+static bool
+crashcheck_sampled (void)
+{
+  return crashcheck_have_qemu && crashcheck_qemu_every && crashcheck_stats.images % crashcheck_qemu_every == 0;
+}
+
+/* After a repair: more writes, then a clean close must leave an image
+ * without leak or corruption that reads as the model says.
+ */
+static bool
+crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
+                     struct failure *f)
+{
+  const struct wl_config *cfg = run->setup->cfg;
+  uint64_t cs = UINT64_C (1) << cfg->cluster_bits;
+  struct qcow2_check_result res;
+  struct qcow2_image *img;
+  const uint8_t *data;
+  uint8_t *got = NULL;
+  char out[4096];
+  size_t len;
+  bool ok = false;
+  int r;
+
+  for (int i = 0; i < 5; i++) {
+    struct wl_op op = { .kind = i == 3 ? WL_TRIM : WL_WRITE,
+                        .seed = wl_rand (rng) };
+    op.offset = wl_below (rng, run->model.size / cs) * cs
+      + (i == 3 ? 0 : wl_below (rng, cs));
+    op.len = 1 + wl_below (rng, 3 * cs);
+    op.len = MIN (op.len, run->model.size - op.offset);
+    if (crashcheck_trace) {
+      char line[256];
+      wl_format_op (&op, line, sizeof line);
+      fprintf (stderr, "after the repair: %s\n", line);
+    }
+    if ((r = wl_exec (run, &op)) < 0) {
+      crashcheck_fail (f, "after-repair", "request %d after the repair failed: %s",
+                i, errstr (-r));
+      return false;
+    }
+  }
+  r = qcow2_close (run->img);
+  run->img = NULL;
+  if (r < 0) {
+    crashcheck_fail (f, "after-repair", "close after the repair: %s", errstr (-r));
+    return false;
+  }
+  data = crashio_data (run->cio, &len);
+  img = wl_open_copy (run->setup, data, len, true);
+  if (!img) {
+    crashcheck_fail (f, "after-repair", "open after the repair: %s",
+              memenv_last_error (run->setup->me));
+    return false;
+  }
+  if ((r = qcow2_check (img, false, &res)) < 0 || res.corruptions ||
+      res.leaks)
+    crashcheck_fail (f, "after-repair", "after the repair, more writes and a clean "
+              "close: check: %s, %" PRIu64 " corruptions, %" PRIu64 " leaks",
+              errstr (-r), res.corruptions, res.leaks);
+  else if (!(got = wl_read_all (img, &buf_got)))
+    crashcheck_fail (f, "after-repair", "read after the repair: %s",
+              errstr (errno));
+  else if (memcmp (got, run->model.acked, run->model.size) != 0) {
+    uint64_t i = crashcheck_first_difference (got, run->model.acked, run->model.size);
+    crashcheck_fail (f, "after-repair", "after the repair, more writes and a clean "
+              "close, guest byte %#" PRIx64 " reads %#x, not %#x", i, got[i],
+              run->model.acked[i]);
+  }
+  else
+    ok = true;
+  qcow2_close (img);
+  if (ok && qemu) {
+    crashcheck_stats.qemu_after++;
+    if ((r = crashcheck_qemu (data, len, out, sizeof out)) != 0) {
+      crashcheck_fail (f, "qemu-img-after", "qemu-img check exit %d after the "
+                "repair, more writes and a clean close:\n%s", r, out);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+/* Everything a crash image must pass (see the top of the file). */
+bool
+crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
+                   const uint8_t *buf, size_t len, uint64_t seed,
+                   struct failure *f)
+{
+  bool dirty = crashcheck_dirty (buf, len), qemu = crashcheck_sampled ();
+  struct qcow2_check_result res = { 0 };
+  struct qcow2_image *img;
+  uint8_t *data = NULL, *again = NULL;
+  struct wl_run run;
+  struct wl_rng rng = { seed };
+  char why[sizeof f->why], out[4096];
+  bool ok = false;
+  int r;
+
+  crashcheck_stats.images++;
+  crashcheck_stats.dirty += dirty;
+  memenv_clear_errors (setup->me);
+  img = wl_open_copy (setup, buf, len, true);
+  if (!img) {
+    crashcheck_fail (f, "open", "the crash image does not open: %s",
+              memenv_last_error (setup->me));
+    return false;
+  }
+  if (!(data = wl_read_all (img, &buf_data)))
+    crashcheck_fail (f, "read", "reading the crash image: %s",
+              memenv_last_error (setup->me));
+  else if (!wl_model_check (m, data, why, sizeof why))
+    crashcheck_fail (f, "data", "%s", why);
+  else if (!dirty && ((r = qcow2_check (img, false, &res)) < 0 ||
+                      res.corruptions))
+    crashcheck_fail (f, "check", "our check: %s, %" PRIu64 " corruptions",
+              errstr (-r), res.corruptions);
+  else
+    ok = true;
+  crashcheck_stats.leaky += ok && !dirty && res.leaks > 0;
+  qcow2_close (img);
+  if (ok && qemu && !dirty) {
+    crashcheck_stats.qemu++;
+    r = crashcheck_qemu (buf, len, out, sizeof out);
+    if (r != 0 && r != 3) {
+      crashcheck_fail (f, "qemu-img", "qemu-img check exit %d (our check: %"
+                PRIu64 " leaks):\n%s", r, res.leaks, out);
+      ok = false;
+    }
+  }
+  if (!ok)
+    return false;
+
+  /* Repair, then use the image again. */
+  ok = false;
+  if ((r = wl_run_start (&run, setup, buf, len, data)) < 0)
+    crashcheck_fail (f, "repair", "the crash image does not open read-write: %s",
+              memenv_last_error (setup->me));
+  else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_REPAIR })) < 0)
+    crashcheck_fail (f, "repair", "repair: %s (%" PRIu64 " corruptions)",
+              errstr (-r), run.check.corruptions);
+  else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_CHECK })) < 0 ||
+           run.check.leaks)
+    crashcheck_fail (f, "repair", "after the repair: %s, %" PRIu64 " corruptions, %"
+              PRIu64 " leaks", errstr (-r), run.check.corruptions,
+              run.check.leaks);
+  else if (!(again = wl_read_all (run.img, &buf_again)))
+    crashcheck_fail (f, "repair", "reading after the repair: %s", errstr (errno));
+  else if (memcmp (again, data, m->size) != 0) {
+    uint64_t i = crashcheck_first_difference (again, data, m->size);
+    crashcheck_fail (f, "repair", "the repair changed guest byte %#" PRIx64
+              " from %#x to %#x", i, data[i], again[i]);
+  }
+  else
+    ok = crashcheck_after_repair (&run, &rng, qemu, f);
+  wl_run_end (&run);
+  return ok;
+}
+
+static void
+crashcheck_remove_workdir (void)
+{
+  char path[4096];
+
+  if (!workdir)
+    return;
+  for (const char *const *n = (const char *const[]) { "crash.qcow2",
+         "check.out", "backing.img", NULL }; *n; n++) {
+    snprintf (path, sizeof path, "%s/%s", workdir, *n);
+    unlink (path);
+  }
+  rmdir (workdir);
+}
+
+void
+crashcheck_init (void)
+{
+  char tmpl[] = "/tmp/crash-sim.XXXXXX";
+  char *p = getenv ("PATH"), *copy, *dir;
+
+  crashcheck_have_qemu = false;
+  for (copy = strdup (p ? p : ""), dir = strtok (copy, ":"); dir;
+       dir = strtok (NULL, ":")) {
+    char path[4096];
+    snprintf (path, sizeof path, "%s/qemu-img", dir);
+    if (access (path, X_OK) == 0)
+      crashcheck_have_qemu = true;
+  }
+  free (copy);
+  if (!crashcheck_have_qemu) {
+    printf ("qemu-img not found: our check only\n");
+    return;
+  }
+  workdir = mkdtemp (tmpl) ? strdup (tmpl) : NULL;
+  if (!workdir) {
+    fprintf (stderr, "mkdtemp: %s\n", errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+  atexit (crashcheck_remove_workdir);
+}
