@@ -28,6 +28,9 @@ static char *data_file;
 static struct qcow2_options options;
 static struct qcow2_image *image;
 
+/* repair=leaks: reclaim leaked clusters before serving. */
+static bool repair_leaks;
+
 /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
  * overriding the former whatever their order, as in QEMU.
  */
@@ -180,6 +183,14 @@ plugin_config (const char *key, const char *value)
     }
     return 0;
   }
+  if (strcmp (key, "repair") == 0) {
+    if (strcmp (value, "leaks") != 0 && strcmp (value, "off") != 0) {
+      nbdkit_error ("repair: expected leaks or off, not \"%s\"", value);
+      return -1;
+    }
+    repair_leaks = strcmp (value, "leaks") == 0;
+    return 0;
+  }
   if (strcmp (key, "readonly") == 0) {
     int r = nbdkit_parse_bool (value);
     if (r == -1)
@@ -327,10 +338,38 @@ plugin_create (void)
   "data-file=<FILENAME>            Override the external data file.\n" \
   "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
   "readonly=true                   Open the image read-only.\n" \
+  "repair=leaks                    Reclaim leaked clusters before serving.\n" \
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size)."
+
+/* repair=leaks: leaked clusters (a crash leaves some) are reclaimed,
+ * and a dirty image gets its refcounts rebuilt, before any client
+ * connects; what qcow2_check cannot repair is refused.
+ */
+static int
+plugin_repair (void)
+{
+  struct qcow2_check_result res;
+
+  if (!qcow2_can_write (image)) {
+    nbdkit_error ("repair=leaks: %s cannot be written: %s", filename,
+                  qcow2_readonly_reason (image));
+    return -1;
+  }
+  if (qcow2_check (image, true, &res) < 0)
+    return -1;
+  if (res.corruptions) {
+    nbdkit_error ("repair=leaks: %s: %" PRIu64 " errors remain that a leak "
+                  "repair cannot fix (\"qemu-img check\" tells more): not "
+                  "served", filename, res.corruptions);
+    return -1;
+  }
+  nbdkit_debug ("repair=leaks: %" PRIu64 " leaked clusters reclaimed",
+                res.leaks_fixed);
+  return 0;
+}
 
 static int
 plugin_get_ready (void)
@@ -364,6 +403,8 @@ plugin_get_ready (void)
     return -1;
   if (create && prealloc != PREALLOC_OFF &&
       qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
+    return -1;
+  if (repair_leaks && plugin_repair () == -1)
     return -1;
   if (qcow2_readonly_reason (image))
     plugin_notice (NULL, filename, nbdkit_printf_intern (
