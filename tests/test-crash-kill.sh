@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Real crashes: nbdkit is killed with SIGKILL while a client has writes,
+# zeroes, trims and flushes in flight (killwrite.py), over and over on
+# the same images (CRASH_KILLS, default 52, in four configurations:
+# 64K clusters, 4K clusters with a small L2 cache, lazy refcounts, and
+# COW over a backing file).  After every kill:
+#  - qemu-img check finds no corruption (exit 0 or 3); an image left
+#    dirty by lazy refcounts is first repaired by repair=leaks, after
+#    which it must be clean (exit 0);
+#  - every byte a completed flush or FUA request covered (and nothing
+#    wrote since) reads back as written, as qemu reads the image and,
+#    every fourth kill, as the plugin serves it;
+# and at the end, repair=leaks leaves every image clean (exit 0).
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img nbdkit nbdcopy /usr/bin/python3 timeout
+/usr/bin/python3 -c 'import nbd' 2>/dev/null || {
+  echo "$0: test skipped: the nbd Python module is missing"
+  exit 77
+}
+
+kills=${CRASH_KILLS:-52}
+size=$((8 * 1024 * 1024))
+configs=(c64k c4k-evict lazy backing)
+
+# config NAME: set cluster (bytes), args (plugin arguments), and make
+# the image if it is not there yet.
+config ()
+{
+  img=$tmp/$1.qcow2
+  args=()
+  case "$1" in
+    c64k) cluster=65536; opts=cluster_size=64k ;;
+    c4k-evict) cluster=4096; opts=cluster_size=4k
+               args=(l2-cache-size=8k l2-slice-size=4k) ;;
+    lazy) cluster=4096; opts=cluster_size=4k,lazy_refcounts=on ;;
+    backing) cluster=65536; opts=cluster_size=64k,backing_file=base.raw,backing_fmt=raw ;;
+  esac
+  if [ ! -f "$img" ]; then
+    if [ "$1" = backing ]; then
+      /usr/bin/python3 -c '
+import random, sys
+sys.stdout.buffer.write(random.Random(7).randbytes(int(sys.argv[1])))
+' "$size" > "$tmp/base.raw"
+    fi
+    qemu-img create -q -f qcow2 -o "$opts" "$img" "$size"
+    qemu-img convert -f qcow2 -O raw "$img" "$tmp/$1.model"
+  fi
+}
+
+dirty_bit ()
+{
+  /usr/bin/python3 "$srcdir/qcow2-patch.py" "$1" be64 72 | {
+    read -r v; echo $(( v & 1 ))
+  }
+}
+
+# check_clean IMG EXPECTED-EXITS: qemu-img check must exit with one of
+# EXPECTED-EXITS (e.g. "0 3").
+check_clean ()
+{
+  local r=0
+  qemu-img check "$1" > "$tmp/check.out" 2>&1 || r=$?
+  case " $2 " in
+    *" $r "*) ;;
+    *) cat "$tmp/check.out" >&2
+       fail "qemu-img check $1 exited with $r (kill $i), expected one of: $2" ;;
+  esac
+}
+
+# compare_durable RAW EXPECTED DIRTY: RAW must equal EXPECTED wherever
+# DIRTY is 0.
+compare_durable ()
+{
+  /usr/bin/python3 -c '
+import sys
+raw, exp, dirty = (open(f, "rb").read() for f in sys.argv[1:4])
+clean = bytes.maketrans(b"\0\1", b"\xff\0")
+for o in range(0, len(exp), 65536):
+    a, b = raw[o:o + 65536], exp[o:o + 65536]
+    if a == b:
+        continue
+    m = dirty[o:o + 65536].translate(clean)
+    x = int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
+    if x & int.from_bytes(m, "big"):
+        for j in range(len(a)):
+            if m[j] and a[j] != b[j]:
+                sys.exit("byte %#x is %#x, flushed as %#x" % (o + j, a[j], b[j]))
+' "$@"
+}
+
+sock=$tmp/sock
+sent=0 flushed=0 inflight=0 leaky=0 repaired=0
+for i in $(seq 1 "$kills"); do
+  name=${configs[$(( i % ${#configs[@]} ))]}
+  config "$name"
+  rm -f "$sock" "$tmp/pid" "$tmp/status"
+  # In a subshell whose stderr hides bash's "Killed".
+  (
+    r=0
+    timeout -k 10 "${TEST_TIMEOUT:-120}" \
+      nbdkit -f -U "$sock" -P "$tmp/pid" qcow2 "$img" "${args[@]}" \
+        2> "$tmp/nbdkit.err" || r=$?
+    echo "$r" > "$tmp/status"
+  ) 2>/dev/null &
+  wrapper=$!
+  for t in $(seq 200); do
+    [ -S "$sock" ] && [ -s "$tmp/pid" ] && break
+    sleep 0.05
+  done
+  [ -S "$sock" ] || { cat "$tmp/nbdkit.err" >&2; fail "nbdkit did not start"; }
+  /usr/bin/python3 "$srcdir/killwrite.py" "$sock" "$(cat "$tmp/pid")" \
+    "$tmp/$name.model" "$cluster" "$i" "$tmp/expected" "$tmp/dirty" \
+    > "$tmp/counts" || fail "killwrite.py (kill $i, $name)"
+  read -r a b c < "$tmp/counts"
+  sent=$((sent + a)) flushed=$((flushed + b)) inflight=$((inflight + c))
+  wait "$wrapper"
+  r=$(cat "$tmp/status")
+  [ "$r" -eq 137 ] || { cat "$tmp/nbdkit.err" >&2;
+                        fail "nbdkit exited with $r, not killed (kill $i)"; }
+
+  if [ "$(dirty_bit "$img")" = 1 ]; then
+    # Lazy refcounts: the spec says to repair first.
+    nbdkit -U - qcow2 "$img" repair=leaks --run true 2> "$tmp/repair.err" ||
+      { cat "$tmp/repair.err" >&2; fail "repair=leaks (kill $i, $name)"; }
+    check_clean "$img" 0
+    repaired=$((repaired + 1))
+  else
+    check_clean "$img" "0 3"
+    grep -q "leaked clusters" "$tmp/check.out" && leaky=$((leaky + 1))
+  fi
+  qemu-img convert -f qcow2 -O raw "$img" "$tmp/now.raw"
+  compare_durable "$tmp/now.raw" "$tmp/expected" "$tmp/dirty" ||
+    fail "kill $i ($name): flushed data lost"
+  if [ $(( i % 4 )) = 0 ]; then
+    nbdkit -r -U - qcow2 "$img" --run 'nbdcopy "$uri" '"$tmp/served.raw"
+    cmp "$tmp/now.raw" "$tmp/served.raw" ||
+      fail "kill $i ($name): the plugin serves other data than qemu reads"
+  fi
+  mv "$tmp/now.raw" "$tmp/$name.model"
+done
+
+for name in "${configs[@]}"; do
+  config "$name"
+  nbdkit -U - qcow2 "$img" repair=leaks --run true 2> "$tmp/repair.err" ||
+    { cat "$tmp/repair.err" >&2; fail "repair=leaks of $name"; }
+  check_clean "$img" 0
+done
+echo "$kills kills ($sent requests, $flushed flushes, $inflight requests in" \
+  "flight at the kills; $leaky images with leaks, $repaired dirty ones" \
+  "repaired): no corruption, no flushed data lost"
