@@ -571,7 +571,7 @@ static const struct regression {
   { "a new refcount block's table entry durable before the L2 entries",
     "blocks-512-rc64", 1,
     "write 600000 40000 seed=1 fua=1\n" },
-  { NULL },
+  { .what = NULL },
 };
 
 static unsigned

@@ -46,7 +46,7 @@
 static const char *const fault_configs[] = {
   "alloc-4k-evict", "backing-qcow2-v2-4k-evict", "extl2-32k-backing",
   "lazy-4k", "snapshot-compressed-64k-evict", "blocks-512-rc64",
-  "grow-1k-rc32-evict",
+  "grow-512-rc64",
 };
 
 enum fault_kind { F_PREAD, F_PWRITE, F_FLUSH, F_PUNCH, F_GROW, F_KINDS };

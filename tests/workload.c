@@ -23,7 +23,8 @@
  * a backing file, refcount table growth, trims, lazy refcounts, shared
  * clusters of snapshots) at cluster sizes from 512 bytes to 64K, some
  * with an L2 cache of two slices so that dirty slices are evicted in
- * the middle of requests.
+ * the middle of requests.  The refcount table of grow-512-rc64 (one
+ * cluster: 2 MB of file) grows as the disk fills.
  */
 const struct wl_config wl_configs[] = {
   { .name = "alloc-64k", .cluster_bits = 16, .size = 2 * MiB, .ops = 120 },
@@ -56,7 +57,7 @@ const struct wl_config wl_configs[] = {
     .built = true, .refcount_order = 6, .ops = 100 },
   { .name = "grow-512-rc64", .cluster_bits = 9, .size = 4 * MiB,
     .built = true, .refcount_order = 6, .gen = WL_GEN_FILL, .ops = 120 },
-  { .name = "grow-1k-rc32-evict", .cluster_bits = 10, .size = 8 * MiB,
+  { .name = "fill-1k-rc32-evict", .cluster_bits = 10, .size = 8 * MiB,
     .built = true, .refcount_order = 5, .gen = WL_GEN_FILL,
     .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 120 },
 };
@@ -165,7 +166,7 @@ wl_generate (const struct wl_config *cfg, uint64_t seed, struct wl_op **ops,
        * refcount table cluster counts.
        */
       op.kind = WL_WRITE;
-      op.len = wl_below (&r, 4) ? cs * (8 + wl_below (&r, 120))
+      op.len = wl_below (&r, 4) ? cs * (8 + wl_below (&r, 248))
                                 : 1 + wl_below (&r, 64 * KiB);
       if (pos >= cfg->size)
         pos = 0;
