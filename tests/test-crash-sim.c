@@ -571,6 +571,18 @@ static const struct regression {
   { "a new refcount block's table entry durable before the L2 entries",
     "blocks-512-rc64", 1,
     "write 600000 40000 seed=1 fua=1\n" },
+  /* A run of new clusters that started in a free gap inside the file
+   * and ended past it (the reserve released by a clean close leaves
+   * one) did not move file_size: the L2 entries pointed past the end
+   * of the file as the engine saw it, and in-place writes there failed.
+   */
+  { "a run of new clusters straddling the end of the file",
+    "alloc-4k-evict", 1,
+    "write 0 65536 seed=1 fua=1\n"
+    "reopen\n"
+    "write 131072 262144 seed=2 fua=0\n"
+    "write 135168 4096 seed=3 fua=0\n"
+    "check\n" },
   { .what = NULL },
 };
 
