@@ -118,7 +118,7 @@ struct qcow2_image {
   char *path;                   /* as given; names resolve against it */
   char *id;                     /* canonical identity, for loop checks */
   struct qcow2_io *io;          /* the image file */
-  uint64_t file_size;            /* past every cluster written or taken */
+  uint64_t file_size;           /* past every cluster written or taken */
   /* The end of what was written to io, and its value at the last
    * flush: the least the file's length may be after a crash.  An L2
    * entry may point at a cluster past durable_end only once a flush has
