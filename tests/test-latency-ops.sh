@@ -24,8 +24,11 @@ def took(f):
 def slow(what, f, s):
     t = took(f)
     assert t >= s, "%s took %.3f s, expected at least %.3f s" % (what, t, s)
+# A loaded machine (or a sanitizer build) may stall any one request;
+# an undelayed operation is fast at least once in three tries, a
+# delayed one never is.
 def fast(what, f):
-    t = took(f)
+    t = min(took(f) for _ in range(3)) if took(f) >= FAST else 0
     assert t < FAST, "%s took %.3f s, expected under %.3f s" % (what, t, FAST)
 def extents():
     h.block_status(65536, 0, lambda *args: 0)
