@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""The tables of a bench/run.sh run, in Markdown.
+
+  report.py OUTDIR                    print them
+  report.py --update RESULTS OUTDIR   put them between the markers of
+                                      the issue-6 section of RESULTS
+"""
+import collections
+import statistics
+import sys
+
+SECTION = "## Performance against qemu-nbd (issue 6)"
+BEGIN = "<!-- begin bench/run.sh output -->"
+END = "<!-- end bench/run.sh output -->"
+SERVERS = ["ours", "ours-whole", "qemu-none", "qemu-wb", "raw"]
+LAYOUTS = ["reverse", "random", "partly-random"]
+
+
+def read_tsv(path):
+    try:
+        with open(path) as f:
+            return [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def fmt(v, bw):
+    if v is None:
+        return "–"
+    if bw:
+        return "%.0f MiB/s" % v
+    return "%.1fk" % (v / 1000)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt_ratio(r, goal=None):
+    if r is None:
+        return "–"
+    s = "%.2f" % r
+    return "**%s**" % s if goal is not None and r < goal else s
+
+
+def main():
+    args = sys.argv[1:]
+    update = None
+    if args and args[0] == "--update":
+        update = args[1]
+        args = args[2:]
+    out = args[0]
+
+    meta = dict(line.split("=", 1) for line in
+                open(out + "/meta.txt").read().splitlines() if "=" in line)
+    runs = collections.defaultdict(list)
+    rss = collections.defaultdict(list)
+    cases = []
+    for name, server, _round, value, peak, _syncs in read_tsv(out + "/runs.tsv"):
+        if name not in cases:
+            cases.append(name)
+        runs[name, server].append(float(value))
+        rss[name, server].append(int(peak))
+    commands = {(n, s): (srv, fio) for n, s, srv, fio in
+                read_tsv(out + "/commands.txt")}
+    syncs = {(n, s): (int(k), int(f)) for n, s, k, f in
+             read_tsv(out + "/syncs.tsv")}
+    descs = dict(read_tsv(out + "/cases.tsv"))
+    goals = {}
+    for n, g in read_tsv(out + "/goals.tsv"):
+        goals[n] = dict(item.split(">=") for item in g.split() if ">=" in item)
+        if "syncs=1" in g.split():
+            goals[n]["syncs"] = "1"
+
+    def short(cmd):
+        for key in ("plugin", "out", "img"):
+            cmd = cmd.replace(meta[key], "$" + key.upper())
+        return cmd
+
+    def med(name, server):
+        v = runs.get((name, server))
+        return statistics.median(v) if v else None
+
+    lines = []
+    w = lines.append
+    w("Run of %s in %s mode (%s rounds, %s s per timed run after %s s of "
+      "ramp), tree at `%s`." % (meta["date"], meta["mode"], meta["reps"],
+                                meta["runtime"], meta["ramp"], meta["commit"]))
+    w("Machine: %s, %s, Linux %s, images on %s; load average %s at the "
+      "start, %s at the end." % (meta["cpu"], meta["memory"], meta["kernel"],
+                                 meta["filesystem"], meta["load_start"],
+                                 meta.get("load_end", "?")))
+    w("Versions: %s, %s, %s." % (meta["fio"], meta["qemu-nbd"], meta["nbdkit"]))
+    w("")
+    w("Medians of the rounds.  IOPS in thousands, or MiB/s.  Ratios are "
+      "ours over the other server; a ratio below its goal is in bold.  "
+      "The goal against qemu-nbd is checked against the faster of its "
+      "two modes.")
+    w("")
+    w("| case | ours | ours, whole tables | qemu-nbd none | qemu-nbd wb | "
+      "raw | ours/qemu none | ours/qemu wb | ours/raw | ours/whole | goal | "
+      "met |")
+    w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+      "| --- | --- |")
+    missed = []
+    for name in cases:
+        bw = name.startswith("seq-")
+        m = {s: med(name, s) for s in SERVERS}
+        g = goals.get(name, {})
+        qbest = max([v for v in (m["qemu-none"], m["qemu-wb"]) if v] or [0])
+        checks = []
+        if "qemu" in g:
+            checks.append(("ours/qemu ≥ %s" % g["qemu"],
+                           ratio(m["ours"], qbest), float(g["qemu"])))
+        if "raw" in g:
+            checks.append(("ours/raw ≥ %s" % g["raw"],
+                           ratio(m["ours"], m["raw"]), float(g["raw"])))
+        if "whole" in g:
+            checks.append(("ours/whole ≥ %s" % g["whole"],
+                           ratio(m["ours"], m["ours-whole"]),
+                           float(g["whole"])))
+        if "syncs" in g and (name, "ours") in syncs:
+            k, f = syncs[name, "ours"]
+            checks.append(("≤ 1 sync per flush", 1 / (k / f) if k and f
+                           else None, 1.0))
+        ok = all(r is not None and r >= goal for _, r, goal in checks)
+        if not ok:
+            missed.append(name)
+        w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            name, *(fmt(m[s], bw) for s in SERVERS),
+            fmt_ratio(ratio(m["ours"], m["qemu-none"]),
+                      float(g["qemu"]) if "qemu" in g else None),
+            fmt_ratio(ratio(m["ours"], m["qemu-wb"]),
+                      float(g["qemu"]) if "qemu" in g else None),
+            fmt_ratio(ratio(m["ours"], m["raw"]),
+                      float(g["raw"]) if "raw" in g else None),
+            fmt_ratio(ratio(m["ours"], m["ours-whole"]),
+                      float(g["whole"]) if "whole" in g else None),
+            "; ".join(c for c, _, _ in checks),
+            "yes" if ok else "**no**"))
+    w("")
+    for name in cases:
+        if name in descs:
+            w("- `%s`: %s" % (name, descs[name]))
+    w("")
+
+    # Workload 2: the time of the fragmented layouts against sequential.
+    frag = [(rw, lay) for rw in ("read", "write") for lay in LAYOUTS
+            if "seq-%s-%s" % (rw, lay) in cases
+            and "seq-%s-sequential" % rw in cases]
+    if frag:
+        w("Fragmented layouts: time of a sequential pass over the image, "
+          "relative to the image written in order (goal for ours: at most "
+          "1.25).")
+        w("")
+        w("| pass, layout | ours | qemu-nbd none | qemu-nbd wb | raw file |")
+        w("| --- | ---: | ---: | ---: | ---: |")
+        for rw, lay in frag:
+            cells = []
+            for s in ("ours", "qemu-none", "qemu-wb", "raw"):
+                r = ratio(med("seq-%s-sequential" % rw, s),
+                          med("seq-%s-%s" % (rw, lay), s))
+                if s == "ours" and (r is None or r > 1.25):
+                    missed.append("seq-%s-%s (time)" % (rw, lay))
+                    cells.append("**%.2f**" % r if r else "–")
+                else:
+                    cells.append("%.2f" % r if r else "–")
+            w("| %s, %s | %s |" % (rw, lay, " | ".join(cells)))
+        w("")
+
+    if syncs:
+        w("Host syncs (fdatasync, fsync, sync_file_range, counted by "
+          "`strace -f -c` in one more run) per client flush:")
+        w("")
+        w("| case | server | host syncs | client flushes | per flush |")
+        w("| --- | --- | ---: | ---: | ---: |")
+        for (n, s), (k, f) in syncs.items():
+            w("| %s | %s | %d | %d | %s |" % (n, s, k, f,
+                                           "%.2f" % (k / f) if f else "–"))
+        w("")
+
+    w("Peak resident memory of the server (VmHWM, MiB, median):")
+    w("")
+    w("| case | " + " | ".join(SERVERS) + " |")
+    w("| --- |" + " ---: |" * len(SERVERS))
+    for name in cases:
+        cells = []
+        for s in SERVERS:
+            v = rss.get((name, s))
+            cells.append("%.1f" % (statistics.median(v) / 1024) if v else "–")
+        w("| %s | %s |" % (name, " | ".join(cells)))
+    w("")
+
+    w("Goals missed in this run: %s." %
+      (", ".join("`%s`" % n for n in missed) if missed else "none"))
+    w("")
+    w("<details><summary>Every run, and the exact commands</summary>")
+    w("")
+    w("| case | server | runs |")
+    w("| --- | --- | --- |")
+    for name in cases:
+        for s in SERVERS:
+            if (name, s) in runs:
+                w("| %s | %s | %s |" % (name, s, ", ".join(
+                    fmt(v, name.startswith("seq-")) for v in runs[name, s])))
+    w("")
+    w("With IMG=%s (the images), OUT=%s (this run's files) and "
+      "PLUGIN=%s:" % (meta["img"], meta["out"], meta["plugin"]))
+    w("")
+    w("```")
+    last = None
+    for (n, s), (srv, fio) in commands.items():
+        if n != last:
+            w("# %s" % n)
+            w(short(fio))
+            last = n
+        w(short(srv))
+    w("```")
+    w("")
+    w("</details>")
+    text = "\n".join(lines) + "\n"
+
+    if update is None:
+        sys.stdout.write(text)
+        return
+    doc = open(update).read()
+    block = "%s\n\n%s\n%s\n" % (BEGIN, text, END)
+    if BEGIN in doc and END in doc:
+        head, rest = doc.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        doc = head + block + ("\n" + tail if tail else "")
+    elif SECTION in doc:
+        head, rest = doc.split(SECTION, 1)
+        doc = head + SECTION + "\n\n" + block + rest
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + SECTION + "\n\n" + block
+    with open(update, "w") as f:
+        f.write(doc)
+
+
+if __name__ == "__main__":
+    main()
