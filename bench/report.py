@@ -191,6 +191,35 @@ def main():
         w("| %s | %s |" % (name, " | ".join(cells)))
     w("")
 
+    variants = [v.split(":", 1) for v in meta.get("variants", "").split()]
+    if variants:
+        w("Variants of our plugin (ours with more options), and ours over "
+          "each:")
+        w("")
+        w("| case | ours | " + " | ".join(
+            "%s (%s) | ours/%s" % (n, o, n) for n, o in variants) + " |")
+        w("| --- | ---: |" + " ---: | ---: |" * len(variants))
+        for name in cases:
+            bw = name.startswith("seq-")
+            cells = [fmt(med(name, "ours"), bw)]
+            for n, _ in variants:
+                cells += [fmt(med(name, n), bw),
+                          fmt_ratio(ratio(med(name, "ours"), med(name, n)))]
+            w("| %s | %s |" % (name, " | ".join(cells)))
+        w("")
+        if frag:
+            w("| pass, layout | ours | " + " | ".join(
+                n for n, _ in variants) + " |")
+            w("| --- | ---: |" + " ---: |" * len(variants))
+            for rw, lay in frag:
+                cells = []
+                for s in ["ours"] + [n for n, _ in variants]:
+                    r = ratio(med("seq-%s-sequential" % rw, s),
+                              med("seq-%s-%s" % (rw, lay), s))
+                    cells.append("%.2f" % r if r else "–")
+                w("| %s, %s | %s |" % (rw, lay, " | ".join(cells)))
+            w("")
+
     w("Goals missed in this run: %s." %
       (", ".join("`%s`" % n for n in missed) if missed else "none"))
     w("")
@@ -199,7 +228,7 @@ def main():
     w("| case | server | runs |")
     w("| --- | --- | --- |")
     for name in cases:
-        for s in SERVERS:
+        for s in SERVERS + [n for n, _ in variants]:
             if (name, s) in runs:
                 w("| %s | %s | %s |" % (name, s, ", ".join(
                     fmt(v, name.startswith("seq-")) for v in runs[name, s])))

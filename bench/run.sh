@@ -32,6 +32,10 @@
 #   BENCH_REPS=N, BENCH_RUNTIME=S   override the rounds and seconds
 #   BENCH_UPDATE=0|1       write RESULTS.md or not (default: 1 unless
 #                          --smoke or BENCH_CASES)
+#   BENCH_VARIANTS='NAME:OPTS ...'   more servers in every case: our
+#                          plugin with OPTS (comma-separated) added, e.g.
+#                          'serial:read-threads=0', to compare changes
+#                          in the same run
 
 set -euo pipefail
 
@@ -154,6 +158,13 @@ start ()
       cmd=(qemu-nbd -t -e 8 -k "$sock" --cache=writeback --aio=threads
            --image-opts "$qopts") ;;
     raw) cmd=(nbdkit -f -U "$sock" file "file=$raw") ;;
+    *)
+      local v opts=
+      for v in ${BENCH_VARIANTS:-}; do
+        [ "${v%%:*}" = "$server" ] && opts=${v#*:}
+      done
+      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
+           ${opts//,/ }) ;;
   esac
   server_cmd="${cmd[*]}"
   rm -f "$sock"
@@ -384,6 +395,7 @@ done
   echo "img=$img"
   echo "out=$out"
   echo "plugin=$plugin"
+  echo "variants=${BENCH_VARIANTS:-}"
 } > "$out/meta.txt"
 
 for name in "${cases[@]}"; do
@@ -398,6 +410,7 @@ for round in $(seq "$reps"); do
     define_case "$name"
     # Rotate the order of the servers from round to round.
     read -ra list <<< "$servers"
+    for v in ${BENCH_VARIANTS:-}; do list+=("${v%%:*}"); done
     n=${#list[@]}
     for i in $(seq 0 $((n - 1))); do
       run_one "$name" "${list[$(( (i + round - 1) % n ))]}" "$round"
@@ -408,7 +421,8 @@ done
 for name in "${cases[@]}"; do
   define_case "$name"
   [[ $goal == *syncs=* ]] || continue
-  for server in $servers; do
+  for server in $servers ${BENCH_VARIANTS:+$(for v in $BENCH_VARIANTS; do
+                                                echo "${v%%:*}"; done)}; do
     count_syncs "$name" "$server"
   done
 done
