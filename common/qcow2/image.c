@@ -82,6 +82,7 @@ image_free (struct qcow2_image *img)
     return;
   if (img->backing)
     image_free (img->backing);
+  pool_destroy (img->pool);
   cache_destroy (img->cache);
   cache_destroy (img->refcount_cache);
   overlap_destroy (img->overlap);
@@ -277,7 +278,11 @@ qcow2_open (const struct qcow2_env *env, struct qcow2_io *io,
     return NULL;
   }
   chain[0] = id;
-  return image_open_layer (env, io, path, id, "qcow2", opts, chain, 0);
+  struct qcow2_image *img = image_open_layer (env, io, path, id, "qcow2",
+                                              opts, chain, 0);
+  if (img)
+    img->read_threads = opts->read_threads;
+  return img;
 }
 
 int

@@ -112,6 +112,7 @@ struct qcow2_run {
 
 struct meta_cache;
 struct overlap_map;
+struct read_pool;
 
 struct qcow2_image {
   const struct qcow2_env *env;
@@ -203,6 +204,13 @@ struct qcow2_image {
   struct overlap_map *overlap;
   bool overlap_conflict;        /* found at open: never write */
   char overlap_conflict_msg[160];
+
+  /* Reading the host runs of one request at once (top image only):
+   * read_threads from the options, the pool started at the first
+   * request that needs it.
+   */
+  unsigned read_threads;
+  struct read_pool *pool;
 
   /* Guards the caches, the tables and allocation. */
   pthread_mutex_t lock;
@@ -370,6 +378,31 @@ extern int overlap_compact (struct overlap_map *m);
 extern uint64_t overlap_find (struct overlap_map *m, uint64_t first,
                               uint64_t last, uint32_t checked,
                               unsigned *type);
+
+/* pool.c: reads of one request's pieces by a pool of threads.  The
+ * requester fills pieces and n, calls pool_start, may do other work,
+ * then pool_finish, which returns once every piece is read (each with
+ * its result in r).
+ */
+struct pool_piece {
+  struct qcow2_io *io;
+  void *buf;
+  size_t len;
+  uint64_t offset;
+  int r;
+};
+struct pool_batch {
+  struct pool_piece *pieces;
+  size_t n;
+  /* Private to pool.c. */
+  size_t taken, done;
+  pthread_cond_t finished;
+  struct pool_batch *prev, *next;
+};
+extern struct read_pool *pool_create (unsigned nthreads);
+extern void pool_destroy (struct read_pool *p);
+extern void pool_start (struct read_pool *p, struct pool_batch *b);
+extern void pool_finish (struct read_pool *p, struct pool_batch *b);
 
 /* check.c */
 typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,

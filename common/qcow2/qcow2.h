@@ -54,6 +54,10 @@ struct qcow2_options {
   bool discard_ignore;          /* trim does nothing (discard=ignore) */
   bool overlap_set;             /* else the default, QCOW2_OL_CACHED */
   uint32_t overlap_mask;        /* structures the overlap guard checks */
+  /* Threads reading the host runs of one request at once, when it maps
+   * to several (0: the requesting thread reads them in turn).
+   */
+  unsigned read_threads;
 };
 
 /* Write a new, empty image into io (which should be empty). */

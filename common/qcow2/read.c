@@ -46,18 +46,55 @@ read_compressed (struct qcow2_image *img, uint8_t *buf, const
   return r;
 }
 
-static int
-read_data (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *run)
+/* Runs mapped under one hold of the lock and read as one batch. */
+#define READ_BATCH 32
+
+/* The pool, started by the first request that has several runs to
+ * read; NULL without one.  Called with img->lock held.
+ */
+static struct read_pool *
+read_pool (struct qcow2_image *img)
 {
-  int r = cluster_check_data_offset (img, run->host_offset, run->length);
-  if (r < 0)
-    return r;
-  r = img->data_io->ops->pread (img->data_io, buf, run->length,
-                                run->host_offset);
-  if (r < 0)
-    qcow2_err (img, "reading %" PRIu64 " bytes of data at host offset %#"
-               PRIx64 ": %s", run->length, run->host_offset, errstr (-r));
-  return r;
+  if (!img->pool && img->read_threads > 0) {
+    img->pool = pool_create (img->read_threads);
+    if (!img->pool) {
+      qcow2_dbg (img, "cannot start %u read threads, reading runs in "
+                 "turn: %s", img->read_threads, errstr (errno));
+      img->read_threads = 0;
+    }
+  }
+  return img->pool;
+}
+
+/* The runs that are not data in the file: zeros, the backing file,
+ * compressed clusters.  Returns the first error.
+ */
+static int
+read_other_runs (struct qcow2_image *img, uint8_t *buf,
+                 const struct qcow2_run *runs, size_t n, uint64_t offset)
+{
+  for (size_t i = 0; i < n; i++) {
+    int r = 0;
+
+    switch (runs[i].kind) {
+    case RUN_UNALLOCATED:
+      r = read_backing (img, buf, runs[i].length, offset);
+      break;
+    case RUN_ZERO:
+      memset (buf, 0, runs[i].length);
+      break;
+    case RUN_DATA:
+      break;
+    case RUN_COMPRESSED:
+      r = read_compressed (img, buf, &runs[i], offset);
+      break;
+    }
+    if (r < 0)
+      return r;
+    buf += runs[i].length;
+    offset += runs[i].length;
+  }
+  return 0;
 }
 
 static int
@@ -73,36 +110,68 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   }
 
   while (count > 0) {
-    struct qcow2_run run;
-    int r;
+    struct qcow2_run runs[READ_BATCH];
+    struct pool_piece pieces[READ_BATCH];
+    struct pool_batch batch = { .pieces = pieces, .n = 0 };
+    struct read_pool *pool = NULL;
+    uint64_t len = 0;
+    size_t n = 0;
+    int r = 0, r2;
 
     if (!locked)
       pthread_mutex_lock (&img->lock);
-    r = cluster_map (img, offset, count, &run);
+    while (n < READ_BATCH && len < count &&
+           (r = cluster_map (img, offset + len, count - len, &runs[n])) == 0)
+      len += runs[n++].length;
+    for (size_t i = 0; i < n; i++)
+      batch.n += runs[i].kind == RUN_DATA;
+    /* Under img->lock (a write's copy-on-write) the pieces are read in
+     * turn: the lock is not held while waiting for other threads.
+     */
+    if (r == 0 && !locked && batch.n > 1)
+      pool = read_pool (img);
     if (!locked)
       pthread_mutex_unlock (&img->lock);
     if (r < 0)
       return r;
 
-    switch (run.kind) {
-    case RUN_UNALLOCATED:
-      r = read_backing (img, buf, run.length, offset);
-      break;
-    case RUN_ZERO:
-      memset (buf, 0, run.length);
-      break;
-    case RUN_DATA:
-      r = read_data (img, buf, &run);
-      break;
-    case RUN_COMPRESSED:
-      r = read_compressed (img, buf, &run, offset);
-      break;
+    batch.n = 0;
+    for (size_t i = 0, pos = 0; i < n; pos += runs[i++].length) {
+      if (runs[i].kind != RUN_DATA)
+        continue;
+      r = cluster_check_data_offset (img, runs[i].host_offset,
+                                     runs[i].length);
+      if (r < 0)
+        return r;
+      pieces[batch.n++] = (struct pool_piece) {
+        .io = img->data_io, .buf = buf + pos, .len = runs[i].length,
+        .offset = runs[i].host_offset,
+      };
+    }
+
+    /* The pool reads the data while this thread does the rest. */
+    if (pool)
+      pool_start (pool, &batch);
+    r = read_other_runs (img, buf, runs, n, offset);
+    if (pool)
+      pool_finish (pool, &batch);
+    else if (r < 0)
+      return r;
+    for (size_t i = 0; i < batch.n; i++) {
+      struct pool_piece *p = &pieces[i];
+      if (!pool)
+        p->r = p->io->ops->pread (p->io, p->buf, p->len, p->offset);
+      if ((r2 = p->r) < 0) {
+        qcow2_err (img, "reading %zu bytes of data at host offset %#"
+                   PRIx64 ": %s", p->len, p->offset, errstr (-r2));
+        return r2;
+      }
     }
     if (r < 0)
       return r;
-    buf += run.length;
-    offset += run.length;
-    count -= run.length;
+    buf += len;
+    offset += len;
+    count -= len;
   }
   return 0;
 }

@@ -23,9 +23,12 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
 /* -D qcow2.flush=1: host flushes issued, after each client flush. */
 NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
+/* Threads reading the host runs of one request at once, by default. */
+#define READ_THREADS 4
+
 static char *filename;
 static char *data_file;
-static struct qcow2_options options;
+static struct qcow2_options options = { .read_threads = READ_THREADS };
 static struct qcow2_image *image;
 
 /* repair=leaks: reclaim leaked clusters before serving. */
@@ -225,6 +228,8 @@ plugin_config (const char *key, const char *value)
     overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
     return 0;
   }
+  if (strcmp (key, "read-threads") == 0)
+    return nbdkit_parse_unsigned (key, value, &options.read_threads);
   if (strcmp (key, "l2-cache-size") == 0)
     return plugin_parse_size (key, value, &options.l2_cache_size);
   if (strcmp (key, "l2-slice-size") == 0)
@@ -342,7 +347,9 @@ plugin_create (void)
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
-  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size)."
+  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
+  "read-threads=<N>                Threads reading the pieces of a fragmented\n" \
+  "                                request at once (default 4, 0: none)."
 
 /* repair=leaks: leaked clusters (a crash leaves some) are reclaimed,
  * and a dirty image gets its refcounts rebuilt, before any client
