@@ -63,14 +63,15 @@ def main():
         rss[name, server].append(int(peak))
     commands = {(n, s): (srv, fio) for n, s, srv, fio in
                 read_tsv(out + "/commands.txt")}
-    syncs = {(n, s): (int(k), int(f)) for n, s, k, f in
+    syncs = {(n, s): (int(k), int(c), int(f)) for n, s, k, c, f in
              read_tsv(out + "/syncs.tsv")}
     descs = dict(read_tsv(out + "/cases.tsv"))
     goals = {}
     for n, g in read_tsv(out + "/goals.tsv"):
         goals[n] = dict(item.split(">=") for item in g.split() if ">=" in item)
-        if "syncs=1" in g.split():
-            goals[n]["syncs"] = "1"
+        for item in g.split():
+            if item.startswith("syncs+"):
+                goals[n]["syncs"] = int(item[6:])
 
     def short(cmd):
         for key in ("plugin", "out", "img"):
@@ -120,9 +121,11 @@ def main():
                            ratio(m["ours"], m["ours-whole"]),
                            float(g["whole"])))
         if "syncs" in g and (name, "ours") in syncs:
-            k, f = syncs[name, "ours"]
-            checks.append(("≤ 1 sync per flush", 1 / (k / f) if k and f
-                           else None, 1.0))
+            k, _, f = syncs[name, "ours"]
+            extra = g["syncs"]
+            checks.append(("1 sync per flush%s" %
+                           (" (+%d once)" % extra if extra else ""),
+                           (f + extra) / k if k else None, 1.0))
         ok = all(r is not None and r >= goal for _, r, goal in checks)
         if not ok:
             missed.append(name)
@@ -169,14 +172,16 @@ def main():
         w("")
 
     if syncs:
-        w("Host syncs (fdatasync, fsync, sync_file_range, counted by "
-          "`strace -f -c` in one more run) per client flush:")
+        w("Host syncs (fdatasync, fsync, sync_file_range, counted with "
+          "`strace -f` in one more run) while the client ran, and after "
+          "the server was told to stop (closing the image):")
         w("")
-        w("| case | server | host syncs | client flushes | per flush |")
-        w("| --- | --- | ---: | ---: | ---: |")
-        for (n, s), (k, f) in syncs.items():
-            w("| %s | %s | %d | %d | %s |" % (n, s, k, f,
-                                           "%.2f" % (k / f) if f else "–"))
+        w("| case | server | syncs, running | client flushes | per flush | "
+          "syncs, closing |")
+        w("| --- | --- | ---: | ---: | ---: | ---: |")
+        for (n, s), (k, c, f) in syncs.items():
+            w("| %s | %s | %d | %d | %s | %d |" % (
+                n, s, k, f, "%.2f" % (k / f) if f else "–", c))
         w("")
 
     w("Peak resident memory of the server (VmHWM, MiB, median):")
