@@ -1,21 +1,37 @@
 /* A qcow2_io backend over a local file: pread/pwrite, fdatasync,
- * hole punching, and SEEK_HOLE for finding holes.
+ * hole punching, and SEEK_HOLE for finding holes; optionally O_DIRECT.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "fileio.h"
+
+/* O_DIRECT: each thread's aligned buffer, for requests that are not
+ * aligned; larger ones go through it in parts.
+ */
+#define FILEIO_BOUNCE (1u << 20)
+#define FILEIO_MAX_ALIGN 4096
+/* Locks serializing the writes of part of one block (by block). */
+#define FILEIO_RMW_LOCKS 64
 
 struct fileio {
   struct qcow2_io io;
   int fd;
+  /* O_DIRECT only: the alignment of offsets, lengths and buffers. */
+  size_t align;
+  pthread_mutex_t rmw[FILEIO_RMW_LOCKS];
 };
+
+static pthread_key_t fileio_bounce_key;
+static pthread_once_t fileio_bounce_once = PTHREAD_ONCE_INIT;
 
 static int
 fileio_fd (struct qcow2_io *io)
@@ -23,13 +39,14 @@ fileio_fd (struct qcow2_io *io)
   return ((struct fileio *) io)->fd;
 }
 
+/* Read, with zeros past the end of the file. */
 static int
-fileio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+fileio_pread_fd (int fd, void *buf, size_t count, uint64_t offset)
 {
   char *p = buf;
 
   while (count > 0) {
-    ssize_t n = pread (fileio_fd (io), p, count, offset);
+    ssize_t n = pread (fd, p, count, offset);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -47,18 +64,173 @@ fileio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
 }
 
 static int
-fileio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
-               uint64_t offset)
+fileio_pwrite_fd (int fd, const void *buf, size_t count, uint64_t offset)
 {
   const char *p = buf;
 
   while (count > 0) {
-    ssize_t n = pwrite (fileio_fd (io), p, count, offset);
+    ssize_t n = pwrite (fd, p, count, offset);
     if (n < 0) {
       if (errno == EINTR)
         continue;
       return -errno;
     }
+    p += n;
+    count -= n;
+    offset += n;
+  }
+  return 0;
+}
+
+static int
+fileio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  return fileio_pread_fd (fileio_fd (io), buf, count, offset);
+}
+
+static int
+fileio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+               uint64_t offset)
+{
+  return fileio_pwrite_fd (fileio_fd (io), buf, count, offset);
+}
+
+static void
+fileio_bounce_init (void)
+{
+  pthread_key_create (&fileio_bounce_key, free);
+}
+
+/* This thread's aligned buffer of FILEIO_BOUNCE bytes, or NULL. */
+static uint8_t *
+fileio_bounce (void)
+{
+  void *b;
+
+  pthread_once (&fileio_bounce_once, fileio_bounce_init);
+  b = pthread_getspecific (fileio_bounce_key);
+  if (!b) {
+    if (posix_memalign (&b, FILEIO_MAX_ALIGN, FILEIO_BOUNCE) != 0)
+      return NULL;
+    if (pthread_setspecific (fileio_bounce_key, b) != 0) {
+      free (b);
+      return NULL;
+    }
+  }
+  return b;
+}
+
+static bool
+fileio_aligned (size_t align, const void *buf, size_t count, uint64_t offset)
+{
+  return (((uintptr_t) buf | count | offset) & (align - 1)) == 0;
+}
+
+/* O_DIRECT read of whole blocks into an aligned buffer.  A read that
+ * stops short of a block boundary has met the end of the file.
+ */
+static int
+fileio_pread_blocks (struct fileio *f, uint8_t *buf, size_t count,
+                     uint64_t offset)
+{
+  while (count > 0) {
+    ssize_t n = pread (f->fd, buf, count, offset);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (n == 0 || (n & (f->align - 1))) {
+      memset (buf + n, 0, count - n);
+      return 0;
+    }
+    buf += n;
+    count -= n;
+    offset += n;
+  }
+  return 0;
+}
+
+static int
+fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
+                     uint64_t offset)
+{
+  struct fileio *f = (struct fileio *) io;
+  uint8_t *p = buf, *bounce;
+
+  if (fileio_aligned (f->align, buf, count, offset))
+    return fileio_pread_blocks (f, buf, count, offset);
+  if (!(bounce = fileio_bounce ()))
+    return -ENOMEM;
+  while (count > 0) {
+    uint64_t lo = offset & ~(uint64_t) (f->align - 1);
+    size_t head = offset - lo;
+    size_t n = MIN (count, FILEIO_BOUNCE - head);
+    size_t span = (head + n + f->align - 1) & ~(f->align - 1);
+    int r = fileio_pread_blocks (f, bounce, span, lo);
+
+    if (r < 0)
+      return r;
+    memcpy (p, bounce + head, n);
+    p += n;
+    count -= n;
+    offset += n;
+  }
+  return 0;
+}
+
+/* O_DIRECT write.  A block written only in part is read, changed and
+ * written whole, holding its lock so that two writes to different parts
+ * of one block do not undo each other; writes that overlap are the
+ * caller's to avoid, as always.
+ */
+static int
+fileio_direct_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+                      uint64_t offset)
+{
+  struct fileio *f = (struct fileio *) io;
+  const uint8_t *p = buf;
+  uint8_t *bounce;
+
+  if (fileio_aligned (f->align, buf, count, offset))
+    return fileio_pwrite_fd (f->fd, buf, count, offset);
+  if (!(bounce = fileio_bounce ()))
+    return -ENOMEM;
+  while (count > 0) {
+    uint64_t lo = offset & ~(uint64_t) (f->align - 1);
+    size_t head = offset - lo;
+    size_t n = MIN (count, FILEIO_BOUNCE - head);
+    size_t span = (head + n + f->align - 1) & ~(f->align - 1);
+    uint64_t last = lo + span - f->align;
+    bool part_head = head > 0, part_tail = (head + n) & (f->align - 1);
+    /* The locks of the partial blocks, in order, each once. */
+    unsigned l1 = (lo / f->align) % FILEIO_RMW_LOCKS;
+    unsigned l2 = (last / f->align) % FILEIO_RMW_LOCKS;
+    unsigned locks[2], nlocks = 0;
+    int r = 0;
+
+    if (part_head)
+      locks[nlocks++] = l1;
+    if (part_tail && !(nlocks && l1 == l2))
+      locks[nlocks++] = l2;
+    if (nlocks == 2 && locks[0] > locks[1]) {
+      locks[0] = l2;
+      locks[1] = l1;
+    }
+    for (unsigned i = 0; i < nlocks; i++)
+      pthread_mutex_lock (&f->rmw[locks[i]]);
+    if (part_head)
+      r = fileio_pread_blocks (f, bounce, f->align, lo);
+    if (r == 0 && part_tail && !(part_head && last == lo))
+      r = fileio_pread_blocks (f, bounce + span - f->align, f->align, last);
+    if (r == 0) {
+      memcpy (bounce + head, p, n);
+      r = fileio_pwrite_fd (f->fd, bounce, span, lo);
+    }
+    for (unsigned i = nlocks; i > 0; i--)
+      pthread_mutex_unlock (&f->rmw[locks[i - 1]]);
+    if (r < 0)
+      return r;
     p += n;
     count -= n;
     offset += n;
@@ -130,8 +302,13 @@ fileio_allocated (struct qcow2_io *io)
 static void
 fileio_close (struct qcow2_io *io)
 {
-  close (fileio_fd (io));
-  free (io);
+  struct fileio *f = (struct fileio *) io;
+
+  close (f->fd);
+  if (f->align)
+    for (unsigned i = 0; i < FILEIO_RMW_LOCKS; i++)
+      pthread_mutex_destroy (&f->rmw[i]);
+  free (f);
 }
 
 static const struct qcow2_io_ops fileio_ops = {
@@ -145,14 +322,51 @@ static const struct qcow2_io_ops fileio_ops = {
   .close = fileio_close,
 };
 
+static const struct qcow2_io_ops fileio_direct_ops = {
+  .pread = fileio_direct_pread,
+  .pwrite = fileio_direct_pwrite,
+  .flush = fileio_flush,
+  .punch = fileio_punch,
+  .size = fileio_size,
+  .hole = fileio_hole,
+  .allocated = fileio_allocated,
+  .close = fileio_close,
+};
+
+/* The alignment O_DIRECT needs on fd's file system, or 0 if it does not
+ * support O_DIRECT.  Kernels that do not say get the usual page size.
+ */
+static size_t
+fileio_direct_align (int fd)
+{
+#ifdef STATX_DIOALIGN
+  struct statx stx;
+
+  if (statx (fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+      (stx.stx_mask & STATX_DIOALIGN))
+    return MAX (stx.stx_dio_mem_align, stx.stx_dio_offset_align);
+#endif
+  return 4096;
+}
+
 struct qcow2_io *
 fileio_open (const char *path, bool readonly)
 {
+  return fileio_open_with (path, readonly, NULL);
+}
+
+struct qcow2_io *
+fileio_open_with (const char *path, bool readonly,
+                  const struct fileio_options *opts)
+{
+  bool direct = opts && opts->direct;
   struct fileio *f;
   struct stat st;
+  size_t align = 0;
   int fd, e;
 
-  fd = open (path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  fd = open (path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC |
+             (direct ? O_DIRECT : 0));
   if (fd == -1)
     return NULL;
   if (fstat (fd, &st) == -1)
@@ -161,11 +375,22 @@ fileio_open (const char *path, bool readonly)
     errno = EISDIR;
     goto err;
   }
+  if (direct) {
+    align = fileio_direct_align (fd);
+    if (align == 0 || align > FILEIO_MAX_ALIGN || !is_power_of_2 (align)) {
+      errno = EINVAL;
+      goto err;
+    }
+  }
   f = malloc (sizeof *f);
   if (!f)
     goto err;
   f->fd = fd;
-  f->io.ops = &fileio_ops;
+  f->align = align;
+  f->io.ops = direct ? &fileio_direct_ops : &fileio_ops;
+  if (direct)
+    for (unsigned i = 0; i < FILEIO_RMW_LOCKS; i++)
+      pthread_mutex_init (&f->rmw[i], NULL);
   return &f->io;
 
  err:
@@ -200,7 +425,7 @@ fileio_create (const char *path)
 struct qcow2_io *
 fileio_env_open (void *opaque, const char *path, bool readonly, char **id)
 {
-  struct qcow2_io *io = fileio_open (path, readonly);
+  struct qcow2_io *io = fileio_open_with (path, readonly, opaque);
 
   *id = NULL;
   if (!io)

@@ -66,7 +66,11 @@ plugin_notice (void *opaque, const char *path, const char *msg)
   nbdkit_debug ("%s: %s", path, msg);
 }
 
+/* cache=none: every file of the chain opened with O_DIRECT. */
+static struct fileio_options file_options;
+
 static const struct qcow2_env env = {
+  .opaque = &file_options,
   .open = fileio_env_open,
   .error = plugin_error,
   .debug = plugin_debug,
@@ -228,6 +232,18 @@ plugin_config (const char *key, const char *value)
     overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
     return 0;
   }
+  if (strcmp (key, "cache") == 0) {
+    if (strcmp (value, "none") == 0)
+      file_options.direct = true;
+    else if (strcmp (value, "writeback") == 0)
+      file_options.direct = false;
+    else {
+      nbdkit_error ("cache: expected \"none\" or \"writeback\", not "
+                    "\"%s\"", value);
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (key, "read-threads") == 0)
     return nbdkit_parse_unsigned (key, value, &options.read_threads);
   if (strcmp (key, "l2-cache-size") == 0)
@@ -344,6 +360,8 @@ plugin_create (void)
   "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
   "readonly=true                   Open the image read-only.\n" \
   "repair=leaks                    Reclaim leaked clusters before serving.\n" \
+  "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
+  "                                (default writeback).\n" \
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
@@ -390,18 +408,16 @@ plugin_get_ready (void)
    * never write.
    */
   if (!options.readonly) {
-    io = fileio_open (filename, false);
-    if (!io && errno != EACCES && errno != EROFS && errno != EPERM) {
-      nbdkit_error ("open: %s: %s", filename, errstr (errno));
-      return -1;
-    }
-    if (!io)
+    io = fileio_open_with (filename, false, &file_options);
+    if (!io && (errno == EACCES || errno == EROFS || errno == EPERM))
       options.readonly = true;
   }
-  if (!io)
-    io = fileio_open (filename, true);
+  if (!io && options.readonly)
+    io = fileio_open_with (filename, true, &file_options);
   if (!io) {
-    nbdkit_error ("open: %s: %s", filename, errstr (errno));
+    nbdkit_error ("open: %s: %s%s", filename, errstr (errno),
+                  file_options.direct && errno == EINVAL ?
+                  " (cache=none needs O_DIRECT)" : "");
     return -1;
   }
   options.debug_cache = qcow2_debug_cache;
