@@ -8,8 +8,9 @@
 # on every server alike.  The servers:
 #
 #   ours        nbdkit with this tree's qcow2 plugin
-#   ours-whole  the same with l2-slice-size = the cluster size (whole
-#               tables as cache entries; the L2 cache cases only)
+#   ours-none   the same with cache=none (O_DIRECT)
+#   ours-whole, ours-whole-none   both with l2-slice-size = the cluster
+#               size (whole tables as cache entries; the L2 cache cases)
 #   qemu-none   qemu-nbd --cache=none --aio=native
 #   qemu-wb     qemu-nbd --cache=writeback --aio=threads
 #   raw         nbdkit's file plugin over the equivalent raw file (the
@@ -19,7 +20,7 @@
 # go into bench/RESULTS.md, between the markers of its issue-6 section.
 #
 # Usage, from the top of a built tree (or "make bench"):
-#   bench/run.sh            full mode: 3 rounds, 5 s per run (~25 min)
+#   bench/run.sh            full mode: 3 rounds, 3 s per run (~25 min)
 #   bench/run.sh --quick    3 rounds, 1 s per run, smaller images (~8 min)
 #   bench/run.sh --smoke    1 round, 1 s per run, small images; writes
 #                           its table to the output folder only
@@ -61,7 +62,7 @@ done
 
 case $mode in
   full)
-    reps=3 runtime=5 ramp=1
+    reps=3 runtime=3 ramp=1
     full_size=2G layout_size=1G scattered=512
     alloc_io=32M flush_io=512M small_io=16M ;;
   quick)
@@ -148,9 +149,15 @@ start ()
 
   case $server in
     ours) cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts) ;;
+    ours-none)
+      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
+           cache=none) ;;
     ours-whole)
       cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
            "l2-slice-size=$cluster") ;;
+    ours-whole-none)
+      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
+           "l2-slice-size=$cluster" cache=none) ;;
     qemu-none)
       cmd=(qemu-nbd -t -e 8 -k "$sock" --cache=none --aio=native
            --image-opts "$qopts") ;;
@@ -216,7 +223,8 @@ all_cases=(randread-4k randwrite-4k
            multiconn-randrw)
 
 timed=(--time_based --runtime="$runtime" --ramp_time="$ramp")
-std_servers="ours qemu-none qemu-wb raw"
+std_servers="ours ours-none qemu-wb qemu-none raw"
+l2_servers="ours ours-none ours-whole ours-whole-none qemu-wb qemu-none raw"
 
 fresh_overlay ()
 {
@@ -246,7 +254,7 @@ define_case ()
     l2-64k-randread)
       desc="randread 4 KiB, QD16, 32 GiB all mapped, 64 KiB clusters, 1 MiB L2 cache"
       qcow2=$img/mapped.qcow2 raw=$img/mapped.raw
-      servers="ours ours-whole qemu-none qemu-wb raw"
+      servers=$l2_servers
       ours_opts=l2-cache-size=1M
       qemu_opts=,l2-cache-size=1M,l2-cache-entry-size=4096
       fio=(--rw=randread --bs=4k --iodepth=16 "${timed[@]}")
@@ -255,7 +263,7 @@ define_case ()
     l2-2m-randread)
       desc="randread 4 KiB, QD16, 4 TiB with $scattered clusters of 2 MiB scattered, 4 MiB L2 cache"
       qcow2=$img/scattered.qcow2 raw=$img/scattered.raw cluster=2M
-      servers="ours ours-whole qemu-none qemu-wb raw"
+      servers=$l2_servers
       ours_opts=l2-cache-size=4M
       qemu_opts=,l2-cache-size=4M,l2-cache-entry-size=4096
       fio=(--rw=randread --bs=4k --iodepth=16 "${timed[@]}")
