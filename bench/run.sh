@@ -36,7 +36,8 @@
 #   BENCH_VARIANTS='NAME:OPTS ...'   more servers in every case: our
 #                          plugin with OPTS (comma-separated) added, e.g.
 #                          'serial:read-threads=0', to compare changes
-#                          in the same run
+#                          in the same run; plugin=PATH among OPTS serves
+#                          with another build of the plugin
 
 set -euo pipefail
 
@@ -166,12 +167,15 @@ start ()
            --image-opts "$qopts") ;;
     raw) cmd=(nbdkit -f -U "$sock" file "file=$raw") ;;
     *)
-      local v opts=
+      local v o opts=() so=$plugin
       for v in ${BENCH_VARIANTS:-}; do
-        [ "${v%%:*}" = "$server" ] && opts=${v#*:}
+        [ "${v%%:*}" = "$server" ] || continue
+        v=${v#*:}
+        for o in ${v//,/ }; do
+          case $o in plugin=*) so=${o#plugin=} ;; *) opts+=("$o") ;; esac
+        done
       done
-      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
-           ${opts//,/ }) ;;
+      cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts "${opts[@]}") ;;
   esac
   server_cmd="${cmd[*]}"
   rm -f "$sock"
@@ -319,16 +323,13 @@ define_case ()
   esac
 }
 
-# prepare: new images for an allocating case; for the others, the
-# images' data (not their holes) read once, so that every server finds
-# the metadata and the data in the page cache whichever ran before.
-prepare ()
+# warm: the images' data (not their holes) read, so that every server
+# finds the metadata and the data in the page cache whichever ran
+# before; done before each round of a case (cache=none servers leave the
+# page cache alone, the others keep it warm).
+warm ()
 {
-  if [ -n "$fresh" ]; then
-    $fresh
-  else
-    python3 "$top/bench/warm.py" "$qcow2" "$raw"
-  fi
+  [ -n "$fresh" ] || python3 "$top/bench/warm.py" "$qcow2" "$raw"
 }
 
 # run_one CASE SERVER ROUND: one fio run; appends a line to $results.
@@ -337,7 +338,10 @@ run_one ()
   local name=$1 server=$2 round=$3 json=$out/fio.json value syncs
   local fio_cmd
 
-  prepare
+  [ -z "$fresh" ] || $fresh
+  # No server inherits the dirty pages of the one before: their
+  # writeback would slow it.
+  sync "$qcow2" "$raw"
   start "$server" "$qcow2" "$raw"
   fio_cmd=(fio --name="$name" --ioengine=nbd
            --uri="nbd+unix:///?socket=$sock" "${fio[@]}"
@@ -371,7 +375,7 @@ count_syncs ()
   local name=$1 server=$2 json=$out/fio.json trace=$out/strace.txt
   local n flushes
 
-  prepare
+  [ -z "$fresh" ] || $fresh
   server_wrap="strace -f -e trace=fdatasync,fsync,sync_file_range -o $trace"
   start "$server" "$qcow2" "$raw"
   fio --name="$name" --ioengine=nbd --uri="nbd+unix:///?socket=$sock" \
@@ -427,6 +431,7 @@ for round in $(seq "$reps"); do
     # Rotate the order of the servers from round to round.
     read -ra list <<< "$servers"
     for v in ${BENCH_VARIANTS:-}; do list+=("${v%%:*}"); done
+    warm
     n=${#list[@]}
     for i in $(seq 0 $((n - 1))); do
       run_one "$name" "${list[$(( (i + round - 1) % n ))]}" "$round"
