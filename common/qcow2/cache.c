@@ -10,7 +10,12 @@
  * writeback (at flush) or when evicted.  Evicting a dirty L2 slice first
  * makes its dependencies durable (see flush.c).
  *
- * All functions are called with img->lock held.
+ * All functions are called with img->lock held.  Readers may have a
+ * missing entry read with the lock released (cache_get_unlocked), so
+ * that the misses of concurrent requests overlap: the entry is then
+ * "loading", in the hash table (others wait for it) but out of the LRU
+ * list (never evicted); a caller that cannot wait makes it stale and
+ * reads its own copy.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -33,6 +38,8 @@ struct cache_entry {
   uint32_t hash_next;           /* chain in the hash bucket */
   uint32_t lru_prev, lru_next;  /* most recently used at lru_head */
   bool dirty;
+  bool loading;                 /* being read with img->lock released */
+  bool stale;                   /* loading, but dropped from the hash */
 };
 
 struct meta_cache {
@@ -46,6 +53,8 @@ struct meta_cache {
   uint32_t bucket_mask;
   uint32_t lru_head, lru_tail;
   uint32_t ndirty;
+  uint32_t nloading;            /* at most half the entries */
+  pthread_cond_t loaded;        /* a loading entry is done */
   uint64_t hits, misses, evictions;
 };
 
@@ -133,6 +142,7 @@ cache_create (const char *what, bool is_l2, uint64_t entry_size,
   c = calloc (1, sizeof *c);
   if (!c)
     return NULL;
+  pthread_cond_init (&c->loaded, NULL);
   c->what = what;
   c->is_l2 = is_l2;
   c->entry_size = entry_size;
@@ -161,6 +171,7 @@ cache_destroy (struct meta_cache *c)
 {
   if (!c)
     return;
+  pthread_cond_destroy (&c->loaded);
   free (c->e);
   free (c->data);
   free (c->buckets);
@@ -240,6 +251,51 @@ cache_find (struct meta_cache *c, uint64_t key)
   return NO_ENTRY;
 }
 
+/* A loading entry leaves the hash table: its reader will find it stale
+ * and drop what it read.
+ */
+static void
+cache_drop_loading (struct meta_cache *c, uint32_t i)
+{
+  cache_hash_remove (c, i);
+  c->e[i].stale = true;
+}
+
+static void
+cache_hit (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
+{
+  c->hits++;
+  if (img->debug_cache && c->is_l2)
+    qcow2_dbg (img, "L2 cache hit: slice %#" PRIx64, c->e[i].key);
+  if (c->lru_head != i) {
+    cache_lru_unlink (c, i);
+    cache_lru_push_head (c, i);
+  }
+}
+
+/* Give entry i (evicted, out of the hash) the key host_offset. */
+static void
+cache_insert (struct meta_cache *c, uint32_t i, uint64_t host_offset)
+{
+  uint32_t b = cache_bucket (c, host_offset);
+
+  c->e[i].key = host_offset;
+  c->e[i].hash_next = c->buckets[b];
+  c->buckets[b] = i;
+}
+
+static int
+cache_read_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i,
+                  uint64_t host_offset)
+{
+  int r = img->io->ops->pread (img->io, cache_data (c, i), c->entry_size,
+                               host_offset);
+  if (r < 0)
+    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", c->what,
+               host_offset, errstr (-r));
+  return r;
+}
+
 /* Find the entry at host_offset (entry aligned, already checked to lie
  * in the file), reading it on a miss, or zero-filling it if fresh (a
  * newly allocated table).  *data stays valid until the lock is dropped
@@ -250,17 +306,15 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
            uint64_t host_offset, bool fresh, uint8_t **data)
 {
   uint32_t i = cache_find (c, host_offset);
-  uint32_t b;
   int r;
 
+  /* This caller cannot release the lock to wait for a loading entry. */
+  if (i != NO_ENTRY && c->e[i].loading) {
+    cache_drop_loading (c, i);
+    i = NO_ENTRY;
+  }
   if (i != NO_ENTRY) {
-    c->hits++;
-    if (img->debug_cache && c->is_l2)
-      qcow2_dbg (img, "L2 cache hit: slice %#" PRIx64, host_offset);
-    if (c->lru_head != i) {
-      cache_lru_unlink (c, i);
-      cache_lru_push_head (c, i);
-    }
+    cache_hit (img, c, i);
     *data = cache_data (c, i);
     if (fresh)
       memset (*data, 0, c->entry_size);
@@ -275,20 +329,74 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
   *data = cache_data (c, i);
   if (fresh)
     memset (*data, 0, c->entry_size);
-  else {
-    r = img->io->ops->pread (img->io, *data, c->entry_size, host_offset);
-    if (r < 0) {
-      qcow2_err (img, "reading %s at %#" PRIx64 ": %s", c->what,
-                 host_offset, errstr (-r));
-      return r;
-    }
-  }
-  b = cache_bucket (c, host_offset);
-  c->e[i].key = host_offset;
-  c->e[i].hash_next = c->buckets[b];
-  c->buckets[b] = i;
+  else if ((r = cache_read_entry (img, c, i, host_offset)) < 0)
+    return r;
+  cache_insert (c, i, host_offset);
   cache_lru_unlink (c, i);
   cache_lru_push_head (c, i);
+  return 0;
+}
+
+/* As cache_get (not fresh), for readers: a miss is read with img->lock
+ * released, as is a wait for an entry another reader is loading.  Sets
+ * *released if so: what the caller looked up under the lock before may
+ * have changed.
+ */
+int
+cache_get_unlocked (struct qcow2_image *img, struct meta_cache *c,
+                    uint64_t host_offset, uint8_t **data, bool *released)
+{
+  uint32_t i;
+  int r;
+
+  *released = false;
+ again:
+  i = cache_find (c, host_offset);
+  if (i != NO_ENTRY && !c->e[i].loading) {
+    cache_hit (img, c, i);
+    *data = cache_data (c, i);
+    return 0;
+  }
+  if (i != NO_ENTRY) {
+    pthread_cond_wait (&c->loaded, &img->lock);
+    *released = true;
+    goto again;
+  }
+  /* Half the entries stay in the LRU list, and a dirty victim is
+   * written back under the lock: then read under the lock too.
+   */
+  if (c->nloading >= c->n / 2 || c->e[c->lru_tail].dirty)
+    return cache_get (img, c, host_offset, false, data);
+
+  c->misses++;
+  if ((r = cache_evict (img, c, &i)) < 0)
+    return r;
+  if (img->debug_cache && c->is_l2)
+    qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64 " (read unlocked)",
+               host_offset);
+  cache_insert (c, i, host_offset);
+  cache_lru_unlink (c, i);
+  c->e[i].loading = true;
+  c->nloading++;
+  pthread_mutex_unlock (&img->lock);
+  r = cache_read_entry (img, c, i, host_offset);
+  pthread_mutex_lock (&img->lock);
+  *released = true;
+  c->e[i].loading = false;
+  c->nloading--;
+  pthread_cond_broadcast (&c->loaded);
+  if (r < 0 || c->e[i].stale) {
+    if (!c->e[i].stale)
+      cache_hash_remove (c, i);
+    c->e[i].stale = false;
+    c->e[i].key = NO_KEY;
+    cache_lru_push_tail (c, i);
+    if (r < 0)
+      return r;
+    goto again;
+  }
+  cache_lru_push_head (c, i);
+  *data = cache_data (c, i);
   return 0;
 }
 
@@ -347,6 +455,10 @@ cache_forget (struct meta_cache *c, uint64_t offset, uint64_t len)
     uint32_t i = cache_find (c, k);
     if (i == NO_ENTRY)
       continue;
+    if (c->e[i].loading) {
+      cache_drop_loading (c, i);
+      continue;
+    }
     if (c->e[i].dirty) {
       c->e[i].dirty = false;
       c->ndirty--;

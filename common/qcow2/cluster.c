@@ -1,7 +1,8 @@
 /* Cluster mapping: from a guest offset, through the L1 table and the
  * cached L2 slices, to what the guest range is stored as.
  *
- * Called with img->lock held.
+ * Called with img->lock held (cluster_map_read may release it for a
+ * while).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -117,11 +118,12 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
 
 /* Map guest [offset, offset+max_len) as far as the first change of
  * kind (or host discontinuity), never past the end of the L2 slice
- * that holds offset.  run->length is at least 1.
+ * that holds offset.  run->length is at least 1.  With unlocked, a
+ * slice missing from the cache is read with img->lock released.
  */
-int
-cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
-             struct qcow2_run *run)
+static int
+cluster_map_common (struct qcow2_image *img, uint64_t offset,
+                    uint64_t max_len, struct qcow2_run *run, bool unlocked)
 {
   uint64_t cs = img->cluster_size;
   uint64_t l2_span_bits = img->cluster_bits + img->l2_bits;
@@ -137,6 +139,7 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
   uint8_t *slice;
   int r;
 
+ again:
   memset (run, 0, sizeof *run);
   if (l1_index >= img->l1_size ||
       (l2_offset = img->l1[l1_index] & QCOW2_OFFSET_MASK) == 0) {
@@ -153,8 +156,20 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
     return cluster_corrupt (img, "L2 table beyond the end of the file at",
                             l2_offset, offset);
 
-  r = cache_get (img, img->cache, l2_offset + first * img->l2_entry_size,
-                 false, &slice);
+  if (unlocked) {
+    bool released;
+    r = cache_get_unlocked (img, img->cache,
+                            l2_offset + first * img->l2_entry_size, &slice,
+                            &released);
+    /* While the lock was released, the L1 entry may have changed. */
+    if (r == 0 && released &&
+        (l1_index >= img->l1_size ||
+         (img->l1[l1_index] & QCOW2_OFFSET_MASK) != l2_offset))
+      goto again;
+  }
+  else
+    r = cache_get (img, img->cache, l2_offset + first * img->l2_entry_size,
+                   false, &slice);
   if (r < 0)
     return r;
 
@@ -188,6 +203,23 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
       break;
   }
   return 0;
+}
+
+int
+cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
+             struct qcow2_run *run)
+{
+  return cluster_map_common (img, offset, max_len, run, false);
+}
+
+/* For reads: the lock may be released while a slice is read, so that
+ * concurrent requests go on (see cache_get_unlocked).
+ */
+int
+cluster_map_read (struct qcow2_image *img, uint64_t offset,
+                  uint64_t max_len, struct qcow2_run *run)
+{
+  return cluster_map_common (img, offset, max_len, run, true);
 }
 
 /* A data cluster in the image file itself must start inside the file;

@@ -257,6 +257,9 @@ extern struct meta_cache *cache_create (const char *what, bool is_l2,
 extern void cache_destroy (struct meta_cache *c);
 extern int cache_get (struct qcow2_image *img, struct meta_cache *c,
                       uint64_t host_offset, bool fresh, uint8_t **data);
+extern int cache_get_unlocked (struct qcow2_image *img, struct meta_cache *c,
+                               uint64_t host_offset, uint8_t **data,
+                               bool *released);
 extern void cache_mark_dirty (struct meta_cache *c, const uint8_t *data);
 extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c);
 extern void cache_forget (struct meta_cache *c, uint64_t offset,
@@ -271,6 +274,8 @@ extern int cache_setup (struct qcow2_image *img,
 /* cluster.c */
 extern int cluster_map (struct qcow2_image *img, uint64_t offset,
                         uint64_t max_len, struct qcow2_run *run);
+extern int cluster_map_read (struct qcow2_image *img, uint64_t offset,
+                             uint64_t max_len, struct qcow2_run *run);
 extern int cluster_check_data_offset (struct qcow2_image *img,
                                       uint64_t host_offset, uint64_t len);
 extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,

@@ -120,8 +120,13 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
 
     if (!locked)
       pthread_mutex_lock (&img->lock);
+    /* Runs already mapped stay valid if the lock is released while
+     * mapping the next: what a concurrent write changes, a read that
+     * overlaps it may see either way.
+     */
     while (n < READ_BATCH && len < count &&
-           (r = cluster_map (img, offset + len, count - len, &runs[n])) == 0)
+           (r = (locked ? cluster_map : cluster_map_read)
+                  (img, offset + len, count - len, &runs[n])) == 0)
       len += runs[n++].length;
     for (size_t i = 0; i < n; i++)
       batch.n += runs[i].kind == RUN_DATA;
