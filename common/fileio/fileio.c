@@ -15,9 +15,11 @@
 #include "fileio.h"
 
 /* O_DIRECT: each thread's aligned buffer, for requests that are not
- * aligned; larger ones go through it in parts.
+ * aligned, grown to what they need from 64 KiB up to 1 MiB; larger
+ * requests go through it in parts.
  */
-#define FILEIO_BOUNCE (1u << 20)
+#define FILEIO_BOUNCE_MIN (64u << 10)
+#define FILEIO_BOUNCE_MAX (1u << 20)
 #define FILEIO_MAX_ALIGN 4096
 /* Locks serializing the writes of part of one block (by block). */
 #define FILEIO_RMW_LOCKS 64
@@ -95,29 +97,57 @@ fileio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
   return fileio_pwrite_fd (fileio_fd (io), buf, count, offset);
 }
 
+struct fileio_bounce {
+  uint8_t *buf;
+  size_t size;
+};
+
+static void
+fileio_bounce_free (void *arg)
+{
+  struct fileio_bounce *b = arg;
+
+  free (b->buf);
+  free (b);
+}
+
 static void
 fileio_bounce_init (void)
 {
-  pthread_key_create (&fileio_bounce_key, free);
+  pthread_key_create (&fileio_bounce_key, fileio_bounce_free);
 }
 
-/* This thread's aligned buffer of FILEIO_BOUNCE bytes, or NULL. */
+/* This thread's aligned buffer, of want bytes or more (within the
+ * bounds above), or NULL; its size in *size.
+ */
 static uint8_t *
-fileio_bounce (void)
+fileio_bounce (size_t want, size_t *size)
 {
-  void *b;
+  struct fileio_bounce *b;
 
+  want = MIN (MAX (want, FILEIO_BOUNCE_MIN), FILEIO_BOUNCE_MAX);
+  want = (want + FILEIO_MAX_ALIGN - 1) & ~(size_t) (FILEIO_MAX_ALIGN - 1);
   pthread_once (&fileio_bounce_once, fileio_bounce_init);
   b = pthread_getspecific (fileio_bounce_key);
   if (!b) {
-    if (posix_memalign (&b, FILEIO_MAX_ALIGN, FILEIO_BOUNCE) != 0)
+    b = calloc (1, sizeof *b);
+    if (!b)
       return NULL;
     if (pthread_setspecific (fileio_bounce_key, b) != 0) {
       free (b);
       return NULL;
     }
   }
-  return b;
+  if (b->size < want) {
+    void *p;
+    if (posix_memalign (&p, FILEIO_MAX_ALIGN, want) != 0)
+      return NULL;
+    free (b->buf);
+    b->buf = p;
+    b->size = want;
+  }
+  *size = b->size;
+  return b->buf;
 }
 
 static bool
@@ -157,15 +187,16 @@ fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
 {
   struct fileio *f = (struct fileio *) io;
   uint8_t *p = buf, *bounce;
+  size_t bsize;
 
   if (fileio_aligned (f->align, buf, count, offset))
     return fileio_pread_blocks (f, buf, count, offset);
-  if (!(bounce = fileio_bounce ()))
+  if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
   while (count > 0) {
     uint64_t lo = offset & ~(uint64_t) (f->align - 1);
     size_t head = offset - lo;
-    size_t n = MIN (count, FILEIO_BOUNCE - head);
+    size_t n = MIN (count, bsize - head);
     size_t span = (head + n + f->align - 1) & ~(f->align - 1);
     int r = fileio_pread_blocks (f, bounce, span, lo);
 
@@ -191,15 +222,16 @@ fileio_direct_pwrite (struct qcow2_io *io, const void *buf, size_t count,
   struct fileio *f = (struct fileio *) io;
   const uint8_t *p = buf;
   uint8_t *bounce;
+  size_t bsize;
 
   if (fileio_aligned (f->align, buf, count, offset))
     return fileio_pwrite_fd (f->fd, buf, count, offset);
-  if (!(bounce = fileio_bounce ()))
+  if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
   while (count > 0) {
     uint64_t lo = offset & ~(uint64_t) (f->align - 1);
     size_t head = offset - lo;
-    size_t n = MIN (count, FILEIO_BOUNCE - head);
+    size_t n = MIN (count, bsize - head);
     size_t span = (head + n + f->align - 1) & ~(f->align - 1);
     uint64_t last = lo + span - f->align;
     bool part_head = head > 0, part_tail = (head + n) & (f->align - 1);
