@@ -20,7 +20,7 @@
 # go into bench/RESULTS.md, between the markers of its issue-6 section.
 #
 # Usage, from the top of a built tree (or "make bench"):
-#   bench/run.sh            full mode: 3 rounds, 3 s per run (~25 min)
+#   bench/run.sh            full mode: 3 rounds, 3 s per run (~30 min)
 #   bench/run.sh --quick    3 rounds, 1 s per run, smaller images (~8 min)
 #   bench/run.sh --smoke    1 round, 1 s per run, small images; writes
 #                           its table to the output folder only
@@ -64,7 +64,7 @@ done
 case $mode in
   full)
     reps=3 runtime=3 ramp=1
-    full_size=2G layout_size=1G scattered=512
+    full_size=1G layout_size=1G scattered=512
     alloc_io=32M flush_io=512M small_io=16M ;;
   quick)
     reps=3 runtime=1 ramp=1
@@ -323,10 +323,10 @@ define_case ()
   esac
 }
 
-# warm: the images' data (not their holes) read, so that every server
-# finds the metadata and the data in the page cache whichever ran
-# before; done before each round of a case (cache=none servers leave the
-# page cache alone, the others keep it warm).
+# warm: the images' data (not their holes) read before every run, so
+# that every server finds the metadata and the data in the page cache
+# whichever ran before.  Not once a round: on this machine, pages left
+# unused are reclaimed within seconds, even with free memory.
 warm ()
 {
   [ -n "$fresh" ] || python3 "$top/bench/warm.py" "$qcow2" "$raw"
@@ -342,6 +342,7 @@ run_one ()
   # No server inherits the dirty pages of the one before: their
   # writeback would slow it.
   sync "$qcow2" "$raw"
+  warm
   start "$server" "$qcow2" "$raw"
   fio_cmd=(fio --name="$name" --ioengine=nbd
            --uri="nbd+unix:///?socket=$sock" "${fio[@]}"
@@ -431,7 +432,6 @@ for round in $(seq "$reps"); do
     # Rotate the order of the servers from round to round.
     read -ra list <<< "$servers"
     for v in ${BENCH_VARIANTS:-}; do list+=("${v%%:*}"); done
-    warm
     n=${#list[@]}
     for i in $(seq 0 $((n - 1))); do
       run_one "$name" "${list[$(( (i + round - 1) % n ))]}" "$round"
