@@ -35,7 +35,7 @@
 #                          --smoke or BENCH_CASES)
 #   BENCH_VARIANTS='NAME:OPTS ...'   more servers in every case: our
 #                          plugin with OPTS (comma-separated) added, e.g.
-#                          'serial:read-threads=0', to compare changes
+#                          'serial:io-threads=0', to compare changes
 #                          in the same run; plugin=PATH among OPTS serves
 #                          with another build of the plugin
 

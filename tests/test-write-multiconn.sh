@@ -42,3 +42,17 @@ qemu-img convert -l snapshot.name=s -f qcow2 "$img" -O raw "$tmp/s.raw"
 diffwrite "$img" --seed 909 --ops 6000 $mc
 qemu-img convert -l snapshot.name=s -f qcow2 "$img" -O raw "$tmp/s.now"
 cmp "$tmp/s.raw" "$tmp/s.now" || fail "snapshot s changed"
+
+# Few clusters, many requests in flight: concurrent allocating writes
+# (their copy-on-write reads and data writes run with the image lock
+# released) often land in the same cluster, and the later ones must
+# wait for the first to map it.
+base=$tmp/small-base.qcow2 img=$tmp/small-top.qcow2
+make_image "$base" $((M)) cluster_size=64k 910
+qemu-img create -q -f qcow2 -o cluster_size=64k -b "$base" -F qcow2 "$img"
+diffwrite "$img" --seed 911 --ops 4000 --max-len 5000 $mc
+for i in 1 2 3; do
+  rm -f "$img"
+  qemu-img create -q -f qcow2 -o cluster_size=4k "$img" $((256 * K))
+  diffwrite "$img" --seed $((911 + i)) --ops 3000 --max-len 9000 $mc
+done

@@ -100,28 +100,32 @@ io_check_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
   return img->data_io == img->io ? overlap_check (img, offset, len, 0) : 0;
 }
 
+/* Report a failed write of guest data; returns r. */
+int
+io_data_error (struct qcow2_image *img, uint64_t len, uint64_t offset, int r)
+{
+  qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
+             PRIx64 ": %s", len, offset, errstr (-r));
+  return r;
+}
+
+/* Write guest data that io_check_data passed; needs no lock. */
+int
+io_write_checked (struct qcow2_image *img, const void *buf, uint64_t len,
+                  uint64_t offset)
+{
+  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
+
+  return r < 0 ? io_data_error (img, len, offset, r) : 0;
+}
+
 int
 io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
                uint64_t offset)
 {
   int r = io_check_data (img, len, offset);
 
-  return r ? r : io_pwrite_data (img, buf, len, offset);
-}
-
-/* Write guest data that io_check_data passed; needs no lock. */
-int
-io_pwrite_data (struct qcow2_image *img, const void *buf, uint64_t len,
-                uint64_t offset)
-{
-  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
-
-  if (r < 0) {
-    qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
-               PRIx64 ": %s", len, offset, errstr (-r));
-    return r;
-  }
-  return 0;
+  return r ? r : io_write_checked (img, buf, len, offset);
 }
 
 /* Metadata could not be written: mark the image dirty (v3), so that

@@ -99,6 +99,7 @@ image_free (struct qcow2_image *img)
   free (img->pending_free);
   pthread_mutex_destroy (&img->lock);
   pthread_rwlock_destroy (&img->data_lock);
+  pthread_cond_destroy (&img->inflight_done);
   free (img);
 }
 
@@ -222,6 +223,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   }
   pthread_mutex_init (&img->lock, NULL);
   pthread_rwlock_init (&img->data_lock, NULL);
+  pthread_cond_init (&img->inflight_done, NULL);
   img->env = env;
   img->io = io;
   img->id = id;
@@ -281,7 +283,7 @@ qcow2_open (const struct qcow2_env *env, struct qcow2_io *io,
   struct qcow2_image *img = image_open_layer (env, io, path, id, "qcow2",
                                               opts, chain, 0);
   if (img)
-    img->read_threads = opts->read_threads;
+    img->io_threads = opts->io_threads;
   return img;
 }
 

@@ -112,7 +112,7 @@ struct qcow2_run {
 
 struct meta_cache;
 struct overlap_map;
-struct read_pool;
+struct io_pool;
 
 struct qcow2_image {
   const struct qcow2_env *env;
@@ -205,12 +205,12 @@ struct qcow2_image {
   bool overlap_conflict;        /* found at open: never write */
   char overlap_conflict_msg[160];
 
-  /* Reading the host runs of one request at once (top image only):
-   * read_threads from the options, the pool started at the first
-   * request that needs it.
+  /* Reading or writing the host runs of one request at once (top
+   * image only): io_threads from the options, the pool started at the
+   * first request that needs it.
    */
-  unsigned read_threads;
-  struct read_pool *pool;
+  unsigned io_threads;
+  struct io_pool *pool;
 
   /* Guards the caches, the tables and allocation. */
   pthread_mutex_t lock;
@@ -219,6 +219,12 @@ struct qcow2_image {
    * released, so no request still uses a cluster that is reused.
    */
   pthread_rwlock_t data_lock;
+  /* Guest ranges being written by allocating writes with the lock
+   * released (write.c): other writes and zeroes of them wait for
+   * inflight_done.
+   */
+  struct write_inflight *inflight;
+  pthread_cond_t inflight_done;
 };
 
 /* The file size, for callers that do not hold img->lock. */
@@ -355,8 +361,10 @@ extern int io_check_data (struct qcow2_image *img, uint64_t len,
                           uint64_t offset);
 extern int io_write_data (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset);
-extern int io_pwrite_data (struct qcow2_image *img, const void *buf,
-                           uint64_t len, uint64_t offset);
+extern int io_data_error (struct qcow2_image *img, uint64_t len,
+                          uint64_t offset, int r);
+extern int io_write_checked (struct qcow2_image *img, const void *buf,
+                             uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
 extern void flush_mark_dirty (struct qcow2_image *img);
 extern int header_write_features (struct qcow2_image *img);
@@ -384,16 +392,17 @@ extern uint64_t overlap_find (struct overlap_map *m, uint64_t first,
                               uint64_t last, uint32_t checked,
                               unsigned *type);
 
-/* pool.c: reads of one request's pieces by a pool of threads.  The
- * requester fills pieces and n, calls pool_start, may do other work,
- * then pool_finish, which returns once every piece is read (each with
- * its result in r).
+/* pool.c: reads or writes of one request's pieces by a pool of
+ * threads.  The requester fills pieces and n, calls pool_start, may do
+ * other work, then pool_finish, which returns once every piece is done
+ * (each with its result in r).
  */
 struct pool_piece {
   struct qcow2_io *io;
   void *buf;
   size_t len;
   uint64_t offset;
+  bool write;                   /* pwrite buf, else pread into it */
   int r;
 };
 struct pool_batch {
@@ -404,10 +413,11 @@ struct pool_batch {
   pthread_cond_t finished;
   struct pool_batch *prev, *next;
 };
-extern struct read_pool *pool_create (unsigned nthreads);
-extern void pool_destroy (struct read_pool *p);
-extern void pool_start (struct read_pool *p, struct pool_batch *b);
-extern void pool_finish (struct read_pool *p, struct pool_batch *b);
+extern struct io_pool *pool_get (struct qcow2_image *img);
+extern void pool_do_piece (struct pool_piece *piece);
+extern void pool_destroy (struct io_pool *p);
+extern void pool_start (struct io_pool *p, struct pool_batch *b);
+extern void pool_finish (struct io_pool *p, struct pool_batch *b);
 
 /* check.c */
 typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,

@@ -1,10 +1,12 @@
-/* A small pool of threads reading the pieces of one request at once.
+/* A small pool of threads reading or writing the pieces of one request
+ * at once.
  *
- * A guest read that maps to several host runs (a fragmented image)
- * would otherwise read them one after the other.  The requesting thread
- * queues its pieces as a batch, does its other work, then takes the
- * pieces no worker has taken yet and waits for the rest: when every
- * worker is busy it reads everything itself, no slower than before.
+ * A guest request that maps to several host runs (a fragmented image)
+ * would otherwise read or write them one after the other.  The
+ * requesting thread queues its pieces as a batch, does its other work,
+ * then takes the pieces no worker has taken yet and waits for the rest:
+ * when every worker is busy it does everything itself, no slower than
+ * before.
  *
  * Threads start at the first batch, not at open: a server may fork
  * after opening the image, and threads do not survive a fork.
@@ -14,9 +16,10 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include "errstr.h"
 #include "internal.h"
 
-struct read_pool {
+struct io_pool {
   pthread_mutex_t lock;
   pthread_cond_t work;          /* a batch was queued, or stop */
   struct pool_batch *head, *tail;       /* batches with pieces left */
@@ -26,7 +29,7 @@ struct read_pool {
 };
 
 static void
-pool_unqueue (struct read_pool *p, struct pool_batch *b)
+pool_unqueue (struct io_pool *p, struct pool_batch *b)
 {
   if (b->prev)
     b->prev->next = b->next;
@@ -40,7 +43,7 @@ pool_unqueue (struct read_pool *p, struct pool_batch *b)
 
 /* Take the next piece of b, with p->lock held. */
 static struct pool_piece *
-pool_take (struct read_pool *p, struct pool_batch *b)
+pool_take (struct io_pool *p, struct pool_batch *b)
 {
   struct pool_piece *piece = &b->pieces[b->taken++];
 
@@ -49,14 +52,24 @@ pool_take (struct read_pool *p, struct pool_batch *b)
   return piece;
 }
 
-/* Read a piece, with p->lock held; returns with it held. */
+void
+pool_do_piece (struct pool_piece *piece)
+{
+  if (piece->write)
+    piece->r = piece->io->ops->pwrite (piece->io, piece->buf, piece->len,
+                                       piece->offset);
+  else
+    piece->r = piece->io->ops->pread (piece->io, piece->buf, piece->len,
+                                      piece->offset);
+}
+
+/* Do a piece, with p->lock held; returns with it held. */
 static void
-pool_read_piece (struct read_pool *p, struct pool_batch *b,
-                 struct pool_piece *piece)
+pool_run_piece (struct io_pool *p, struct pool_batch *b,
+                struct pool_piece *piece)
 {
   pthread_mutex_unlock (&p->lock);
-  piece->r = piece->io->ops->pread (piece->io, piece->buf, piece->len,
-                                    piece->offset);
+  pool_do_piece (piece);
   pthread_mutex_lock (&p->lock);
   /* The requester may return as soon as done reaches n: b is not
    * touched after that.
@@ -68,7 +81,7 @@ pool_read_piece (struct read_pool *p, struct pool_batch *b,
 static void *
 pool_worker (void *arg)
 {
-  struct read_pool *p = arg;
+  struct io_pool *p = arg;
 
   pthread_mutex_lock (&p->lock);
   for (;;) {
@@ -77,16 +90,16 @@ pool_worker (void *arg)
     if (p->stop)
       break;
     struct pool_batch *b = p->head;
-    pool_read_piece (p, b, pool_take (p, b));
+    pool_run_piece (p, b, pool_take (p, b));
   }
   pthread_mutex_unlock (&p->lock);
   return NULL;
 }
 
-struct read_pool *
+static struct io_pool *
 pool_create (unsigned nthreads)
 {
-  struct read_pool *p = calloc (1, sizeof *p + nthreads * sizeof (pthread_t));
+  struct io_pool *p = calloc (1, sizeof *p + nthreads * sizeof (pthread_t));
   sigset_t all, old;
   int e = 0;
 
@@ -112,7 +125,7 @@ pool_create (unsigned nthreads)
 }
 
 void
-pool_destroy (struct read_pool *p)
+pool_destroy (struct io_pool *p)
 {
   if (!p)
     return;
@@ -127,8 +140,25 @@ pool_destroy (struct read_pool *p)
   free (p);
 }
 
+/* The pool, started by the first request that has several runs; NULL
+ * without one.  Called with img->lock held.
+ */
+struct io_pool *
+pool_get (struct qcow2_image *img)
+{
+  if (!img->pool && img->io_threads > 0) {
+    img->pool = pool_create (img->io_threads);
+    if (!img->pool) {
+      qcow2_dbg (img, "cannot start %u I/O threads, doing runs in "
+                 "turn: %s", img->io_threads, errstr (errno));
+      img->io_threads = 0;
+    }
+  }
+  return img->pool;
+}
+
 void
-pool_start (struct read_pool *p, struct pool_batch *b)
+pool_start (struct io_pool *p, struct pool_batch *b)
 {
   b->taken = b->done = 0;
   b->next = NULL;
@@ -147,11 +177,11 @@ pool_start (struct read_pool *p, struct pool_batch *b)
 }
 
 void
-pool_finish (struct read_pool *p, struct pool_batch *b)
+pool_finish (struct io_pool *p, struct pool_batch *b)
 {
   pthread_mutex_lock (&p->lock);
   while (b->taken < b->n)
-    pool_read_piece (p, b, pool_take (p, b));
+    pool_run_piece (p, b, pool_take (p, b));
   while (b->done < b->n)
     pthread_cond_wait (&b->finished, &p->lock);
   pthread_mutex_unlock (&p->lock);

@@ -57,7 +57,7 @@ struct qcow2_options {
   /* Threads reading the host runs of one request at once, when it maps
    * to several (0: the requesting thread reads them in turn).
    */
-  unsigned read_threads;
+  unsigned io_threads;
 };
 
 /* Write a new, empty image into io (which should be empty). */

@@ -49,23 +49,6 @@ read_compressed (struct qcow2_image *img, uint8_t *buf, const
 /* Runs mapped under one hold of the lock and read as one batch. */
 #define READ_BATCH 32
 
-/* The pool, started by the first request that has several runs to
- * read; NULL without one.  Called with img->lock held.
- */
-static struct read_pool *
-read_pool (struct qcow2_image *img)
-{
-  if (!img->pool && img->read_threads > 0) {
-    img->pool = pool_create (img->read_threads);
-    if (!img->pool) {
-      qcow2_dbg (img, "cannot start %u read threads, reading runs in "
-                 "turn: %s", img->read_threads, errstr (errno));
-      img->read_threads = 0;
-    }
-  }
-  return img->pool;
-}
-
 /* The runs that are not data in the file: zeros, the backing file,
  * compressed clusters.  Returns the first error.
  */
@@ -113,7 +96,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     struct qcow2_run runs[READ_BATCH];
     struct pool_piece pieces[READ_BATCH];
     struct pool_batch batch = { .pieces = pieces, .n = 0 };
-    struct read_pool *pool = NULL;
+    struct io_pool *pool = NULL;
     uint64_t len = 0;
     size_t n = 0;
     int r = 0, r2;
@@ -134,7 +117,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
      * turn: the lock is not held while waiting for other threads.
      */
     if (r == 0 && !locked && batch.n > 1)
-      pool = read_pool (img);
+      pool = pool_get (img);
     if (!locked)
       pthread_mutex_unlock (&img->lock);
     if (r < 0)
@@ -165,7 +148,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     for (size_t i = 0; i < batch.n; i++) {
       struct pool_piece *p = &pieces[i];
       if (!pool)
-        p->r = p->io->ops->pread (p->io, p->buf, p->len, p->offset);
+        pool_do_piece (p);
       if ((r2 = p->r) < 0) {
         qcow2_err (img, "reading %zu bytes of data at host offset %#"
                    PRIx64 ": %s", p->len, p->offset, errstr (-r2));

@@ -116,36 +116,97 @@ write_release_old (struct qcow2_image *img, const struct l2_state *s)
   return 0;
 }
 
+/* A guest range an allocating write works on with img->lock released,
+ * so that concurrent requests' copy-on-write reads and data writes
+ * overlap.  Until it ends, no other write or zero changes the range's
+ * L2 entries, so what the owner decoded before releasing the lock
+ * stays true; reads see the old contents.
+ */
+struct write_inflight {
+  uint64_t start, end;
+  struct write_inflight *next;
+};
+
+static bool
+write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
+                         uint64_t end)
+{
+  for (const struct write_inflight *w = img->inflight; w; w = w->next)
+    if (w->start < end && start < w->end)
+      return true;
+  return false;
+}
+
+/* Wait, with img->lock released meanwhile, until no allocating write
+ * works on [start, end).
+ */
+static void
+write_inflight_wait (struct qcow2_image *img, uint64_t start, uint64_t end)
+{
+  while (write_inflight_overlaps (img, start, end))
+    pthread_cond_wait (&img->inflight_done, &img->lock);
+}
+
+/* Claim guest [start, end) and release img->lock. */
+static void
+write_inflight_begin (struct qcow2_image *img, struct write_inflight *w,
+                      uint64_t start, uint64_t end)
+{
+  w->start = start;
+  w->end = end;
+  w->next = img->inflight;
+  img->inflight = w;
+  pthread_mutex_unlock (&img->lock);
+}
+
+/* Take img->lock again and give the range back. */
+static void
+write_inflight_end (struct qcow2_image *img, struct write_inflight *w)
+{
+  struct write_inflight **p;
+
+  pthread_mutex_lock (&img->lock);
+  for (p = &img->inflight; *p != w; p = &(*p)->next)
+    ;
+  *p = w->next;
+  pthread_cond_broadcast (&img->inflight_done);
+}
+
 /* Fill buf (guest [start, end) of the cluster at cstart) around the
  * client's data at [in, in+len): what the guest sees now, or zeros.
+ * locked: img->lock is held.
  */
 static int
 write_fill_cow (struct qcow2_image *img, uint8_t *buf, uint64_t cstart,
                 uint64_t start, uint64_t end, uint64_t in, uint64_t len,
-                bool need_head, bool need_tail)
+                bool need_head, bool need_tail, bool locked)
 {
+  int (*read) (struct qcow2_image *, uint8_t *, uint64_t, uint64_t) =
+    locked ? read_locked : layer_read;
   int r = 0;
 
   if (need_head && need_tail && len <= COW_MERGE_GAP)
-    return read_locked (img, buf, end - start, cstart + start);
+    return read (img, buf, end - start, cstart + start);
   if (need_head)
-    r = read_locked (img, buf, in - start, cstart + start);
+    r = read (img, buf, in - start, cstart + start);
   else
     memset (buf, 0, in - start);
   if (r == 0 && need_tail)
-    r = read_locked (img, buf + (in + len - start), end - in - len,
-                     cstart + in + len);
+    r = read (img, buf + (in + len - start), end - in - len,
+              cstart + in + len);
   else if (r == 0)
     memset (buf + (in + len - start), 0, end - in - len);
   return r;
 }
 
 /* Write [offset, offset+len) within one cluster, allocating.  Called
- * with the lock held and the cluster's L2 table writable.
+ * with the lock held and the cluster's L2 table writable; with
+ * may_unlock, the lock is released while the data is read (COW) and
+ * written.
  */
 static int
 write_allocating (struct qcow2_image *img, const uint8_t *data,
-                  uint64_t offset, uint64_t len)
+                  uint64_t offset, uint64_t len, bool may_unlock)
 {
   uint64_t cs = img->cluster_size;
   uint64_t cstart = offset & ~(cs - 1), in = offset - cstart;
@@ -154,7 +215,9 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   uint8_t *slice, *tmp = NULL;
   uint64_t idx, target, start, end, bitmap;
   bool reuse, zeroed = false, need_head = false, need_tail = false;
-  bool old_zero;
+  bool old_zero, simple;
+  uint64_t wstart, wend;
+  struct write_inflight w;
   int r;
 
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
@@ -198,25 +261,32 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    */
   if (zeroed)
     io_note_end (img, target + cs);
-  if (!need_head && !need_tail && zeroed) {
-    r = io_write_data (img, data, len, target + in);
-    if (r == 0 && !external)
-      io_note_written (img, target + in + len);
-  }
-  else {
-    tmp = malloc (end - start);
-    if (!tmp)
-      return -ENOMEM;
-    r = write_fill_cow (img, tmp, cstart, start, end, in, len,
-                        need_head, need_tail);
-    if (r == 0) {
-      memcpy (tmp + in - start, data, len);
-      r = io_write_data (img, tmp, end - start, target + start);
+  /* Only the client's data if nothing around it needs copying. */
+  simple = !need_head && !need_tail && zeroed;
+  wstart = simple ? in : start;
+  wend = simple ? in + len : end;
+  r = io_check_data (img, wend - wstart, target + wstart);
+  if (r == 0) {
+    if (may_unlock)
+      write_inflight_begin (img, &w, cstart, cstart + cs);
+    if (simple)
+      r = io_write_checked (img, data, len, target + in);
+    else if (!(tmp = malloc (end - start)))
+      r = -ENOMEM;
+    else {
+      r = write_fill_cow (img, tmp, cstart, start, end, in, len,
+                          need_head, need_tail, !may_unlock);
+      if (r == 0) {
+        memcpy (tmp + in - start, data, len);
+        r = io_write_checked (img, tmp, end - start, target + start);
+      }
+      free (tmp);
     }
-    if (r == 0 && !external)
-      io_note_written (img, target + end);
-    free (tmp);
+    if (may_unlock)
+      write_inflight_end (img, &w);
   }
+  if (r == 0 && !external)
+    io_note_written (img, target + wend);
   if (r < 0) {
     /* Nothing points at the new cluster yet: give it back (a full
      * disk must not leave a leak behind).
@@ -226,7 +296,9 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     return r;
   }
 
-  /* Reading the old contents may have evicted the slice: look again. */
+  /* Reading the old contents (or others, while the lock was released)
+   * may have evicted the slice: look again.
+   */
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
   if (!img->extended_l2)
@@ -273,6 +345,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   uint64_t cs = img->cluster_size;
   uint64_t slice_entries = cache_entry_size (img->cache) / img->l2_entry_size;
   struct l2_state old[WRITE_RUN_MAX];
+  struct write_inflight w;
   uint64_t idx, k, target;
   uint8_t *slice;
   bool zeroed, old_zero;
@@ -285,6 +358,8 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
     return r;
   for (k = 0; k < WRITE_RUN_MAX && k < count / cs &&
          idx + k < slice_entries; k++) {
+    if (write_inflight_overlaps (img, offset + k * cs, offset + (k + 1) * cs))
+      break;                    /* another request allocates it */
     write_decode (img, slice + (idx + k) * img->l2_entry_size, &old[k]);
     if (old[k].normal && old[k].copied)
       break;                    /* written in place */
@@ -302,14 +377,19 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
    * file and end past it.
    */
   io_note_end (img, target + k * cs);
-  if ((r = io_write_data (img, data, k * cs, target)) < 0) {
+  if ((r = io_check_data (img, k * cs, target)) == 0) {
+    write_inflight_begin (img, &w, offset, offset + k * cs);
+    r = io_write_checked (img, data, k * cs, target);
+    write_inflight_end (img, &w);
+  }
+  if (r < 0) {
     for (uint64_t i = 0; i < k; i++)
       refcount_update (img, (target >> img->cluster_bits) + i, -1, NULL);
     return r;
   }
   io_note_written (img, target + k * cs);
 
-  /* Reading what the guest saw may have evicted the slice. */
+  /* Others, while the lock was released, may have evicted the slice. */
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
   for (uint64_t i = 0; i < k; i++)
@@ -376,6 +456,73 @@ write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
   return 0;
 }
 
+/* In-place host runs mapped under one hold of the lock and written as
+ * one batch.
+ */
+#define WRITE_BATCH 32
+
+/* The in-place runs at the start of [offset, offset+count): as far as
+ * the clusters are written in place, in at most WRITE_BATCH host runs,
+ * each checked against the overlap map.  *len is what they cover, 0 if
+ * the first cluster must allocate.  Called with the lock held.
+ */
+static int
+write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
+                     uint64_t offset, uint64_t count,
+                     struct pool_piece *pieces, size_t *n, uint64_t *len)
+{
+  uint64_t cs = img->cluster_size;
+  int r;
+
+  *n = 0;
+  *len = 0;
+  while (*len < count) {
+    uint64_t more = MIN (count - *len, cs - ((offset + *len) & (cs - 1)));
+    struct pool_piece *last = *n ? &pieces[*n - 1] : NULL;
+    uint64_t host;
+
+    if ((r = write_in_place_target (img, offset + *len, more, &host)) < 0)
+      return r;
+    if (!host)
+      break;
+    if (last && last->offset + last->len == host)
+      last->len += more;
+    else if (*n == WRITE_BATCH)
+      break;
+    else
+      pieces[(*n)++] = (struct pool_piece) {
+        .io = img->data_io, .buf = (void *) (data + *len), .len = more,
+        .offset = host, .write = true,
+      };
+    *len += more;
+  }
+  for (size_t i = 0; i < *n; i++)
+    if ((r = io_check_data (img, pieces[i].len, pieces[i].offset)) < 0)
+      return r;
+  return 0;
+}
+
+/* Write checked in-place runs, with the lock released: at once by the
+ * pool if given.
+ */
+static int
+write_pieces (struct qcow2_image *img, struct io_pool *pool,
+              struct pool_batch *batch)
+{
+  if (pool) {
+    pool_start (pool, batch);
+    pool_finish (pool, batch);
+  }
+  for (size_t i = 0; i < batch->n; i++) {
+    struct pool_piece *p = &batch->pieces[i];
+    if (!pool)
+      pool_do_piece (p);
+    if (p->r < 0)
+      return io_data_error (img, p->len, p->offset, p->r);
+  }
+  return 0;
+}
+
 int
 qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
              uint64_t offset, bool fua)
@@ -388,39 +535,33 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
   pthread_rwlock_rdlock (&img->data_lock);
   while (count > 0 && r == 0) {
     uint64_t in = offset & (img->cluster_size - 1);
-    uint64_t n = MIN (count, img->cluster_size - in);
-    uint64_t host;
+    uint64_t n = 0;
+    struct pool_piece pieces[WRITE_BATCH];
+    struct pool_batch batch = { .pieces = pieces };
+    struct io_pool *pool = NULL;
 
     pthread_mutex_lock (&img->lock);
+    write_inflight_wait (img, offset, offset + MIN (count,
+                                                    img->cluster_size - in));
     r = flush_begin_write (img);
     if (r == 0)
-      r = write_in_place_target (img, offset, n, &host);
-    if (r == 0 && host) {
-      /* The following clusters too, while they follow in the file: one
-       * check and one write for the run.
-       */
-      uint64_t next;
-      while (r == 0 && n < count) {
-        uint64_t more = MIN (count - n, img->cluster_size);
-        r = write_in_place_target (img, offset + n, more, &next);
-        if (next != host + n)
-          break;
-        n += more;
-      }
-      if (r == 0)
-        r = io_check_data (img, n, host);
+      r = write_in_place_runs (img, p, offset, count, pieces, &batch.n, &n);
+    if (r == 0 && n > 0) {
+      /* Releases hold data_lock exclusively: the runs stay ours. */
+      if (batch.n > 1)
+        pool = pool_get (img);
       pthread_mutex_unlock (&img->lock);
-      if (r == 0)
-        r = io_pwrite_data (img, p, n, host);
+      r = write_pieces (img, pool, &batch);
     }
     else {
       uint64_t done = 0;
+      n = MIN (count, img->cluster_size - in);
       if (r == 0 && in == 0 && count >= img->cluster_size)
         r = write_allocating_run (img, p, offset, count, &done);
       if (done)
         n = done;
       else if (r == 0)
-        r = write_allocating (img, p, offset, n);
+        r = write_allocating (img, p, offset, n, true);
       pthread_mutex_unlock (&img->lock);
     }
     p += n;
@@ -550,7 +691,7 @@ write_zeros_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
   if (r == 0 && host)
     r = io_write_data (img, zeros, n, host);
   else if (r == 0)
-    r = write_allocating (img, zeros, offset, n);
+    r = write_allocating (img, zeros, offset, n, false);
   free (zeros);
   return r;
 }
@@ -588,6 +729,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
     enum zero_how how;
 
     pthread_mutex_lock (&img->lock);
+    write_inflight_wait (img, offset, offset + n);
     r = flush_begin_write (img);
     if (r == 0)
       r = write_zero_plan (img, offset, n, &how);
@@ -629,6 +771,7 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
   pthread_rwlock_rdlock (&img->data_lock);
   for (uint64_t c = first; c < end && r == 0; c += cs) {
     pthread_mutex_lock (&img->lock);
+    write_inflight_wait (img, c, c + cs);
     r = flush_begin_write (img);
     if (r == 0)
       r = write_zero_cluster (img, c, true, true);

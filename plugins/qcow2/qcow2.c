@@ -24,11 +24,11 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
 NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
 /* Threads reading the host runs of one request at once, by default. */
-#define READ_THREADS 4
+#define IO_THREADS 4
 
 static char *filename;
 static char *data_file;
-static struct qcow2_options options = { .read_threads = READ_THREADS };
+static struct qcow2_options options = { .io_threads = IO_THREADS };
 static struct qcow2_image *image;
 
 /* repair=leaks: reclaim leaked clusters before serving. */
@@ -244,8 +244,8 @@ plugin_config (const char *key, const char *value)
     }
     return 0;
   }
-  if (strcmp (key, "read-threads") == 0)
-    return nbdkit_parse_unsigned (key, value, &options.read_threads);
+  if (strcmp (key, "io-threads") == 0)
+    return nbdkit_parse_unsigned (key, value, &options.io_threads);
   if (strcmp (key, "l2-cache-size") == 0)
     return plugin_parse_size (key, value, &options.l2_cache_size);
   if (strcmp (key, "l2-slice-size") == 0)
@@ -366,8 +366,8 @@ plugin_create (void)
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
-  "read-threads=<N>                Threads reading the pieces of a fragmented\n" \
-  "                                request at once (default 4, 0: none)."
+  "io-threads=<N>                  Threads reading or writing the pieces of a\n" \
+  "                                fragmented request at once (default 4, 0: none)."
 
 /* repair=leaks: leaked clusters (a crash leaves some) are reclaimed,
  * and a dirty image gets its refcounts rebuilt, before any client
