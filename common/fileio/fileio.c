@@ -41,26 +41,104 @@ fileio_fd (struct qcow2_io *io)
   return ((struct fileio *) io)->fd;
 }
 
+/* The iovec from position pos on, into iov[] (room for QCOW2_IOV_MAX):
+ * what is left to do after a short read or write.  Returns the count.
+ */
+static int
+fileio_iov_from (const struct iovec *in, int cnt, size_t pos,
+                 struct iovec *iov)
+{
+  int n = 0;
+
+  for (int i = 0; i < cnt; i++) {
+    if (pos >= in[i].iov_len) {
+      pos -= in[i].iov_len;
+      continue;
+    }
+    iov[n].iov_base = (char *) in[i].iov_base + pos;
+    iov[n++].iov_len = in[i].iov_len - pos;
+    pos = 0;
+  }
+  return n;
+}
+
+static size_t
+fileio_iov_len (const struct iovec *iov, int cnt)
+{
+  size_t len = 0;
+
+  for (int i = 0; i < cnt; i++)
+    len += iov[i].iov_len;
+  return len;
+}
+
+/* Copy n bytes between flat and the iovec's bytes from position pos:
+ * into the iovec if to_iov, else out of it.
+ */
+static void
+fileio_iov_copy (const struct iovec *in, int cnt, size_t pos, void *flat,
+                 size_t n, bool to_iov)
+{
+  struct iovec iov[QCOW2_IOV_MAX];
+  int k = fileio_iov_from (in, cnt, pos, iov);
+  uint8_t *p = flat;
+
+  for (int i = 0; i < k && n > 0; i++) {
+    size_t m = MIN (n, iov[i].iov_len);
+    if (to_iov)
+      memcpy (iov[i].iov_base, p, m);
+    else
+      memcpy (p, iov[i].iov_base, m);
+    p += m;
+    n -= m;
+  }
+}
+
 /* Read, with zeros past the end of the file. */
 static int
-fileio_pread_fd (int fd, void *buf, size_t count, uint64_t offset)
+fileio_preadv_fd (int fd, const struct iovec *in, int cnt, uint64_t offset)
 {
-  char *p = buf;
+  size_t count = fileio_iov_len (in, cnt), done = 0;
+  struct iovec iov[QCOW2_IOV_MAX];
 
-  while (count > 0) {
-    ssize_t n = pread (fd, p, count, offset);
+  while (done < count) {
+    int k = fileio_iov_from (in, cnt, done, iov);
+    /* A single buffer reads as pread, as strace users expect. */
+    ssize_t n = k == 1 ? pread (fd, iov[0].iov_base, iov[0].iov_len,
+                                offset + done)
+                       : preadv (fd, iov, k, offset + done);
     if (n < 0) {
       if (errno == EINTR)
         continue;
       return -errno;
     }
     if (n == 0) {               /* past the end of the file */
-      memset (p, 0, count);
+      for (int i = 0; i < k; i++)
+        memset (iov[i].iov_base, 0, iov[i].iov_len);
       return 0;
     }
-    p += n;
-    count -= n;
-    offset += n;
+    done += n;
+  }
+  return 0;
+}
+
+static int
+fileio_pwritev_fd (int fd, const struct iovec *in, int cnt, uint64_t offset)
+{
+  size_t count = fileio_iov_len (in, cnt), done = 0;
+  struct iovec iov[QCOW2_IOV_MAX];
+
+  while (done < count) {
+    int k = fileio_iov_from (in, cnt, done, iov);
+    ssize_t n = k == 1 ? pwrite (fd, iov[0].iov_base, iov[0].iov_len,
+                                 offset + done)
+                       : pwritev (fd, iov, k, offset + done);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    done += n;
   }
   return 0;
 }
@@ -68,26 +146,35 @@ fileio_pread_fd (int fd, void *buf, size_t count, uint64_t offset)
 static int
 fileio_pwrite_fd (int fd, const void *buf, size_t count, uint64_t offset)
 {
-  const char *p = buf;
+  struct iovec iov = { (void *) buf, count };
 
-  while (count > 0) {
-    ssize_t n = pwrite (fd, p, count, offset);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return -errno;
-    }
-    p += n;
-    count -= n;
-    offset += n;
-  }
-  return 0;
+  return fileio_pwritev_fd (fd, &iov, 1, offset);
+}
+
+static int
+fileio_preadv (struct qcow2_io *io, const struct iovec *iov, int cnt,
+               uint64_t offset)
+{
+  if (cnt > QCOW2_IOV_MAX)
+    return -EINVAL;
+  return fileio_preadv_fd (fileio_fd (io), iov, cnt, offset);
+}
+
+static int
+fileio_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
+                uint64_t offset)
+{
+  if (cnt > QCOW2_IOV_MAX)
+    return -EINVAL;
+  return fileio_pwritev_fd (fileio_fd (io), iov, cnt, offset);
 }
 
 static int
 fileio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
 {
-  return fileio_pread_fd (fileio_fd (io), buf, count, offset);
+  struct iovec iov = { buf, count };
+
+  return fileio_preadv (io, &iov, 1, offset);
 }
 
 static int
@@ -182,32 +269,42 @@ fileio_pread_blocks (struct fileio *f, uint8_t *buf, size_t count,
 }
 
 static int
-fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
-                     uint64_t offset)
+fileio_direct_preadv (struct qcow2_io *io, const struct iovec *iov, int cnt,
+                      uint64_t offset)
 {
   struct fileio *f = (struct fileio *) io;
-  uint8_t *p = buf, *bounce;
+  size_t count = fileio_iov_len (iov, cnt), pos = 0;
+  uint8_t *bounce;
   size_t bsize;
 
-  if (fileio_aligned (f->align, buf, count, offset))
-    return fileio_pread_blocks (f, buf, count, offset);
+  if (cnt > QCOW2_IOV_MAX)
+    return -EINVAL;
+  if (cnt == 1 && fileio_aligned (f->align, iov[0].iov_base, count, offset))
+    return fileio_pread_blocks (f, iov[0].iov_base, count, offset);
   if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
-  while (count > 0) {
-    uint64_t lo = offset & ~(uint64_t) (f->align - 1);
-    size_t head = offset - lo;
-    size_t n = MIN (count, bsize - head);
+  while (pos < count) {
+    uint64_t lo = (offset + pos) & ~(uint64_t) (f->align - 1);
+    size_t head = offset + pos - lo;
+    size_t n = MIN (count - pos, bsize - head);
     size_t span = (head + n + f->align - 1) & ~(f->align - 1);
     int r = fileio_pread_blocks (f, bounce, span, lo);
 
     if (r < 0)
       return r;
-    memcpy (p, bounce + head, n);
-    p += n;
-    count -= n;
-    offset += n;
+    fileio_iov_copy (iov, cnt, pos, bounce + head, n, true);
+    pos += n;
   }
   return 0;
+}
+
+static int
+fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
+                     uint64_t offset)
+{
+  struct iovec iov = { buf, count };
+
+  return fileio_direct_preadv (io, &iov, 1, offset);
 }
 
 /* O_DIRECT write.  A block written only in part is read, changed and
@@ -216,22 +313,24 @@ fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
  * caller's to avoid, as always.
  */
 static int
-fileio_direct_pwrite (struct qcow2_io *io, const void *buf, size_t count,
-                      uint64_t offset)
+fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
+                       uint64_t offset)
 {
   struct fileio *f = (struct fileio *) io;
-  const uint8_t *p = buf;
+  size_t count = fileio_iov_len (iov, cnt), pos = 0;
   uint8_t *bounce;
   size_t bsize;
 
-  if (fileio_aligned (f->align, buf, count, offset))
-    return fileio_pwrite_fd (f->fd, buf, count, offset);
+  if (cnt > QCOW2_IOV_MAX)
+    return -EINVAL;
+  if (cnt == 1 && fileio_aligned (f->align, iov[0].iov_base, count, offset))
+    return fileio_pwritev_fd (f->fd, iov, 1, offset);
   if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
-  while (count > 0) {
-    uint64_t lo = offset & ~(uint64_t) (f->align - 1);
-    size_t head = offset - lo;
-    size_t n = MIN (count, bsize - head);
+  while (pos < count) {
+    uint64_t lo = (offset + pos) & ~(uint64_t) (f->align - 1);
+    size_t head = offset + pos - lo;
+    size_t n = MIN (count - pos, bsize - head);
     size_t span = (head + n + f->align - 1) & ~(f->align - 1);
     uint64_t last = lo + span - f->align;
     bool part_head = head > 0, part_tail = (head + n) & (f->align - 1);
@@ -256,18 +355,25 @@ fileio_direct_pwrite (struct qcow2_io *io, const void *buf, size_t count,
     if (r == 0 && part_tail && !(part_head && last == lo))
       r = fileio_pread_blocks (f, bounce + span - f->align, f->align, last);
     if (r == 0) {
-      memcpy (bounce + head, p, n);
+      fileio_iov_copy (iov, cnt, pos, bounce + head, n, false);
       r = fileio_pwrite_fd (f->fd, bounce, span, lo);
     }
     for (unsigned i = nlocks; i > 0; i--)
       pthread_mutex_unlock (&f->rmw[locks[i - 1]]);
     if (r < 0)
       return r;
-    p += n;
-    count -= n;
-    offset += n;
+    pos += n;
   }
   return 0;
+}
+
+static int
+fileio_direct_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+                      uint64_t offset)
+{
+  struct iovec iov = { (void *) buf, count };
+
+  return fileio_direct_pwritev (io, &iov, 1, offset);
 }
 
 static int
@@ -346,6 +452,8 @@ fileio_close (struct qcow2_io *io)
 static const struct qcow2_io_ops fileio_ops = {
   .pread = fileio_pread,
   .pwrite = fileio_pwrite,
+  .preadv = fileio_preadv,
+  .pwritev = fileio_pwritev,
   .flush = fileio_flush,
   .punch = fileio_punch,
   .size = fileio_size,
@@ -357,6 +465,8 @@ static const struct qcow2_io_ops fileio_ops = {
 static const struct qcow2_io_ops fileio_direct_ops = {
   .pread = fileio_direct_pread,
   .pwrite = fileio_direct_pwrite,
+  .preadv = fileio_direct_preadv,
+  .pwritev = fileio_direct_pwritev,
   .flush = fileio_flush,
   .punch = fileio_punch,
   .size = fileio_size,

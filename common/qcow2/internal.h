@@ -403,6 +403,11 @@ struct pool_piece {
   size_t len;
   uint64_t offset;
   bool write;                   /* pwrite buf, else pread into it */
+  /* Merged pieces (pool_merge): iovcnt buffers in file order, instead
+   * of buf; len is their total.
+   */
+  const struct iovec *iov;
+  int iovcnt;
   int r;
 };
 struct pool_batch {
@@ -415,6 +420,8 @@ struct pool_batch {
 };
 extern struct io_pool *pool_get (struct qcow2_image *img);
 extern void pool_do_piece (struct pool_piece *piece);
+extern size_t pool_merge (struct pool_piece *pieces, size_t n,
+                          struct iovec *iov);
 extern void pool_destroy (struct io_pool *p);
 extern void pool_start (struct io_pool *p, struct pool_batch *b);
 extern void pool_finish (struct io_pool *p, struct pool_batch *b);

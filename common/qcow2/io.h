@@ -9,6 +9,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
+
+/* The most buffers the engine passes to preadv or pwritev at once. */
+#define QCOW2_IOV_MAX 64
 
 struct qcow2_io;
 
@@ -21,6 +25,15 @@ struct qcow2_io_ops {
   /* Write count bytes at offset, growing storage as needed. */
   int (*pwrite) (struct qcow2_io *io, const void *buf, size_t count,
                  uint64_t offset);
+  /* Optional (may be NULL, then both): as pread and pwrite, for the
+   * iovcnt buffers (at most QCOW2_IOV_MAX) in turn from offset.  Used
+   * when pieces of a request lie next to each other in storage but not
+   * in the request.
+   */
+  int (*preadv) (struct qcow2_io *io, const struct iovec *iov, int iovcnt,
+                 uint64_t offset);
+  int (*pwritev) (struct qcow2_io *io, const struct iovec *iov, int iovcnt,
+                  uint64_t offset);
   /* Make every completed write durable. */
   int (*flush) (struct qcow2_io *io);
   /* Deallocate a range so that it reads as zeros (or -EOPNOTSUPP). */

@@ -55,12 +55,61 @@ pool_take (struct io_pool *p, struct pool_batch *b)
 void
 pool_do_piece (struct pool_piece *piece)
 {
-  if (piece->write)
+  struct qcow2_io *io = piece->io;
+
+  if (piece->iovcnt && piece->write)
+    piece->r = io->ops->pwritev (io, piece->iov, piece->iovcnt,
+                                 piece->offset);
+  else if (piece->iovcnt)
+    piece->r = io->ops->preadv (io, piece->iov, piece->iovcnt,
+                                piece->offset);
+  else if (piece->write)
     piece->r = piece->io->ops->pwrite (piece->io, piece->buf, piece->len,
                                        piece->offset);
   else
     piece->r = piece->io->ops->pread (piece->io, piece->buf, piece->len,
                                       piece->offset);
+}
+
+/* Pieces (at most QCOW2_IOV_MAX, all of one io) that follow each
+ * other in the file, though not in the request (a guest range written
+ * in another order), become one vectored request: one large read or
+ * write instead of several small ones, which matters with O_DIRECT.
+ * Rewrites pieces[] and returns their new count; iov[] (room for n)
+ * holds the merged pieces' buffers.
+ */
+size_t
+pool_merge (struct pool_piece *pieces, size_t n, struct iovec *iov)
+{
+  struct pool_piece sorted[QCOW2_IOV_MAX];
+  size_t m = 0, niov = 0;
+
+  if (n < 2 || n > QCOW2_IOV_MAX || !pieces[0].io->ops->preadv)
+    return n;
+  /* Sorted by file offset: n is small. */
+  for (size_t i = 0; i < n; i++) {
+    size_t j = i;
+    for (; j > 0 && sorted[j - 1].offset > pieces[i].offset; j--)
+      sorted[j] = sorted[j - 1];
+    sorted[j] = pieces[i];
+  }
+  for (size_t i = 0, j; i < n; i = j) {
+    for (j = i + 1; j < n &&
+           sorted[j - 1].offset + sorted[j - 1].len == sorted[j].offset; j++)
+      ;
+    pieces[m] = sorted[i];
+    if (j - i > 1) {
+      pieces[m].iov = &iov[niov];
+      pieces[m].iovcnt = j - i;
+      pieces[m].len = 0;
+      for (size_t k = i; k < j; k++) {
+        iov[niov++] = (struct iovec) { sorted[k].buf, sorted[k].len };
+        pieces[m].len += sorted[k].len;
+      }
+    }
+    m++;
+  }
+  return m;
 }
 
 /* Do a piece, with p->lock held; returns with it held. */

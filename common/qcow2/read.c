@@ -95,6 +95,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   while (count > 0) {
     struct qcow2_run runs[READ_BATCH];
     struct pool_piece pieces[READ_BATCH];
+    struct iovec iov[READ_BATCH];
     struct pool_batch batch = { .pieces = pieces, .n = 0 };
     struct io_pool *pool = NULL;
     uint64_t len = 0;
@@ -137,6 +138,9 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
       };
     }
 
+    batch.n = pool_merge (pieces, batch.n, iov);
+    if (batch.n < 2)
+      pool = NULL;
     /* The pool reads the data while this thread does the rest. */
     if (pool)
       pool_start (pool, &batch);

@@ -463,13 +463,16 @@ write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
 
 /* The in-place runs at the start of [offset, offset+count): as far as
  * the clusters are written in place, in at most WRITE_BATCH host runs,
- * each checked against the overlap map.  *len is what they cover, 0 if
- * the first cluster must allocate.  Called with the lock held.
+ * each checked against the overlap map, then merged where they follow
+ * each other in the file (iov: room for WRITE_BATCH).  *len is what
+ * they cover, 0 if the first cluster must allocate.  Called with the
+ * lock held.
  */
 static int
 write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
                      uint64_t offset, uint64_t count,
-                     struct pool_piece *pieces, size_t *n, uint64_t *len)
+                     struct pool_piece *pieces, struct iovec *iov,
+                     size_t *n, uint64_t *len)
 {
   uint64_t cs = img->cluster_size;
   int r;
@@ -499,6 +502,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
   for (size_t i = 0; i < *n; i++)
     if ((r = io_check_data (img, pieces[i].len, pieces[i].offset)) < 0)
       return r;
+  *n = pool_merge (pieces, *n, iov);
   return 0;
 }
 
@@ -537,6 +541,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
     uint64_t in = offset & (img->cluster_size - 1);
     uint64_t n = 0;
     struct pool_piece pieces[WRITE_BATCH];
+    struct iovec iov[WRITE_BATCH];
     struct pool_batch batch = { .pieces = pieces };
     struct io_pool *pool = NULL;
 
@@ -545,7 +550,8 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
                                                     img->cluster_size - in));
     r = flush_begin_write (img);
     if (r == 0)
-      r = write_in_place_runs (img, p, offset, count, pieces, &batch.n, &n);
+      r = write_in_place_runs (img, p, offset, count, pieces, iov,
+                               &batch.n, &n);
     if (r == 0 && n > 0) {
       /* Releases hold data_lock exclusively: the runs stay ours. */
       if (batch.n > 1)
