@@ -97,8 +97,11 @@ struct overlap_map {
   struct overlap_expanded *expanded[EXPANDED_MAX];
   uint32_t nexpanded;
   uint64_t clock;
-  /* Clusters [free_lo, free_hi) hold no metadata of any kind. */
-  uint64_t free_lo, free_hi;
+  /* Clusters [free_lo, free_hi) hold no metadata of any kind, nor do
+   * clusters at or after end (a high-water mark: it never comes down),
+   * where a growing file allocates.
+   */
+  uint64_t free_lo, free_hi, end;
 };
 
 /* Each structure's name in messages, and in overlap-check.NAME. */
@@ -402,8 +405,16 @@ int
 overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
              unsigned value)
 {
-  if (value && first < m->free_hi && first + n > m->free_lo)
-    m->free_lo = m->free_hi = 0;
+  if (value) {
+    if (first >= m->end) {
+      /* The file grows: what it skips holds no metadata. */
+      m->free_lo = m->end;
+      m->free_hi = first;
+    }
+    else if (first < m->free_hi && first + n > m->free_lo)
+      m->free_lo = m->free_hi = 0;
+    m->end = MAX (m->end, first + n);
+  }
   while (n > 0) {
     uint64_t wi = first >> WINDOW_BITS;
     uint32_t in = first & WINDOW_MASK;
@@ -594,6 +605,16 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
     io_flush (img);
 }
 
+/* Whether [first, last] holds no metadata, known without a lookup: the
+ * common cases, guest data and the new clusters of a growing file.
+ */
+static inline bool
+overlap_known_clear (const struct overlap_map *m, uint64_t first,
+                     uint64_t last)
+{
+  return first >= m->end || (first >= m->free_lo && last < m->free_hi);
+}
+
 /* The first cluster of [first, last] holding a structure in the mask
  * checked, its 1-based type in *type; or UINT64_MAX if none.  Remembers
  * the metadata-free run around a range that holds no metadata at all,
@@ -606,8 +627,8 @@ overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
   uint64_t window_end = ((last >> WINDOW_BITS) + 1) << WINDOW_BITS;
   uint64_t c;
 
-  if (first >= m->free_lo && last < m->free_hi)
-    return UINT64_MAX;          /* the common case: guest data */
+  if (overlap_known_clear (m, first, last))
+    return UINT64_MAX;
   /* A metadata write is mostly one cluster of its own structure. */
   if (first == last && (*type = overlap_type (m, first)) != 0)
     return checked & (UINT32_C (1) << (*type - 1)) ? first : UINT64_MAX;
@@ -627,6 +648,24 @@ overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
   return UINT64_MAX;
 }
 
+/* The lookup of overlap_check, out of line so that the common cases
+ * need no stack frame.
+ */
+static int __attribute__ ((noinline))
+overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                   uint32_t checked)
+{
+  unsigned type;
+  uint64_t c = overlap_find (img->overlap, offset >> img->cluster_bits,
+                             (offset + len - 1) >> img->cluster_bits,
+                             checked, &type);
+
+  if (c == UINT64_MAX)
+    return 0;
+  overlap_hit (img, type - 1, c << img->cluster_bits, offset, len);
+  return -EIO;
+}
+
 /* Before a write of [offset, offset+len) that may touch only the
  * structures in the mask ign: 0, or -EIO after marking the image
  * corrupt (the write must not happen).
@@ -635,18 +674,14 @@ int
 overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
                uint32_t ign)
 {
+  const struct overlap_map *m = img->overlap;
   uint32_t checked = img->overlap_mask & ~ign;
-  unsigned type;
-  uint64_t c;
 
-  if (!checked || len == 0 || !img->overlap)
+  if (!checked || len == 0 || !m ||
+      overlap_known_clear (m, offset >> img->cluster_bits,
+                           (offset + len - 1) >> img->cluster_bits))
     return 0;
-  c = overlap_find (img->overlap, offset >> img->cluster_bits,
-                    (offset + len - 1) >> img->cluster_bits, checked, &type);
-  if (c == UINT64_MAX)
-    return 0;
-  overlap_hit (img, type - 1, c << img->cluster_bits, offset, len);
-  return -EIO;
+  return overlap_check_map (img, offset, len, checked);
 }
 
 int64_t
