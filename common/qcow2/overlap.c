@@ -75,6 +75,15 @@ frag_type (frag_t f)
 #define SLOT_INLINE 1
 #define SLOT_EXPANDED 2
 
+/* A list of more than INDEX_MIN fragments is followed by an index:
+ * for each block of 64 clusters, the first fragment that ends after
+ * the block's start, and n at the end; a lookup then searches only
+ * the fragments of one block.  (With 512-byte clusters, a window of a
+ * growing file holds about 80 fragments.)
+ */
+#define INDEX_MIN 8
+#define INDEX_BLOCKS (WINDOW_CLUSTERS / 64)
+
 struct overlap_list {
   uint32_t n;
   frag_t f[];
@@ -167,11 +176,16 @@ overlap_frags (uint64_t slot, frag_t *tmp, uint32_t *n)
 }
 
 /* The first fragment that ends after cluster in. */
-static uint32_t
+static inline uint32_t
 overlap_search (const frag_t *f, uint32_t n, uint32_t in)
 {
   uint32_t lo = 0, hi = n;
 
+  if (n > INDEX_MIN) {
+    const uint16_t *index = (const uint16_t *) (f + n);
+    lo = index[in >> 6];
+    hi = index[(in >> 6) + 1];
+  }
   while (lo < hi) {
     uint32_t mid = (lo + hi) / 2;
     if (frag_end (f[mid]) <= in)
@@ -298,11 +312,23 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
   if (n == 1)
     slot = (uint64_t) f[0] << 2 | SLOT_INLINE;
   else if (n > 1) {
-    struct overlap_list *l = malloc (sizeof *l + n * sizeof (frag_t));
+    size_t index_size = n > INDEX_MIN ? (INDEX_BLOCKS + 1) * 2 : 0;
+    struct overlap_list *l = malloc (sizeof *l + n * sizeof (frag_t)
+                                     + index_size);
     if (!l)
       return -ENOMEM;
     l->n = n;
     memcpy (l->f, f, n * sizeof (frag_t));
+    if (index_size) {
+      uint16_t *index = (uint16_t *) (l->f + n);
+      uint32_t k = 0;
+      for (uint32_t b = 0; b < INDEX_BLOCKS; b++) {
+        while (k < n && frag_end (f[k]) <= b << 6)
+          k++;
+        index[b] = k;
+      }
+      index[INDEX_BLOCKS] = n;
+    }
     slot = (uintptr_t) l;
   }
   m->slots[e->window] = slot;
@@ -521,21 +547,40 @@ overlap_free_start (const struct overlap_map *m, uint64_t c, uint64_t floor)
   }
 }
 
-/* The 1-based type of metadata at cluster c, 0 if none.  A query never
- * expands a window, so it never allocates.
+/* The 1-based type of metadata at cluster c, 0 if none. */
+static inline unsigned
+overlap_type_at (const struct overlap_map *m, uint64_t c)
+{
+  uint64_t wi = c >> WINDOW_BITS;
+  uint32_t in = c & WINDOW_MASK;
+  const struct overlap_list *l;
+  uint64_t slot;
+  uint32_t i;
+
+  if (wi >= m->nslots)
+    return 0;
+  slot = m->slots[wi];
+  switch (slot & 3) {
+  case SLOT_EXPANDED:
+    return m->expanded[slot >> 2]->type[in];
+  case SLOT_INLINE:
+    return in >= frag_start (slot >> 2) && in < frag_end (slot >> 2) ?
+      frag_type (slot >> 2) : 0;
+  }
+  if (!slot)
+    return 0;
+  l = (const struct overlap_list *) (uintptr_t) slot;
+  i = overlap_search (l->f, l->n, in);
+  return i < l->n && frag_start (l->f[i]) <= in ? frag_type (l->f[i]) : 0;
+}
+
+/* The same for callers outside.  A query never expands a window, so it
+ * never allocates.
  */
 unsigned
 overlap_type (struct overlap_map *m, uint64_t c)
 {
-  uint64_t wi = c >> WINDOW_BITS;
-  uint32_t in = c & WINDOW_MASK;
-  unsigned type;
-
-  if (wi >= m->nslots)
-    return 0;
-  if ((m->slots[wi] & 3) == SLOT_EXPANDED)
-    return m->expanded[m->slots[wi] >> 2]->type[in];
-  return overlap_window_next (m, wi, in, &type) == in ? type : 0;
+  return overlap_type_at (m, c);
 }
 
 static int
@@ -620,9 +665,9 @@ overlap_known_clear (const struct overlap_map *m, uint64_t first,
  * the metadata-free run around a range that holds no metadata at all,
  * so that the next data write there costs two comparisons.
  */
-uint64_t
-overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
-              uint32_t checked, unsigned *type)
+static inline uint64_t
+overlap_lookup (struct overlap_map *m, uint64_t first, uint64_t last,
+                uint32_t checked, unsigned *type)
 {
   uint64_t window_end = ((last >> WINDOW_BITS) + 1) << WINDOW_BITS;
   uint64_t c;
@@ -630,7 +675,7 @@ overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
   if (overlap_known_clear (m, first, last))
     return UINT64_MAX;
   /* A metadata write is mostly one cluster of its own structure. */
-  if (first == last && (*type = overlap_type (m, first)) != 0)
+  if (first == last && (*type = overlap_type_at (m, first)) != 0)
     return checked & (UINT32_C (1) << (*type - 1)) ? first : UINT64_MAX;
 
   c = overlap_next (m, first, window_end, type);
@@ -648,6 +693,13 @@ overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
   return UINT64_MAX;
 }
 
+uint64_t
+overlap_find (struct overlap_map *m, uint64_t first, uint64_t last,
+              uint32_t checked, unsigned *type)
+{
+  return overlap_lookup (m, first, last, checked, type);
+}
+
 /* The lookup of overlap_check, out of line so that the common cases
  * need no stack frame.
  */
@@ -656,9 +708,9 @@ overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    uint32_t checked)
 {
   unsigned type;
-  uint64_t c = overlap_find (img->overlap, offset >> img->cluster_bits,
-                             (offset + len - 1) >> img->cluster_bits,
-                             checked, &type);
+  uint64_t c = overlap_lookup (img->overlap, offset >> img->cluster_bits,
+                               (offset + len - 1) >> img->cluster_bits,
+                               checked, &type);
 
   if (c == UINT64_MAX)
     return 0;
@@ -676,10 +728,21 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
 {
   const struct overlap_map *m = img->overlap;
   uint32_t checked = img->overlap_mask & ~ign;
+  uint64_t first, last;
+  unsigned type;
 
-  if (!checked || len == 0 || !m ||
-      overlap_known_clear (m, offset >> img->cluster_bits,
-                           (offset + len - 1) >> img->cluster_bits))
+  if (!m || !checked || len == 0)
+    return 0;
+  /* The common cases answered here, with no call: guest data and new
+   * clusters (known clear), and a cluster of metadata written back
+   * where it is.
+   */
+  first = offset >> img->cluster_bits;
+  last = (offset + len - 1) >> img->cluster_bits;
+  if (overlap_known_clear (m, first, last))
+    return 0;
+  if (first == last && (type = overlap_type_at (m, first)) != 0 &&
+      !(checked & (UINT32_C (1) << (type - 1))))
     return 0;
   return overlap_check_map (img, offset, len, checked);
 }
@@ -724,7 +787,7 @@ overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
   for (uint64_t c = offset >> img->cluster_bits;
        c <= (offset + len - 1) >> img->cluster_bits && !img->overlap_conflict;
        c++) {
-    int other = (int) overlap_type (img->overlap, c) - 1;
+    int other = (int) overlap_type_at (img->overlap, c) - 1;
     bool l2s = (other == QCOW2_OL_ACTIVE_L2_BIT ||
                 other == QCOW2_OL_INACTIVE_L2_BIT) &&
                (bit == QCOW2_OL_ACTIVE_L2_BIT ||
