@@ -106,11 +106,13 @@ struct overlap_map {
   struct overlap_expanded *expanded[EXPANDED_MAX];
   uint32_t nexpanded;
   uint64_t clock;
-  /* Clusters [free_lo, free_hi) hold no metadata of any kind, nor do
-   * clusters at or after end (a high-water mark: it never comes down),
-   * where a growing file allocates.
+  /* Bytes [free_lo, free_hi) hold no metadata of any kind, nor do bytes
+   * at or after end (a high-water mark: it never comes down), where a
+   * growing file allocates.  In bytes, so that overlap_check compares
+   * them with a write as it comes.
    */
   uint64_t free_lo, free_hi, end;
+  unsigned bits;                /* log2 of the cluster size */
 };
 
 /* Each structure's name in messages, and in overlap-check.NAME. */
@@ -432,14 +434,15 @@ overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
              unsigned value)
 {
   if (value) {
-    if (first >= m->end) {
+    uint64_t lo = first << m->bits, hi = (first + n) << m->bits;
+    if (lo >= m->end) {
       /* The file grows: what it skips holds no metadata. */
       m->free_lo = m->end;
-      m->free_hi = first;
+      m->free_hi = lo;
     }
-    else if (first < m->free_hi && first + n > m->free_lo)
+    else if (lo < m->free_hi && hi > m->free_lo)
       m->free_lo = m->free_hi = 0;
-    m->end = MAX (m->end, first + n);
+    m->end = MAX (m->end, hi);
   }
   while (n > 0) {
     uint64_t wi = first >> WINDOW_BITS;
@@ -547,15 +550,17 @@ overlap_free_start (const struct overlap_map *m, uint64_t c, uint64_t floor)
   }
 }
 
-/* The 1-based type of metadata at cluster c, 0 if none. */
-static inline unsigned
+/* The 1-based type of metadata at cluster c, 0 if none.  Inlined into
+ * overlap_check, where it answers most metadata writes.
+ */
+static inline __attribute__ ((always_inline)) unsigned
 overlap_type_at (const struct overlap_map *m, uint64_t c)
 {
   uint64_t wi = c >> WINDOW_BITS;
   uint32_t in = c & WINDOW_MASK;
   const struct overlap_list *l;
   uint64_t slot;
-  uint32_t i;
+  uint32_t i, n;
 
   if (wi >= m->nslots)
     return 0;
@@ -570,8 +575,16 @@ overlap_type_at (const struct overlap_map *m, uint64_t c)
   if (!slot)
     return 0;
   l = (const struct overlap_list *) (uintptr_t) slot;
-  i = overlap_search (l->f, l->n, in);
-  return i < l->n && frag_start (l->f[i]) <= in ? frag_type (l->f[i]) : 0;
+  n = l->n;
+  /* Through a short list, or the few fragments of in's block. */
+  for (i = n > INDEX_MIN ? ((const uint16_t *) (l->f + n))[in >> 6] : 0;
+       i < n; i++) {
+    if (in < frag_start (l->f[i]))
+      return 0;
+    if (in < frag_end (l->f[i]))
+      return frag_type (l->f[i]);
+  }
+  return 0;
 }
 
 /* The same for callers outside.  A query never expands a window, so it
@@ -657,7 +670,9 @@ static inline bool
 overlap_known_clear (const struct overlap_map *m, uint64_t first,
                      uint64_t last)
 {
-  return first >= m->end || (first >= m->free_lo && last < m->free_hi);
+  uint64_t lo = first << m->bits, hi = (last + 1) << m->bits;
+
+  return lo >= m->end || (lo >= m->free_lo && hi <= m->free_hi);
 }
 
 /* The first cluster of [first, last] holding a structure in the mask
@@ -683,8 +698,9 @@ overlap_lookup (struct overlap_map *m, uint64_t first, uint64_t last,
     /* Clear: remember the run, as far as first's and last's windows
      * tell, at no extra cost.
      */
-    m->free_lo = overlap_free_start (m, first, first & ~(uint64_t) WINDOW_MASK);
-    m->free_hi = c;
+    m->free_lo = overlap_free_start (m, first, first & ~(uint64_t) WINDOW_MASK)
+      << m->bits;
+    m->free_hi = c << m->bits;
     return UINT64_MAX;
   }
   for (; c <= last; c = overlap_next (m, c + 1, last + 1, type))
@@ -708,7 +724,11 @@ overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    uint32_t checked)
 {
   unsigned type;
-  uint64_t c = overlap_lookup (img->overlap, offset >> img->cluster_bits,
+  uint64_t c;
+
+  if (!checked || len == 0)
+    return 0;
+  c = overlap_lookup (img->overlap, offset >> img->cluster_bits,
                                (offset + len - 1) >> img->cluster_bits,
                                checked, &type);
 
@@ -727,23 +747,27 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
                uint32_t ign)
 {
   const struct overlap_map *m = img->overlap;
-  uint32_t checked = img->overlap_mask & ~ign;
-  uint64_t first, last;
-  unsigned type;
+  uint32_t checked;
 
-  if (!m || !checked || len == 0)
-    return 0;
-  /* The common cases answered here, with no call: guest data and new
-   * clusters (known clear), and a cluster of metadata written back
-   * where it is.
+  /* The common cases are answered here, with no call.  New clusters of
+   * a growing file first: they lie past all metadata.
    */
-  first = offset >> img->cluster_bits;
-  last = (offset + len - 1) >> img->cluster_bits;
-  if (overlap_known_clear (m, first, last))
+  if (!m || offset >= m->end)
     return 0;
-  if (first == last && (type = overlap_type_at (m, first)) != 0 &&
-      !(checked & (UINT32_C (1) << (type - 1))))
-    return 0;
+  checked = img->overlap_mask & ~ign;
+  if (!ign) {
+    /* Guest data, in a run known free. */
+    if (offset >= m->free_lo && offset + len <= m->free_hi)
+      return 0;
+  }
+  else if (len - 1 < img->cluster_size - (offset & (img->cluster_size - 1))) {
+    /* A cluster of a structure written back where it is (type 0, no
+     * metadata, has no bit in checked << 1).
+     */
+    if (!((checked << 1) &
+          (UINT32_C (1) << overlap_type_at (m, offset >> img->cluster_bits))))
+      return 0;
+  }
   return overlap_check_map (img, offset, len, checked);
 }
 
@@ -845,6 +869,7 @@ overlap_build (struct qcow2_image *img)
     return 0;
   if (!(img->overlap = overlap_create ()))
     return -ENOMEM;
+  img->overlap->bits = img->cluster_bits;
   if ((r = overlap_add_found (img, 0, img->cluster_size,
                               QCOW2_OL_MAIN_HEADER_BIT)) < 0 ||
       (r = overlap_add_found (img, h->l1_table_offset,
