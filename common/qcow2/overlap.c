@@ -558,32 +558,29 @@ overlap_type_at (const struct overlap_map *m, uint64_t c)
 {
   uint64_t wi = c >> WINDOW_BITS;
   uint32_t in = c & WINDOW_MASK;
-  const struct overlap_list *l;
   uint64_t slot;
-  uint32_t i, n;
 
   if (wi >= m->nslots)
     return 0;
   slot = m->slots[wi];
-  switch (slot & 3) {
-  case SLOT_EXPANDED:
+  if ((slot & 3) == 0 && slot) {
+    /* A list: through a short one, or the few fragments of in's block
+     * (the common case with small clusters).
+     */
+    const struct overlap_list *l = (const struct overlap_list *) slot;
+    const frag_t *f = l->f, *end = l->f + l->n;
+    if (l->n > INDEX_MIN)
+      f += ((const uint16_t *) end)[in >> 6];
+    for (; f < end && in >= frag_start (*f); f++)
+      if (in < frag_end (*f))
+        return frag_type (*f);
+    return 0;
+  }
+  if ((slot & 3) == SLOT_EXPANDED)
     return m->expanded[slot >> 2]->type[in];
-  case SLOT_INLINE:
+  if ((slot & 3) == SLOT_INLINE)
     return in >= frag_start (slot >> 2) && in < frag_end (slot >> 2) ?
       frag_type (slot >> 2) : 0;
-  }
-  if (!slot)
-    return 0;
-  l = (const struct overlap_list *) (uintptr_t) slot;
-  n = l->n;
-  /* Through a short list, or the few fragments of in's block. */
-  for (i = n > INDEX_MIN ? ((const uint16_t *) (l->f + n))[in >> 6] : 0;
-       i < n; i++) {
-    if (in < frag_start (l->f[i]))
-      return 0;
-    if (in < frag_end (l->f[i]))
-      return frag_type (l->f[i]);
-  }
   return 0;
 }
 
@@ -760,9 +757,10 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
     if (offset >= m->free_lo && offset + len <= m->free_hi)
       return 0;
   }
-  else if (len - 1 < img->cluster_size - (offset & (img->cluster_size - 1))) {
+  else if (((offset ^ (offset + len - 1)) >> img->cluster_bits) == 0) {
     /* A cluster of a structure written back where it is (type 0, no
-     * metadata, has no bit in checked << 1).
+     * metadata, has no bit in checked << 1; len 0 ends in
+     * overlap_check_map).
      */
     if (!((checked << 1) &
           (UINT32_C (1) << overlap_type_at (m, offset >> img->cluster_bits))))
