@@ -77,9 +77,12 @@ frag_type (frag_t f)
 
 /* A list of more than INDEX_MIN fragments is followed by an index:
  * for each block of 64 clusters, the first fragment that ends after
- * the block's start, and n at the end; a lookup then searches only
- * the fragments of one block.  (With 512-byte clusters, a window of a
- * growing file holds about 80 fragments.)
+ * the block's start (low 16 bits) and the structures found in the
+ * block (high 16 bits, bit type - 1), and n at the end.  A lookup then
+ * searches only the fragments of one block, and a structure written
+ * back in a block that holds no other needs no search at all.  (With
+ * 512-byte clusters, a window of a growing file holds about 80
+ * fragments.)
  */
 #define INDEX_MIN 8
 #define INDEX_BLOCKS (WINDOW_CLUSTERS / 64)
@@ -184,9 +187,9 @@ overlap_search (const frag_t *f, uint32_t n, uint32_t in)
   uint32_t lo = 0, hi = n;
 
   if (n > INDEX_MIN) {
-    const uint16_t *index = (const uint16_t *) (f + n);
-    lo = index[in >> 6];
-    hi = index[(in >> 6) + 1];
+    const uint32_t *index = (const uint32_t *) (f + n);
+    lo = index[in >> 6] & 0xffff;
+    hi = index[(in >> 6) + 1] & 0xffff;
   }
   while (lo < hi) {
     uint32_t mid = (lo + hi) / 2;
@@ -314,7 +317,7 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
   if (n == 1)
     slot = (uint64_t) f[0] << 2 | SLOT_INLINE;
   else if (n > 1) {
-    size_t index_size = n > INDEX_MIN ? (INDEX_BLOCKS + 1) * 2 : 0;
+    size_t index_size = n > INDEX_MIN ? (INDEX_BLOCKS + 1) * 4 : 0;
     struct overlap_list *l = malloc (sizeof *l + n * sizeof (frag_t)
                                      + index_size);
     if (!l)
@@ -322,12 +325,15 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
     l->n = n;
     memcpy (l->f, f, n * sizeof (frag_t));
     if (index_size) {
-      uint16_t *index = (uint16_t *) (l->f + n);
+      uint32_t *index = (uint32_t *) (l->f + n);
       uint32_t k = 0;
       for (uint32_t b = 0; b < INDEX_BLOCKS; b++) {
+        uint32_t types = 0;
         while (k < n && frag_end (f[k]) <= b << 6)
           k++;
-        index[b] = k;
+        for (uint32_t j = k; j < n && frag_start (f[j]) < (b + 1) << 6; j++)
+          types |= UINT32_C (1) << (frag_type (f[j]) - 1);
+        index[b] = types << 16 | k;
       }
       index[INDEX_BLOCKS] = n;
     }
@@ -550,15 +556,17 @@ overlap_free_start (const struct overlap_map *m, uint64_t c, uint64_t floor)
   }
 }
 
-/* The 1-based type of metadata at cluster c, 0 if none.  Inlined into
+/* The 1-based type of metadata at cluster c if it is one of the
+ * structures in want (bit type - 1), else 0.  Inlined into
  * overlap_check, where it answers most metadata writes.
  */
 static inline __attribute__ ((always_inline)) unsigned
-overlap_type_at (const struct overlap_map *m, uint64_t c)
+overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want)
 {
   uint64_t wi = c >> WINDOW_BITS;
   uint32_t in = c & WINDOW_MASK;
   uint64_t slot;
+  unsigned type = 0;
 
   if (wi >= m->nslots)
     return 0;
@@ -569,19 +577,31 @@ overlap_type_at (const struct overlap_map *m, uint64_t c)
      */
     const struct overlap_list *l = (const struct overlap_list *) slot;
     const frag_t *f = l->f, *end = l->f + l->n;
-    if (l->n > INDEX_MIN)
-      f += ((const uint16_t *) end)[in >> 6];
+    if (l->n > INDEX_MIN) {
+      uint32_t e = ((const uint32_t *) end)[in >> 6];
+      if (!(e >> 16 & want))
+        return 0;
+      f += e & 0xffff;
+    }
     for (; f < end && in >= frag_start (*f); f++)
-      if (in < frag_end (*f))
-        return frag_type (*f);
-    return 0;
+      if (in < frag_end (*f)) {
+        type = frag_type (*f);
+        break;
+      }
   }
-  if ((slot & 3) == SLOT_EXPANDED)
-    return m->expanded[slot >> 2]->type[in];
-  if ((slot & 3) == SLOT_INLINE)
-    return in >= frag_start (slot >> 2) && in < frag_end (slot >> 2) ?
-      frag_type (slot >> 2) : 0;
-  return 0;
+  else if ((slot & 3) == SLOT_EXPANDED)
+    type = m->expanded[slot >> 2]->type[in];
+  else if ((slot & 3) == SLOT_INLINE &&
+           in >= frag_start (slot >> 2) && in < frag_end (slot >> 2))
+    type = frag_type (slot >> 2);
+  return (want << 1) & (UINT32_C (1) << type) ? type : 0;
+}
+
+/* The 1-based type of metadata at cluster c, 0 if none. */
+static inline unsigned
+overlap_type_at (const struct overlap_map *m, uint64_t c)
+{
+  return overlap_type_in (m, c, ~UINT32_C (0) >> 1);
 }
 
 /* The same for callers outside.  A query never expands a window, so it
@@ -758,12 +778,10 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
       return 0;
   }
   else if (((offset ^ (offset + len - 1)) >> img->cluster_bits) == 0) {
-    /* A cluster of a structure written back where it is (type 0, no
-     * metadata, has no bit in checked << 1; len 0 ends in
-     * overlap_check_map).
+    /* A cluster of a structure written back where it is (len 0 ends
+     * in overlap_check_map).
      */
-    if (!((checked << 1) &
-          (UINT32_C (1) << overlap_type_at (m, offset >> img->cluster_bits))))
+    if (!overlap_type_in (m, offset >> img->cluster_bits, checked))
       return 0;
   }
   return overlap_check_map (img, offset, len, checked);
