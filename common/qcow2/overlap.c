@@ -67,18 +67,20 @@ frag_type (frag_t f)
 }
 
 /* A window's slot:
- *   0                        no metadata
- *   frag << 2 | SLOT_INLINE  one fragment, held in the slot
- *   i << 2 | SLOT_EXPANDED   expanded, in map->expanded[i]
- *   a pointer (low bits 00)  a struct overlap_list
+ *   0                          no metadata
+ *   frag << 2 | SLOT_INLINE    one fragment, held in the slot
+ *   i << 2 | SLOT_EXPANDED     expanded, in map->expanded[i]
+ *   a pointer (low bits 00)    a struct overlap_list
+ *   a pointer | SLOT_INDEXED   an index, then a struct overlap_list
  */
 #define SLOT_INLINE 1
 #define SLOT_EXPANDED 2
+#define SLOT_INDEXED 3
 
-/* A list of more than INDEX_MIN fragments is followed by an index:
- * for each block of 64 clusters, the first fragment that ends after
- * the block's start (low 16 bits) and the structures found in the
- * block (high 16 bits, bit type - 1), and n at the end.  A lookup then
+/* A list of more than INDEX_MIN fragments comes after an index: for
+ * each block of 64 clusters, the first fragment that ends after the
+ * block's start (low 16 bits) and the structures found in the block
+ * (high 16 bits, bit type - 1), and n at the end.  A lookup then
  * searches only the fragments of one block, and a structure written
  * back in a block that holds no other needs no search at all.  (With
  * 512-byte clusters, a window of a growing file holds about 80
@@ -86,11 +88,40 @@ frag_type (frag_t f)
  */
 #define INDEX_MIN 8
 #define INDEX_BLOCKS (WINDOW_CLUSTERS / 64)
+#define INDEX_BYTES ((INDEX_BLOCKS + 1) * sizeof (uint32_t))
 
 struct overlap_list {
   uint32_t n;
   frag_t f[];
 };
+
+/* What a list slot points to: the allocation, the index (or NULL), the
+ * list.
+ */
+static inline void *
+slot_ptr (uint64_t slot)
+{
+  return (void *) (uintptr_t) (slot & ~UINT64_C (3));
+}
+
+static inline const uint32_t *
+slot_index (uint64_t slot)
+{
+  return (slot & 3) == SLOT_INDEXED ? slot_ptr (slot) : NULL;
+}
+
+static inline const struct overlap_list *
+slot_list (uint64_t slot)
+{
+  return (const void *) ((const char *) slot_ptr (slot) +
+                         ((slot & 3) == SLOT_INDEXED ? INDEX_BYTES : 0));
+}
+
+static inline bool
+slot_is_list (uint64_t slot)
+{
+  return slot && ((slot & 3) == 0 || (slot & 3) == SLOT_INDEXED);
+}
 
 /* An expanded window: a type per cluster, and a bit per 64 clusters
  * saying whether any of them holds metadata, so that finding the next
@@ -152,8 +183,8 @@ overlap_destroy (struct overlap_map *m)
   if (!m)
     return;
   for (uint64_t i = 0; i < m->nslots; i++)
-    if (m->slots[i] && (m->slots[i] & 3) == 0)
-      free ((struct overlap_list *) (uintptr_t) m->slots[i]);
+    if (slot_is_list (m->slots[i]))
+      free (slot_ptr (m->slots[i]));
   for (uint32_t i = 0; i < m->nexpanded; i++)
     free (m->expanded[i]);
   free (m->slots);
@@ -175,19 +206,20 @@ overlap_frags (uint64_t slot, frag_t *tmp, uint32_t *n)
     *n = 1;
     return tmp;
   }
-  const struct overlap_list *l = (const struct overlap_list *) (uintptr_t) slot;
-  *n = l->n;
-  return l->f;
+  *n = slot_list (slot)->n;
+  return slot_list (slot)->f;
 }
 
-/* The first fragment that ends after cluster in. */
-static inline uint32_t
-overlap_search (const frag_t *f, uint32_t n, uint32_t in)
+/* The first fragment that ends after cluster in (index: the list's, or
+ * NULL).
+ */
+static uint32_t
+overlap_search (const frag_t *f, uint32_t n, const uint32_t *index,
+                uint32_t in)
 {
   uint32_t lo = 0, hi = n;
 
-  if (n > INDEX_MIN) {
-    const uint32_t *index = (const uint32_t *) (f + n);
+  if (index) {
     lo = index[in >> 6] & 0xffff;
     hi = index[(in >> 6) + 1] & 0xffff;
   }
@@ -317,15 +349,17 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
   if (n == 1)
     slot = (uint64_t) f[0] << 2 | SLOT_INLINE;
   else if (n > 1) {
-    size_t index_size = n > INDEX_MIN ? (INDEX_BLOCKS + 1) * 4 : 0;
-    struct overlap_list *l = malloc (sizeof *l + n * sizeof (frag_t)
-                                     + index_size);
-    if (!l)
+    size_t index_size = n > INDEX_MIN ? INDEX_BYTES : 0;
+    char *p = malloc (index_size + sizeof (struct overlap_list)
+                      + n * sizeof (frag_t));
+    struct overlap_list *l = (struct overlap_list *) (p + index_size);
+    if (!p)
       return -ENOMEM;
     l->n = n;
     memcpy (l->f, f, n * sizeof (frag_t));
+    slot = (uintptr_t) p;
     if (index_size) {
-      uint32_t *index = (uint32_t *) (l->f + n);
+      uint32_t *index = (uint32_t *) p;
       uint32_t k = 0;
       for (uint32_t b = 0; b < INDEX_BLOCKS; b++) {
         uint32_t types = 0;
@@ -336,8 +370,8 @@ overlap_collapse (struct overlap_map *m, uint32_t i)
         index[b] = types << 16 | k;
       }
       index[INDEX_BLOCKS] = n;
+      slot |= SLOT_INDEXED;
     }
-    slot = (uintptr_t) l;
   }
   m->slots[e->window] = slot;
   free (e);
@@ -411,8 +445,8 @@ overlap_expand (struct overlap_map *m, uint64_t wi)
     overlap_summarize (e, frag_start (f[i]),
                        frag_end (f[i]) - frag_start (f[i]));
   }
-  if (n > 1)
-    free ((struct overlap_list *) (uintptr_t) slot);
+  if (slot_is_list (slot))
+    free (slot_ptr (slot));
   m->slots[wi] = (uint64_t) m->nexpanded << 2 | SLOT_EXPANDED;
   m->expanded[m->nexpanded++] = e;
   return e;
@@ -494,7 +528,7 @@ overlap_window_next (const struct overlap_map *m, uint64_t wi, uint32_t in,
   frag_t tmp;
   uint32_t n;
   const frag_t *f = overlap_frags (slot, &tmp, &n);
-  uint32_t i = overlap_search (f, n, in);
+  uint32_t i = overlap_search (f, n, slot_index (slot), in);
   if (i == n)
     return WINDOW_CLUSTERS;
   *type = frag_type (f[i]);
@@ -515,7 +549,7 @@ overlap_window_prev (const struct overlap_map *m, uint64_t wi, uint32_t in)
   frag_t tmp;
   uint32_t n;
   const frag_t *f = overlap_frags (slot, &tmp, &n);
-  uint32_t i = overlap_search (f, n, in);
+  uint32_t i = overlap_search (f, n, slot_index (slot), in);
   if (i < n && frag_start (f[i]) <= in)
     return in + 1;
   return i > 0 ? frag_end (f[i - 1]) : 0;
@@ -565,36 +599,45 @@ overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want)
 {
   uint64_t wi = c >> WINDOW_BITS;
   uint32_t in = c & WINDOW_MASK;
+  const struct overlap_list *l;
+  const frag_t *f, *end;
   uint64_t slot;
   unsigned type = 0;
+  uint32_t e;
 
   if (wi >= m->nslots)
     return 0;
   slot = m->slots[wi];
-  if ((slot & 3) == 0 && slot) {
-    /* A list: through a short one, or the few fragments of in's block
+  switch (slot & 3) {
+  case SLOT_INDEXED:
+    /* The few fragments of in's block, if it holds a structure wanted
      * (the common case with small clusters).
      */
-    const struct overlap_list *l = (const struct overlap_list *) slot;
-    const frag_t *f = l->f, *end = l->f + l->n;
-    if (l->n > INDEX_MIN) {
-      uint32_t e = ((const uint32_t *) end)[in >> 6];
-      if (!(e >> 16 & want))
-        return 0;
-      f += e & 0xffff;
-    }
-    for (; f < end && in >= frag_start (*f); f++)
-      if (in < frag_end (*f)) {
-        type = frag_type (*f);
-        break;
-      }
-  }
-  else if ((slot & 3) == SLOT_EXPANDED)
+    e = slot_index (slot)[in >> 6];
+    if (!(e >> 16 & want))
+      return 0;
+    l = slot_list (slot);
+    f = l->f + (e & 0xffff);
+    break;
+  case SLOT_EXPANDED:
     type = m->expanded[slot >> 2]->type[in];
-  else if ((slot & 3) == SLOT_INLINE &&
-           in >= frag_start (slot >> 2) && in < frag_end (slot >> 2))
-    type = frag_type (slot >> 2);
-  return (want << 1) & (UINT32_C (1) << type) ? type : 0;
+    return type & -((want << 1) >> type & 1);
+  case SLOT_INLINE:
+    if (in >= frag_start (slot >> 2) && in < frag_end (slot >> 2))
+      type = frag_type (slot >> 2);
+    return type & -((want << 1) >> type & 1);
+  default:
+    if (!slot)
+      return 0;
+    l = slot_list (slot);
+    f = l->f;
+  }
+  for (end = l->f + l->n; f < end && in >= frag_start (*f); f++)
+    if (in < frag_end (*f)) {
+      type = frag_type (*f);
+      break;
+    }
+  return type & -((want << 1) >> type & 1);
 }
 
 /* The 1-based type of metadata at cluster c, 0 if none. */
