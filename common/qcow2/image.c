@@ -221,6 +221,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     errno = -r;
     return NULL;
   }
+  img->overlap = &overlap_off;
   pthread_mutex_init (&img->lock, NULL);
   pthread_rwlock_init (&img->data_lock, NULL);
   pthread_cond_init (&img->inflight_done, NULL);

@@ -371,6 +371,7 @@ extern int header_write_features (struct qcow2_image *img);
 
 /* overlap.c */
 #define OL(bit) (UINT32_C (1) << QCOW2_OL_##bit##_BIT)
+extern struct overlap_map overlap_off;
 extern const char *overlap_name (unsigned bit);
 extern struct overlap_map *overlap_create (void);
 extern void overlap_destroy (struct overlap_map *m);

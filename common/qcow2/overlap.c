@@ -171,6 +171,12 @@ overlap_name (unsigned bit)
   return bit < QCOW2_OL_MAX_BITS ? overlap_names[bit].name : "?";
 }
 
+/* The map of an image without the guard (overlap-check=none, or read
+ * only): empty and never changed.  With end 0, overlap_check answers at
+ * its first comparison, and needs no test for a missing map.
+ */
+struct overlap_map overlap_off;
+
 struct overlap_map *
 overlap_create (void)
 {
@@ -180,7 +186,7 @@ overlap_create (void)
 void
 overlap_destroy (struct overlap_map *m)
 {
-  if (!m)
+  if (!m || m == &overlap_off)
     return;
   for (uint64_t i = 0; i < m->nslots; i++)
     if (slot_is_list (m->slots[i]))
@@ -403,6 +409,7 @@ overlap_compact (struct overlap_map *m)
       free (m->slots);
     m->slots = p;
     m->nslots = n;
+    m->end = MIN (m->end, (n << WINDOW_BITS) << m->bits);
   }
   return 0;
 }
@@ -473,8 +480,16 @@ int
 overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
              unsigned value)
 {
+  if (n == 0)
+    return 0;
   if (value) {
     uint64_t lo = first << m->bits, hi = (first + n) << m->bits;
+    uint64_t last_wi = (first + n - 1) >> WINDOW_BITS;
+    int r;
+
+    /* The slots cover end, so that overlap_check need not test it. */
+    if (last_wi >= m->nslots && (r = overlap_grow (m, last_wi)) < 0)
+      return r;
     if (lo >= m->end) {
       /* The file grows: what it skips holds no metadata. */
       m->free_lo = m->end;
@@ -489,14 +504,9 @@ overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
     uint32_t in = first & WINDOW_MASK;
     uint32_t k = MIN (n, WINDOW_CLUSTERS - in);
     struct overlap_expanded *e;
-    int r;
 
-    if (wi >= m->nslots) {
-      if (!value)
-        return 0;
-      if ((r = overlap_grow (m, wi)) < 0)
-        return r;
-    }
+    if (wi >= m->nslots)
+      return 0;                 /* clearing: nothing there */
     if (value || m->slots[wi]) {
       if (!(e = overlap_expand (m, wi)))
         return -ENOMEM;
@@ -592,10 +602,12 @@ overlap_free_start (const struct overlap_map *m, uint64_t c, uint64_t floor)
 
 /* The 1-based type of metadata at cluster c if it is one of the
  * structures in want (bit type - 1), else 0.  Inlined into
- * overlap_check, where it answers most metadata writes.
+ * overlap_check, where it answers most metadata writes; there c lies
+ * below end, which the slots cover (below_end).
  */
 static inline __attribute__ ((always_inline)) unsigned
-overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want)
+overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want,
+                 bool below_end)
 {
   uint64_t wi = c >> WINDOW_BITS;
   uint32_t in = c & WINDOW_MASK;
@@ -605,7 +617,7 @@ overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want)
   unsigned type = 0;
   uint32_t e;
 
-  if (wi >= m->nslots)
+  if (!below_end && wi >= m->nslots)
     return 0;
   slot = m->slots[wi];
   switch (slot & 3) {
@@ -644,7 +656,7 @@ overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want)
 static inline unsigned
 overlap_type_at (const struct overlap_map *m, uint64_t c)
 {
-  return overlap_type_in (m, c, ~UINT32_C (0) >> 1);
+  return overlap_type_in (m, c, ~UINT32_C (0) >> 1, false);
 }
 
 /* The same for callers outside.  A query never expands a window, so it
@@ -660,7 +672,7 @@ static int
 overlap_set_range (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    unsigned value)
 {
-  if (!img->overlap || len == 0)
+  if (img->overlap == &overlap_off || len == 0)
     return 0;
   return overlap_set (img->overlap, offset >> img->cluster_bits,
                       ((offset + len - 1) >> img->cluster_bits)
@@ -694,7 +706,7 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
   unsigned type;
   int r;
 
-  if (!m || len == 0)
+  if (m == &overlap_off || len == 0)
     return 0;
   first = offset >> img->cluster_bits;
   last = (offset + len - 1) >> img->cluster_bits;
@@ -807,12 +819,14 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
                uint32_t ign)
 {
   const struct overlap_map *m = img->overlap;
+  uint64_t first;
   uint32_t checked;
 
   /* The common cases are answered here, with no call.  New clusters of
-   * a growing file first: they lie past all metadata.
+   * a growing file first: they lie past all metadata (and with no
+   * guard, end is 0).
    */
-  if (!m || offset >= m->end)
+  if (offset >= m->end)
     return 0;
   checked = img->overlap_mask & ~ign;
   if (!ign) {
@@ -820,11 +834,12 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
     if (offset >= m->free_lo && offset + len <= m->free_hi)
       return 0;
   }
-  else if (((offset ^ (offset + len - 1)) >> img->cluster_bits) == 0) {
+  else if ((first = offset >> img->cluster_bits) ==
+           (offset + len - 1) >> img->cluster_bits) {
     /* A cluster of a structure written back where it is (len 0 ends
      * in overlap_check_map).
      */
-    if (!overlap_type_in (m, offset >> img->cluster_bits, checked))
+    if (!overlap_type_in (m, first, checked, true))
       return 0;
   }
   return overlap_check_map (img, offset, len, checked);
@@ -922,13 +937,15 @@ int
 overlap_build (struct qcow2_image *img)
 {
   const struct qcow2_header *h = &img->h;
+  struct overlap_map *m;
   int r;
 
   if (!img->overlap_mask)
     return 0;
-  if (!(img->overlap = overlap_create ()))
+  if (!(m = overlap_create ()))
     return -ENOMEM;
-  img->overlap->bits = img->cluster_bits;
+  m->bits = img->cluster_bits;
+  img->overlap = m;
   if ((r = overlap_add_found (img, 0, img->cluster_size,
                               QCOW2_OL_MAIN_HEADER_BIT)) < 0 ||
       (r = overlap_add_found (img, h->l1_table_offset,
