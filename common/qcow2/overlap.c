@@ -239,10 +239,19 @@ overlap_search (const frag_t *f, uint32_t n, const uint32_t *index,
   return lo;
 }
 
-/* Recompute the summary bits of the blocks of [in, in+k). */
+/* Update the summary bits of the blocks of [in, in+k), just set to
+ * value: metadata sets them at once; clearing must look at the rest of
+ * each block.
+ */
 static void
-overlap_summarize (struct overlap_expanded *e, uint32_t in, uint32_t k)
+overlap_summarize (struct overlap_expanded *e, uint32_t in, uint32_t k,
+                   unsigned value)
 {
+  if (value) {
+    e->summary |= (~UINT64_C (0) << (in >> 6)) &
+                  (~UINT64_C (0) >> (63 - ((in + k - 1) >> 6)));
+    return;
+  }
   for (uint32_t b = in >> 6; b <= (in + k - 1) >> 6; b++) {
     uint64_t any = 0, word;
     for (uint32_t i = 0; i < 64; i += 8) {
@@ -450,7 +459,7 @@ overlap_expand (struct overlap_map *m, uint64_t wi)
     memset (e->type + frag_start (f[i]), frag_type (f[i]),
             frag_end (f[i]) - frag_start (f[i]));
     overlap_summarize (e, frag_start (f[i]),
-                       frag_end (f[i]) - frag_start (f[i]));
+                       frag_end (f[i]) - frag_start (f[i]), frag_type (f[i]));
   }
   if (slot_is_list (slot))
     free (slot_ptr (slot));
@@ -511,7 +520,7 @@ overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
       if (!(e = overlap_expand (m, wi)))
         return -ENOMEM;
       memset (e->type + in, value, k);
-      overlap_summarize (e, in, k);
+      overlap_summarize (e, in, k, value);
     }
     first += k;
     n -= k;
