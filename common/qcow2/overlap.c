@@ -139,6 +139,7 @@ struct overlap_map {
   uint64_t nslots;
   struct overlap_expanded *expanded[EXPANDED_MAX];
   uint32_t nexpanded;
+  unsigned bits;                /* log2 of the cluster size */
   uint64_t clock;
   /* Bytes [free_lo, free_hi) hold no metadata of any kind, nor do bytes
    * at or after end (a high-water mark: it never comes down), where a
@@ -146,7 +147,6 @@ struct overlap_map {
    * them with a write as it comes.
    */
   uint64_t free_lo, free_hi, end;
-  unsigned bits;                /* log2 of the cluster size */
 };
 
 /* Each structure's name in messages, and in overlap-check.NAME. */
@@ -634,10 +634,10 @@ overlap_type_in (const struct overlap_map *m, uint64_t c, uint32_t want,
     /* The few fragments of in's block, if it holds a structure wanted
      * (the common case with small clusters).
      */
-    e = slot_index (slot)[in >> 6];
+    e = ((const uint32_t *) (uintptr_t) (slot - SLOT_INDEXED))[in >> 6];
     if (!(e >> 16 & want))
       return 0;
-    l = slot_list (slot);
+    l = (const void *) (uintptr_t) (slot - SLOT_INDEXED + INDEX_BYTES);
     f = l->f + (e & 0xffff);
     break;
   case SLOT_EXPANDED:
