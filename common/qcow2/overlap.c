@@ -9,13 +9,15 @@
  * the expanded windows.  Each window costs one 8-byte slot, and a
  * window with a single fragment (the common case with 64 KiB clusters)
  * holds it in the slot itself, so memory stays near four bytes per
- * metadata fragment.
+ * metadata fragment.  A long list (small clusters) comes with an index
+ * by blocks of 64 clusters.
  *
- * A query is a slot lookup plus a binary search in a short list or one
- * byte of a bitmap: constant time, whatever the size of the image.  A
- * write is checked once for its whole range, and the run of clusters
- * around it known to hold no metadata is remembered, so that the next
- * data write there costs two comparisons.
+ * A query is a slot lookup plus a search of a short list, of one
+ * block's fragments, or one byte of a bitmap: constant time, whatever
+ * the size of the image.  A write is checked once for its whole range.
+ * Most writes need no lookup: those past the highest metadata ever
+ * mapped (a growing file's), and those in the run of clusters known to
+ * hold no metadata that the last range check or the growth left.
  *
  * Called with img->lock held.
  */
