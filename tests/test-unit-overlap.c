@@ -263,6 +263,33 @@ test_growing (unsigned seed)
   free (truth);
 }
 
+/* Two structures alternating cluster by cluster over a whole window
+ * (as a hostile image can lay them out): 4096 fragments when the
+ * window is folded, the most a window can hold.
+ */
+static void
+test_alternating (void)
+{
+  struct overlap_map *m = overlap_create ();
+  size_t mismatches = 0;
+  unsigned type;
+
+  CHECK (m);
+  for (uint64_t c = 4096; c < 8192; c++)
+    CHECK_INT (overlap_set (m, c, 1, 3 + (c & 1) * 2), 0);
+  CHECK_INT (overlap_compact (m), 0);
+  for (uint64_t c = 0; c < 12288; c++) {
+    unsigned want = c >= 4096 && c < 8192 ? 3 + (c & 1) * 2 : 0;
+    mismatches += overlap_type (m, c) != want;
+    if (want)
+      mismatches += overlap_find (m, c, c, UINT32_C (1) << (want - 1),
+                                  &type) != c || type != want;
+  }
+  printf ("alternating window: %zu mismatches\n", mismatches);
+  CHECK_EQ (mismatches, 0);
+  overlap_destroy (m);
+}
+
 int
 main (void)
 {
@@ -272,5 +299,6 @@ main (void)
   test_layout (UINT64_C (100) << 24, 3);
   test_growing (1);
   test_growing (2);
+  test_alternating ();
   return unit_finish ();
 }

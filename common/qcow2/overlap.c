@@ -351,7 +351,7 @@ static int
 overlap_collapse (struct overlap_map *m, uint32_t i)
 {
   struct overlap_expanded *e = m->expanded[i];
-  frag_t f[WINDOW_CLUSTERS / 2];
+  frag_t f[WINDOW_CLUSTERS];    /* two types may alternate */
   uint32_t n = 0;
   uint64_t slot = 0;
 
