@@ -94,49 +94,34 @@ fileio_iov_copy (const struct iovec *in, int cnt, size_t pos, void *flat,
   }
 }
 
-/* Read, with zeros past the end of the file. */
+/* Read (with zeros past the end of the file) or write, looping over
+ * short transfers.
+ */
 static int
-fileio_preadv_fd (int fd, const struct iovec *in, int cnt, uint64_t offset)
+fileio_rw_fd (int fd, const struct iovec *in, int cnt, uint64_t offset,
+              bool write)
 {
   size_t count = fileio_iov_len (in, cnt), done = 0;
   struct iovec iov[QCOW2_IOV_MAX];
 
   while (done < count) {
     int k = fileio_iov_from (in, cnt, done, iov);
-    /* A single buffer reads as pread, as strace users expect. */
-    ssize_t n = k == 1 ? pread (fd, iov[0].iov_base, iov[0].iov_len,
-                                offset + done)
-                       : preadv (fd, iov, k, offset + done);
+    uint64_t at = offset + done;
+    /* A single buffer goes as pread or pwrite, as strace users expect. */
+    ssize_t n =
+      k == 1 && write ? pwrite (fd, iov[0].iov_base, iov[0].iov_len, at)
+      : k == 1 ? pread (fd, iov[0].iov_base, iov[0].iov_len, at)
+      : write ? pwritev (fd, iov, k, at)
+      : preadv (fd, iov, k, at);
     if (n < 0) {
       if (errno == EINTR)
         continue;
       return -errno;
     }
-    if (n == 0) {               /* past the end of the file */
+    if (n == 0 && !write) {     /* past the end of the file */
       for (int i = 0; i < k; i++)
         memset (iov[i].iov_base, 0, iov[i].iov_len);
       return 0;
-    }
-    done += n;
-  }
-  return 0;
-}
-
-static int
-fileio_pwritev_fd (int fd, const struct iovec *in, int cnt, uint64_t offset)
-{
-  size_t count = fileio_iov_len (in, cnt), done = 0;
-  struct iovec iov[QCOW2_IOV_MAX];
-
-  while (done < count) {
-    int k = fileio_iov_from (in, cnt, done, iov);
-    ssize_t n = k == 1 ? pwrite (fd, iov[0].iov_base, iov[0].iov_len,
-                                 offset + done)
-                       : pwritev (fd, iov, k, offset + done);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return -errno;
     }
     done += n;
   }
@@ -148,7 +133,7 @@ fileio_pwrite_fd (int fd, const void *buf, size_t count, uint64_t offset)
 {
   struct iovec iov = { (void *) buf, count };
 
-  return fileio_pwritev_fd (fd, &iov, 1, offset);
+  return fileio_rw_fd (fd, &iov, 1, offset, true);
 }
 
 static int
@@ -157,7 +142,7 @@ fileio_preadv (struct qcow2_io *io, const struct iovec *iov, int cnt,
 {
   if (cnt > QCOW2_IOV_MAX)
     return -EINVAL;
-  return fileio_preadv_fd (fileio_fd (io), iov, cnt, offset);
+  return fileio_rw_fd (fileio_fd (io), iov, cnt, offset, false);
 }
 
 static int
@@ -166,7 +151,7 @@ fileio_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
 {
   if (cnt > QCOW2_IOV_MAX)
     return -EINVAL;
-  return fileio_pwritev_fd (fileio_fd (io), iov, cnt, offset);
+  return fileio_rw_fd (fileio_fd (io), iov, cnt, offset, true);
 }
 
 static int
@@ -324,7 +309,7 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
   if (cnt > QCOW2_IOV_MAX)
     return -EINVAL;
   if (cnt == 1 && fileio_aligned (f->align, iov[0].iov_base, count, offset))
-    return fileio_pwritev_fd (f->fd, iov, 1, offset);
+    return fileio_rw_fd (f->fd, iov, 1, offset, true);
   if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
   while (pos < count) {
