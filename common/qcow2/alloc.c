@@ -238,11 +238,16 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
   /* Without the reserve (lazy refcounts), each new cluster past the
    * durable end of the file would cost a flush before its L2 entry
    * (see write_allocating): extend the file ahead, so that one flush
-   * covers the allocations to come.
+   * covers the allocations to come.  In steps, once less than half
+   * the distance is left: a write per allocation would double the
+   * writes of a sequential fill.
    */
-  if (*zeroed && img->lazy_refcounts)
-    io_extend (img, *host_offset + ((*len + alloc_ahead (img))
-                                    << img->cluster_bits));
+  if (*zeroed && img->lazy_refcounts) {
+    uint64_t end = *host_offset + (*len << img->cluster_bits);
+    uint64_t ahead = alloc_ahead (img) << img->cluster_bits;
+    if (end + ahead / 2 > img->written_end)
+      io_extend (img, end + ahead);
+  }
   return 0;
 }
 
