@@ -396,7 +396,8 @@ extern uint64_t overlap_find (struct overlap_map *m, uint64_t first,
 /* pool.c: reads or writes of one request's pieces by a pool of
  * threads.  The requester fills pieces and n, calls pool_start, may do
  * other work, then pool_finish, which returns once every piece is done
- * (each with its result in r).
+ * (each with its result in r).  Without a pool (p NULL), pool_finish
+ * does the pieces in turn.
  */
 struct pool_piece {
   struct qcow2_io *io;
@@ -420,7 +421,6 @@ struct pool_batch {
   struct pool_batch *prev, *next;
 };
 extern struct io_pool *pool_get (struct qcow2_image *img);
-extern void pool_do_piece (struct pool_piece *piece);
 extern size_t pool_merge (struct pool_piece *pieces, size_t n,
                           struct iovec *iov);
 extern void pool_destroy (struct io_pool *p);

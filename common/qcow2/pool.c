@@ -52,7 +52,7 @@ pool_take (struct io_pool *p, struct pool_batch *b)
   return piece;
 }
 
-void
+static void
 pool_do_piece (struct pool_piece *piece)
 {
   struct qcow2_io *io = piece->io;
@@ -64,11 +64,9 @@ pool_do_piece (struct pool_piece *piece)
     piece->r = io->ops->preadv (io, piece->iov, piece->iovcnt,
                                 piece->offset);
   else if (piece->write)
-    piece->r = piece->io->ops->pwrite (piece->io, piece->buf, piece->len,
-                                       piece->offset);
+    piece->r = io->ops->pwrite (io, piece->buf, piece->len, piece->offset);
   else
-    piece->r = piece->io->ops->pread (piece->io, piece->buf, piece->len,
-                                      piece->offset);
+    piece->r = io->ops->pread (io, piece->buf, piece->len, piece->offset);
 }
 
 /* Pieces (at most QCOW2_IOV_MAX, all of one io) that follow each
@@ -209,6 +207,8 @@ pool_get (struct qcow2_image *img)
 void
 pool_start (struct io_pool *p, struct pool_batch *b)
 {
+  if (!p)
+    return;
   b->taken = b->done = 0;
   b->next = NULL;
   pthread_cond_init (&b->finished, NULL);
@@ -228,6 +228,11 @@ pool_start (struct io_pool *p, struct pool_batch *b)
 void
 pool_finish (struct io_pool *p, struct pool_batch *b)
 {
+  if (!p) {
+    for (size_t i = 0; i < b->n; i++)
+      pool_do_piece (&b->pieces[i]);
+    return;
+  }
   pthread_mutex_lock (&p->lock);
   while (b->taken < b->n)
     pool_run_piece (p, b, pool_take (p, b));

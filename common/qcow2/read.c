@@ -142,17 +142,11 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     if (batch.n < 2)
       pool = NULL;
     /* The pool reads the data while this thread does the rest. */
-    if (pool)
-      pool_start (pool, &batch);
+    pool_start (pool, &batch);
     r = read_other_runs (img, buf, runs, n, offset);
-    if (pool)
-      pool_finish (pool, &batch);
-    else if (r < 0)
-      return r;
+    pool_finish (pool, &batch);
     for (size_t i = 0; i < batch.n; i++) {
       struct pool_piece *p = &pieces[i];
-      if (!pool)
-        pool_do_piece (p);
       if ((r2 = p->r) < 0) {
         qcow2_err (img, "reading %zu bytes of data at host offset %#"
                    PRIx64 ": %s", p->len, p->offset, errstr (-r2));

@@ -513,14 +513,10 @@ static int
 write_pieces (struct qcow2_image *img, struct io_pool *pool,
               struct pool_batch *batch)
 {
-  if (pool) {
-    pool_start (pool, batch);
-    pool_finish (pool, batch);
-  }
+  pool_start (pool, batch);
+  pool_finish (pool, batch);
   for (size_t i = 0; i < batch->n; i++) {
     struct pool_piece *p = &batch->pieces[i];
-    if (!pool)
-      pool_do_piece (p);
     if (p->r < 0)
       return io_data_error (img, p->len, p->offset, p->r);
   }
