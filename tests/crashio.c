@@ -3,6 +3,7 @@
  * since the last flush are kept beside it.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,10 @@ struct crashio_entry {
 
 struct crashio {
   struct qcow2_io io;
+  /* Each operation (hook, contents, log) is done whole under it: the
+   * engine's I/O threads issue some at once.
+   */
+  pthread_mutex_t lock;
   unsigned refs;
   struct qcow2_io *live;        /* the contents now */
   uint8_t *durable;             /* the contents at the last flush */
@@ -110,9 +115,14 @@ static int
 crashio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
 {
   struct crashio *c = crashio_of (io);
-  int r = crashio_call_hook (c, CRASHIO_PREAD, offset, count);
+  int r;
 
-  return r ? r : c->live->ops->pread (c->live, buf, count, offset);
+  pthread_mutex_lock (&c->lock);
+  r = crashio_call_hook (c, CRASHIO_PREAD, offset, count);
+  if (r == 0)
+    r = c->live->ops->pread (c->live, buf, count, offset);
+  pthread_mutex_unlock (&c->lock);
+  return r;
 }
 
 static int
@@ -120,12 +130,15 @@ crashio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
                 uint64_t offset)
 {
   struct crashio *c = crashio_of (io);
-  int r = crashio_call_hook (c, CRASHIO_PWRITE, offset, count);
+  int r;
 
+  pthread_mutex_lock (&c->lock);
+  r = crashio_call_hook (c, CRASHIO_PWRITE, offset, count);
   if (r == 0)
     r = c->live->ops->pwrite (c->live, buf, count, offset);
   if (r == 0)
     crashio_record (c, buf, count, offset);
+  pthread_mutex_unlock (&c->lock);
   return r;
 }
 
@@ -133,12 +146,15 @@ static int
 crashio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
 {
   struct crashio *c = crashio_of (io);
-  int r = crashio_call_hook (c, CRASHIO_PUNCH, offset, count);
+  int r;
 
+  pthread_mutex_lock (&c->lock);
+  r = crashio_call_hook (c, CRASHIO_PUNCH, offset, count);
   if (r == 0)
     r = c->live->ops->punch (c->live, offset, count);
   if (r == 0)
     crashio_record (c, NULL, count, offset);
+  pthread_mutex_unlock (&c->lock);
   return r;
 }
 
@@ -171,13 +187,16 @@ static int
 crashio_flush (struct qcow2_io *io)
 {
   struct crashio *c = crashio_of (io);
-  int r = crashio_call_hook (c, CRASHIO_FLUSH, 0, 0);
+  int r;
 
+  pthread_mutex_lock (&c->lock);
+  r = crashio_call_hook (c, CRASHIO_FLUSH, 0, 0);
   if (r == 0)
     crashio_settle (c);
   else
     for (size_t i = 0; i < c->nlog; i++)
       c->log[i].lost = true;
+  pthread_mutex_unlock (&c->lock);
   return r;
 }
 
@@ -200,6 +219,7 @@ crashio_close (struct qcow2_io *io)
   free (c->log);
   free (c->durable);
   c->live->ops->close (c->live);
+  pthread_mutex_destroy (&c->lock);
   free (c);
 }
 
@@ -218,6 +238,7 @@ crashio_new (const void *data, size_t len)
   struct crashio *c = crashio_xrealloc (NULL, sizeof *c);
 
   memset (c, 0, sizeof *c);
+  pthread_mutex_init (&c->lock, NULL);
   c->io.ops = &crashio_ops;
   c->refs = 1;
   c->live = memio_new (data, len);

@@ -4,7 +4,8 @@
  * crash could leave: the flushed state plus any subset of the later
  * writes, each torn into 512-byte sectors that persist or not on their
  * own (a disk with a volatile cache writes back in any order).  A hook
- * sees every operation first and may fail it with an errno.
+ * sees every operation first and may fail it with an errno.  Threads
+ * may issue operations at once: each is done whole, in turn.
  */
 #ifndef QCOW2_CRASHIO_H
 #define QCOW2_CRASHIO_H

@@ -17,6 +17,7 @@
 #include "qcow2.h"
 #include "memio.h"
 #include "imgbuild.h"
+#include "crashio.h"
 #include "unit.h"
 
 static const struct qcow2_options no_opts;
@@ -1194,69 +1195,27 @@ test_check (void)
   memenv_free (me);
 }
 
-/* A storage that fails, while armed, every read or write of exactly
- * fail_len bytes: the data pieces of a fragmented request, which the
- * engine's I/O pool does on several threads at once.
+/* While armed, every read or write of exactly len bytes fails: the
+ * data pieces of a fragmented request, which the engine's I/O pool does
+ * on several threads at once.
  */
-struct failio {
-  struct qcow2_io io;
-  struct qcow2_io *mem;
-  size_t fail_len;
-  bool fail_reads, fail_writes;
+struct pool_fault {
+  size_t len;
+  bool reads, writes;
 };
 
 static int
-failio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+pool_fault_hook (void *opaque, enum crashio_op op, uint64_t offset,
+                 uint64_t count)
 {
-  struct failio *f = (struct failio *) io;
+  const struct pool_fault *f = opaque;
 
-  if (f->fail_reads && count == f->fail_len)
-    return -EIO;
-  return f->mem->ops->pread (f->mem, buf, count, offset);
+  (void) offset;
+  if (count != f->len)
+    return 0;
+  return (op == CRASHIO_PREAD && f->reads) ||
+    (op == CRASHIO_PWRITE && f->writes) ? EIO : 0;
 }
-
-static int
-failio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
-               uint64_t offset)
-{
-  struct failio *f = (struct failio *) io;
-
-  if (f->fail_writes && count == f->fail_len)
-    return -EIO;
-  return f->mem->ops->pwrite (f->mem, buf, count, offset);
-}
-
-static int
-failio_flush (struct qcow2_io *io)
-{
-  struct failio *f = (struct failio *) io;
-  return f->mem->ops->flush (f->mem);
-}
-
-static int
-failio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
-{
-  struct failio *f = (struct failio *) io;
-  return f->mem->ops->punch (f->mem, offset, count);
-}
-
-static int64_t
-failio_size (struct qcow2_io *io)
-{
-  struct failio *f = (struct failio *) io;
-  return f->mem->ops->size (f->mem);
-}
-
-static void
-failio_close (struct qcow2_io *io)
-{
-  (void) io;                    /* the test owns it */
-}
-
-static const struct qcow2_io_ops failio_ops = {
-  .pread = failio_pread, .pwrite = failio_pwrite, .flush = failio_flush,
-  .punch = failio_punch, .size = failio_size, .close = failio_close,
-};
 
 /* The I/O pool's pieces fail and succeed as the request's: a failed
  * piece fails the whole read or write with its error, the others'
@@ -1267,19 +1226,21 @@ test_pool_errors (void)
 {
   const uint64_t cs = 4096, n = 64;
   struct memenv *me = memenv_new ();
-  struct failio f = { .io.ops = &failio_ops, .fail_len = cs };
+  struct crashio *c = crashio_new (NULL, 0);
+  struct qcow2_io *io = crashio_io (c);
+  struct pool_fault f = { .len = cs };
   struct qcow2_create_options co = { .size = 1 << 20, .cluster_size = cs };
   struct qcow2_options opts = { .io_threads = 3 };
   struct qcow2_image *img;
   uint8_t *want = malloc (n * cs), *got = malloc (n * cs);
 
-  f.mem = memio_new (NULL, 0);
-  if (!me || !f.mem || !want || !got) {
+  if (!me || !want || !got) {
     perror ("test_pool_errors");
     exit (EXIT_FAILURE);
   }
-  CHECK_EQ (qcow2_create (memenv_env (me), &f.io, &co), 0);
-  img = qcow2_open (memenv_env (me), &f.io, "pool.qcow2", &opts);
+  crashio_set_hook (c, pool_fault_hook, &f);
+  CHECK_EQ (qcow2_create (memenv_env (me), io, &co), 0);
+  img = qcow2_open (memenv_env (me), io, "pool.qcow2", &opts);
   if (!CHECK (img != NULL))
     goto out;
   /* Clusters allocated last to first: the range lies backwards in the
@@ -1292,9 +1253,9 @@ test_pool_errors (void)
   CHECK_EQ (qcow2_read (img, got, n * cs, 0), 0);
   CHECK (memcmp (got, want, n * cs) == 0);
 
-  f.fail_reads = true;
+  f.reads = true;
   CHECK_EQ ((uint64_t) -qcow2_read (img, got, n * cs, 0), EIO);
-  f.fail_reads = false;
+  f.reads = false;
   memset (got, 0, n * cs);
   CHECK_EQ (qcow2_read (img, got, n * cs, 0), 0);
   CHECK (memcmp (got, want, n * cs) == 0);
@@ -1304,9 +1265,9 @@ test_pool_errors (void)
    */
   for (uint64_t i = 0; i < n; i++)
     memset (want + i * cs, 0xa0 + (int) (i & 15), cs);
-  f.fail_writes = true;
+  f.writes = true;
   CHECK_EQ ((uint64_t) -qcow2_write (img, want, n * cs, 0, false), EIO);
-  f.fail_writes = false;
+  f.writes = false;
   CHECK_EQ (qcow2_read (img, got, n * cs, 0), 0);
   for (uint64_t i = 0; i < n; i++)
     CHECKF (got[i * cs] == i + 1 || got[i * cs] == want[i * cs],
@@ -1318,14 +1279,15 @@ test_pool_errors (void)
   CHECK_EQ (qcow2_close (img), 0);
 
   /* What reached the storage is a sound image holding the same. */
-  img = qcow2_open (memenv_env (me), &f.io, "pool.qcow2", &no_opts);
+  img = qcow2_open (memenv_env (me), crashio_io (c), "pool.qcow2",
+                    &no_opts);
   if (CHECK (img != NULL)) {
     CHECK_EQ (qcow2_read (img, got, n * cs, 0), 0);
     CHECK (memcmp (got, want, n * cs) == 0);
     qcow2_close (img);
   }
  out:
-  f.mem->ops->close (f.mem);
+  crashio_free (c);
   memenv_free (me);
   free (want);
   free (got);
