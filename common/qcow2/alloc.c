@@ -261,6 +261,30 @@ alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
   return alloc_clusters_upto (img, n, n, host_offset, &len, zeroed);
 }
 
+/* Whether cluster c still has a reference to drop.  In a corrupt
+ * image it may not: the allocator takes a cluster whose refcount is 0
+ * though a table still points at it, and dropping that table's
+ * reference would then free the new owner (an L2 table, say).  So the
+ * reference is left alone, as QEMU leaves a free that would make a
+ * refcount negative, and the error names the cluster.
+ */
+static int
+alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
+{
+  uint64_t rc;
+  int r = refcount_read (img, c, &rc);
+
+  if (r < 0)
+    return r;
+  *has = rc > 0;
+  if (!*has)
+    qcow2_err (img, "corrupt image: a reference to the cluster at host "
+               "offset %#" PRIx64 " is dropped, but its refcount is already "
+               "0: left as is (qemu-img check -r all repairs the image)",
+               c << img->cluster_bits);
+  return 0;
+}
+
 /* Drop one reference from each cluster of [host_offset, +bytes) once
  * the change that dropped it is durable.
  */
@@ -272,6 +296,13 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
   uint64_t last = (host_offset + bytes - 1) >> img->cluster_bits;
 
   for (uint64_t c = first; c <= last; c++) {
+    bool has;
+    int r = alloc_has_reference (img, c, &has);
+
+    if (r < 0)
+      return r;
+    if (!has)
+      continue;
     if (img->pending_len == img->pending_cap) {
       size_t cap = img->pending_cap ? img->pending_cap * 2 : 64;
       uint64_t *p = realloc (img->pending_free, cap * sizeof *p);
@@ -311,9 +342,13 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
 
   for (size_t i = 0; i < n && r == 0; i++) {
     uint64_t c = img->pending_free[i], rc;
+    bool has;
 
-    r = refcount_update (img, c, -1, &rc);
-    if (r == 0 && rc == 0)
+    /* Twice in the queue with one reference: a corrupt image again. */
+    r = alloc_has_reference (img, c, &has);
+    if (r == 0 && has)
+      r = refcount_update (img, c, -1, &rc);
+    if (r == 0 && has && rc == 0)
       alloc_released (img, c);
   }
   /* Frees queued since that flush wait for the next one. */

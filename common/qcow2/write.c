@@ -101,7 +101,27 @@ write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
   return cluster_check_data_offset (img, host, img->cluster_size);
 }
 
-/* Drop this image's reference to the old data of an entry. */
+/* Drop this image's reference to the old data of an entry, at
+ * [host, host+len) in the image file.  Data never lies on metadata: if
+ * an entry says it does (a corrupt image), the reference is left
+ * alone, since dropping it could free a table still in use.
+ */
+static int
+write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len)
+{
+  for (uint64_t c = host >> img->cluster_bits;
+       c <= (host + len - 1) >> img->cluster_bits; c++) {
+    unsigned type = overlap_type (img->overlap, c);
+    if (type) {
+      qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
+                 " lies on the %s: its reference is left as is", host,
+                 overlap_name (type - 1));
+      return 0;
+    }
+  }
+  return alloc_free_later (img, host, len);
+}
+
 static int
 write_release_old (struct qcow2_image *img, const struct l2_state *s)
 {
@@ -109,10 +129,11 @@ write_release_old (struct qcow2_image *img, const struct l2_state *s)
     uint64_t x = img->compressed_offset_bits;
     uint64_t off = s->entry & ((UINT64_C (1) << x) - 1);
     uint64_t sectors = (s->entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
-    return alloc_free_later (img, off & ~UINT64_C (511), (sectors + 1) * 512);
+    return write_release_data (img, off & ~UINT64_C (511),
+                               (sectors + 1) * 512);
   }
   if (s->normal && img->data_io == img->io)
-    return alloc_free_later (img, s->host, img->cluster_size);
+    return write_release_data (img, s->host, img->cluster_size);
   return 0;
 }
 

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Hostile images whose refcounts or L2 entries lie about data clusters,
+# where dropping a reference would free a cluster that is in use:
+#  - a data cluster with refcount 0: once its guest range is zeroed or
+#    trimmed, the allocator may hand the cluster out again, and the
+#    queued free must not then take it from its new owner;
+#  - an L2 entry pointing at its own L2 table: trimming that guest range
+#    must not free the table.
+# Each time the plugin says so, leaves the reference alone, and every
+# write reads back, also after reopening; and qemu-img check finds no
+# corruption left, since the bad reference is gone.
+source "${srcdir:-.}/bad-functions.sh"
+set -e
+requires qemu-img qemu-io nbdsh cmp
+
+base=$tmp/base.qcow2
+qemu-img create -q -f qcow2 -o cluster_size=64k "$base" 4M
+qemu-io -f qcow2 -c 'write -P 0x33 0 128k' "$base" >/dev/null
+reftable=$(qpatch "$base" field refcount_table_offset)
+block=$(qpatch "$base" be64 "$reftable")
+read -r l2e2 _ < <(qpatch "$base" l2-entry 64k)
+data2=$(( l2e2 & 0x00fffffffffffe00 ))
+read -r _ l2e2_at < <(qpatch "$base" l2-entry 64k)
+l2=$(( l2e2_at & ~0xffff ))
+img=$tmp/bad.qcow2
+raw=$tmp/model.raw
+
+# run_client PYTHON: run nbdsh code against $img; the log is $tmp/log.
+run_client ()
+{
+  local rc=0
+  timeout 60 nbdkit -U - qcow2 "$img" --run "nbdsh -u \"\$uri\" -c '$1'" \
+    > "$tmp/log" 2>&1 || rc=$?
+  sed 's/^/    /' "$tmp/log"
+  check_status "serving $img" "$rc" 0 "$tmp/log"
+}
+
+# check_result REGEX CHECK-STATUS: the message was given, the image
+# reads as the model (also through qemu), and qemu-img check exits with
+# CHECK-STATUS (0 clean, 3 leaks only).
+check_result ()
+{
+  local rc=0
+  grep -qE "$1" "$tmp/log" || fail "no message /$1/"
+  run_client 'h.pread(4 << 20, 0)'
+  qemu-img convert -O raw "$img" "$tmp/out.raw"
+  cmp "$raw" "$tmp/out.raw" || fail "$img does not read as the model"
+  qemu-img check "$img" || rc=$?
+  [ "$rc" -eq "$2" ] || fail "qemu-img check: exit $rc, expected $2"
+}
+
+echo "== a data cluster with refcount 0"
+cp "$base" "$img"
+qpatch "$img" be16 $(( block + 2 * (data2 >> 16) )) 0
+# Zeroing drops the reference; the next allocations (after a flush,
+# which applies queued frees) would take the cluster, twice.
+run_client '
+h.zero(128 << 10, 0)
+h.flush()
+h.pwrite(b"\xaa" * 65536, 2 << 20)
+h.flush()
+h.pwrite(b"\xbb" * 65536, 3 << 20)
+h.flush()
+assert h.pread(65536, 2 << 20) == b"\xaa" * 65536
+assert h.pread(65536, 3 << 20) == b"\xbb" * 65536
+'
+/usr/bin/python3 -c '
+import sys
+d = bytearray(4 << 20)
+d[2 << 20:(2 << 20) + 65536] = b"\xaa" * 65536
+d[3 << 20:(3 << 20) + 65536] = b"\xbb" * 65536
+open(sys.argv[1], "wb").write(d)' "$raw"
+check_result "refcount is already 0: left as is" 0
+
+echo "== an L2 entry pointing at its own L2 table"
+cp "$base" "$img"
+qpatch "$img" be64 "$l2e2_at" $(( 0x8000000000000000 | l2 ))
+# The trim queues no free of the table, so after the flush the writes
+# allocate elsewhere and the table keeps mapping guest 0.
+run_client '
+h.trim(65536, 65536)
+h.flush()
+h.pwrite(b"\xcc" * 65536, 2 << 20)
+h.flush()
+h.pwrite(b"\xdd" * 65536, 3 << 20)
+h.flush()
+assert h.pread(65536, 0) == b"\x33" * 65536
+assert h.pread(65536, 2 << 20) == b"\xcc" * 65536
+'
+/usr/bin/python3 -c '
+import sys
+d = bytearray(4 << 20)
+d[0:65536] = b"\x33" * 65536
+d[2 << 20:(2 << 20) + 65536] = b"\xcc" * 65536
+d[3 << 20:(3 << 20) + 65536] = b"\xdd" * 65536
+open(sys.argv[1], "wb").write(d)' "$raw"
+# The data cluster that the entry pointed at before the patch was
+# leaked by the patch itself.
+check_result "guest data at host offset $(printf %#x "$l2") lies on the active L2 table" 3
