@@ -5,7 +5,10 @@
 #    trimmed, the allocator may hand the cluster out again, and the
 #    queued free must not then take it from its new owner;
 #  - an L2 entry pointing at its own L2 table: trimming that guest range
-#    must not free the table.
+#    must not free the table;
+#  - an L2 entry pointing past the end of the file, where the allocator
+#    counts clusters ahead of use: trimming it must not free one of
+#    them.
 # Each time the plugin says so, leaves the reference alone, and every
 # write reads back, also after reopening; and qemu-img check finds no
 # corruption left, since the bad reference is gone.
@@ -97,3 +100,38 @@ open(sys.argv[1], "wb").write(d)' "$raw"
 # The data cluster that the entry pointed at before the patch was
 # leaked by the patch itself.
 check_result "guest data at host offset $(printf %#x "$l2") lies on the active L2 table" 3
+
+echo "== an L2 entry pointing past the end of the file"
+cp "$base" "$img"
+size=$(stat -c %s "$img")
+past=$(( (size + 0xffff) / 0x10000 * 0x10000 + 0x20000 ))
+qpatch "$img" be64 $(( l2e2_at + 8 )) $(( 0x8000000000000000 | past ))
+# The first write and flush count clusters ahead past the end of the
+# file, the bad entry's among them; trimming the entry must not free
+# it, or the writes after the next flush would be given it twice.
+run_client '
+h.pwrite(b"\xee" * 65536, 1 << 20)
+h.flush()
+h.trim(65536, 128 << 10)   # the bad entry
+h.flush()
+for i in range(2, 4):
+    h.pwrite(bytes([0x10 + i]) * 65536, i << 20)
+h.flush()
+for i in range(2, 4):
+    h.pwrite(bytes([0x20 + i]) * 65536, (i << 20) + 65536)
+h.flush()
+assert h.pread(65536, 1 << 20) == b"\xee" * 65536
+for i in range(2, 4):
+    assert h.pread(65536, i << 20) == bytes([0x10 + i]) * 65536
+    assert h.pread(65536, (i << 20) + 65536) == bytes([0x20 + i]) * 65536
+'
+/usr/bin/python3 -c '
+import sys
+d = bytearray(4 << 20)
+d[0:131072] = b"\x33" * 131072
+d[1 << 20:(1 << 20) + 65536] = b"\xee" * 65536
+for i in range(2, 4):
+    d[i << 20:(i << 20) + 65536] = bytes([0x10 + i]) * 65536
+    d[(i << 20) + 65536:(i << 20) + 131072] = bytes([0x20 + i]) * 65536
+open(sys.argv[1], "wb").write(d)' "$raw"
+check_result "guest data at host offset $(printf %#x "$past") lies beyond the end of the file" 0

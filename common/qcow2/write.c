@@ -102,13 +102,20 @@ write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
 }
 
 /* Drop this image's reference to the old data of an entry, at
- * [host, host+len) in the image file.  Data never lies on metadata: if
- * an entry says it does (a corrupt image), the reference is left
- * alone, since dropping it could free a table still in use.
+ * [host, host+len) in the image file.  Data never lies on metadata nor
+ * starts past the end of the file: if an entry says it does (a corrupt
+ * image), the reference is left alone, since dropping it could free a
+ * table still in use, or a cluster the allocator has counted ahead.
  */
 static int
 write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len)
 {
+  if (host >= image_file_size (img)) {
+    qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
+               " lies beyond the end of the file: its reference is left "
+               "as is", host);
+    return 0;
+  }
   for (uint64_t c = host >> img->cluster_bits;
        c <= (host + len - 1) >> img->cluster_bits; c++) {
     unsigned type = overlap_type (img->overlap, c);
