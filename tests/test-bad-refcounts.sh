@@ -3,7 +3,8 @@
 # where dropping a reference would free a cluster that is in use:
 #  - a data cluster with refcount 0: once its guest range is zeroed or
 #    trimmed, the allocator may hand the cluster out again, and the
-#    queued free must not then take it from its new owner;
+#    queued free must not then take it from its new owner; nor, if a
+#    flush has counted it ahead of use for new allocations, from them;
 #  - an L2 entry pointing at its own L2 table: trimming that guest range
 #    must not free the table;
 #  - an L2 entry pointing past the end of the file, where the allocator
@@ -73,7 +74,43 @@ d = bytearray(4 << 20)
 d[2 << 20:(2 << 20) + 65536] = b"\xaa" * 65536
 d[3 << 20:(3 << 20) + 65536] = b"\xbb" * 65536
 open(sys.argv[1], "wb").write(d)' "$raw"
-check_result "refcount is already 0: left as is" 0
+check_result "is dropped, but the cluster is free \\(refcount 0\\): left as is" 0
+
+echo "== data clusters with refcount 0, counted ahead for allocations"
+qemu-img create -q -f qcow2 -o cluster_size=64k "$img" 4M
+qemu-io -f qcow2 -c 'write -P 0x44 0 2M' "$img" >/dev/null
+# Guest 0 unmapped and its cluster free, then the clusters of guest
+# 64k to 1088k with refcount 0: the first allocation takes the free
+# one, and the flush after it counts the next 16 free clusters ahead of
+# use, which are those.  Zeroing their guest ranges must not queue
+# frees of them, or they would be handed out at refcount 0.
+for g in $(seq 0 16); do
+  read -r e _ < <(qpatch "$img" l2-entry $(( g << 16 )))
+  h=$(( e & 0x00fffffffffffe00 ))
+  qpatch "$img" be16 $(( block + 2 * (h >> 16) )) 0
+done
+read -r _ l2e1_at < <(qpatch "$img" l2-entry 0)
+qpatch "$img" be64 "$l2e1_at" 0
+run_client '
+h.pwrite(b"\xaa" * 65536, 3 << 20)
+h.flush()
+h.zero(16 << 16, 65536)
+h.flush()
+for i in range(1, 9):
+    h.pwrite(bytes([0x10 + i]) * 65536, (3 << 20) + (i << 16))
+    h.flush()
+assert h.pread(65536, 3 << 20) == b"\xaa" * 65536
+'
+/usr/bin/python3 -c '
+import sys
+d = bytearray(4 << 20)
+d[17 << 16:2 << 20] = b"\x44" * ((2 << 20) - (17 << 16))
+d[3 << 20:(3 << 20) + 65536] = b"\xaa" * 65536
+for i in range(1, 9):
+    o = (3 << 20) + (i << 16)
+    d[o:o + 65536] = bytes([0x10 + i]) * 65536
+open(sys.argv[1], "wb").write(d)' "$raw"
+check_result "is dropped, but the cluster is free \\(refcount 1, counted ahead for new allocations\\): left as is" 0
 
 echo "== an L2 entry pointing at its own L2 table"
 cp "$base" "$img"

@@ -262,11 +262,12 @@ alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
 }
 
 /* Whether cluster c still has a reference to drop.  In a corrupt
- * image it may not: the allocator takes a cluster whose refcount is 0
- * though a table still points at it, and dropping that table's
- * reference would then free the new owner (an L2 table, say).  So the
- * reference is left alone, as QEMU leaves a free that would make a
- * refcount negative, and the error names the cluster.
+ * image it may not: the allocator takes a cluster whose refcount is 0,
+ * or counts it into the reserve, though a table still points at it,
+ * and dropping that table's reference would then free the new owner
+ * (an L2 table, say).  So the reference is left alone, as QEMU leaves
+ * a free that would make a refcount negative, and the error names the
+ * cluster.
  */
 static int
 alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
@@ -276,12 +277,15 @@ alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
 
   if (r < 0)
     return r;
-  *has = rc > 0;
+  *has = rc > 0 &&
+    !(c >= img->reserve_cur && c < img->reserve_cur_end) &&
+    !(c >= img->reserve_next && c < img->reserve_next_end);
   if (!*has)
     qcow2_err (img, "corrupt image: a reference to the cluster at host "
-               "offset %#" PRIx64 " is dropped, but its refcount is already "
-               "0: left as is (qemu-img check -r all repairs the image)",
-               c << img->cluster_bits);
+               "offset %#" PRIx64 " is dropped, but the cluster is free "
+               "(refcount %" PRIu64 "%s): left as is (qemu-img check -r all "
+               "repairs the image)", c << img->cluster_bits, rc,
+               rc ? ", counted ahead for new allocations" : "");
   return 0;
 }
 
