@@ -5,6 +5,9 @@
 #    trimmed, the allocator may hand the cluster out again, and the
 #    queued free must not then take it from its new owner; nor, if a
 #    flush has counted it ahead of use for new allocations, from them;
+#  - an entry of such a cluster without the copied flag: a write to it
+#    allocates a new cluster, which may be the old one, whose reference
+#    must not then be dropped;
 #  - an L2 entry pointing at its own L2 table: trimming that guest range
 #    must not free the table;
 #  - an L2 entry pointing past the end of the file, where the allocator
@@ -111,6 +114,31 @@ for i in range(1, 9):
     d[o:o + 65536] = bytes([0x10 + i]) * 65536
 open(sys.argv[1], "wb").write(d)' "$raw"
 check_result "is dropped, but the cluster is free \\(refcount 1, counted ahead for new allocations\\): left as is" 0
+
+echo "== an entry without the copied flag, on a cluster with refcount 0"
+cp "$base" "$img"
+qpatch "$img" be64 "$l2e2_at" "$data2"
+qpatch "$img" be16 $(( block + 2 * (data2 >> 16) )) 0
+# The write copies the cluster into a new one, which is the old one
+# (the first free cluster); dropping the old reference would free it.
+run_client '
+h.pwrite(b"\xcc" * 4096, 68 << 10)
+h.flush()
+h.pwrite(b"\xaa" * 65536, 2 << 20)
+h.flush()
+h.pwrite(b"\xbb" * 65536, 3 << 20)
+h.flush()
+assert h.pread(4096, 68 << 10) == b"\xcc" * 4096
+'
+/usr/bin/python3 -c '
+import sys
+d = bytearray(4 << 20)
+d[0:131072] = b"\x33" * 131072
+d[68 << 10:72 << 10] = b"\xcc" * 4096
+d[2 << 20:(2 << 20) + 65536] = b"\xaa" * 65536
+d[3 << 20:(3 << 20) + 65536] = b"\xbb" * 65536
+open(sys.argv[1], "wb").write(d)' "$raw"
+check_result "guest data at host offset $(printf %#x "$data2") lies in a cluster whose refcount said it was free" 0
 
 echo "== an L2 entry pointing at its own L2 table"
 cp "$base" "$img"

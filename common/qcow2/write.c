@@ -102,18 +102,28 @@ write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
 }
 
 /* Drop this image's reference to the old data of an entry, at
- * [host, host+len) in the image file.  Data never lies on metadata nor
- * starts past the end of the file: if an entry says it does (a corrupt
- * image), the reference is left alone, since dropping it could free a
- * table still in use, or a cluster the allocator has counted ahead.
+ * [host, host+len) in the image file, after the entry was pointed at
+ * newly allocated clusters [fresh, fresh+fresh_len).  Data never lies on
+ * metadata nor starts past the end of the file, and its clusters were
+ * not free to allocate: if an entry says otherwise (a corrupt image),
+ * the reference is left alone, since dropping it could free a table
+ * still in use, a cluster the allocator has counted ahead, or the new
+ * data itself.
  */
 static int
-write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len)
+write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
+                    uint64_t fresh, uint64_t fresh_len)
 {
   if (host >= image_file_size (img)) {
     qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
                " lies beyond the end of the file: its reference is left "
                "as is", host);
+    return 0;
+  }
+  if (host < fresh + fresh_len && fresh < host + len) {
+    qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
+               " lies in a cluster whose refcount said it was free: its "
+               "reference is left as is", host);
     return 0;
   }
   for (uint64_t c = host >> img->cluster_bits;
@@ -129,18 +139,21 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len)
   return alloc_free_later (img, host, len);
 }
 
+/* fresh, fresh_len: see write_release_data (0, 0 if none). */
 static int
-write_release_old (struct qcow2_image *img, const struct l2_state *s)
+write_release_old (struct qcow2_image *img, const struct l2_state *s,
+                   uint64_t fresh, uint64_t fresh_len)
 {
   if (s->compressed) {
     uint64_t x = img->compressed_offset_bits;
     uint64_t off = s->entry & ((UINT64_C (1) << x) - 1);
     uint64_t sectors = (s->entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
     return write_release_data (img, off & ~UINT64_C (511),
-                               (sectors + 1) * 512);
+                               (sectors + 1) * 512, fresh, fresh_len);
   }
   if (s->normal && img->data_io == img->io)
-    return write_release_data (img, s->host, img->cluster_size);
+    return write_release_data (img, s->host, img->cluster_size, fresh,
+                               fresh_len);
   return 0;
 }
 
@@ -353,7 +366,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   if (reuse || !zeroed || need_head || need_tail || !old_zero ||
       target >= img->durable_end)
     img->l2_needs_sync_first = true;
-  return reuse ? 0 : write_release_old (img, &s);
+  return reuse ? 0 : write_release_old (img, &s, external ? 0 : target,
+                                        external ? 0 : cs);
 }
 
 /* At most this many clusters are allocated and written together. */
@@ -433,7 +447,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
     img->l2_needs_sync_first = true;
   *done = k * cs;
   for (uint64_t i = 0; i < k; i++)
-    if ((r = write_release_old (img, &old[i])) < 0)
+    if ((r = write_release_old (img, &old[i], target, k * cs)) < 0)
       return r;
   return 0;
 }
@@ -652,7 +666,7 @@ write_zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
   write_encode (img, slice + idx * img->l2_entry_size, entry, bitmap);
   cache_mark_dirty (img->cache, slice);
   img->changed = true;
-  return keep ? 0 : write_release_old (img, &s);
+  return keep ? 0 : write_release_old (img, &s, 0, 0);
 }
 
 /* Zero whole subclusters [offset, offset+len) of one cluster through
