@@ -42,6 +42,19 @@ run_client ()
   check_status "serving $img" "$rc" 0 "$tmp/log"
 }
 
+# model OFFSET:LENGTH:BYTE...: write the disk as it should read to
+# $raw: zeros but for the regions given (Python expressions).
+model ()
+{
+  /usr/bin/python3 -c '
+import sys
+d = bytearray(4 << 20)
+for region in sys.argv[2:]:
+    off, n, byte = (eval(x) for x in region.split(":"))
+    d[off:off + n] = bytes([byte]) * n
+open(sys.argv[1], "wb").write(d)' "$raw" "$@"
+}
+
 # check_result REGEX CHECK-STATUS: the message was given, the image
 # reads as the model (also through qemu), and qemu-img check exits with
 # CHECK-STATUS (0 clean, 3 leaks only).
@@ -71,12 +84,7 @@ h.flush()
 assert h.pread(65536, 2 << 20) == b"\xaa" * 65536
 assert h.pread(65536, 3 << 20) == b"\xbb" * 65536
 '
-/usr/bin/python3 -c '
-import sys
-d = bytearray(4 << 20)
-d[2 << 20:(2 << 20) + 65536] = b"\xaa" * 65536
-d[3 << 20:(3 << 20) + 65536] = b"\xbb" * 65536
-open(sys.argv[1], "wb").write(d)' "$raw"
+model "2<<20:65536:0xaa" "3<<20:65536:0xbb"
 check_result "is dropped, but the cluster is free \\(refcount 0\\): left as is" 0
 
 echo "== data clusters with refcount 0, counted ahead for allocations"
@@ -104,15 +112,8 @@ for i in range(1, 9):
     h.flush()
 assert h.pread(65536, 3 << 20) == b"\xaa" * 65536
 '
-/usr/bin/python3 -c '
-import sys
-d = bytearray(4 << 20)
-d[17 << 16:2 << 20] = b"\x44" * ((2 << 20) - (17 << 16))
-d[3 << 20:(3 << 20) + 65536] = b"\xaa" * 65536
-for i in range(1, 9):
-    o = (3 << 20) + (i << 16)
-    d[o:o + 65536] = bytes([0x10 + i]) * 65536
-open(sys.argv[1], "wb").write(d)' "$raw"
+model "17<<16:(2<<20)-(17<<16):0x44" "3<<20:65536:0xaa" \
+  $(for i in $(seq 1 8); do echo "(3<<20)+($i<<16):65536:$((0x10 + i))"; done)
 check_result "is dropped, but the cluster is free \\(refcount 1, counted ahead for new allocations\\): left as is" 0
 
 echo "== an entry without the copied flag, on a cluster with refcount 0"
@@ -130,14 +131,7 @@ h.pwrite(b"\xbb" * 65536, 3 << 20)
 h.flush()
 assert h.pread(4096, 68 << 10) == b"\xcc" * 4096
 '
-/usr/bin/python3 -c '
-import sys
-d = bytearray(4 << 20)
-d[0:131072] = b"\x33" * 131072
-d[68 << 10:72 << 10] = b"\xcc" * 4096
-d[2 << 20:(2 << 20) + 65536] = b"\xaa" * 65536
-d[3 << 20:(3 << 20) + 65536] = b"\xbb" * 65536
-open(sys.argv[1], "wb").write(d)' "$raw"
+model "0:131072:0x33" "68<<10:4096:0xcc" "2<<20:65536:0xaa" "3<<20:65536:0xbb"
 check_result "guest data at host offset $(printf %#x "$data2") lies in a cluster whose refcount said it was free" 0
 
 echo "== an L2 entry pointing at its own L2 table"
@@ -155,13 +149,7 @@ h.flush()
 assert h.pread(65536, 0) == b"\x33" * 65536
 assert h.pread(65536, 2 << 20) == b"\xcc" * 65536
 '
-/usr/bin/python3 -c '
-import sys
-d = bytearray(4 << 20)
-d[0:65536] = b"\x33" * 65536
-d[2 << 20:(2 << 20) + 65536] = b"\xcc" * 65536
-d[3 << 20:(3 << 20) + 65536] = b"\xdd" * 65536
-open(sys.argv[1], "wb").write(d)' "$raw"
+model "0:65536:0x33" "2<<20:65536:0xcc" "3<<20:65536:0xdd"
 # The data cluster that the entry pointed at before the patch was
 # leaked by the patch itself.
 check_result "guest data at host offset $(printf %#x "$l2") lies on the active L2 table" 3
@@ -190,13 +178,8 @@ for i in range(2, 4):
     assert h.pread(65536, i << 20) == bytes([0x10 + i]) * 65536
     assert h.pread(65536, (i << 20) + 65536) == bytes([0x20 + i]) * 65536
 '
-/usr/bin/python3 -c '
-import sys
-d = bytearray(4 << 20)
-d[0:131072] = b"\x33" * 131072
-d[1 << 20:(1 << 20) + 65536] = b"\xee" * 65536
-for i in range(2, 4):
-    d[i << 20:(i << 20) + 65536] = bytes([0x10 + i]) * 65536
-    d[(i << 20) + 65536:(i << 20) + 131072] = bytes([0x20 + i]) * 65536
-open(sys.argv[1], "wb").write(d)' "$raw"
+model "0:131072:0x33" "1<<20:65536:0xee" \
+  $(for i in 2 3; do
+      echo "$i<<20:65536:$((0x10 + i))" "($i<<20)+65536:65536:$((0x20 + i))"
+    done)
 check_result "guest data at host offset $(printf %#x "$past") lies beyond the end of the file" 0
