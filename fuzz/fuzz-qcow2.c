@@ -212,6 +212,7 @@ capio_new (struct qcow2_io *inner)
   if (!c)
     abort ();
   c->io.ops = &capio_ops;
+  c->io.serial_writes = inner->serial_writes;
   c->inner = inner;
   return &c->io;
 }

@@ -3,8 +3,9 @@
 # random order, so that one guest request maps to many runs scattered
 # in the file.  Reads and overwrites of those runs are done at once by
 # the plugin's I/O threads (io-threads=, default 4), and in turn with
-# io-threads=0; with the page cache and with cache=none (O_DIRECT
-# through aligned bounce buffers, requests unaligned).  diffwrite.py
+# io-threads=0; with the page cache (where overwrites go in turn) and
+# with cache=none (O_DIRECT through aligned bounce buffers, requests
+# unaligned).  diffwrite.py
 # checks every reply against its model while long requests run on two
 # connections; afterwards qemu-img check finds nothing and qemu reads
 # what the model holds.

@@ -515,6 +515,7 @@ fileio_open_with (const char *path, bool readonly,
   f->fd = fd;
   f->align = align;
   f->io.ops = direct ? &fileio_direct_ops : &fileio_ops;
+  f->io.serial_writes = !direct && S_ISREG (st.st_mode);
   if (direct)
     for (unsigned i = 0; i < FILEIO_RMW_LOCKS; i++)
       pthread_mutex_init (&f->rmw[i], NULL);

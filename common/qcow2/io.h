@@ -53,6 +53,12 @@ struct qcow2_io_ops {
 
 struct qcow2_io {
   const struct qcow2_io_ops *ops;
+  /* Writes to this storage wait for each other anyway (a file through
+   * the page cache: the kernel holds the file's lock across a buffered
+   * write), so the pieces of a request are written in turn, not by
+   * threads that would only spin on that lock.
+   */
+  bool serial_writes;
 };
 
 /* How the engine opens the other files an image names (backing files,

@@ -592,7 +592,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
                                &batch.n, &n);
     if (r == 0 && n > 0) {
       /* Releases hold data_lock exclusively: the runs stay ours. */
-      if (batch.n > 1)
+      if (batch.n > 1 && !img->data_io->serial_writes)
         pool = pool_get (img);
       pthread_mutex_unlock (&img->lock);
       r = write_pieces (img, pool, &batch);
