@@ -5,10 +5,9 @@
 # the plugin's I/O threads (io-threads=, default 4), and in turn with
 # io-threads=0; with the page cache (where overwrites go in turn) and
 # with cache=none (O_DIRECT through aligned bounce buffers, requests
-# unaligned).  diffwrite.py
-# checks every reply against its model while long requests run on two
-# connections; afterwards qemu-img check finds nothing and qemu reads
-# what the model holds.
+# unaligned).  diffwrite.py checks every reply against its model while
+# long requests run on two connections; afterwards qemu-img check finds
+# nothing and qemu reads what the model holds.
 source "${srcdir:-.}/write-functions.sh"
 set -e
 
