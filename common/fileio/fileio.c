@@ -21,15 +21,30 @@
 #define FILEIO_BOUNCE_MIN (64u << 10)
 #define FILEIO_BOUNCE_MAX (1u << 20)
 #define FILEIO_MAX_ALIGN 4096
-/* Locks serializing the writes of part of one block (by block). */
-#define FILEIO_RMW_LOCKS 64
+
+/* O_DIRECT: blocks that a write or punch is changing.  A write of part
+ * of a block reads the block, changes it and writes it whole: no other
+ * write or punch may touch the block in between, or the bytes it
+ * changed would be written back stale.  So every O_DIRECT write and
+ * punch registers its blocks while it runs; a read-modify-write waits
+ * until no registered range touches its blocks, and the others wait
+ * only for read-modify-writes (two of them never share a block, since
+ * requests in flight never overlap).
+ */
+struct fileio_range {
+  uint64_t lo, hi;              /* block-aligned bytes [lo, hi) */
+  bool rmw;
+  struct fileio_range *next;
+};
 
 struct fileio {
   struct qcow2_io io;
   int fd;
   /* O_DIRECT only: the alignment of offsets, lengths and buffers. */
   size_t align;
-  pthread_mutex_t rmw[FILEIO_RMW_LOCKS];
+  pthread_mutex_t ranges_lock;  /* guards ranges */
+  pthread_cond_t ranges_done;
+  struct fileio_range *ranges;
 };
 
 static pthread_key_t fileio_bounce_key;
@@ -292,10 +307,49 @@ fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
   return fileio_direct_preadv (io, &iov, 1, offset);
 }
 
+static bool
+fileio_range_conflicts (struct fileio *f, const struct fileio_range *w)
+{
+  for (const struct fileio_range *r = f->ranges; r; r = r->next)
+    if ((r->rmw || w->rmw) && r->lo < w->hi && w->lo < r->hi)
+      return true;
+  return false;
+}
+
+/* Register the blocks of [offset, offset+count), waiting until no
+ * range registered before conflicts.
+ */
+static void
+fileio_range_begin (struct fileio *f, struct fileio_range *w,
+                    uint64_t offset, uint64_t count, bool rmw)
+{
+  w->lo = offset & ~(uint64_t) (f->align - 1);
+  w->hi = (offset + count + f->align - 1) & ~(uint64_t) (f->align - 1);
+  w->rmw = rmw;
+  pthread_mutex_lock (&f->ranges_lock);
+  while (fileio_range_conflicts (f, w))
+    pthread_cond_wait (&f->ranges_done, &f->ranges_lock);
+  w->next = f->ranges;
+  f->ranges = w;
+  pthread_mutex_unlock (&f->ranges_lock);
+}
+
+static void
+fileio_range_end (struct fileio *f, struct fileio_range *w)
+{
+  struct fileio_range **p;
+
+  pthread_mutex_lock (&f->ranges_lock);
+  for (p = &f->ranges; *p != w; p = &(*p)->next)
+    ;
+  *p = w->next;
+  pthread_cond_broadcast (&f->ranges_done);
+  pthread_mutex_unlock (&f->ranges_lock);
+}
+
 /* O_DIRECT write.  A block written only in part is read, changed and
- * written whole, holding its lock so that two writes to different parts
- * of one block do not undo each other; writes that overlap are the
- * caller's to avoid, as always.
+ * written whole, with its range registered (see struct fileio_range);
+ * writes that overlap are the caller's to avoid, as always.
  */
 static int
 fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
@@ -308,8 +362,15 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
 
   if (cnt > QCOW2_IOV_MAX)
     return -EINVAL;
-  if (cnt == 1 && fileio_aligned (f->align, iov[0].iov_base, count, offset))
-    return fileio_rw_fd (f->fd, iov, 1, offset, true);
+  if (cnt == 1 && fileio_aligned (f->align, iov[0].iov_base, count, offset)) {
+    struct fileio_range w;
+    int r;
+
+    fileio_range_begin (f, &w, offset, count, false);
+    r = fileio_rw_fd (f->fd, iov, 1, offset, true);
+    fileio_range_end (f, &w);
+    return r;
+  }
   if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
   while (pos < count) {
@@ -319,22 +380,10 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
     size_t span = (head + n + f->align - 1) & ~(f->align - 1);
     uint64_t last = lo + span - f->align;
     bool part_head = head > 0, part_tail = (head + n) & (f->align - 1);
-    /* The locks of the partial blocks, in order, each once. */
-    unsigned l1 = (lo / f->align) % FILEIO_RMW_LOCKS;
-    unsigned l2 = (last / f->align) % FILEIO_RMW_LOCKS;
-    unsigned locks[2], nlocks = 0;
+    struct fileio_range w;
     int r = 0;
 
-    if (part_head)
-      locks[nlocks++] = l1;
-    if (part_tail && !(nlocks && l1 == l2))
-      locks[nlocks++] = l2;
-    if (nlocks == 2 && locks[0] > locks[1]) {
-      locks[0] = l2;
-      locks[1] = l1;
-    }
-    for (unsigned i = 0; i < nlocks; i++)
-      pthread_mutex_lock (&f->rmw[locks[i]]);
+    fileio_range_begin (f, &w, lo, span, part_head || part_tail);
     if (part_head)
       r = fileio_pread_blocks (f, bounce, f->align, lo);
     if (r == 0 && part_tail && !(part_head && last == lo))
@@ -343,8 +392,7 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
       fileio_iov_copy (iov, cnt, pos, bounce + head, n, false);
       r = fileio_pwrite_fd (f->fd, bounce, span, lo);
     }
-    for (unsigned i = nlocks; i > 0; i--)
-      pthread_mutex_unlock (&f->rmw[locks[i - 1]]);
+    fileio_range_end (f, &w);
     if (r < 0)
       return r;
     pos += n;
@@ -374,6 +422,22 @@ fileio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
                  offset, count) == -1)
     return -errno;
   return 0;
+}
+
+/* Zeros punched into part of a block must not be undone by a
+ * read-modify-write of the block's other bytes.
+ */
+static int
+fileio_direct_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  struct fileio *f = (struct fileio *) io;
+  struct fileio_range w;
+  int r;
+
+  fileio_range_begin (f, &w, offset, count, false);
+  r = fileio_punch (io, offset, count);
+  fileio_range_end (f, &w);
+  return r;
 }
 
 static int64_t
@@ -428,9 +492,10 @@ fileio_close (struct qcow2_io *io)
   struct fileio *f = (struct fileio *) io;
 
   close (f->fd);
-  if (f->align)
-    for (unsigned i = 0; i < FILEIO_RMW_LOCKS; i++)
-      pthread_mutex_destroy (&f->rmw[i]);
+  if (f->align) {
+    pthread_mutex_destroy (&f->ranges_lock);
+    pthread_cond_destroy (&f->ranges_done);
+  }
   free (f);
 }
 
@@ -453,7 +518,7 @@ static const struct qcow2_io_ops fileio_direct_ops = {
   .preadv = fileio_direct_preadv,
   .pwritev = fileio_direct_pwritev,
   .flush = fileio_flush,
-  .punch = fileio_punch,
+  .punch = fileio_direct_punch,
   .size = fileio_size,
   .hole = fileio_hole,
   .allocated = fileio_allocated,
@@ -516,9 +581,11 @@ fileio_open_with (const char *path, bool readonly,
   f->align = align;
   f->io.ops = direct ? &fileio_direct_ops : &fileio_ops;
   f->io.serial_writes = !direct && S_ISREG (st.st_mode);
-  if (direct)
-    for (unsigned i = 0; i < FILEIO_RMW_LOCKS; i++)
-      pthread_mutex_init (&f->rmw[i], NULL);
+  f->ranges = NULL;
+  if (direct) {
+    pthread_mutex_init (&f->ranges_lock, NULL);
+    pthread_cond_init (&f->ranges_done, NULL);
+  }
   return &f->io;
 
  err:
