@@ -61,11 +61,11 @@ alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
        idx <= (first + n - 1) >> per_block_bits; idx++) {
     if (idx < img->reftable_size && img->reftable[idx])
       continue;
-    /* Counting a cluster of this block's range creates it. */
-    uint64_t c = MAX (first, idx << per_block_bits);
-    int r = refcount_update (img, c, 1, NULL);
-    if (r == 0)
-      r = refcount_update (img, c, -1, NULL);
+    /* Made directly, not by counting a cluster of its range: the block
+     * lands in the range's first cluster, which would then be counted
+     * twice (past the maximum of 1-bit refcounts).
+     */
+    int r = refcount_new_block (img, idx);
     if (r < 0)
       return r;
     made = 1;

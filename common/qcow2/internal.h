@@ -367,6 +367,7 @@ extern int io_write_checked (struct qcow2_image *img, const void *buf,
                              uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
 extern void flush_mark_dirty (struct qcow2_image *img);
+extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
 extern int header_write_features (struct qcow2_image *img);
 
 /* overlap.c */

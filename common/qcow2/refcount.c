@@ -102,7 +102,7 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
  * one and describes itself.  Its table entry reaches the disk at flush,
  * after the block itself (see flush.c).
  */
-static int
+int
 refcount_new_block (struct qcow2_image *img, uint64_t idx)
 {
   uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
