@@ -27,16 +27,16 @@ backing_resolve (const char *image_path, const char *name)
 
 static struct qcow2_io *
 backing_open_file (struct qcow2_image *img, const char *what,
-                   const char *path, char **id)
+                   const char *path, bool readonly, char **id)
 {
   struct qcow2_io *io;
 
   *id = NULL;
-  io = img->env->open (img->env->opaque, path, true, id);
+  io = img->env->open (img->env->opaque, path, readonly, id);
   if (!io) {
     int e = errno;
-    qcow2_err (img, "cannot open %s \"%s\": %s", what, path,
-               *id ? *id : errstr (e));
+    qcow2_err (img, "cannot open %s \"%s\"%s: %s", what, path,
+               readonly ? "" : " for writing", *id ? *id : errstr (e));
     free (*id);
     *id = NULL;
     errno = e;
@@ -50,7 +50,9 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
 {
   const char *name = img->h.backing_file;
   const char *format = img->h.backing_format;
-  struct qcow2_options layer_opts = { .debug_cache = opts->debug_cache };
+  struct qcow2_options layer_opts = {
+    .debug_cache = opts->debug_cache, .readonly = true,
+  };
   struct qcow2_io *io;
   char *path, *id;
 
@@ -73,7 +75,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   path = backing_resolve (img->path, name);
   if (!path)
     return -ENOMEM;
-  io = backing_open_file (img, "backing file", path, &id);
+  io = backing_open_file (img, "backing file", path, true, &id);
   if (!io) {
     int e = errno;
     free (path);
@@ -127,7 +129,9 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   }
   if (!path)
     return -ENOMEM;
-  img->data_io = backing_open_file (img, "external data file", path, &id);
+  /* Written with the image: guest data lives there. */
+  img->data_io = backing_open_file (img, "external data file", path,
+                                    opts->readonly || opts->snapshot, &id);
   free (path);
   free (id);
   if (!img->data_io) {

@@ -290,10 +290,12 @@ cache_read_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i,
 {
   int r = img->io->ops->pread (img->io, cache_data (c, i), c->entry_size,
                                host_offset);
-  if (r < 0)
+  if (r < 0) {
     qcow2_err (img, "reading %s at %#" PRIx64 ": %s", c->what,
                host_offset, errstr (-r));
-  return r;
+    return io_errno (r);
+  }
+  return 0;
 }
 
 /* Find the entry at host_offset (entry aligned, already checked to lie

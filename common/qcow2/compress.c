@@ -88,6 +88,7 @@ compress_read_cluster (struct qcow2_image *img, uint64_t comp_offset,
   if (r < 0) {
     qcow2_err (img, "reading compressed cluster at %#" PRIx64 ": %s",
                comp_offset, errstr (-r));
+    r = io_errno (r);
     goto out;
   }
   if (img->h.compression_type == QCOW2_COMPRESSION_ZSTD)

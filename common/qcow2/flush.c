@@ -55,14 +55,13 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
 {
   int r = overlap_check (img, offset, len, may_touch);
 
-  if (r == 0)
-    r = img->io->ops->pwrite (img->io, buf, len, offset);
+  if (r < 0)
+    return r;                   /* the guard said why */
+  r = img->io->ops->pwrite (img->io, buf, len, offset);
   if (r < 0) {
-    if (r == -EIO)
-      return r;               /* the guard said why */
     qcow2_err (img, "writing %s at %#" PRIx64 ": %s", what, offset,
                errstr (-r));
-    return r;
+    return io_errno (r);
   }
   io_note_end (img, offset + len);
   io_note_written (img, offset + len);
@@ -100,13 +99,15 @@ io_check_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
   return img->data_io == img->io ? overlap_check (img, offset, len, 0) : 0;
 }
 
-/* Report a failed write of guest data; returns r. */
+/* Report a failed write of guest data; returns what the client is
+ * told.
+ */
 int
 io_data_error (struct qcow2_image *img, uint64_t len, uint64_t offset, int r)
 {
   qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
              PRIx64 ": %s", len, offset, errstr (-r));
-  return r;
+  return io_errno (r);
 }
 
 /* Write guest data that io_check_data passed; needs no lock. */
@@ -175,13 +176,13 @@ io_flush (struct qcow2_image *img)
       (r = img->data_io->ops->flush (img->data_io)) < 0) {
     qcow2_err (img, "flushing the external data file: %s", errstr (-r));
     io_flush_failed (img);
-    return r;
+    return io_errno (r);
   }
   r = img->io->ops->flush (img->io);
   if (r < 0) {
     qcow2_err (img, "flushing: %s", errstr (-r));
     io_flush_failed (img);
-    return r;
+    return io_errno (r);
   }
   img->flushes++;
   img->durable_end = end;

@@ -4,6 +4,7 @@
 #ifndef QCOW2_INTERNAL_H
 #define QCOW2_INTERNAL_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -227,6 +228,24 @@ struct qcow2_image {
   pthread_cond_t inflight_done;
 };
 
+/* What a client is told of a failed host read, write or flush.  NBD
+ * has no error for most of what storage fails with (a bad file
+ * descriptor would reach the client as EINVAL, "bad request"), so all
+ * but a full disk and a lack of memory are EIO.
+ */
+static inline int
+io_errno (int r)
+{
+  switch (r) {
+  case -ENOSPC: case -EDQUOT: case -EFBIG:
+    return -ENOSPC;
+  case -ENOMEM:
+    return r;
+  default:
+    return -EIO;
+  }
+}
+
 /* The file size, for callers that do not hold img->lock. */
 static inline uint64_t
 image_file_size (const struct qcow2_image *img)
@@ -323,6 +342,7 @@ extern int refcount_detect_metadata_prealloc (struct qcow2_image *img,
                                               bool *prealloc);
 extern int refcount_update (struct qcow2_image *img, uint64_t cluster,
                             int64_t delta, uint64_t *result);
+extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
 
 /* alloc.c */
 extern int alloc_find_free (struct qcow2_image *img, uint64_t n,
@@ -367,7 +387,6 @@ extern int io_write_checked (struct qcow2_image *img, const void *buf,
                              uint64_t len, uint64_t offset);
 extern int flush_close (struct qcow2_image *img);
 extern void flush_mark_dirty (struct qcow2_image *img);
-extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
 extern int header_write_features (struct qcow2_image *img);
 
 /* overlap.c */

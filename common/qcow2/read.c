@@ -86,10 +86,12 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
 {
   if (img->raw) {
     int r = img->io->ops->pread (img->io, buf, count, offset);
-    if (r < 0)
+    if (r < 0) {
       qcow2_err (img, "reading %" PRIu64 " bytes at %#" PRIx64 ": %s",
                  count, offset, errstr (-r));
-    return r;
+      return io_errno (r);
+    }
+    return 0;
   }
 
   while (count > 0) {
@@ -150,7 +152,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
       if ((r2 = p->r) < 0) {
         qcow2_err (img, "reading %zu bytes of data at host offset %#"
                    PRIx64 ": %s", p->len, p->offset, errstr (-r2));
-        return r2;
+        return io_errno (r2);
       }
     }
     if (r < 0)

@@ -284,6 +284,11 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     start = 0;
     end = cs;
   }
+  /* An external data file holds nothing past the end of the disk (a
+   * raw one is as long as the disk).
+   */
+  if (external)
+    end = MIN (end, img->size - cstart);
 
   if (start < in &&
       (r = write_reads_zero (img, cstart + start, in - start, &need_head)) < 0)
@@ -452,8 +457,9 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   return 0;
 }
 
-/* Where an in-place write of [offset, offset+len) goes, or 0 if the
- * write must allocate.  The caller writes there.
+/* Where an in-place write of [offset, offset+len) goes: returns 1 and
+ * sets *host (0 is a valid offset in an external data file), or 0 if
+ * the write must allocate.  The caller writes there.
  */
 static int
 write_in_place_target (struct qcow2_image *img, uint64_t offset,
@@ -465,7 +471,6 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
   uint64_t idx;
   int r;
 
-  *host = 0;
   if ((r = cluster_l2_slice (img, offset, false, &slice, &idx)) < 0)
     return r;
   if (!slice)
@@ -482,7 +487,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
     return r;
   *host = s.host + in;
   img->changed = true;          /* the data needs the next flush */
-  return 0;
+  return 1;
 }
 
 static int
@@ -528,7 +533,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
 
     if ((r = write_in_place_target (img, offset + *len, more, &host)) < 0)
       return r;
-    if (!host)
+    if (r == 0)
       break;
     if (last && last->offset + last->len == host)
       last->len += more;
@@ -618,6 +623,34 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
   return r;
 }
 
+/* Guest data at [host, host+len) of an external data file is gone (the
+ * entry now reads as zeros or the backing file).  Its space goes back
+ * to the host, as QEMU passes discards down, unless keep (a zero that
+ * keeps the allocation); and a raw data file, which must read as the
+ * guest's disk, gets zeros: punched, else written.
+ */
+static int
+write_clear_external (struct qcow2_image *img, uint64_t host, uint64_t len,
+                      bool keep)
+{
+  struct qcow2_io *io = img->data_io;
+  uint8_t *zeros;
+  int r;
+
+  if (!keep && img->discard && io->ops->punch &&
+      io->ops->punch (io, host, len) == 0)
+    return 0;
+  if (!img->data_file_raw || host >= img->size)
+    return 0;
+  /* A raw data file is as long as the disk. */
+  len = MIN (len, img->size - host);
+  if (!(zeros = calloc (1, len)))
+    return -ENOMEM;
+  r = io_write_checked (img, zeros, len, host);
+  free (zeros);
+  return r;
+}
+
 /* Zero or trim one whole cluster through its L2 entry.  trim: leave
  * the cluster reading as what a discard leaves (QEMU's rules: zeros on
  * v3, the backing file on v2); else make it read as zeros, keeping the
@@ -666,14 +699,19 @@ write_zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
   write_encode (img, slice + idx * img->l2_entry_size, entry, bitmap);
   cache_mark_dirty (img->cache, slice);
   img->changed = true;
+  if (img->data_io != img->io)
+    return s.normal ? write_clear_external (img, s.host, img->cluster_size,
+                                            keep) : 0;
   return keep ? 0 : write_release_old (img, &s, 0, 0);
 }
 
 /* Zero whole subclusters [offset, offset+len) of one cluster through
  * the bitmap.  Returns 1 if that cannot be done (compressed cluster).
+ * keep: see write_clear_external.
  */
 static int
-write_zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len)
+write_zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                  bool keep)
 {
   uint64_t in = offset & (img->cluster_size - 1);
   uint64_t mask = write_unit_mask (img, in, in + len);
@@ -688,11 +726,13 @@ write_zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len)
   if (s.compressed || (s.normal && !s.copied))
     return 1;
   bitmap = (s.bitmap & L2_ALL_ALLOC & ~mask) | ((s.bitmap >> 32) | mask) << 32;
-  if (bitmap != s.bitmap) {
-    write_encode (img, slice + idx * img->l2_entry_size, s.entry, bitmap);
-    cache_mark_dirty (img->cache, slice);
-    img->changed = true;
-  }
+  if (bitmap == s.bitmap)
+    return 0;
+  write_encode (img, slice + idx * img->l2_entry_size, s.entry, bitmap);
+  cache_mark_dirty (img->cache, slice);
+  img->changed = true;
+  if (img->data_io != img->io && s.normal && img->data_file_raw)
+    return write_clear_external (img, s.host + in, len, keep);
   return 0;
 }
 
@@ -732,7 +772,7 @@ write_zeros_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
   if (!zeros)
     return -ENOMEM;
   r = write_in_place_target (img, offset, n, &host);
-  if (r == 0 && host)
+  if (r == 1)
     r = io_write_data (img, zeros, n, host);
   else if (r == 0)
     r = write_allocating (img, zeros, offset, n, false);
@@ -780,7 +820,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
     if (r == 0 && how == ZERO_METADATA)
       r = write_zero_cluster (img, offset, false, may_trim);
     else if (r == 0 && how == ZERO_UNITS)
-      r = write_zero_units (img, offset, n);
+      r = write_zero_units (img, offset, n, !may_trim);
     if (r == 1 || (r == 0 && how == ZERO_DATA))
       r = write_zeros_as_data (img, offset, n);
     pthread_mutex_unlock (&img->lock);
