@@ -6,6 +6,7 @@
 #    partial cluster that does not read as zeros);
 #  - trim frees clusters: the file's allocated space shrinks, freed
 #    clusters are reused by later writes instead of growing the file;
+#    on v2 over a backing file it keeps the data (no zero flag);
 #    discard=ignore offers no trim;
 #  - afterwards qemu-img check is clean and qemu reads what we expect.
 source "${srcdir:-.}/functions.sh"
@@ -53,6 +54,19 @@ h.flush()
 qemu-img check -q "$img" || fail "qemu-img check $img"
 qemu-io -f qcow2 -c 'read -P 0 0 64k' -c 'read -P 7 64k 1M' "$img" >/dev/null ||
   fail "v2 zero contents"
+
+# v2 over a backing file has no zero flag: a trim that freed a cluster
+# would show the backing file's stale data again, so (as QEMU since
+# 5.0) it keeps the data, and nothing leaks.
+qemu-io -f qcow2 -c 'write -P 0x11 1M 1M' "$img" >/dev/null
+nbdkit -U - qcow2 "$img" --run 'nbdsh -u "$uri" -c "
+h.trim(512 * 1024, 1024 * 1024)
+h.flush()
+assert h.pread(512 * 1024, 1024 * 1024) == b\"\\x11\" * (512 * 1024)
+"' || fail "v2 trim over a backing file"
+qemu-img check -q "$img" || fail "qemu-img check $img after a v2 trim"
+qemu-io -f qcow2 -c 'read -P 0x11 1M 1M' "$img" >/dev/null ||
+  fail "v2 trim over a backing file changed the data"
 
 # Trim frees space, which later writes reuse.
 img=$tmp/trim.qcow2

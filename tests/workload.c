@@ -372,9 +372,15 @@ wl_setup (const struct wl_config *cfg, uint64_t seed, struct wl_setup *s)
     abort ();
   if (cfg->backing)
     wl_setup_backing (cfg, s, s->trimmed);
-  /* A trim leaves zeros, but on v2 it shows the backing file. */
-  if (!cfg->v2)
-    memset (s->trimmed, 0, cfg->size);
+  /* A trim leaves zeros; on v2 over a backing file (no zero flag) it
+   * changes nothing, as in QEMU: the backing file's stale data would
+   * show.
+   */
+  memset (s->trimmed, 0, cfg->size);
+  if (cfg->v2 && cfg->backing) {
+    free (s->trimmed);
+    s->trimmed = NULL;
+  }
 
   if (cfg->built)
     wl_setup_built (cfg, seed, s);
@@ -537,7 +543,7 @@ wl_op_fill (const struct wl_model *m, const struct wl_op *op, uint64_t o,
     wl_trim_range (m, op->offset, op->len, &s, &e);
     s = MAX (s, o);
     e = MIN (e, o + len);
-    if (s >= e) {
+    if (s >= e || !m->trimmed) {
       *to = 0;
       break;
     }

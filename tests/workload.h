@@ -76,7 +76,7 @@ struct wl_model {
   uint8_t *acked;               /* after the last completed request */
   uint8_t *durable;             /* as last made durable */
   uint8_t *dirty;               /* 1: touched since it was made durable */
-  const uint8_t *trimmed;       /* what a trim leaves (v2: the backing file) */
+  const uint8_t *trimmed;       /* what a trim leaves, or NULL: nothing */
   struct wl_op *since;          /* requests since the last flush */
   size_t nsince, capsince;
 };
@@ -87,7 +87,7 @@ struct wl_setup {
   uint8_t *image;
   size_t len;
   struct memenv *me;            /* the backing file, if any */
-  uint8_t *trimmed;             /* size bytes: what a trim leaves */
+  uint8_t *trimmed;             /* size bytes: what a trim leaves, or NULL */
 };
 extern void wl_setup (const struct wl_config *cfg, uint64_t seed,
                       struct wl_setup *s);

@@ -651,9 +651,9 @@ write_clear_external (struct qcow2_image *img, uint64_t host, uint64_t len,
   return r;
 }
 
-/* Zero or trim one whole cluster through its L2 entry.  trim: leave
- * the cluster reading as what a discard leaves (QEMU's rules: zeros on
- * v3, the backing file on v2); else make it read as zeros, keeping the
+/* Zero or trim one whole cluster through its L2 entry.  trim: free
+ * the cluster, leaving it reading as zeros (qcow2_trim never frees on
+ * v2 over a backing file); else make it read as zeros, keeping the
  * allocation unless may_trim.  Returns 1 if the cluster needs zeros
  * written as data instead (v2 over a backing file).
  */
@@ -844,7 +844,11 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
 
   if ((r = write_check (img, count, offset)) < 0)
     return r;
-  if (!img->discard)
+  /* A version 2 image has no zero flag: a discarded cluster would read
+   * its backing file's stale data again, so, as QEMU (since 5.0), trim
+   * keeps the data.
+   */
+  if (!img->discard || (img->h.version < 3 && img->backing))
     return 0;
   /* The last cluster of the disk may be partial: trimming to the end of
    * the disk covers it.
