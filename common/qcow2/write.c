@@ -159,9 +159,30 @@ write_release_old (struct qcow2_image *img, const struct l2_state *s,
 
 /* A guest range an allocating write works on with img->lock released,
  * so that concurrent requests' copy-on-write reads and data writes
- * overlap.  Until it ends, no other write or zero changes the range's
- * L2 entries, so what the owner decoded before releasing the lock
- * stays true; reads see the old contents.
+ * overlap.
+ *
+ * What each request excludes, and how (requests in flight never touch
+ * the same bytes: NBD leaves that undefined):
+ *  - Writes, zeroes and trims change L2 entries only under img->lock,
+ *    and only of clusters no claim covers: they wait for claims over
+ *    the cluster they start in (write_inflight_wait), and stop before
+ *    any other claimed cluster.
+ *  - An allocating write claims its clusters before it releases the
+ *    lock to copy and write, and updates their entries once it holds
+ *    the lock again; meanwhile no one else changes those entries, so
+ *    what it decoded stays true.  Reads see the old contents until then.
+ *  - In-place writes take no claim: they write only their client's
+ *    bytes, into (sub)clusters already mapped, and change no entry.
+ *    So an allocating write never writes back a copy of an allocated
+ *    (sub)cluster's bytes, which an in-place write may be changing:
+ *    there it writes only its own client's bytes (write_allocating).
+ *    What it copies comes from the backing file, a compressed cluster
+ *    or a cluster shared with a snapshot, which no one writes in place.
+ *    In-place runs mapped after a claim stop at its cluster.
+ *  - On an O_DIRECT file, two writes to different bytes of one block
+ *    are kept apart by the file backend (its read-modify-write ranges).
+ *  - Clusters are freed holding data_lock exclusively: no request
+ *    still uses a host offset it mapped.
  */
 struct write_inflight {
   uint64_t start, end;
@@ -279,6 +300,13 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     start = in & ~(img->subcluster_size - 1);
     end = MIN (cs, (in + len + img->subcluster_size - 1)
                & ~(img->subcluster_size - 1));
+    /* An allocated subcluster holds the guest's data, which in-place
+     * writes may be changing now: only the client's bytes go there.
+     */
+    if (reuse && (s.bitmap >> (in >> img->subcluster_bits) & 1))
+      start = in;
+    if (reuse && (s.bitmap >> ((in + len - 1) >> img->subcluster_bits) & 1))
+      end = in + len;
   }
   else {
     start = 0;
@@ -307,8 +335,11 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    */
   if (zeroed)
     io_note_end (img, target + cs);
-  /* Only the client's data if nothing around it needs copying. */
-  simple = !need_head && !need_tail && zeroed;
+  /* Only the client's data where nothing around it needs writing: no
+   * head or tail, or zeros over a new cluster that reads as zeros.
+   */
+  simple = (start == in || (zeroed && !need_head)) &&
+    (end == in + len || (zeroed && !need_tail));
   wstart = simple ? in : start;
   wend = simple ? in + len : end;
   r = io_check_data (img, wend - wstart, target + wstart);
@@ -531,6 +562,8 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
     struct pool_piece *last = *n ? &pieces[*n - 1] : NULL;
     uint64_t host;
 
+    if (write_inflight_overlaps (img, offset + *len, offset + *len + more))
+      break;                    /* claimed: see struct write_inflight */
     if ((r = write_in_place_target (img, offset + *len, more, &host)) < 0)
       return r;
     if (r == 0)
