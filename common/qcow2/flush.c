@@ -46,12 +46,10 @@ io_note_written (struct qcow2_image *img, uint64_t end)
   img->written_end = MAX (img->written_end, end);
 }
 
-/* Every write to the image file goes through the overlap guard: a
- * metadata write may touch only the structures in may_touch.
- */
-int
-io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
-               uint64_t offset, const char *what, uint32_t may_touch)
+static int
+io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
+                         uint64_t len, uint64_t offset, const char *what,
+                         uint32_t may_touch)
 {
   int r = overlap_check (img, offset, len, may_touch);
 
@@ -66,6 +64,24 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
   io_note_end (img, offset + len);
   io_note_written (img, offset + len);
   return 0;
+}
+
+/* Every metadata write to the image file goes through the overlap
+ * guard: it may touch only the structures in may_touch.  Once the
+ * image is marked corrupt (by the guard, perhaps while this request
+ * was under way), no metadata is written but the header's feature
+ * bits.
+ */
+int
+io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
+               uint64_t offset, const char *what, uint32_t may_touch)
+{
+  if (qcow2_is_corrupt (img)) {
+    qcow2_err (img, "not writing %s at %#" PRIx64 ": the image is marked "
+               "corrupt", what, offset);
+    return -EIO;
+  }
+  return io_write_meta_unchecked (img, buf, len, offset, what, may_touch);
 }
 
 /* Make the file at least end bytes long (a hole), so that the next
@@ -141,7 +157,7 @@ flush_mark_dirty (struct qcow2_image *img)
 
   if (h->version < 3 || (h->incompatible_features & QCOW2_INCOMPAT_DIRTY))
     return;
-  h->incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+  image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
   if (header_write_features (img) == 0 && !img->flush_failed)
     io_flush (img);
 }
@@ -304,7 +320,9 @@ flush_locked (struct qcow2_image *img)
   return 0;
 }
 
-/* Patch the feature bit fields of a v3 header in place. */
+/* Patch the feature bit fields of a v3 header in place (also on an
+ * image marked corrupt: that is how the mark is written).
+ */
 int
 header_write_features (struct qcow2_image *img)
 {
@@ -312,12 +330,13 @@ header_write_features (struct qcow2_image *img)
   int r;
 
   be64_put (buf, img->h.incompatible_features);
-  r = io_write_meta (img, buf, 8, HDR_INCOMPAT, "header", OL (MAIN_HEADER));
+  r = io_write_meta_unchecked (img, buf, 8, HDR_INCOMPAT, "header",
+                               OL (MAIN_HEADER));
   if (r < 0)
     return r;
   be64_put (buf, img->h.autoclear_features);
-  return io_write_meta (img, buf, 8, HDR_AUTOCLEAR, "header",
-                        OL (MAIN_HEADER));
+  return io_write_meta_unchecked (img, buf, 8, HDR_AUTOCLEAR, "header",
+                                  OL (MAIN_HEADER));
 }
 
 static int
@@ -343,12 +362,18 @@ flush_begin_write (struct qcow2_image *img)
   bool dirty;
   int r;
 
+  /* Every write, zero and trim passes here under img->lock, cluster by
+   * cluster: one the overlap guard marked corrupt since the request
+   * began goes no further.
+   */
+  if (qcow2_is_corrupt (img))
+    return qcow2_check_writable (img);
   if (img->write_started)
     return 0;
   if (h->incompatible_features & QCOW2_INCOMPAT_DIRTY) {
     if ((r = check_rebuild_refcounts (img)) < 0)
       return r;
-    h->incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+    image_clear_incompat (img, QCOW2_INCOMPAT_DIRTY);
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
     qcow2_notice (img, "the image was not closed cleanly (dirty bit set): "
@@ -370,7 +395,7 @@ flush_begin_write (struct qcow2_image *img)
   }
   dirty = img->lazy_refcounts && h->version >= 3;
   if (dirty) {
-    h->incompatible_features |= QCOW2_INCOMPAT_DIRTY;
+    image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
   }
@@ -403,7 +428,7 @@ flush_close (struct qcow2_image *img)
        (r = io_flush (img)) < 0))
     return r;
   if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {
-    img->h.incompatible_features &= ~QCOW2_INCOMPAT_DIRTY;
+    image_clear_incompat (img, QCOW2_INCOMPAT_DIRTY);
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
   }

@@ -380,7 +380,7 @@ qcow2_check_writable (struct qcow2_image *img)
 bool
 qcow2_is_corrupt (const struct qcow2_image *img)
 {
-  return img->h.incompatible_features & QCOW2_INCOMPAT_CORRUPT;
+  return image_incompat (img) & QCOW2_INCOMPAT_CORRUPT;
 }
 
 int

@@ -246,6 +246,29 @@ io_errno (int r)
   }
 }
 
+/* The header's incompatible features: read without img->lock at every
+ * request (qcow2_is_corrupt, qcow2_can_write), changed under it, so
+ * every access is atomic.
+ */
+static inline uint64_t
+image_incompat (const struct qcow2_image *img)
+{
+  return __atomic_load_n (&img->h.incompatible_features, __ATOMIC_RELAXED);
+}
+
+static inline void
+image_set_incompat (struct qcow2_image *img, uint64_t bits)
+{
+  __atomic_fetch_or (&img->h.incompatible_features, bits, __ATOMIC_RELAXED);
+}
+
+static inline void
+image_clear_incompat (struct qcow2_image *img, uint64_t bits)
+{
+  __atomic_fetch_and (&img->h.incompatible_features, ~bits,
+                      __ATOMIC_RELAXED);
+}
+
 /* The file size, for callers that do not hold img->lock. */
 static inline uint64_t
 image_file_size (const struct qcow2_image *img)

@@ -741,7 +741,7 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
              "offset %#" PRIx64 " would overwrite the %s at %#" PRIx64 ": "
              "refused, and the image is marked corrupt",
              len, offset, overlap_name (bit), at);
-  img->h.incompatible_features |= QCOW2_INCOMPAT_CORRUPT;
+  image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT);
   if (img->h.version >= 3 && header_write_features (img) == 0)
     io_flush (img);
 }
