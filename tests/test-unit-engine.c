@@ -1195,6 +1195,49 @@ test_check (void)
   memenv_free (me);
 }
 
+/* Once the overlap guard marks the image corrupt, nothing more reaches
+ * the disk but the mark: metadata made dirty before (here a zeroed L2
+ * entry) is not written by a later flush, which fails.
+ */
+static void
+test_corrupt_mark (void)
+{
+  const uint64_t cs = 4096, size = 64 * cs;
+  struct memenv *me = memenv_new ();
+  struct qcow2_image *img;
+  struct qcow2_io *io;
+  uint8_t *buf = calloc (1, cs), entry[8];
+  uint64_t l2;
+  struct ib ib;
+
+  ib_init (&ib, 3, 12, size, false);
+  ib_data (&ib, 0, 1);
+  ib_data (&ib, 1, 2);
+  ib_finish (&ib);
+  /* The refcount block calls the L2 table free: the next allocation
+   * takes it for guest data, which the guard refuses.
+   */
+  l2 = be64_get (ib.buf + ib.l1_offset) & UINT64_C (0x00fffffffffffe00);
+  set_refcount (ib.buf, cs, l2, 0);
+  img = open_ib (me, &ib, "corrupt-mark.qcow2", NULL, &io);
+  if (CHECK (img != NULL)) {
+    CHECK_INT (qcow2_zero (img, cs, cs, false, false, false), 0);
+    CHECK_INT (qcow2_write (img, buf, cs, 10 * cs, false), -EIO);
+    CHECK (qcow2_is_corrupt (img));
+    CHECK_INT (qcow2_flush (img), -EIO);
+    CHECK_INT (qcow2_write (img, buf, 512, 0, false), -EPERM);
+    CHECK_INT (io->ops->pread (io, entry, 8, l2 + 8), 0);
+    CHECK_EQ (be64_get (entry), be64_get (ib.buf + l2 + 8));
+    CHECK_INT (io->ops->pread (io, entry, 8, 72), 0);
+    CHECK (be64_get (entry) & 2);
+    qcow2_close (img);
+    io->ops->close (io);
+  }
+  free (buf);
+  ib_free (&ib);
+  memenv_free (me);
+}
+
 /* While armed, every read or write of exactly len bytes fails: the
  * data pieces of a fragmented request, which the engine's I/O pool does
  * on several threads at once.
@@ -1314,6 +1357,7 @@ main (void)
   test_bad_entries ();
   test_bad_headers ();
   test_check ();
+  test_corrupt_mark ();
   test_pool_errors ();
   return unit_finish ();
 }
