@@ -218,6 +218,8 @@ struct qcow2_image {
   /* Held shared by every request while it reads or writes data at host
    * offsets it looked up; held exclusively while freed clusters are
    * released, so no request still uses a cluster that is reused.
+   * Taken before lock, never twice by one thread (it prefers writers,
+   * see image_init_data_lock).
    */
   pthread_rwlock_t data_lock;
   /* Guest ranges being written by allocating writes with the lock
