@@ -88,4 +88,5 @@ expect_open_error "$bad" \
 ( cd "$tmp" && qemu-img create -q -f qcow2 -o data_file=data.raw ext.qcow2 4M )
 rm "$tmp/data.raw"
 expect_open_error "$tmp/ext.qcow2" \
-  "cannot open external data file \"$tmp/data.raw\": No such file or directory"
+  "cannot open external data file \"$tmp/data.raw\" for writing" \
+  "No such file or directory"
