@@ -4,8 +4,8 @@
 #    as is with nbdkit -r (no repair, file unchanged), and repaired on
 #    the first write: refcounts rebuilt, the user told, qemu-img check
 #    clean, no data changed (snapshots included);
-#  - an image with persistent bitmaps: after a write, qemu-img check
-#    finds no error and no leak (the stale bitmaps' clusters released).
+#  - an image with persistent bitmaps: after a write they are kept,
+#    not in use, and qemu-img check finds no error and no leak.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh md5sum
@@ -56,14 +56,17 @@ h.flush()
     fail "$img: snapshot s1 changed"
 done
 
-# Bitmaps: a write leaves no leak behind.
+# Bitmaps: a write keeps them, consistent, and leaves no leak behind.
 img=$tmp/bitmaps.qcow2
 qemu-img create -q -f qcow2 "$img" 16M
 qemu-img bitmap --add "$img" b0
 qemu-io -f qcow2 -c 'write -P 3 0 1M' "$img" >/dev/null
 qemu-img bitmap --add "$img" b1 --granularity 512
-nbdkit -U - qcow2 "$img" --run 'nbdsh -u "$uri" -c "h.pwrite(b\"Z\" * 5000, 2 * 1024 * 1024); h.flush()"' 2> "$tmp/err"
-grep -q "bitmaps" "$tmp/err" || fail "dropping bitmaps not reported"
+nbdkit -U - qcow2 "$img" --run 'nbdsh -u "$uri" -c "h.pwrite(b\"Z\" * 5000, 2 * 1024 * 1024); h.flush()"'
+qemu-img info "$img" > "$tmp/info" 2>&1
+grep -q "name: b1" "$tmp/info" || fail "bitmaps dropped: $(cat "$tmp/info")"
+! grep -Eq "in-use|lacking bitmap support" "$tmp/info" ||
+  fail "bitmaps left in use or stale: $(cat "$tmp/info")"
 qemu-img check -q "$img" 2>/dev/null || fail "qemu-img check after a write to an image with bitmaps"
 qemu-io -f qcow2 -c 'read -P 3 0 1M' -c 'read -P 0x5a 2M 5000' "$img" >/dev/null 2>&1 ||
   fail "bitmaps image data"

@@ -14,9 +14,6 @@
 #include "errstr.h"
 #include "internal.h"
 
-#define BITMAP_ENTRY_FIXED 24
-#define BITMAP_MAX_DIR (64u << 20)
-
 /* Every cluster referenced by the L2 tables of an L1 table, and those
  * tables themselves.  L2 entries are read through the cache, which may
  * hold changes not yet written.
@@ -118,47 +115,32 @@ check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
 /* Persistent bitmaps, while the autoclear bit says they are valid: the
  * directory, each bitmap's table and its data clusters.
  */
-int
+static int
 check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
 {
   const struct qcow2_header *h = &img->h;
-  uint64_t size = h->bitmap_directory_size;
-  uint8_t *dir = NULL, *table = NULL;
+  struct bitmap_entry *entries;
+  uint8_t *dir, *table = NULL;
   int r;
 
   if (!h->has_bitmaps_ext || !h->nb_bitmaps ||
       !(h->autoclear_features & QCOW2_AUTOCLEAR_BITMAPS))
     return 0;
-  if (size > BITMAP_MAX_DIR) {
-    qcow2_err (img, "corrupt image: bitmap directory of %" PRIu64 " bytes",
-               size);
-    return -EIO;
-  }
-  if ((r = fn (img, opaque, h->bitmap_directory_offset, size,
-               "bitmap directory")) < 0)
+  if ((r = bitmap_read_directory (img, &dir, &entries)) < 0)
     return r;
-  dir = malloc (size ? size : 1);
-  if (!dir)
-    return -ENOMEM;
-  r = check_read (img, dir, size, h->bitmap_directory_offset,
-                  "bitmap directory");
-  for (uint64_t off = 0, i = 0; r == 0 && i < h->nb_bitmaps; i++) {
-    if (range_exceeds (off, BITMAP_ENTRY_FIXED, size)) {
-      r = -EIO;
-      break;
-    }
-    uint64_t toff = be64_get (dir + off);
-    uint32_t tsize = be32_get (dir + off + 8);
-    uint16_t name_size = be16_get (dir + off + 18);
-    uint32_t extra = be32_get (dir + off + 20);
-    uint64_t tbytes = (uint64_t) tsize * 8;
+  r = fn (img, opaque, h->bitmap_directory_offset, h->bitmap_directory_size,
+          "bitmap directory");
+  for (uint32_t i = 0; r == 0 && i < h->nb_bitmaps; i++) {
+    uint64_t toff = entries[i].table_offset;
+    uint64_t tbytes = (uint64_t) entries[i].table_size * 8;
 
-    off += BITMAP_ENTRY_FIXED + extra + name_size;
-    off = (off + 7) & ~UINT64_C (7);
-    if (tsize == 0)
+    if (tbytes == 0)
       continue;
     /* Before trusting the size with an allocation. */
     if (range_exceeds (toff, tbytes, img->file_size)) {
+      qcow2_err (img, "corrupt image: bitmap table at %#" PRIx64 " (%"
+                 PRIu64 " bytes) lies beyond the end of the file", toff,
+                 tbytes);
       r = -EIO;
       break;
     }
@@ -172,15 +154,14 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
     }
     if ((r = check_read (img, table, tbytes, toff, "bitmap table")) < 0)
       break;
-    for (uint32_t j = 0; j < tsize && r == 0; j++) {
+    for (uint32_t j = 0; j < entries[i].table_size && r == 0; j++) {
       uint64_t data = be64_get (table + (uint64_t) j * 8) & QCOW2_OFFSET_MASK;
       if (data)
         r = fn (img, opaque, data, img->cluster_size, "bitmap data");
     }
   }
-  if (r == -EIO)
-    qcow2_err (img, "corrupt image: bad bitmap directory");
   free (dir);
+  free (entries);
   free (table);
   return r;
 }

@@ -339,19 +339,12 @@ header_write_features (struct qcow2_image *img)
                                   OL (MAIN_HEADER));
 }
 
-static int
-flush_collect (struct qcow2_image *img, void *opaque, uint64_t offset,
-               uint64_t len, const char *what)
-{
-  return len ? alloc_free_later (img, offset, len) : 0;
-}
-
 /* Before the first change:
  *  - an image left dirty by a crash under lazy refcounts gets its
  *    refcounts rebuilt (its refcounts cannot be trusted for allocation);
- *  - autoclear features we do not maintain are cleared, as the spec
- *    requires of an editor that does not know them; persistent bitmaps
- *    are then stale, so their clusters are released;
+ *  - autoclear features we do not know are cleared, as the spec
+ *    requires of an editor that does not know them;
+ *  - the persistent bitmaps kept up to date are marked in use;
  *  - with lazy refcounts, the dirty bit is set and made durable before
  *    any metadata changes.
  */
@@ -359,6 +352,7 @@ int
 flush_begin_write (struct qcow2_image *img)
 {
   struct qcow2_header *h = &img->h;
+  uint64_t known;
   bool dirty;
   int r;
 
@@ -379,20 +373,15 @@ flush_begin_write (struct qcow2_image *img)
     qcow2_notice (img, "the image was not closed cleanly (dirty bit set): "
                   "refcounts rebuilt");
   }
-  if (h->version >= 3 &&
-      (h->autoclear_features & ~QCOW2_AUTOCLEAR_DATA_RAW)) {
-    uint64_t pending = img->pending_len;
-    if ((r = check_walk_bitmaps (img, flush_collect, NULL)) < 0) {
-      img->pending_len = pending;       /* the next write walks again */
-      return r;
-    }
-    h->autoclear_features &= QCOW2_AUTOCLEAR_DATA_RAW;
+  known = QCOW2_AUTOCLEAR_DATA_RAW |
+    (h->has_bitmaps_ext ? QCOW2_AUTOCLEAR_BITMAPS : 0);
+  if (h->version >= 3 && (h->autoclear_features & ~known)) {
+    h->autoclear_features &= known;
     if ((r = header_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
-    if (img->pending_len > pending)
-      qcow2_notice (img, "persistent bitmaps are not maintained: they are "
-                    "dropped by the first write");
   }
+  if ((r = bitmap_begin_write (img)) < 0)
+    return r;
   dirty = img->lazy_refcounts && h->version >= 3;
   if (dirty) {
     image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
@@ -412,7 +401,8 @@ flush_close (struct qcow2_image *img)
   if (!img->write_started)
     return 0;
   img->closing = true;
-  if ((r = flush_locked (img)) < 0 ||
+  if ((r = bitmap_store (img)) < 0 ||
+      (r = flush_locked (img)) < 0 ||
       (r = alloc_apply_frees (img, img->pending_len)) < 0 ||
       (r = alloc_release_reserve (img)) < 0 ||
       (r = flush_locked (img)) < 0)

@@ -103,6 +103,7 @@ image_free (struct qcow2_image *img)
   if (img->backing)
     image_free (img->backing);
   pool_destroy (img->pool);
+  bitmap_free (img);
   cache_destroy (img->cache);
   cache_destroy (img->refcount_cache);
   overlap_destroy (img->overlap);
@@ -218,6 +219,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
                errstr (-r));
     return r;
   }
+  if (img->writable && (r = bitmap_open (img)) < 0)
+    return r;
   if (!opts->no_backing && img->h.backing_file)
     return backing_open (img, opts, chain, depth);
   return 0;

@@ -111,9 +111,24 @@ struct qcow2_run {
   uint64_t comp_size;
 };
 
+/* A persistent bitmap's entry in the bitmap directory. */
+#define BITMAP_ENTRY_FIXED 24
+#define BITMAP_MAX_DIR (64u << 20)
+struct bitmap_entry {
+  uint64_t pos;                 /* of the entry, in the directory */
+  uint64_t table_offset;
+  uint32_t table_size;          /* entries */
+  uint32_t flags;
+  uint8_t type, granularity_bits;
+  uint16_t name_size;
+  uint32_t extra_size;
+  const char *name;             /* name_size bytes, in the directory */
+};
+
 struct meta_cache;
 struct overlap_map;
 struct io_pool;
+struct qcow2_bitmaps;
 
 struct qcow2_image {
   const struct qcow2_env *env;
@@ -195,6 +210,8 @@ struct qcow2_image {
   size_t pending_len, pending_cap;
   size_t pending_durable;       /* how many of them a flush made safe */
   uint64_t flushes;             /* host flushes issued (for tests) */
+  /* Persistent bitmaps kept up to date (bitmap.c), or NULL. */
+  struct qcow2_bitmaps *bitmaps;
   bool flush_failed;            /* see io_flush_failed */
 
   /* The overlap guard: structures checked before every write, and the
@@ -424,6 +441,8 @@ extern int overlap_add (struct qcow2_image *img, uint64_t offset,
                         uint64_t len, unsigned bit);
 extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
                            uint64_t len);
+extern int overlap_add_found (struct qcow2_image *img, uint64_t offset,
+                              uint64_t len, unsigned bit);
 extern int overlap_check (struct qcow2_image *img, uint64_t offset,
                           uint64_t len, uint32_t ign);
 extern int overlap_build (struct qcow2_image *img);
@@ -472,12 +491,20 @@ extern void pool_destroy (struct io_pool *p);
 extern void pool_start (struct io_pool *p, struct pool_batch *b);
 extern void pool_finish (struct io_pool *p, struct pool_batch *b);
 
+/* bitmap.c */
+extern int bitmap_read_directory (struct qcow2_image *img, uint8_t **dir,
+                                  struct bitmap_entry **entries);
+extern int bitmap_open (struct qcow2_image *img);
+extern void bitmap_free (struct qcow2_image *img);
+extern void bitmap_record (struct qcow2_image *img, uint64_t offset,
+                           uint64_t len);
+extern int bitmap_begin_write (struct qcow2_image *img);
+extern int bitmap_store (struct qcow2_image *img);
+
 /* check.c */
 typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,
                              uint64_t offset, uint64_t len,
                              const char *what);
-extern int check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn,
-                               void *opaque);
 extern int check_walk_refs (struct qcow2_image *img, bool with_refcounts,
                             check_ref_fn fn, void *opaque);
 extern int check_rebuild_refcounts (struct qcow2_image *img);

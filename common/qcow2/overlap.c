@@ -883,7 +883,7 @@ qcow2_overlap_structure (const char *name)
  * the file: a corrupt entry pointing far away is reported when it is
  * used, not mapped at any cost.
  */
-static int
+int
 overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    unsigned bit)
 {

@@ -613,6 +613,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
   if ((r = write_check (img, count, offset)) < 0)
     return r;
   pthread_rwlock_rdlock (&img->data_lock);
+  bitmap_record (img, offset, count);
   while (count > 0 && r == 0) {
     uint64_t in = offset & (img->cluster_size - 1);
     uint64_t n = 0;
@@ -841,6 +842,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
   }
 
   pthread_rwlock_rdlock (&img->data_lock);
+  bitmap_record (img, offset, count);
   while (count > 0 && r == 0) {
     uint64_t n = MIN (count, cs - (offset & (cs - 1)));
     enum zero_how how;
@@ -877,11 +879,15 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
 
   if ((r = write_check (img, count, offset)) < 0)
     return r;
+  if (!img->discard)
+    return 0;
+  /* Recorded even where nothing changes, as QEMU records a discard. */
+  bitmap_record (img, offset, count);
   /* A version 2 image has no zero flag: a discarded cluster would read
    * its backing file's stale data again, so, as QEMU (since 5.0), trim
    * keeps the data.
    */
-  if (!img->discard || (img->h.version < 3 && img->backing))
+  if (img->h.version < 3 && img->backing)
     return 0;
   /* The last cluster of the disk may be partial: trimming to the end of
    * the disk covers it.
