@@ -114,6 +114,16 @@ qemu-img bitmap --add bitmaps.qcow2 b0
 qemu-img bitmap --add --granularity 8k bitmaps.qcow2 b1
 qemu-img bitmap --disable bitmaps.qcow2 b1
 seed bitmaps.qcow2 bitmaps-4k.qcow2 0
+# Enabled bitmaps with data, kept up to date by writes (512-byte and
+# 64 KiB granularity, a table of several clusters), and one in use.
+create -o cluster_size=512 bitmaps512.qcow2 4M
+qemu-img bitmap --add --granularity 512 bitmaps512.qcow2 fine
+io bitmaps512.qcow2 'write -P 0xa2 0 4k'
+(ulimit -c 0; qemu-io -f qcow2 -c "write -P 0xa3 3M 1536" -c abort \
+  bitmaps512.qcow2; true) >/dev/null 2>&1 || true
+qemu-img bitmap --add --granularity 64k bitmaps512.qcow2 coarse
+io bitmaps512.qcow2 'write -P 0xa4 1M 4k'
+seed bitmaps512.qcow2 bitmaps-512.qcow2 0
 
 create -o cluster_size=4096,data_file=data.raw datafile.qcow2 64K
 io datafile.qcow2 'write -P 0xb1 4k 4k'

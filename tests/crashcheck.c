@@ -143,6 +143,178 @@ crashcheck_sampled (void)
   return crashcheck_have_qemu && crashcheck_qemu_every && crashcheck_stats.images % crashcheck_qemu_every == 0;
 }
 
+/* A persistent bitmap as found in an image, parsed here rather than by
+ * the engine, so that the engine is checked against the spec.
+ */
+struct found_bitmap {
+  char name[64];
+  uint32_t flags;               /* 1: in use, 2: auto */
+  unsigned granularity_bits;
+  uint8_t *bits;                /* bit i: byte i / 8, bit i % 8 */
+  uint64_t nbytes;
+};
+#define MAX_FOUND_BITMAPS 8
+
+static void
+crashcheck_free_bitmaps (struct found_bitmap *b, unsigned n)
+{
+  for (unsigned i = 0; i < n; i++)
+    free (b[i].bits);
+}
+
+/* The bitmaps of image buf[0, len) (none if its extension is absent
+ * or not valid, autoclear bit 0 clear): false with why if malformed.
+ */
+static bool
+crashcheck_read_bitmaps (const uint8_t *buf, size_t len,
+                         struct found_bitmap *b, unsigned *n, bool *valid,
+                         char *why, size_t whylen)
+{
+  uint64_t cs = UINT64_C (1) << be32_get (buf + 20);
+  uint64_t off = be32_get (buf + 100), dir_off = 0, dir_size = 0, pos = 0;
+  uint32_t nb = 0;
+
+  *n = 0;
+  *valid = be64_get (buf + 88) & 1;
+  while (off + 8 <= len && off < cs) {
+    uint32_t type = be32_get (buf + off), elen = be32_get (buf + off + 4);
+
+    if (type == 0)
+      break;
+    if (type == 0x23852875 && elen >= 24 && off + 32 <= len) {
+      nb = be32_get (buf + off + 8);
+      dir_size = be64_get (buf + off + 16);
+      dir_off = be64_get (buf + off + 24);
+    }
+    off += 8 + ((elen + UINT64_C (7)) & ~UINT64_C (7));
+  }
+  if (!*valid || nb == 0)
+    return true;
+  if (nb > MAX_FOUND_BITMAPS || range_exceeds (dir_off, dir_size, len)) {
+    snprintf (why, whylen, "bitmap extension: %" PRIu32 " bitmaps, "
+              "directory at %#" PRIx64, nb, dir_off);
+    return false;
+  }
+  for (uint32_t i = 0; i < nb; i++) {
+    const uint8_t *e = buf + dir_off + pos;
+    struct found_bitmap *f = &b[i];
+    uint64_t table, tsize;
+    unsigned name_size;
+
+    if (pos + 24 > dir_size) {
+      snprintf (why, whylen, "bitmap directory too short");
+      return false;
+    }
+    table = be64_get (e);
+    tsize = be32_get (e + 8);
+    f->flags = be32_get (e + 12);
+    f->granularity_bits = e[17];
+    name_size = be16_get (e + 18);
+    if (pos + 24 + be32_get (e + 20) + name_size > dir_size ||
+        name_size >= sizeof f->name ||
+        range_exceeds (table, tsize * 8, len)) {
+      snprintf (why, whylen, "bitmap directory entry %" PRIu32 " is bad", i);
+      return false;
+    }
+    memcpy (f->name, e + 24 + be32_get (e + 20), name_size);
+    f->name[name_size] = 0;
+    f->nbytes = tsize * cs;
+    f->bits = calloc (1, f->nbytes ? f->nbytes : 1);
+    if (!f->bits)
+      abort ();
+    *n = i + 1;
+    for (uint64_t t = 0; t < tsize; t++) {
+      uint64_t entry = be64_get (buf + table + t * 8);
+      uint64_t data = entry & UINT64_C (0x00fffffffffffe00);
+
+      if (entry == 1)
+        memset (f->bits + t * cs, 0xff, cs);
+      else if (data) {
+        if (range_exceeds (data, cs, len)) {
+          snprintf (why, whylen, "bitmap %s: data cluster %#" PRIx64
+                    " beyond the end", f->name, data);
+          return false;
+        }
+        memcpy (f->bits + t * cs, buf + data, cs);
+      }
+    }
+    pos = (pos + 24 + be32_get (e + 20) + name_size + 7) & ~UINT64_C (7);
+  }
+  return true;
+}
+
+/* The bitmaps of image buf[0, len), whose guest reads as data, against
+ * those of the initial image: a disabled bitmap unchanged; an enabled
+ * one either marked in use (inconsistent, never trusted) or with every
+ * bit it had and a bit for every granule whose data changed.
+ */
+static bool
+crashcheck_bitmaps (const struct wl_setup *setup, const uint8_t *buf,
+                    size_t len, const uint8_t *data, struct failure *f)
+{
+  struct found_bitmap was[MAX_FOUND_BITMAPS] = { 0 };
+  struct found_bitmap now[MAX_FOUND_BITMAPS] = { 0 };
+  unsigned nwas = 0, nnow = 0;
+  bool vwas, vnow, ok = false;
+  uint64_t size = setup->cfg->size;
+  char why[256];
+
+  if (!setup->initial)
+    return true;
+  if (!crashcheck_read_bitmaps (setup->image, setup->len, was, &nwas, &vwas,
+                                why, sizeof why))
+    abort ();                   /* the builder's fault */
+  if (!crashcheck_read_bitmaps (buf, len, now, &nnow, &vnow, why,
+                                sizeof why)) {
+    crashcheck_fail (f, "bitmaps", "%s", why);
+    goto out;
+  }
+  if (!vnow || nnow != nwas) {
+    crashcheck_fail (f, "bitmaps", "%u bitmaps (extension %s), not %u", nnow,
+                     vnow ? "valid" : "not valid", nwas);
+    goto out;
+  }
+  for (unsigned i = 0; i < nwas; i++) {
+    const struct found_bitmap *w = &was[i], *b = &now[i];
+    uint64_t g = UINT64_C (1) << w->granularity_bits;
+
+    if (strcmp (w->name, b->name) != 0 || w->nbytes != b->nbytes ||
+        w->granularity_bits != b->granularity_bits) {
+      crashcheck_fail (f, "bitmaps", "bitmap %u is %s, not %s", i, b->name,
+                       w->name);
+      goto out;
+    }
+    if (!(w->flags & 2)) {
+      if (b->flags != w->flags || memcmp (b->bits, w->bits, w->nbytes)) {
+        crashcheck_fail (f, "bitmaps", "disabled bitmap %s changed", w->name);
+        goto out;
+      }
+      continue;
+    }
+    if ((w->flags & 1) || (b->flags & 1))
+      continue;
+    for (uint64_t k = 0; k * g < size; k++) {
+      bool set = b->bits[k / 8] & (1u << k % 8);
+      bool was_set = w->bits[k / 8] & (1u << k % 8);
+      uint64_t n = MIN (g, size - k * g);
+
+      if (set)
+        continue;
+      if (was_set || memcmp (data + k * g, setup->initial + k * g, n)) {
+        crashcheck_fail (f, "bitmaps", "bitmap %s, not in use, has no bit "
+                         "for guest %#" PRIx64 ", which %s", w->name, k * g,
+                         was_set ? "it had" : "changed");
+        goto out;
+      }
+    }
+  }
+  ok = true;
+ out:
+  crashcheck_free_bitmaps (was, nwas);
+  crashcheck_free_bitmaps (now, nnow);
+  return ok;
+}
+
 /* After a repair: more writes, then a clean close must leave an image
  * without leak or corruption that reads as the model says.
  */
@@ -207,7 +379,7 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
               run->model.acked[i]);
   }
   else
-    ok = true;
+    ok = crashcheck_bitmaps (run->setup, data, len, got, f);
   qcow2_close (img);
   if (ok && qemu) {
     crashcheck_stats.qemu_after++;
@@ -250,6 +422,8 @@ crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
               memenv_last_error (setup->me));
   else if (!wl_model_check (m, data, why, sizeof why))
     crashcheck_fail (f, "data", "%s", why);
+  else if (!crashcheck_bitmaps (setup, buf, len, data, f))
+    ;
   else if (!dirty && ((r = qcow2_check (img, false, &res)) < 0 ||
                       res.corruptions))
     crashcheck_fail (f, "check", "our check: %s, %" PRIu64 " corruptions",

@@ -505,6 +505,75 @@ ib_write_snapshots (struct ib *ib)
   return host;
 }
 
+void
+ib_bitmap (struct ib *ib, const char *name, unsigned granularity_bits,
+           uint32_t flags, uint32_t seed)
+{
+  struct ib_bitmap *b = &ib->bitmaps[ib->nb_bitmaps++];
+  uint64_t granules = (ib->size + (UINT64_C (1) << granularity_bits) - 1)
+    >> granularity_bits;
+  uint64_t bytes = (granules + 7) / 8;
+  uint32_t x = seed;
+
+  if (ib->nb_bitmaps > 4)
+    abort ();
+  snprintf (b->name, sizeof b->name, "%s", name);
+  b->granularity_bits = granularity_bits;
+  b->flags = flags;
+  b->table_size = (bytes + ib->cs - 1) / ib->cs;
+  b->table_offset = ib_alloc (ib, (b->table_size * 8 + ib->cs - 1) / ib->cs);
+  for (uint32_t i = 0; i < b->table_size; i++) {
+    uint64_t entry = 0;
+    uint8_t *data;
+
+    x = x * 1103515245 + 12345;
+    if (b->table_size > 1 && i == b->table_size - 1)
+      entry = 1;                /* all ones */
+    else if ((x >> 16) % 3) {
+      entry = ib_alloc (ib, 1);
+      data = ib->buf + entry;
+      /* A few granules dirty, the bytes past the last granule zero. */
+      for (uint64_t j = 0; j < ib->cs && i * ib->cs + j < bytes; j++) {
+        x = x * 1103515245 + 12345;
+        data[j] = (x >> 16) % 4 == 0 ? x >> 24 : 0;
+      }
+      if ((i + 1) * ib->cs >= bytes && granules % 8)
+        data[bytes - 1 - i * ib->cs] &= (1u << granules % 8) - 1;
+    }
+    be64_put (ib->buf + b->table_offset + (uint64_t) i * 8, entry);
+  }
+}
+
+/* The bitmap directory; returns its offset, and its size in *size. */
+static uint64_t
+ib_write_bitmap_directory (struct ib *ib, uint64_t *size)
+{
+  size_t len = 0;
+  uint8_t *d = NULL;
+  uint64_t host;
+
+  for (unsigned i = 0; i < ib->nb_bitmaps; i++) {
+    const struct ib_bitmap *b = &ib->bitmaps[i];
+    size_t nl = strlen (b->name), off = len;
+
+    len = (off + 24 + nl + 7) & ~(size_t) 7;
+    d = ib_xrealloc (d, len);
+    memset (d + off, 0, len - off);
+    be64_put (d + off, b->table_offset);
+    be32_put (d + off + 8, b->table_size);
+    be32_put (d + off + 12, b->flags);
+    d[off + 16] = 1;            /* dirty tracking */
+    d[off + 17] = b->granularity_bits;
+    be16_put (d + off + 18, nl);
+    memcpy (d + off + 24, b->name, nl);
+  }
+  host = ib_alloc (ib, (len + ib->cs - 1) / ib->cs);
+  memcpy (ib->buf + host, d, len);
+  free (d);
+  *size = len;
+  return host;
+}
+
 /* Refcount entry i of a block, at 1 << order bits (3 to 6). */
 static void
 ib_put_refcount (uint8_t *block, unsigned order, uint64_t i, uint64_t v)
@@ -568,12 +637,16 @@ ib_write_ext (uint8_t *h, uint64_t *off, uint32_t type, const void *data,
 void
 ib_finish (struct ib *ib)
 {
-  uint64_t snapshots_offset = 0, off;
+  uint64_t snapshots_offset = 0, off, dir_offset = 0, dir_size = 0;
   uint32_t header_length = ib->version >= 3 ? 112 : 72;
   uint8_t *h;
 
   if (ib->nb_snaps)
     snapshots_offset = ib_write_snapshots (ib);
+  if (ib->nb_bitmaps) {
+    dir_offset = ib_write_bitmap_directory (ib, &dir_size);
+    ib->autoclear |= 1;         /* the bitmaps extension is valid */
+  }
   ib_write_refcounts (ib);
 
   h = ib->buf;
@@ -606,6 +679,14 @@ ib_finish (struct ib *ib)
   if (ib->extra_ext_len)
     ib_write_ext (h, &off, ib->extra_ext_type, ib->extra_ext_data,
                   ib->extra_ext_len);
+  if (ib->nb_bitmaps) {
+    uint8_t ext[24] = { 0 };
+
+    be32_put (ext, ib->nb_bitmaps);
+    be64_put (ext + 8, dir_size);
+    be64_put (ext + 16, dir_offset);
+    ib_write_ext (h, &off, 0x23852875, ext, sizeof ext);
+  }
   ib_write_ext (h, &off, 0, NULL, 0);
   if (ib->backing) {
     be64_put (h + 8, off);

@@ -59,6 +59,15 @@ extern void model_fill (const struct model *m, uint8_t *buf, uint64_t len,
 extern uint32_t model_extent (const struct model *m, uint64_t o,
                               uint64_t *run);
 
+/* A persistent dirty bitmap (the bitmaps extension). */
+struct ib_bitmap {
+  char name[16];
+  unsigned granularity_bits;
+  uint32_t flags;               /* 1: in use, 2: auto (enabled) */
+  uint64_t table_offset;
+  uint32_t table_size;
+};
+
 struct ib_snapshot {
   uint64_t l1_offset;
   uint32_t l1_size;
@@ -97,6 +106,8 @@ struct ib {
    * must then not be changed through ib_data and the like).
    */
   bool share_l2;
+  struct ib_bitmap bitmaps[4];
+  unsigned nb_bitmaps;
   unsigned refcount_order;      /* 3 to 6; 0 means 4 (16 bits) */
 
   struct model model;           /* what the active image reads as */
@@ -137,7 +148,16 @@ extern uint64_t ib_compressed (struct ib *ib, uint64_t c, uint32_t seed,
 extern void ib_snapshot (struct ib *ib, const char *id, const char *name,
                          uint64_t disk_size, bool extra);
 
-/* Write the snapshot table, refcounts and header.  Call once. */
+/* Add a bitmap whose bits are random (from seed): some of its clusters
+ * all zeros (a table entry of 0), one all ones if it has several.
+ */
+extern void ib_bitmap (struct ib *ib, const char *name,
+                       unsigned granularity_bits, uint32_t flags,
+                       uint32_t seed);
+
+/* Write the snapshot table, bitmap directory, refcounts and header.
+ * Call once.
+ */
 extern void ib_finish (struct ib *ib);
 
 /* If $IB_DUMP_DIR is set, write the image there as name, and what the

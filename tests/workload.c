@@ -57,6 +57,11 @@ const struct wl_config wl_configs[] = {
     .built = true, .refcount_order = 6, .ops = 100 },
   { .name = "grow-512-rc64", .cluster_bits = 9, .size = 4 * MiB,
     .built = true, .refcount_order = 6, .gen = WL_GEN_FILL, .ops = 120 },
+  { .name = "bitmaps-4k", .cluster_bits = 12, .size = 2 * MiB,
+    .built = true, .bitmaps = true, .ops = 120 },
+  { .name = "bitmaps-snapshot-512-evict", .cluster_bits = 9,
+    .size = 1 * MiB, .built = true, .bitmaps = true, .snapshot = true,
+    .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 100 },
   { .name = "fill-1k-rc32-evict", .cluster_bits = 10, .size = 8 * MiB,
     .built = true, .refcount_order = 5, .gen = WL_GEN_FILL,
     .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 120 },
@@ -355,11 +360,18 @@ wl_setup_built (const struct wl_config *cfg, uint64_t seed,
   free (used);
   if (cfg->snapshot)
     ib_snapshot (&ib, "1", "before", 0, true);
+  if (cfg->bitmaps) {
+    ib_bitmap (&ib, "fine", 9, 2, wl_rand (&r));
+    ib_bitmap (&ib, "coarse", 16, 2, wl_rand (&r));
+    ib_bitmap (&ib, "off", 12, 0, wl_rand (&r));
+  }
   ib_finish (&ib);
   s->image = wl_xmemdup (ib.buf, ib.len);
   s->len = ib.len;
   ib_free (&ib);
 }
+
+static void wl_setup_initial (struct wl_setup *s);
 
 void
 wl_setup (const struct wl_config *cfg, uint64_t seed, struct wl_setup *s)
@@ -384,6 +396,8 @@ wl_setup (const struct wl_config *cfg, uint64_t seed, struct wl_setup *s)
 
   if (cfg->built)
     wl_setup_built (cfg, seed, s);
+  if (cfg->bitmaps)
+    wl_setup_initial (s);
   else {
     struct qcow2_create_options co = {
       .size = cfg->size,
@@ -417,6 +431,7 @@ wl_setup_free (struct wl_setup *s)
   memenv_free (s->me);
   free (s->image);
   free (s->trimmed);
+  free (s->initial);
   memset (s, 0, sizeof *s);
 }
 
@@ -466,6 +481,23 @@ wl_read_all (struct qcow2_image *img, struct wl_buf *b)
     return NULL;
   }
   return buf;
+}
+
+/* The guest of the initial image, which the bitmaps' checks compare
+ * crash images with.
+ */
+static void
+wl_setup_initial (struct wl_setup *s)
+{
+  struct qcow2_image *img = wl_open_copy (s, s->image, s->len, true);
+  struct wl_buf b = { NULL, 0 };
+
+  if (!img || !(s->initial = wl_read_all (img, &b))) {
+    fprintf (stderr, "%s: the initial image does not read: %s\n",
+             s->cfg->name, memenv_last_error (s->me));
+    abort ();
+  }
+  qcow2_close (img);
 }
 
 int

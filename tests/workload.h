@@ -38,6 +38,10 @@ struct wl_config {
    */
   bool built;
   bool compressed, snapshot;
+  /* Built only: persistent bitmaps, two enabled (fine and coarse) and
+   * one disabled, each with some bits set.
+   */
+  bool bitmaps;
   unsigned refcount_order;      /* built only: 0 = 16 bits */
   uint64_t l2_cache_size;       /* small: dirty slices evicted mid-request */
   uint64_t l2_slice_size;
@@ -88,6 +92,7 @@ struct wl_setup {
   size_t len;
   struct memenv *me;            /* the backing file, if any */
   uint8_t *trimmed;             /* size bytes: what a trim leaves, or NULL */
+  uint8_t *initial;             /* with bitmaps: the guest at the start */
 };
 extern void wl_setup (const struct wl_config *cfg, uint64_t seed,
                       struct wl_setup *s);
