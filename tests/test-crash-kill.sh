@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Real crashes: nbdkit is killed with SIGKILL while a client has writes,
 # zeroes, trims and flushes in flight (killwrite.py), over and over on
-# the same images (CRASH_KILLS, default 52, in four configurations:
-# 64K clusters, 4K clusters with a small L2 cache, lazy refcounts, and
-# COW over a backing file).  After every kill:
+# the same images (CRASH_KILLS, default 70, in seven configurations:
+# 64K clusters, 4K clusters with a small L2 cache, lazy refcounts, COW
+# over a backing file, an external data file, a raw external data file,
+# and two enabled persistent bitmaps).  After every kill:
 #  - qemu-img check finds no corruption (exit 0 or 3); an image left
 #    dirty by lazy refcounts is first repaired by repair=leaks, after
 #    which it must be clean (exit 0);
 #  - every byte a completed flush or FUA request covered (and nothing
 #    wrote since) reads back as written, as qemu reads the image and,
 #    every fourth kill, as the plugin serves it;
+#  - with a raw external data file, the data file itself holds every
+#    such byte;
+#  - with bitmaps, the enabled ones are left in use (inconsistent, never
+#    stale; they are then removed and added again for the next round);
 # and at the end, repair=leaks leaves every image clean (exit 0).
 source "${srcdir:-.}/functions.sh"
 set -e
@@ -19,9 +24,9 @@ requires qemu-img nbdkit nbdcopy /usr/bin/python3 timeout
   exit 77
 }
 
-kills=${CRASH_KILLS:-52}
+kills=${CRASH_KILLS:-70}
 size=$((8 * 1024 * 1024))
-configs=(c64k c4k-evict lazy backing)
+configs=(c64k c4k-evict lazy backing datafile datafile-raw bitmaps)
 
 # config NAME: set cluster (bytes), args (plugin arguments), and make
 # the image if it is not there yet.
@@ -35,6 +40,10 @@ config ()
                args=(l2-cache-size=8k l2-slice-size=4k) ;;
     lazy) cluster=4096; opts=cluster_size=4k,lazy_refcounts=on ;;
     backing) cluster=65536; opts=cluster_size=64k,backing_file=base.raw,backing_fmt=raw ;;
+    datafile) cluster=4096; opts=cluster_size=4k,data_file=$tmp/$1.data ;;
+    datafile-raw) cluster=65536
+                  opts=cluster_size=64k,data_file=$tmp/$1.data,data_file_raw=on ;;
+    bitmaps) cluster=65536; opts=cluster_size=64k ;;
   esac
   if [ ! -f "$img" ]; then
     if [ "$1" = backing ]; then
@@ -45,7 +54,24 @@ sys.stdout.buffer.write(random.Random(7).randbytes(int(sys.argv[1])))
     fi
     qemu-img create -q -f qcow2 -o "$opts" "$img" "$size"
     qemu-img convert -f qcow2 -O raw "$img" "$tmp/$1.model"
+    if [ "$1" = bitmaps ]; then add_bitmaps "$img"; fi
   fi
+}
+
+add_bitmaps ()
+{
+  qemu-img bitmap --add -g 65536 "$1" coarse
+  qemu-img bitmap --add -g 512 "$1" fine
+}
+
+# bitmaps_in_use IMG: how many bitmaps are marked in use.
+bitmaps_in_use ()
+{
+  qemu-img info --output=json "$1" | /usr/bin/python3 -c '
+import json, sys
+bms = json.load(sys.stdin)["format-specific"]["data"].get("bitmaps", [])
+print(sum("in-use" in b["flags"] for b in bms), len(bms))
+'
 }
 
 dirty_bit ()
@@ -132,6 +158,17 @@ for i in $(seq 1 "$kills"); do
   qemu-img convert -f qcow2 -O raw "$img" "$tmp/now.raw"
   compare_durable "$tmp/now.raw" "$tmp/expected" "$tmp/dirty" ||
     fail "kill $i ($name): flushed data lost"
+  if [ "$name" = datafile-raw ]; then
+    compare_durable "$tmp/$name.data" "$tmp/expected" "$tmp/dirty" ||
+      fail "kill $i ($name): the raw data file lost flushed data"
+  fi
+  if [ "$name" = bitmaps ]; then
+    [ "$(bitmaps_in_use "$img")" = "2 2" ] ||
+      fail "kill $i: bitmaps not left in use: $(bitmaps_in_use "$img")"
+    qemu-img bitmap --remove "$img" coarse
+    qemu-img bitmap --remove "$img" fine
+    add_bitmaps "$img"
+  fi
   if [ $(( i % 4 )) = 0 ]; then
     nbdkit -r -U - qcow2 "$img" --run 'nbdcopy "$uri" '"$tmp/served.raw"
     cmp "$tmp/now.raw" "$tmp/served.raw" ||
