@@ -21,11 +21,11 @@ mkdir -p "$dir"
 sock=$dir/sock results=$dir/results.tsv
 : > "$results"
 
-plain=$dir/plain.qcow2 marked=$dir/bitmaps.qcow2
-if [ ! -f "$plain" ] || [ "$(qemu-img info --output=json "$plain" |
-                             jq '."virtual-size"')" != "$(numfmt --from=iec "$size")" ]; then
-  "$top/bench/mkimage.sh" full "$size" "$plain" "$dir/plain.raw"
-  rm -f "$dir/plain.raw"
+master=$dir/master.qcow2 plain=$dir/plain.qcow2 marked=$dir/bitmaps.qcow2
+if [ ! -f "$master" ] || [ "$(qemu-img info --output=json "$master" |
+                              jq '."virtual-size"')" != "$(numfmt --from=iec "$size")" ]; then
+  "$top/bench/mkimage.sh" full "$size" "$master" "$dir/master.raw"
+  rm -f "$dir/master.raw"
 fi
 
 start ()
@@ -48,9 +48,11 @@ start ()
 
 runs=("ours plain" "ours bitmaps" "qemu plain" "qemu bitmaps")
 for round in $(seq "$rounds"); do
-  # A fresh copy with fresh bitmaps each round: every run starts from
-  # the same state (clean bitmaps, nothing in use).
-  cp --sparse=always "$plain" "$marked"
+  # Fresh copies, fresh bitmaps each round: every run starts from the
+  # same state (clean bitmaps, nothing in use), and both files are
+  # written out in full (no holes for the host file system to fill).
+  cp --sparse=never "$master" "$plain"
+  cp --sparse=never "$master" "$marked"
   qemu-img bitmap --add -g 65536 "$marked" coarse
   qemu-img bitmap --add -g 512 "$marked" fine
   for k in $(seq 0 3); do
