@@ -1238,6 +1238,42 @@ test_corrupt_mark (void)
   memenv_free (me);
 }
 
+/* The overlap guard keeps guest data off a bitmap's table: a guest
+ * cluster whose L2 entry points at it is refused, the image marked
+ * corrupt, the table unchanged.
+ */
+static void
+test_bitmap_guard (void)
+{
+  const uint64_t cs = 4096, size = 64 * cs;
+  struct memenv *me = memenv_new ();
+  struct qcow2_image *img;
+  struct qcow2_io *io;
+  uint8_t *buf = malloc (cs), *table = malloc (cs);
+  struct ib ib;
+
+  memset (buf, 0x5a, cs);
+  ib_init (&ib, 3, 12, size, false);
+  ib_data (&ib, 0, 1);
+  ib_bitmap (&ib, "b", 12, 2, 7);
+  ib_set (&ib, 2, ib.bitmaps[0].table_offset | UINT64_C (1) << 63, 0);
+  ib_finish (&ib);
+  img = open_ib (me, &ib, "bitmap-guard.qcow2", NULL, &io);
+  if (CHECK (img != NULL)) {
+    CHECK_INT (qcow2_write (img, buf, cs, 0, false), 0);
+    CHECK_INT (qcow2_write (img, buf, 512, 2 * cs + 512, false), -EIO);
+    CHECK (qcow2_is_corrupt (img));
+    CHECK_INT (io->ops->pread (io, table, cs, ib.bitmaps[0].table_offset), 0);
+    CHECK (memcmp (table, ib.buf + ib.bitmaps[0].table_offset, cs) == 0);
+    qcow2_close (img);
+    io->ops->close (io);
+  }
+  free (buf);
+  free (table);
+  ib_free (&ib);
+  memenv_free (me);
+}
+
 /* While armed, every read or write of exactly len bytes fails: the
  * data pieces of a fragmented request, which the engine's I/O pool does
  * on several threads at once.
@@ -1358,6 +1394,7 @@ main (void)
   test_bad_headers ();
   test_check ();
   test_corrupt_mark ();
+  test_bitmap_guard ();
   test_pool_errors ();
   return unit_finish ();
 }
