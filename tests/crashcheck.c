@@ -63,7 +63,7 @@ crashcheck_write_file (const char *path, const void *data, size_t len)
 {
   FILE *fp = fopen (path, "w");
 
-  if (!fp || fwrite (data, 1, len, fp) != len || fclose (fp) != 0) {
+  if (!fp || (len && fwrite (data, 1, len, fp) != len) || fclose (fp) != 0) {
     fprintf (stderr, "%s: %s\n", path, errstr (errno));
     exit (EXIT_FAILURE);
   }
@@ -99,9 +99,9 @@ crashcheck_write_backing (const struct wl_setup *s)
 
 /* qemu-img check of an image: its exit status, its output in out. */
 int
-crashcheck_qemu (const uint8_t *img, size_t len, char *out, size_t outlen)
+crashcheck_qemu (struct wl_files files, char *out, size_t outlen)
 {
-  char path[4096], log[4096];
+  char path[4096], log[4096], data[4096];
   char *argv[] = { "qemu-img", "check", "-f", "qcow2", path, NULL };
   posix_spawn_file_actions_t fa;
   int status, fd;
@@ -110,13 +110,19 @@ crashcheck_qemu (const uint8_t *img, size_t len, char *out, size_t outlen)
 
   snprintf (path, sizeof path, "%s/crash.qcow2", workdir);
   snprintf (log, sizeof log, "%s/check.out", workdir);
-  crashcheck_write_file (path, img, len);
+  snprintf (data, sizeof data, "%s/data.raw", workdir);
+  crashcheck_write_file (path, files.image, files.len);
+  /* The data file the image names, if any (QEMU resolves its relative
+   * name against the current directory).
+   */
+  crashcheck_write_file (data, files.data, files.dlen);
   fflush (NULL);
   /* posix_spawn, not fork: the heap is large. */
   posix_spawn_file_actions_init (&fa);
   posix_spawn_file_actions_addopen (&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC,
                                     0644);
   posix_spawn_file_actions_adddup2 (&fa, 1, 2);
+  posix_spawn_file_actions_addchdir_np (&fa, workdir);
   errno = posix_spawnp (&pid, "qemu-img", &fa, NULL, argv, environ);
   posix_spawn_file_actions_destroy (&fa);
   if (errno) {
@@ -315,6 +321,56 @@ crashcheck_bitmaps (const struct wl_setup *setup, const uint8_t *buf,
   return ok;
 }
 
+/* With data_file_raw, the data file is the guest wherever the image
+ * maps data (a crash may leave an interrupted write's bytes in the raw
+ * file where the image maps none: old or new data, either may show).
+ */
+struct raw_check {
+  const struct wl_files *files;
+  const uint8_t *guest;
+  struct failure *f;
+  bool failed;
+};
+
+static int
+crashcheck_raw_extent (void *opaque, uint64_t offset, uint64_t length,
+                       uint32_t type)
+{
+  struct raw_check *rc = opaque;
+
+  if (type & QCOW2_EXTENT_ZERO)
+    return 0;
+  for (uint64_t i = offset; i < offset + length; i++) {
+    uint8_t b = i < rc->files->dlen ? rc->files->data[i] : 0;
+
+    if (b != rc->guest[i]) {
+      crashcheck_fail (rc->f, "raw-data-file", "after a clean close, byte %#"
+                       PRIx64 " of the raw data file is %#x, the guest's %#x",
+                       i, b, rc->guest[i]);
+      rc->failed = true;
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static bool
+crashcheck_raw_data_file (const struct wl_setup *setup,
+                          struct qcow2_image *img, struct wl_files files,
+                          const uint8_t *guest, struct failure *f)
+{
+  struct raw_check rc = { &files, guest, f, false };
+
+  if (!setup->cfg->data_file_raw)
+    return true;
+  if (qcow2_extents (img, 0, setup->cfg->size, false, crashcheck_raw_extent,
+                     &rc) < 0 && !rc.failed) {
+    crashcheck_fail (f, "raw-data-file", "extents of the image failed");
+    return false;
+  }
+  return !rc.failed;
+}
+
 /* After a repair: more writes, then a clean close must leave an image
  * without leak or corruption that reads as the model says.
  */
@@ -326,10 +382,9 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
   uint64_t cs = UINT64_C (1) << cfg->cluster_bits;
   struct qcow2_check_result res;
   struct qcow2_image *img;
-  const uint8_t *data;
+  struct wl_files files;
   uint8_t *got = NULL;
   char out[4096];
-  size_t len;
   bool ok = false;
   int r;
 
@@ -357,8 +412,8 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
     crashcheck_fail (f, "after-repair", "close after the repair: %s", errstr (-r));
     return false;
   }
-  data = crashio_data (run->cio, &len);
-  img = wl_open_copy (run->setup, data, len, true);
+  files = wl_run_files (run);
+  img = wl_open_copy (run->setup, files, true);
   if (!img) {
     crashcheck_fail (f, "after-repair", "open after the repair: %s",
               memenv_last_error (run->setup->me));
@@ -378,12 +433,14 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
               "close, guest byte %#" PRIx64 " reads %#x, not %#x", i, got[i],
               run->model.acked[i]);
   }
+  else if (!crashcheck_raw_data_file (run->setup, img, files, got, f))
+    ;
   else
-    ok = crashcheck_bitmaps (run->setup, data, len, got, f);
+    ok = crashcheck_bitmaps (run->setup, files.image, files.len, got, f);
   qcow2_close (img);
   if (ok && qemu) {
     crashcheck_stats.qemu_after++;
-    if ((r = crashcheck_qemu (data, len, out, sizeof out)) != 0) {
+    if ((r = crashcheck_qemu (files, out, sizeof out)) != 0) {
       crashcheck_fail (f, "qemu-img-after", "qemu-img check exit %d after the "
                 "repair, more writes and a clean close:\n%s", r, out);
       ok = false;
@@ -395,9 +452,10 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
 /* Everything a crash image must pass (see the top of the file). */
 bool
 crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
-                   const uint8_t *buf, size_t len, uint64_t seed,
-                   struct failure *f)
+                   struct wl_files files, uint64_t seed, struct failure *f)
 {
+  const uint8_t *buf = files.image;
+  size_t len = files.len;
   bool dirty = crashcheck_dirty (buf, len), qemu = crashcheck_sampled ();
   struct qcow2_check_result res = { 0 };
   struct qcow2_image *img;
@@ -411,7 +469,7 @@ crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
   crashcheck_stats.images++;
   crashcheck_stats.dirty += dirty;
   memenv_clear_errors (setup->me);
-  img = wl_open_copy (setup, buf, len, true);
+  img = wl_open_copy (setup, files, true);
   if (!img) {
     crashcheck_fail (f, "open", "the crash image does not open: %s",
               memenv_last_error (setup->me));
@@ -434,7 +492,7 @@ crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
   qcow2_close (img);
   if (ok && qemu && !dirty) {
     crashcheck_stats.qemu++;
-    r = crashcheck_qemu (buf, len, out, sizeof out);
+    r = crashcheck_qemu (files, out, sizeof out);
     if (r != 0 && r != 3) {
       crashcheck_fail (f, "qemu-img", "qemu-img check exit %d (our check: %"
                 PRIu64 " leaks):\n%s", r, res.leaks, out);
@@ -446,7 +504,7 @@ crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
 
   /* Repair, then use the image again. */
   ok = false;
-  if ((r = wl_run_start (&run, setup, buf, len, data)) < 0)
+  if ((r = wl_run_start (&run, setup, files, data)) < 0)
     crashcheck_fail (f, "repair", "the crash image does not open read-write: %s",
               memenv_last_error (setup->me));
   else if ((r = wl_exec (&run, &(struct wl_op) { .kind = WL_REPAIR })) < 0)

@@ -55,16 +55,19 @@ extern void crashcheck_init (void);
  */
 extern void crashcheck_write_backing (const struct wl_setup *s);
 
-/* qemu-img check of an image: its exit status, its output in out. */
-extern int crashcheck_qemu (const uint8_t *img, size_t len, char *out,
+/* qemu-img check of an image (and its data file): its exit status,
+ * its output in out.
+ */
+extern int crashcheck_qemu (struct wl_files files, char *out,
                             size_t outlen);
 
-/* Verify the image buf[0, len) that a crash left, with m saying what
- * the guest may read; seed chooses the writes after the repair.
+/* Verify the files that a crash left, with m saying what the guest may
+ * read; seed chooses the writes after the repair.
  */
 extern bool crashcheck_verify (const struct wl_setup *setup,
-                               const struct wl_model *m, const uint8_t *buf,
-                               size_t len, uint64_t seed, struct failure *f);
+                               const struct wl_model *m,
+                               struct wl_files files, uint64_t seed,
+                               struct failure *f);
 
 extern uint64_t crashcheck_first_difference (const uint8_t *a,
                                              const uint8_t *b, uint64_t len);

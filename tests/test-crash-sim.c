@@ -62,7 +62,7 @@
 /* Save the crash image here (SIM_AT). */
 static const char *save_image;
 /* Reused from one image to the next. */
-static struct wl_buf buf_image, buf_read;
+static struct wl_buf buf_image, buf_dimage, buf_read;
 
 /* Everything needed to build the failing image again. */
 struct repro {
@@ -169,6 +169,7 @@ sim_try (struct sim *s, const uint8_t *keep)
   size_t n = crashio_nr_pieces (c), len;
   uint64_t seed = s->calls * UINT64_C (0x100000001b3);
   uint8_t *buf;
+  struct wl_files files;
   struct failure f;
   bool ok;
 
@@ -185,7 +186,25 @@ sim_try (struct sim *s, const uint8_t *keep)
   buf = buf_image.p;
   if (save_image)
     crashcheck_write_file (save_image, buf, len);
-  ok = crashcheck_verify (s->setup, &s->run.model, buf, len, seed, &f);
+  files = (struct wl_files) { .image = buf, .len = len };
+  if (s->run.dcio) {
+    /* The data file's writes since its flush, a subset chosen by the
+     * image's, so that a reproducer (which keeps only the image's)
+     * makes the same data file again.
+     */
+    struct crashio *dc = s->run.dcio;
+    struct wl_rng r = { seed };
+    uint8_t *dkeep = calloc (1, crashio_nr_pieces (dc) / 8 + 1);
+
+    if (!dkeep)
+      abort ();
+    pick_keep (&r, dc, dkeep);
+    crashio_crash_image (dc, dkeep, &buf_dimage.p, &buf_dimage.cap,
+                         &files.dlen);
+    files.data = buf_dimage.p;
+    free (dkeep);
+  }
+  ok = crashcheck_verify (s->setup, &s->run.model, files, seed, &f);
   if (!ok && !s->failed && (!s->want || strcmp (s->want, f.cls) == 0)) {
     s->failed = true;
     s->f = f;
@@ -315,25 +334,29 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
   s->setup = &setup;
   crashcheck_write_backing (&setup);
   if (s->mode == SIM_COUNT && crashcheck_have_qemu &&
-      (r = crashcheck_qemu (setup.image, setup.len, line, sizeof line)) != 0) {
+      (r = crashcheck_qemu (wl_setup_files (&setup), line,
+                            sizeof line)) != 0) {
     fprintf (stderr, "%s: the initial image is not clean: qemu-img check "
              "exit %d:\n%s\n", cfg->name, r, line);
     exit (EXIT_FAILURE);
   }
-  img = wl_open_copy (&setup, setup.image, setup.len, true);
+  img = wl_open_copy (&setup, wl_setup_files (&setup), true);
   if (!img || !(initial = wl_read_all (img, &buf_read))) {
     fprintf (stderr, "%s: the initial image does not open: %s\n", cfg->name,
              memenv_last_error (setup.me));
     exit (EXIT_FAILURE);
   }
   qcow2_close (img);
-  if ((r = wl_run_start (&s->run, &setup, setup.image, setup.len,
+  if ((r = wl_run_start (&s->run, &setup, wl_setup_files (&setup),
                          initial)) < 0) {
     fprintf (stderr, "%s: cannot open the initial image: %s\n", cfg->name,
              memenv_last_error (setup.me));
     exit (EXIT_FAILURE);
   }
+  /* Host operations on the data file are crash points too. */
   crashio_set_hook (s->run.cio, sim_hook, s);
+  if (s->run.dcio)
+    crashio_set_hook (s->run.dcio, sim_hook, s);
   *failed_op = nops;
   for (size_t i = 0; i < nops && !s->failed; i++) {
     if (crashcheck_trace) {
@@ -362,15 +385,14 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
   /* A clean close leaves every write durable and no leak. */
   if (!s->failed && s->mode == SIM_SAMPLE) {
     struct qcow2_check_result res;
-    const uint8_t *data;
+    struct wl_files files;
     uint8_t *got = NULL;
     char out[4096];
-    size_t len;
 
     r = qcow2_close (s->run.img);
     s->run.img = NULL;
-    data = crashio_data (s->run.cio, &len);
-    img = wl_open_copy (&setup, data, len, true);
+    files = wl_run_files (&s->run);
+    img = wl_open_copy (&setup, files, true);
     if (r < 0 || !img)
       crashcheck_fail (&s->f, "live", "clean close, open: %s",
                 memenv_last_error (setup.me));
@@ -388,7 +410,8 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
       crashcheck_fail (&s->f, "live", "after a clean close, guest byte %#" PRIx64
                 " reads %#x, not %#x", i, got[i], s->run.model.acked[i]);
     }
-    else if (crashcheck_have_qemu && (r = crashcheck_qemu (data, len, out, sizeof out)) != 0)
+    else if (crashcheck_have_qemu &&
+             (r = crashcheck_qemu (files, out, sizeof out)) != 0)
       crashcheck_fail (&s->f, "live", "qemu-img check exit %d after a clean "
                 "close:\n%s", r, out);
     else
@@ -400,6 +423,8 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
     qcow2_close (img);
   }
   crashio_set_hook (s->run.cio, NULL, NULL);
+  if (s->run.dcio)
+    crashio_set_hook (s->run.dcio, NULL, NULL);
   wl_run_end (&s->run);
   wl_setup_free (&setup);
   return s->failed;

@@ -41,12 +41,14 @@
 
 /* The configurations faults are injected in: every path that writes
  * metadata (evictions, new L2 tables, copied L2 tables, new refcount
- * blocks, a growing refcount table, lazy refcounts, bitmaps).
+ * blocks, a growing refcount table, lazy refcounts, bitmaps, external
+ * data files).
  */
 static const char *const fault_configs[] = {
   "alloc-4k-evict", "backing-qcow2-v2-4k-evict", "extl2-32k-backing",
   "lazy-4k", "snapshot-compressed-64k-evict", "blocks-512-rc64",
-  "grow-512-rc64", "bitmaps-snapshot-512-evict",
+  "grow-512-rc64", "bitmaps-snapshot-512-evict", "datafile-backing-4k-evict",
+  "datafile-raw-64k",
 };
 
 enum fault_kind { F_PREAD, F_PWRITE, F_FLUSH, F_PUNCH, F_GROW, F_KINDS };
@@ -71,8 +73,17 @@ static const struct {
 #endif
 #define IMAGES_PER_POINT 2
 
+struct inj;
+
+/* The hook's view of one file: the image or its data file. */
+struct inj_file {
+  struct inj *in;
+  struct crashio *c;
+};
+
 struct inj {
   struct wl_run run;
+  struct inj_file files[2];
   enum fault_kind kind;
   uint64_t nth, burst;          /* fail operations nth to nth+burst-1 */
   uint64_t seen[F_KINDS];       /* operations of each kind so far */
@@ -84,9 +95,9 @@ static struct {
   uint64_t runs, failed_requests, sticky, leaky;
 } totals;
 
-/* Whether op (of the crashio) counts as one of kind k. */
+/* Whether op (of the file c) counts as one of kind k. */
 static bool
-inj_matches (struct inj *in, enum fault_kind k, enum crashio_op op,
+inj_matches (struct crashio *c, enum fault_kind k, enum crashio_op op,
              uint64_t offset, uint64_t count)
 {
   size_t len;
@@ -95,23 +106,24 @@ inj_matches (struct inj *in, enum fault_kind k, enum crashio_op op,
     return false;
   if (k != F_GROW)
     return true;
-  crashio_data (in->run.cio, &len);
+  crashio_data (c, &len);
   return offset + count > len;
 }
 
 static int
 inj_hook (void *opaque, enum crashio_op op, uint64_t offset, uint64_t count)
 {
-  struct inj *in = opaque;
+  struct inj_file *file = opaque;
+  struct inj *in = file->in;
   uint64_t n;
 
   for (enum fault_kind k = 0; k < F_KINDS; k++)
-    if (inj_matches (in, k, op, offset, count))
+    if (inj_matches (file->c, k, op, offset, count))
       in->seen[k]++;
   if (crashcheck_trace && op != CRASHIO_PREAD)
     fprintf (stderr, "  host %s %#" PRIx64 " +%" PRIu64 "\n",
              crashio_op_name (op), offset, count);
-  if (!in->active || !inj_matches (in, in->kind, op, offset, count))
+  if (!in->active || !inj_matches (file->c, in->kind, op, offset, count))
     return 0;
   n = in->seen[in->kind];
   if (n < in->nth || n >= in->nth + in->burst)
@@ -128,24 +140,34 @@ inj_hook (void *opaque, enum crashio_op op, uint64_t offset, uint64_t count)
 static bool
 inj_crash_images (struct inj *in, struct wl_rng *rng, struct failure *f)
 {
-  static struct wl_buf image;
-  struct crashio *c = in->run.cio;
-  size_t n = crashio_nr_pieces (c), len;
-  uint8_t *keep = calloc (1, n / 8 + 1);
+  static struct wl_buf image, dimage;
+  struct crashio *c = in->run.cio, *dc = in->run.dcio;
+  size_t n = crashio_nr_pieces (c), dn = dc ? crashio_nr_pieces (dc) : 0;
+  uint8_t *keep = calloc (1, n / 8 + 1), *dkeep = calloc (1, dn / 8 + 1);
   bool ok = true;
 
-  if (!keep)
+  if (!keep || !dkeep)
     abort ();
   for (int i = 0; i < IMAGES_PER_POINT && ok; i++) {
     unsigned pct = i == 0 ? 100 : wl_below (rng, 101);
+    struct wl_files files = { 0 };
+
     for (size_t k = 0; k < n; k++)
       crashio_set_bit (keep, k, wl_below (rng, 100) < pct);
-    crashio_crash_image (c, keep, &image.p, &image.cap, &len);
-    ok = crashcheck_verify (in->run.setup, &in->run.model, image.p, len,
+    crashio_crash_image (c, keep, &image.p, &image.cap, &files.len);
+    files.image = image.p;
+    if (dc) {
+      for (size_t k = 0; k < dn; k++)
+        crashio_set_bit (dkeep, k, wl_below (rng, 100) < pct);
+      crashio_crash_image (dc, dkeep, &dimage.p, &dimage.cap, &files.dlen);
+      files.data = dimage.p;
+    }
+    ok = crashcheck_verify (in->run.setup, &in->run.model, files,
                             wl_rand (rng), f);
   }
   crashcheck_stats.points++;
   free (keep);
+  free (dkeep);
   return ok;
 }
 
@@ -195,9 +217,8 @@ inj_recovered (struct inj *in, struct wl_rng *rng, struct failure *f)
   struct qcow2_check_result res;
   static struct wl_buf got;
   struct qcow2_image *img;
-  const uint8_t *data;
+  struct wl_files files;
   char out[4096];
-  size_t len;
   int r;
 
   op.offset = wl_below (rng, m->size / 2);
@@ -217,8 +238,8 @@ inj_recovered (struct inj *in, struct wl_rng *rng, struct failure *f)
                      "failed: %s", errstr (-r));
     return false;
   }
-  data = crashio_data (in->run.cio, &len);
-  img = wl_open_copy (in->run.setup, data, len, true);
+  files = wl_run_files (&in->run);
+  img = wl_open_copy (in->run.setup, files, true);
   if (!img) {
     crashcheck_fail (f, "recovery", "the image does not open after a "
                      "clean close: %s",
@@ -240,7 +261,7 @@ inj_recovered (struct inj *in, struct wl_rng *rng, struct failure *f)
   totals.leaky += !f->cls[0] && res.leaks > 0;
   qcow2_close (img);
   if (!f->cls[0] && crashcheck_have_qemu &&
-      (r = crashcheck_qemu (data, len, out, sizeof out)) != 0 && r != 3)
+      (r = crashcheck_qemu (files, out, sizeof out)) != 0 && r != 3)
     crashcheck_fail (f, "qemu-img", "qemu-img check exit %d after a clean "
                      "close:\n%s", r, out);
   return !f->cls[0];
@@ -263,16 +284,21 @@ inj_run (const struct wl_config *cfg, uint64_t seed, const struct wl_op *ops,
   memset (f, 0, sizeof *f);
   wl_setup (cfg, seed, &setup);
   crashcheck_write_backing (&setup);
-  img = wl_open_copy (&setup, setup.image, setup.len, true);
+  img = wl_open_copy (&setup, wl_setup_files (&setup), true);
   if (!img || !wl_read_all (img, &initial) ||
-      wl_run_start (&in->run, &setup, setup.image, setup.len,
+      wl_run_start (&in->run, &setup, wl_setup_files (&setup),
                     initial.p) < 0) {
     fprintf (stderr, "%s: the initial image does not open\n", cfg->name);
     exit (EXIT_FAILURE);
   }
   qcow2_close (img);
   free (initial.p);
-  crashio_set_hook (in->run.cio, inj_hook, in);
+  /* Faults in the data file's operations too, counted with the image's. */
+  in->files[0] = (struct inj_file) { in, in->run.cio };
+  in->files[1] = (struct inj_file) { in, in->run.dcio };
+  crashio_set_hook (in->run.cio, inj_hook, &in->files[0]);
+  if (in->run.dcio)
+    crashio_set_hook (in->run.dcio, inj_hook, &in->files[1]);
   in->active = true;
 
   for (size_t i = 0; i < nops && ok; i++) {
@@ -334,6 +360,8 @@ inj_run (const struct wl_config *cfg, uint64_t seed, const struct wl_op *ops,
     ok = inj_recovered (in, &rng, f);
   totals.sticky += sticky;
   crashio_set_hook (in->run.cio, NULL, NULL);
+  if (in->run.dcio)
+    crashio_set_hook (in->run.dcio, NULL, NULL);
   wl_run_end (&in->run);
   wl_setup_free (&setup);
   return ok;

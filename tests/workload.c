@@ -17,6 +17,7 @@
 #define MiB (1024 * 1024)
 #define TOP_NAME "top.qcow2"
 #define BACKING_NAME "backing.img"
+#define DATA_NAME "data.raw"
 #define CHUNK 4096
 
 /* The configurations: each workload of the issue (allocation, COW over
@@ -62,6 +63,12 @@ const struct wl_config wl_configs[] = {
   { .name = "bitmaps-snapshot-512-evict", .cluster_bits = 9,
     .size = 1 * MiB, .built = true, .bitmaps = true, .snapshot = true,
     .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 100 },
+  { .name = "datafile-backing-4k-evict", .cluster_bits = 12,
+    .size = 2 * MiB, .built = true, .data_file = true,
+    .backing = WL_RAW_BACKING, .l2_cache_size = 1024, .l2_slice_size = 512,
+    .ops = 120 },
+  { .name = "datafile-raw-64k", .cluster_bits = 16, .size = 2 * MiB,
+    .built = true, .data_file = true, .data_file_raw = true, .ops = 120 },
   { .name = "fill-1k-rc32-evict", .cluster_bits = 10, .size = 8 * MiB,
     .built = true, .refcount_order = 5, .gen = WL_GEN_FILL,
     .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 120 },
@@ -334,6 +341,18 @@ wl_setup_built (const struct wl_config *cfg, uint64_t seed,
     ib.backing = BACKING_NAME;
     ib.backing_format = cfg->backing == WL_RAW_BACKING ? "raw" : "qcow2";
   }
+  if (cfg->data_file) {
+    /* Empty, its data file too: the builder puts guest data in the
+     * image itself.
+     */
+    ib.incompat |= UINT64_C (1) << 2;
+    if (cfg->data_file_raw)
+      ib.autoclear |= UINT64_C (1) << 1;
+    ib.extra_ext_type = 0x44415441;
+    ib.extra_ext_data = DATA_NAME;
+    ib.extra_ext_len = strlen (DATA_NAME);
+    clusters = 0;
+  }
   /* Mostly in the first quarter, where the requests go. */
   for (uint64_t i = 0; i < clusters / 8; i++) {
     uint64_t c = wl_below (&r, 4) ? wl_below (&r, clusters / 4)
@@ -396,8 +415,6 @@ wl_setup (const struct wl_config *cfg, uint64_t seed, struct wl_setup *s)
 
   if (cfg->built)
     wl_setup_built (cfg, seed, s);
-  if (cfg->bitmaps)
-    wl_setup_initial (s);
   else {
     struct qcow2_create_options co = {
       .size = cfg->size,
@@ -423,6 +440,8 @@ wl_setup (const struct wl_config *cfg, uint64_t seed, struct wl_setup *s)
     s->image = wl_xmemdup (data, s->len);
     io->ops->close (io);
   }
+  if (cfg->bitmaps)
+    wl_setup_initial (s);
 }
 
 void
@@ -436,7 +455,8 @@ wl_setup_free (struct wl_setup *s)
 }
 
 static struct qcow2_image *
-wl_open_io (const struct wl_setup *s, struct qcow2_io *io, bool readonly)
+wl_open_io (const struct wl_setup *s, const struct qcow2_env *env,
+            struct qcow2_io *io, bool readonly)
 {
   struct qcow2_options opts = {
     .l2_cache_size = s->cfg->l2_cache_size,
@@ -444,18 +464,78 @@ wl_open_io (const struct wl_setup *s, struct qcow2_io *io, bool readonly)
     .readonly = readonly,
   };
 
-  return qcow2_open (memenv_env (s->me), io, TOP_NAME, &opts);
+  return qcow2_open (env, io, TOP_NAME, &opts);
+}
+
+struct wl_files
+wl_setup_files (const struct wl_setup *s)
+{
+  return (struct wl_files) { .image = s->image, .len = s->len };
 }
 
 struct qcow2_image *
-wl_open_copy (const struct wl_setup *s, const uint8_t *image, size_t len,
-              bool readonly)
+wl_open_copy (const struct wl_setup *s, struct wl_files files, bool readonly)
 {
-  struct qcow2_io *io = memio_new (image, len);
+  struct qcow2_io *io = memio_new (files.image, files.len);
 
   if (!io)
     abort ();
-  return wl_open_io (s, io, readonly);
+  if (s->cfg->data_file) {
+    struct qcow2_io *dio = memio_new (files.data, files.dlen);
+
+    if (!dio || memenv_add (s->me, DATA_NAME, dio) < 0)
+      abort ();
+    dio->ops->close (dio);
+  }
+  return wl_open_io (s, memenv_env (s->me), io, readonly);
+}
+
+/* The run's environment: the setup's files, but the data file from the
+ * run's own crashio, so that its writes are recorded.
+ */
+static const struct qcow2_env *
+wl_run_inner (void *opaque)
+{
+  return memenv_env (((struct wl_run *) opaque)->setup->me);
+}
+
+static struct qcow2_io *
+wl_run_env_open (void *opaque, const char *path, bool readonly, char **id)
+{
+  struct wl_run *run = opaque;
+  const struct qcow2_env *inner = wl_run_inner (opaque);
+
+  if (run->dcio && strcmp (path, DATA_NAME) == 0) {
+    if (!(*id = strdup (path)))
+      return NULL;
+    return crashio_io (run->dcio);
+  }
+  return inner->open (inner->opaque, path, readonly, id);
+}
+
+static void
+wl_run_env_error (void *opaque, const char *msg)
+{
+  const struct qcow2_env *inner = wl_run_inner (opaque);
+
+  inner->error (inner->opaque, msg);
+}
+
+static void
+wl_run_env_debug (void *opaque, const char *msg)
+{
+  const struct qcow2_env *inner = wl_run_inner (opaque);
+
+  inner->debug (inner->opaque, msg);
+}
+
+static void
+wl_run_env_notice (void *opaque, const char *path, const char *msg)
+{
+  const struct qcow2_env *inner = wl_run_inner (opaque);
+
+  if (inner->notice)
+    inner->notice (inner->opaque, path, msg);
 }
 
 uint8_t *
@@ -489,7 +569,7 @@ wl_read_all (struct qcow2_image *img, struct wl_buf *b)
 static void
 wl_setup_initial (struct wl_setup *s)
 {
-  struct qcow2_image *img = wl_open_copy (s, s->image, s->len, true);
+  struct qcow2_image *img = wl_open_copy (s, wl_setup_files (s), true);
   struct wl_buf b = { NULL, 0 };
 
   if (!img || !(s->initial = wl_read_all (img, &b))) {
@@ -502,14 +582,20 @@ wl_setup_initial (struct wl_setup *s)
 
 int
 wl_run_start (struct wl_run *run, const struct wl_setup *s,
-              const uint8_t *image, size_t len, const uint8_t *initial)
+              struct wl_files files, const uint8_t *initial)
 {
   struct wl_model *m = &run->model;
 
   memset (run, 0, sizeof *run);
   run->setup = s;
-  run->cio = crashio_new (image, len);
-  run->img = wl_open_io (s, crashio_io (run->cio), false);
+  run->env = (struct qcow2_env) {
+    .opaque = run, .open = wl_run_env_open, .error = wl_run_env_error,
+    .debug = wl_run_env_debug, .notice = wl_run_env_notice,
+  };
+  run->cio = crashio_new (files.image, files.len);
+  if (s->cfg->data_file)
+    run->dcio = crashio_new (files.data, files.dlen);
+  run->img = wl_open_io (s, &run->env, crashio_io (run->cio), false);
   if (!run->img)
     return -errno;
   m->size = qcow2_get_size (run->img);
@@ -523,12 +609,25 @@ wl_run_start (struct wl_run *run, const struct wl_setup *s,
   return 0;
 }
 
+struct wl_files
+wl_run_files (struct wl_run *run)
+{
+  struct wl_files f = { 0 };
+
+  f.image = crashio_data (run->cio, &f.len);
+  if (run->dcio)
+    f.data = crashio_data (run->dcio, &f.dlen);
+  return f;
+}
+
 void
 wl_run_end (struct wl_run *run)
 {
   if (run->img)
     qcow2_close (run->img);
   crashio_free (run->cio);
+  if (run->dcio)
+    crashio_free (run->dcio);
   free (run->model.acked);
   free (run->model.durable);
   free (run->model.dirty);
@@ -662,7 +761,8 @@ wl_exec (struct wl_run *run, const struct wl_op *op)
     break;
   case WL_REOPEN:
     r = qcow2_close (run->img);
-    run->img = wl_open_io (run->setup, crashio_io (run->cio), false);
+    run->img = wl_open_io (run->setup, &run->env, crashio_io (run->cio),
+                           false);
     if (!run->img)
       return -errno;
     break;

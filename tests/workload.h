@@ -42,6 +42,11 @@ struct wl_config {
    * one disabled, each with some bits set.
    */
   bool bitmaps;
+  /* Guest data in an external data file (raw: equal to the guest),
+   * recorded as a second file: a crash keeps any subset of the writes
+   * to either since its last flush.
+   */
+  bool data_file, data_file_raw;
   unsigned refcount_order;      /* built only: 0 = 16 bits */
   uint64_t l2_cache_size;       /* small: dirty slices evicted mid-request */
   uint64_t l2_slice_size;
@@ -94,28 +99,44 @@ struct wl_setup {
   uint8_t *trimmed;             /* size bytes: what a trim leaves, or NULL */
   uint8_t *initial;             /* with bitmaps: the guest at the start */
 };
+
+/* The files of an image: the image and its external data file (NULL,
+ * 0 without one).
+ */
+struct wl_files {
+  const uint8_t *image;
+  size_t len;
+  const uint8_t *data;
+  size_t dlen;
+};
 extern void wl_setup (const struct wl_config *cfg, uint64_t seed,
                       struct wl_setup *s);
 extern void wl_setup_free (struct wl_setup *s);
 
-/* Open a copy of len bytes of image as the configuration's image. */
+/* The setup's initial files. */
+extern struct wl_files wl_setup_files (const struct wl_setup *s);
+
+/* Open a copy of the files as the configuration's image. */
 extern struct qcow2_image *wl_open_copy (const struct wl_setup *s,
-                                         const uint8_t *image, size_t len,
+                                         struct wl_files files,
                                          bool readonly);
 
 /* An image being worked on, over a crashio. */
 struct wl_run {
   const struct wl_setup *setup;
   struct crashio *cio;
+  struct crashio *dcio;         /* the external data file, or NULL */
+  struct qcow2_env env;         /* opens dcio for the data file */
   struct qcow2_image *img;
   struct wl_model model;
   struct qcow2_check_result check;      /* of the last WL_CHECK/REPAIR */
 };
 
-/* Start from image (len bytes) whose guest reads as initial. */
+/* Start from (copies of) files whose guest reads as initial. */
 extern int wl_run_start (struct wl_run *run, const struct wl_setup *s,
-                         const uint8_t *image, size_t len,
-                         const uint8_t *initial);
+                         struct wl_files files, const uint8_t *initial);
+/* The files now (as reads see them), valid until the next write. */
+extern struct wl_files wl_run_files (struct wl_run *run);
 extern void wl_run_end (struct wl_run *run);
 
 /* Send one request, keeping the model: 0 or -errno (-EUCLEAN when a
