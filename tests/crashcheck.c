@@ -536,7 +536,7 @@ crashcheck_remove_workdir (void)
   if (!workdir)
     return;
   for (const char *const *n = (const char *const[]) { "crash.qcow2",
-         "check.out", "backing.img", NULL }; *n; n++) {
+         "check.out", "backing.img", "data.raw", NULL }; *n; n++) {
     snprintf (path, sizeof path, "%s/%s", workdir, *n);
     unlink (path);
   }
