@@ -321,13 +321,14 @@ crashcheck_bitmaps (const struct wl_setup *setup, const uint8_t *buf,
   return ok;
 }
 
-/* With data_file_raw, the data file is the guest wherever the image
- * maps data (a crash may leave an interrupted write's bytes in the raw
- * file where the image maps none: old or new data, either may show).
+/* With data_file_raw, the data file is the guest; after a crash, only
+ * where the image maps data (an interrupted write may leave its bytes
+ * in the raw file where the image maps none, as in QEMU).
  */
 struct raw_check {
   const struct wl_files *files;
   const uint8_t *guest;
+  bool strict;
   struct failure *f;
   bool failed;
 };
@@ -338,7 +339,7 @@ crashcheck_raw_extent (void *opaque, uint64_t offset, uint64_t length,
 {
   struct raw_check *rc = opaque;
 
-  if (type & QCOW2_EXTENT_ZERO)
+  if ((type & QCOW2_EXTENT_ZERO) && !rc->strict)
     return 0;
   for (uint64_t i = offset; i < offset + length; i++) {
     uint8_t b = i < rc->files->dlen ? rc->files->data[i] : 0;
@@ -354,12 +355,13 @@ crashcheck_raw_extent (void *opaque, uint64_t offset, uint64_t length,
   return 0;
 }
 
-static bool
+bool
 crashcheck_raw_data_file (const struct wl_setup *setup,
                           struct qcow2_image *img, struct wl_files files,
-                          const uint8_t *guest, struct failure *f)
+                          const uint8_t *guest, bool crashed,
+                          struct failure *f)
 {
-  struct raw_check rc = { &files, guest, f, false };
+  struct raw_check rc = { &files, guest, !crashed, f, false };
 
   if (!setup->cfg->data_file_raw)
     return true;
@@ -433,7 +435,7 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
               "close, guest byte %#" PRIx64 " reads %#x, not %#x", i, got[i],
               run->model.acked[i]);
   }
-  else if (!crashcheck_raw_data_file (run->setup, img, files, got, f))
+  else if (!crashcheck_raw_data_file (run->setup, img, files, got, true, f))
     ;
   else
     ok = crashcheck_bitmaps (run->setup, files.image, files.len, got, f);

@@ -69,6 +69,16 @@ extern bool crashcheck_verify (const struct wl_setup *setup,
                                struct wl_files files, uint64_t seed,
                                struct failure *f);
 
+/* With data_file_raw, whether the data file of files holds the guest
+ * (which img, opened on files, reads as guest): everywhere, or if the
+ * image crashed, where img maps data.
+ */
+extern bool crashcheck_raw_data_file (const struct wl_setup *setup,
+                                      struct qcow2_image *img,
+                                      struct wl_files files,
+                                      const uint8_t *guest, bool crashed,
+                                      struct failure *f);
+
 extern uint64_t crashcheck_first_difference (const uint8_t *a,
                                              const uint8_t *b, uint64_t len);
 extern void crashcheck_write_file (const char *path, const void *data,

@@ -11,8 +11,6 @@
 #  - every byte a completed flush or FUA request covered (and nothing
 #    wrote since) reads back as written, as qemu reads the image and,
 #    every fourth kill, as the plugin serves it;
-#  - with a raw external data file, the data file itself holds every
-#    such byte;
 #  - with bitmaps, the enabled ones are left in use (inconsistent, never
 #    stale; they are then removed and added again for the next round);
 # and at the end, repair=leaks leaves every image clean (exit 0).
@@ -158,10 +156,6 @@ for i in $(seq 1 "$kills"); do
   qemu-img convert -f qcow2 -O raw "$img" "$tmp/now.raw"
   compare_durable "$tmp/now.raw" "$tmp/expected" "$tmp/dirty" ||
     fail "kill $i ($name): flushed data lost"
-  if [ "$name" = datafile-raw ]; then
-    compare_durable "$tmp/$name.data" "$tmp/expected" "$tmp/dirty" ||
-      fail "kill $i ($name): the raw data file lost flushed data"
-  fi
   if [ "$name" = bitmaps ]; then
     [ "$(bitmaps_in_use "$img")" = "2 2" ] ||
       fail "kill $i: bitmaps not left in use: $(bitmaps_in_use "$img")"

@@ -410,6 +410,9 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
       crashcheck_fail (&s->f, "live", "after a clean close, guest byte %#" PRIx64
                 " reads %#x, not %#x", i, got[i], s->run.model.acked[i]);
     }
+    else if (!crashcheck_raw_data_file (&setup, img, files, got, false,
+                                        &s->f))
+      r = -1;
     else if (crashcheck_have_qemu &&
              (r = crashcheck_qemu (files, out, sizeof out)) != 0)
       crashcheck_fail (&s->f, "live", "qemu-img check exit %d after a clean "
