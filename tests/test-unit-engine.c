@@ -1274,6 +1274,47 @@ test_bitmap_guard (void)
   memenv_free (me);
 }
 
+/* An image whose refcount table has no first block: an allocation must
+ * fail (not loop making that block in the header's place, forever),
+ * and the header stay as it was, whatever the overlap guard's mode.
+ */
+static void
+test_no_first_refblock (void)
+{
+  const uint64_t cs = 512, size = 64 * cs;
+  const char *const modes[] = { NULL, "none" };
+
+  for (size_t m = 0; m < 2; m++) {
+    struct memenv *me = memenv_new ();
+    struct qcow2_options opts = { 0 };
+    struct qcow2_image *img;
+    struct qcow2_io *io;
+    uint8_t *buf = calloc (1, cs), head[512];
+    struct ib ib;
+
+    ib_init (&ib, 3, 9, size, false);
+    ib_data (&ib, 0, 1);
+    ib_finish (&ib);
+    be64_put (ib.buf + cs, 0);
+    if (modes[m]) {
+      opts.overlap_set = true;
+      opts.overlap_mask = qcow2_overlap_mode (modes[m]);
+    }
+    img = open_ib (me, &ib, "no-first-refblock.qcow2", &opts, &io);
+    if (CHECK (img != NULL)) {
+      CHECK_INT (qcow2_write (img, buf, cs, 20 * cs, false), -EIO);
+      CHECK (strstr (memenv_last_error (me), "refcount table entry 0"));
+      CHECK_INT (io->ops->pread (io, head, cs, 0), 0);
+      CHECK (memcmp (head, ib.buf, cs) == 0);
+      qcow2_close (img);
+      io->ops->close (io);
+    }
+    free (buf);
+    ib_free (&ib);
+    memenv_free (me);
+  }
+}
+
 /* While armed, every read or write of exactly len bytes fails: the
  * data pieces of a fragmented request, which the engine's I/O pool does
  * on several threads at once.
@@ -1395,6 +1436,7 @@ main (void)
   test_check ();
   test_corrupt_mark ();
   test_bitmap_guard ();
+  test_no_first_refblock ();
   test_pool_errors ();
   return unit_finish ();
 }

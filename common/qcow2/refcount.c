@@ -115,6 +115,15 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return r;
   if (img->reftable[idx] & REFTABLE_OFFSET_MASK)
     return 0;                   /* made while growing the table */
+  /* The first block's place is the header's: its refcount block cannot
+   * be missing in an image that is not corrupt (QEMU refuses too).
+   */
+  if (offset == 0) {
+    qcow2_err (img, "corrupt image: refcount table entry 0 is empty, so "
+               "the header's cluster has no refcount, and no refcount "
+               "block can be made in its place: allocation refused");
+    return -EIO;
+  }
 
   r = cache_get (img, img->refcount_cache, offset, true, &block);
   if (r < 0)
