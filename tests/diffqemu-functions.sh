@@ -26,12 +26,8 @@ diff_qemu ()
   qemu-nbd -t -e 16 -k "$sock" -f qcow2 --cache=writeback \
     --discard=unmap --detect-zeroes=off "$b.qcow2" 2>"$tmp/qemu-nbd.err" &
   pid=$!
-  for i in $(seq 100); do
-    [ -S "$sock" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -S "$sock" ] || { cat "$tmp/qemu-nbd.err" >&2; fail "$name: qemu-nbd did not start"; }
+  wait_socket "$sock" "$pid" ||
+    { cat "$tmp/qemu-nbd.err" >&2; fail "$name: qemu-nbd did not start"; }
   echo "== $name (seed $seed)"
   timeout -k 10 "${TEST_TIMEOUT:-300}" \
     nbdkit -U - qcow2 "file=$a.qcow2" "$@" --run "/usr/bin/python3 \

@@ -30,6 +30,19 @@ fail ()
   exit 1
 }
 
+# wait_socket SOCK PID: wait (up to 10 s) until the server PID listens
+# on SOCK; false if it exits first or never does.
+wait_socket ()
+{
+  local i
+  for i in $(seq 100); do
+    [ -S "$1" ] && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  [ -S "$1" ]
+}
+
 # map_normalize: qemu-img map --output=json on stdin -> one line per
 # extent "start length data zero", adjacent equal extents merged, so maps
 # from different sources (a qcow2 file, an NBD export) compare equal.

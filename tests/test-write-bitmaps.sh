@@ -19,17 +19,13 @@ bc="/usr/bin/python3 ${srcdir:-.}/bitmapcheck.py"
 qemu_serve ()
 {
   local img="$1" cmd="$2"; shift 2
-  local sock="$tmp/qemu-nbd.sock" pid i b args=() r=0
+  local sock="$tmp/qemu-nbd.sock" pid b args=() r=0
   for b in "$@"; do args+=(-B "$b"); done
   rm -f "$sock"
   qemu-nbd -r -t -f qcow2 "${args[@]}" -k "$sock" "$img" &
   pid=$!
-  for i in $(seq 100); do
-    [ -S "$sock" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -S "$sock" ] || { wait "$pid" || :; fail "qemu-nbd cannot export $*"; }
+  wait_socket "$sock" "$pid" ||
+    { wait "$pid" || :; fail "qemu-nbd cannot export $*"; }
   uri="nbd+unix:///?socket=$sock" bash -c "$cmd" || r=$?
   kill "$pid"
   wait "$pid" || :
@@ -157,7 +153,7 @@ nbdkit -U - qcow2 "file=$img" --run 'nbdsh -u "$uri" -c "h.pread(65536, 0)"'
 img=$tmp/bm-4k.qcow2
 nbdkit -f -U "$tmp/kill.sock" qcow2 "file=$img" &
 pid=$!
-for i in $(seq 100); do [ -S "$tmp/kill.sock" ] && break; sleep 0.1; done
+wait_socket "$tmp/kill.sock" $pid || fail "nbdkit did not start"
 nbdsh -u "nbd+unix:///?socket=$tmp/kill.sock" \
   -c 'h.pwrite(b"K" * 4096, 8 * 1048576); h.flush()'
 kill -9 $pid

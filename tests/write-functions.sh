@@ -33,18 +33,14 @@ serve_rw ()
         nbdkit -U - qcow2 "file=$img" "$@" --run "$cmd" || r=$?
       ;;
     qemu-nbd)
-      local sock="$tmp/qemu-nbd.sock" pid i
+      local sock="$tmp/qemu-nbd.sock" pid
       rm -f "$sock"
       qemu-nbd -t -e 16 -k "$sock" -f qcow2 --cache=writeback \
         --discard=unmap --detect-zeroes=off "$img" &
       pid=$!
-      for i in $(seq 100); do
-        [ -S "$sock" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-      done
-      [ -S "$sock" ] || { kill "$pid" 2>/dev/null; wait "$pid";
-                          fail "qemu-nbd did not start on $img"; }
+      wait_socket "$sock" "$pid" ||
+        { kill "$pid" 2>/dev/null; wait "$pid";
+          fail "qemu-nbd did not start on $img"; }
       uri="nbd+unix:///?socket=$sock" unixsocket="$sock" \
         timeout -k 10 "${TEST_TIMEOUT:-120}" bash -c "$cmd" || r=$?
       kill "$pid"
