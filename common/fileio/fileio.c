@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -541,22 +542,120 @@ fileio_direct_align (int fd)
   return 4096;
 }
 
+/* QEMU's lock bytes (block/file-posix.c): 100+N "uses permission N",
+ * 200+N "does not share permission N".
+ */
+#define LOCK_USE 100
+#define LOCK_SHARE 200
+#define PERM_CONSISTENT_READ 0
+#define PERM_WRITE 1
+#define PERM_RESIZE 3
+#define PERM_COUNT 5
+
+static const char *const perm_names[PERM_COUNT] = {
+  "consistent read", "write", "write unchanged", "resize", "change children",
+};
+
+static int
+fileio_lock_byte (int fd, int cmd, short type, off_t byte)
+{
+  struct flock fl = {
+    .l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1,
+  };
+
+  if (fcntl (fd, cmd, &fl) == -1)
+    return -errno;
+  if (cmd == F_OFD_GETLK)
+    return fl.l_type == F_UNLCK ? 0 : 1;
+  return 0;
+}
+
+/* Take the locks of a file open for reading or writing, then check
+ * that nobody else holds what conflicts (QEMU's raw_apply_lock_bytes
+ * and raw_check_lock_bytes).  0, or -errno with *why set.
+ */
+static int
+fileio_lock (int fd, const char *path, bool readonly,
+             const struct fileio_options *opts, char **why)
+{
+  unsigned use = 1u << PERM_CONSISTENT_READ;
+  unsigned unshared = 1u << PERM_WRITE | 1u << PERM_RESIZE;
+  enum fileio_locking mode = opts ? opts->locking : FILEIO_LOCKING_AUTO;
+  int r = 0;
+
+  if (mode == FILEIO_LOCKING_OFF)
+    return 0;
+  if (!readonly)
+    use |= 1u << PERM_WRITE | 1u << PERM_RESIZE;
+  for (int n = 0; n < PERM_COUNT && r == 0; n++) {
+    if (use & 1u << n)
+      r = fileio_lock_byte (fd, F_OFD_SETLK, F_RDLCK, LOCK_USE + n);
+    if (r == 0 && unshared & 1u << n)
+      r = fileio_lock_byte (fd, F_OFD_SETLK, F_RDLCK, LOCK_SHARE + n);
+  }
+  if (r == -EINVAL || r == -EOPNOTSUPP || r == -ENOLCK || r == -ENOSYS) {
+    if (mode == FILEIO_LOCKING_ON) {
+      if (asprintf (why, "cannot lock it (%s): the file system does not "
+                    "support OFD locks; locking=off opens it unlocked",
+                    strerror (-r)) == -1)
+        *why = NULL;
+      return r;
+    }
+    if (opts && opts->notice)
+      opts->notice (path, "not locked: the file system does not support "
+                    "OFD locks, so QEMU cannot see that it is in use");
+    return 0;
+  }
+  for (int n = 0; n < PERM_COUNT && r == 0; n++) {
+    const char *what = NULL;
+    bool shared = false;
+    int c = 0;
+
+    if (use & 1u << n &&
+        (c = fileio_lock_byte (fd, F_OFD_GETLK, F_WRLCK, LOCK_SHARE + n)) > 0)
+      what = "another process (QEMU?) has it open and shares that with "
+        "nobody";
+    else if (c == 0 && unshared & 1u << n &&
+             (c = fileio_lock_byte (fd, F_OFD_GETLK, F_WRLCK,
+                                    LOCK_USE + n)) > 0) {
+      what = n == PERM_WRITE ? "another process (QEMU?) has it open for "
+        "writing" : "another process (QEMU?) has it open and may change it";
+      shared = true;
+    }
+    if (c < 0)
+      r = c;
+    else if (what) {
+      if (asprintf (why, "failed to get %s\"%s\" lock: %s (is another "
+                    "process using the image?); locking=off serves it "
+                    "anyway, as qemu's -U or file.locking=off does",
+                    shared ? "shared " : "", perm_names[n], what) == -1)
+        *why = NULL;
+      r = -EAGAIN;
+    }
+  }
+  return r;
+}
+
 struct qcow2_io *
 fileio_open (const char *path, bool readonly)
 {
-  return fileio_open_with (path, readonly, NULL);
+  return fileio_open_with (path, readonly, NULL, NULL);
 }
 
 struct qcow2_io *
 fileio_open_with (const char *path, bool readonly,
-                  const struct fileio_options *opts)
+                  const struct fileio_options *opts, char **why)
 {
   bool direct = opts && opts->direct;
   struct fileio *f;
   struct stat st;
   size_t align = 0;
+  char *discard = NULL;
   int fd, e;
 
+  if (!why)
+    why = &discard;
+  *why = NULL;
   fd = open (path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC |
              (direct ? O_DIRECT : 0));
   if (fd == -1)
@@ -565,6 +664,11 @@ fileio_open_with (const char *path, bool readonly,
     goto err;
   if (S_ISDIR (st.st_mode)) {
     errno = EISDIR;
+    goto err;
+  }
+  if (S_ISREG (st.st_mode) &&
+      (e = fileio_lock (fd, path, readonly, opts, why)) < 0) {
+    errno = -e;
     goto err;
   }
   if (direct) {
@@ -591,21 +695,24 @@ fileio_open_with (const char *path, bool readonly,
  err:
   e = errno;
   close (fd);
+  free (discard);
   errno = e;
   return NULL;
 }
 
 struct qcow2_io *
-fileio_create (const char *path)
+fileio_create (const char *path, const struct fileio_options *opts,
+               char **why)
 {
   struct qcow2_io *io;
   int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   int64_t size;
 
+  *why = NULL;
   if (fd == -1)
     return NULL;
   close (fd);
-  io = fileio_open (path, false);
+  io = fileio_open_with (path, false, opts, why);
   if (!io)
     return NULL;
   size = io->ops->size (io);
@@ -617,12 +724,18 @@ fileio_create (const char *path)
   return io;
 }
 
+char *
+fileio_env_identity (void *opaque, const char *path)
+{
+  (void) opaque;
+  return realpath (path, NULL);
+}
+
 struct qcow2_io *
 fileio_env_open (void *opaque, const char *path, bool readonly, char **id)
 {
-  struct qcow2_io *io = fileio_open_with (path, readonly, opaque);
+  struct qcow2_io *io = fileio_open_with (path, readonly, opaque, id);
 
-  *id = NULL;
   if (!io)
     return NULL;
   *id = realpath (path, NULL);

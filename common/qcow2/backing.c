@@ -44,6 +44,21 @@ backing_open_file (struct qcow2_image *img, const char *what,
   return io;
 }
 
+/* -ELOOP, said, if id is already in the chain above. */
+static int
+backing_check_loop (struct qcow2_image *img, const char **chain,
+                    unsigned depth, const char *id, const char *path)
+{
+  for (unsigned i = 0; i <= depth; i++) {
+    if (strcmp (chain[i], id) == 0) {
+      qcow2_err (img, "backing chain loops: backing file \"%s\" is already "
+                 "in the chain (layer %u)", path, i);
+      return -ELOOP;
+    }
+  }
+  return 0;
+}
+
 int
 backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
               const char **chain, unsigned depth)
@@ -75,21 +90,27 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   path = backing_resolve (img->path, name);
   if (!path)
     return -ENOMEM;
+  if (img->env->identity) {
+    char *pre = img->env->identity (img->env->opaque, path);
+    int r = pre ? backing_check_loop (img, chain, depth, pre, path) : 0;
+
+    free (pre);
+    if (r < 0) {
+      free (path);
+      return r;
+    }
+  }
   io = backing_open_file (img, "backing file", path, true, &id);
   if (!io) {
     int e = errno;
     free (path);
     return -e;
   }
-  for (unsigned i = 0; i <= depth; i++) {
-    if (strcmp (chain[i], id) == 0) {
-      qcow2_err (img, "backing chain loops: backing file \"%s\" is already "
-                 "in the chain (layer %u)", path, i);
-      io->ops->close (io);
-      free (id);
-      free (path);
-      return -ELOOP;
-    }
+  if (backing_check_loop (img, chain, depth, id, path) < 0) {
+    io->ops->close (io);
+    free (id);
+    free (path);
+    return -ELOOP;
   }
   chain[depth + 1] = id;
 

@@ -295,8 +295,10 @@ qcow2_open (const struct qcow2_env *env, struct qcow2_io *io,
             const char *path, const struct qcow2_options *opts)
 {
   const char *chain[QCOW2_MAX_CHAIN_DEPTH + 1];
-  char *id = strdup (path);
+  char *id = env->identity ? env->identity (env->opaque, path) : NULL;
 
+  if (!id)
+    id = strdup (path);
   if (!id) {
     int e = errno;
     io->ops->close (io);

@@ -74,6 +74,12 @@ struct qcow2_env {
    */
   struct qcow2_io *(*open) (void *opaque, const char *path, bool readonly,
                             char **id);
+  /* Optional (may be NULL): the name open would give path as *id,
+   * without opening it (malloc'd; NULL if it cannot say), so that a
+   * loop in a backing chain is found before the file is opened a
+   * second time (which image locks would refuse).
+   */
+  char *(*identity) (void *opaque, const char *path);
   /* Error and debug messages from the engine. */
   void (*error) (void *opaque, const char *msg);
   void (*debug) (void *opaque, const char *msg);

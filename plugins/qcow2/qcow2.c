@@ -66,12 +66,22 @@ plugin_notice (void *opaque, const char *path, const char *msg)
   nbdkit_debug ("%s: %s", path, msg);
 }
 
-/* cache=none: every file of the chain opened with O_DIRECT. */
-static struct fileio_options file_options;
+/* Files not locked where locking=auto finds no OFD locks. */
+static void
+plugin_lock_notice (const char *path, const char *msg)
+{
+  plugin_notice (NULL, path, msg);
+}
+
+/* cache=none: every file of the chain opened with O_DIRECT; locking=. */
+static struct fileio_options file_options = {
+  .notice = plugin_lock_notice,
+};
 
 static const struct qcow2_env env = {
   .opaque = &file_options,
   .open = fileio_env_open,
+  .identity = fileio_env_identity,
   .error = plugin_error,
   .debug = plugin_debug,
   .notice = plugin_notice,
@@ -232,6 +242,19 @@ plugin_config (const char *key, const char *value)
     overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
     return 0;
   }
+  if (strcmp (key, "locking") == 0) {
+    if (strcmp (value, "auto") == 0)
+      file_options.locking = FILEIO_LOCKING_AUTO;
+    else if (strcmp (value, "on") == 0)
+      file_options.locking = FILEIO_LOCKING_ON;
+    else if (strcmp (value, "off") == 0)
+      file_options.locking = FILEIO_LOCKING_OFF;
+    else {
+      nbdkit_error ("locking: expected on, off or auto, not \"%s\"", value);
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (key, "cache") == 0) {
     if (strcmp (value, "none") == 0)
       file_options.direct = true;
@@ -325,27 +348,68 @@ plugin_probe_backing (void)
 }
 
 static int
-plugin_create (void)
+plugin_create (struct qcow2_io **iop)
 {
   struct qcow2_io *io;
+  char *why;
   int r;
 
   if (create_backing && plugin_probe_backing () == -1)
     return -1;
-  io = fileio_create (filename);
+  /* Locked for writing before anything is written, and served through
+   * the same open file (a second one would meet its own locks).
+   */
+  io = fileio_create (filename, &file_options, &why);
   if (!io) {
     if (errno == EEXIST)
       nbdkit_error ("create: %s already exists and is not empty: remove it "
                     "or drop create=true", filename);
     else
-      nbdkit_error ("create: %s: %s", filename, errstr (errno));
+      nbdkit_error ("create: %s: %s", filename, why ? why : errstr (errno));
+    free (why);
     return -1;
   }
   create_options.size = create_size;
   create_options.backing = create_backing;
   r = qcow2_create (&env, io, &create_options);
-  io->ops->close (io);
-  return r < 0 ? -1 : 0;
+  if (r < 0) {
+    io->ops->close (io);
+    return -1;
+  }
+  *iop = io;
+  return 0;
+}
+
+/* Whether nbdkit serves read-only (-r): then the image is opened, and
+ * locked, as a reader's.  nbdkit (up to 1.44) does not tell plugins
+ * before the first connection, so its command line says.
+ */
+static bool
+plugin_server_readonly (void)
+{
+  char buf[8192];
+  size_t n = 0;
+  bool ro = false;
+  FILE *fp = fopen ("/proc/self/cmdline", "r");
+
+  if (!fp)
+    return false;
+  n = fread (buf, 1, sizeof buf - 1, fp);
+  fclose (fp);
+  buf[n] = '\0';
+  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
+    const char *a = buf + i;
+
+    if (strcmp (a, "--") == 0)
+      break;
+    if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
+      ro = true;
+    /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
+    else if (a[0] == '-' && a[1] != '-' && a[1] &&
+             strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r'))
+      ro = true;
+  }
+  return ro;
 }
 
 #define plugin_config_help \
@@ -360,6 +424,7 @@ plugin_create (void)
   "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
   "readonly=true                   Open the image read-only.\n" \
   "repair=leaks                    Reclaim leaked clusters before serving.\n" \
+  "locking=on|off|auto             QEMU's image locks (default auto).\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
@@ -401,23 +466,26 @@ plugin_get_ready (void)
 {
   struct qcow2_io *io = NULL;
 
-  if (create && plugin_create () == -1)
-    return -1;
+  char *why = NULL;
 
-  /* Read-write where the file allows it; connections with nbdkit -r
-   * never write.
-   */
-  if (!options.readonly) {
-    io = fileio_open_with (filename, false, &file_options);
+  if (create && plugin_create (&io) == -1)
+    return -1;
+  if (plugin_server_readonly ())
+    options.readonly = true;
+
+  /* Read-write where the file allows it. */
+  if (!io && !options.readonly) {
+    io = fileio_open_with (filename, false, &file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM))
       options.readonly = true;
   }
-  if (!io && options.readonly)
-    io = fileio_open_with (filename, true, &file_options);
+  if (!io && options.readonly && !why)
+    io = fileio_open_with (filename, true, &file_options, &why);
   if (!io) {
-    nbdkit_error ("open: %s: %s%s", filename, errstr (errno),
+    nbdkit_error ("open: %s: %s%s", filename, why ? why : errstr (errno),
                   file_options.direct && errno == EINVAL ?
                   " (cache=none needs O_DIRECT)" : "");
+    free (why);
     return -1;
   }
   options.debug_cache = qcow2_debug_cache;
