@@ -584,6 +584,26 @@ plugin_can_extents (void *handle)
   return 1;
 }
 
+/* As qemu-nbd advertises them: any byte range works (partial clusters
+ * cost one read and one write), 4 KiB suits every cluster size, and a
+ * request may be as long as qemu-nbd's longest.
+ */
+static int
+plugin_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
+                   uint32_t *maximum)
+{
+  *minimum = 1;
+  *preferred = 4096;
+  *maximum = 32 * 1024 * 1024;
+  return 0;
+}
+
+static int
+plugin_can_cache (void *handle)
+{
+  return NBDKIT_CACHE_NATIVE;
+}
+
 static int
 plugin_errno (int r)
 {
@@ -596,6 +616,32 @@ plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   int r = qcow2_read (image, buf, count, offset);
+  return r < 0 ? plugin_errno (r) : 0;
+}
+
+/* NBD_CMD_CACHE, answered as qemu-nbd answers it: the range is read,
+ * so that its L2 slices are in the cache and its data (and that of the
+ * backing files) in the host's page cache.
+ */
+static int
+plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  const uint32_t chunk = 1024 * 1024;
+  void *buf = malloc (count < chunk ? count : chunk);
+  int r = 0;
+
+  if (!buf) {
+    nbdkit_error ("cache: %s", errstr (errno));
+    return -1;
+  }
+  while (count > 0 && r == 0) {
+    uint32_t n = count < chunk ? count : chunk;
+
+    r = qcow2_read (image, buf, n, offset);
+    offset += n;
+    count -= n;
+  }
+  free (buf);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -672,7 +718,10 @@ static struct nbdkit_plugin plugin = {
   .can_fast_zero     = plugin_can_fast_zero,
   .can_multi_conn    = plugin_can_multi_conn,
   .can_extents       = plugin_can_extents,
+  .can_cache         = plugin_can_cache,
+  .block_size        = plugin_block_size,
   .pread             = plugin_pread,
+  .cache             = plugin_cache,
   .pwrite            = plugin_pwrite,
   .zero              = plugin_zero,
   .trim              = plugin_trim,
