@@ -770,6 +770,27 @@ write_zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
   return 0;
 }
 
+/* The length of the next piece of a zero request at offset: up to the
+ * cluster's end, and on an extended L2 image split at subcluster
+ * boundaries, so that the whole subclusters get zero bits and only
+ * partial ones at the ends are written as data (QEMU's block layer
+ * splits the same way).
+ */
+static uint64_t
+write_zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
+{
+  uint64_t cs = img->cluster_size, sub = img->subcluster_size;
+  uint64_t n = MIN (count, cs - (offset & (cs - 1)));
+
+  if (!img->extended_l2 || n == cs)
+    return n;
+  if (offset & (sub - 1))
+    return MIN (n, sub - (offset & (sub - 1)));
+  if (n > sub)
+    return n & ~(sub - 1);
+  return n;
+}
+
 /* How one piece of a zero request is done. */
 enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
 
@@ -818,7 +839,6 @@ int
 qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
             bool may_trim, bool fast, bool fua)
 {
-  uint64_t cs = img->cluster_size;
   int r;
 
   if ((r = write_check (img, count, offset)) < 0)
@@ -828,7 +848,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
   if (fast) {
     pthread_mutex_lock (&img->lock);
     for (uint64_t off = offset, left = count; left > 0 && r == 0; ) {
-      uint64_t n = MIN (left, cs - (off & (cs - 1)));
+      uint64_t n = write_zero_piece (img, off, left);
       enum zero_how how;
       r = write_zero_plan (img, off, n, &how);
       if (r == 0 && how == ZERO_DATA)
@@ -844,7 +864,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
   pthread_rwlock_rdlock (&img->data_lock);
   bitmap_record (img, offset, count);
   while (count > 0 && r == 0) {
-    uint64_t n = MIN (count, cs - (offset & (cs - 1)));
+    uint64_t n = write_zero_piece (img, offset, count);
     enum zero_how how;
 
     pthread_mutex_lock (&img->lock);
