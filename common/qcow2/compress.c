@@ -4,6 +4,8 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,64 +16,136 @@
 #include "errstr.h"
 #include "internal.h"
 
-static int
-compress_inflate (uint8_t *out, size_t out_len, uint8_t *in, size_t in_len)
+/* What each thread keeps from one compressed cluster to the next, so
+ * that a sequential read of a compressed image allocates nothing per
+ * cluster: the decompression contexts (reset, not remade), the input
+ * buffer, and a cluster buffer for reads of part of a cluster.  Freed
+ * when the thread ends.
+ */
+struct compress_tls {
+  z_stream z;
+  bool z_ready;
+  ZSTD_DCtx *zstd;
+  uint8_t *in, *cluster;
+  size_t in_cap, cluster_cap;
+};
+
+static pthread_key_t compress_key;
+static pthread_once_t compress_once = PTHREAD_ONCE_INIT;
+static bool compress_key_ok;
+
+static void
+compress_tls_free (void *p)
 {
-  z_stream strm;
+  struct compress_tls *t = p;
+
+  if (t->z_ready)
+    inflateEnd (&t->z);
+  ZSTD_freeDCtx (t->zstd);
+  free (t->in);
+  free (t->cluster);
+  free (t);
+}
+
+static void
+compress_key_make (void)
+{
+  compress_key_ok = pthread_key_create (&compress_key, compress_tls_free) == 0;
+}
+
+static struct compress_tls *
+compress_tls_get (void)
+{
+  struct compress_tls *t;
+
+  pthread_once (&compress_once, compress_key_make);
+  if (!compress_key_ok)
+    return NULL;
+  t = pthread_getspecific (compress_key);
+  if (!t && (t = calloc (1, sizeof *t)) != NULL &&
+      pthread_setspecific (compress_key, t) != 0) {
+    free (t);
+    t = NULL;
+  }
+  return t;
+}
+
+/* *buf, grown to at least n bytes (its capacity in *cap). */
+static uint8_t *
+compress_buffer (uint8_t **buf, size_t *cap, size_t n)
+{
+  if (*cap < n) {
+    uint8_t *p = realloc (*buf, n);
+    if (!p)
+      return NULL;
+    *buf = p;
+    *cap = n;
+  }
+  return *buf;
+}
+
+static int
+compress_inflate (struct compress_tls *t, uint8_t *out, size_t out_len,
+                  uint8_t *in, size_t in_len)
+{
+  z_stream *strm = &t->z;
   int r;
 
-  memset (&strm, 0, sizeof strm);
-  if (inflateInit2 (&strm, -12) != Z_OK)
-    return -ENOMEM;
-  strm.next_in = in;
-  strm.avail_in = in_len;
-  strm.next_out = out;
-  strm.avail_out = out_len;
-  r = inflate (&strm, Z_FINISH);
-  inflateEnd (&strm);
+  if (!t->z_ready) {
+    memset (strm, 0, sizeof *strm);
+    if (inflateInit2 (strm, -12) != Z_OK)
+      return -ENOMEM;
+    t->z_ready = true;
+  }
+  else if (inflateReset (strm) != Z_OK)
+    return -EIO;
+  strm->next_in = in;
+  strm->avail_in = in_len;
+  strm->next_out = out;
+  strm->avail_out = out_len;
+  r = inflate (strm, Z_FINISH);
   /* The descriptor's length is rounded up to sectors, so input may be
    * left over; the output must be exactly one cluster.
    */
-  if ((r == Z_STREAM_END || r == Z_BUF_ERROR) && strm.avail_out == 0)
+  if ((r == Z_STREAM_END || r == Z_BUF_ERROR) && strm->avail_out == 0)
     return 0;
   return -EIO;
 }
 
 static int
-compress_unzstd (uint8_t *out, size_t out_len, const uint8_t *in,
-                 size_t in_len)
+compress_unzstd (struct compress_tls *t, uint8_t *out, size_t out_len,
+                 const uint8_t *in, size_t in_len)
 {
-  ZSTD_DCtx *dctx = ZSTD_createDCtx ();
   ZSTD_inBuffer input = { in, in_len, 0 };
   ZSTD_outBuffer output = { out, out_len, 0 };
-  int r = 0;
 
-  if (!dctx)
+  if (!t->zstd && !(t->zstd = ZSTD_createDCtx ()))
     return -ENOMEM;
+  if (ZSTD_isError (ZSTD_DCtx_reset (t->zstd, ZSTD_reset_session_only)))
+    return -EIO;
   /* Stream, as QEMU does: the frame may be followed by padding. */
   while (output.pos < output.size) {
-    size_t ret = ZSTD_decompressStream (dctx, &output, &input);
-    if (ZSTD_isError (ret)) {
-      r = -EIO;
-      break;
-    }
-    if (output.pos < output.size && input.pos == input.size) {
-      r = -EIO;                 /* ran out of input before one cluster */
-      break;
-    }
+    size_t ret = ZSTD_decompressStream (t->zstd, &output, &input);
+    if (ZSTD_isError (ret))
+      return -EIO;
+    if (output.pos < output.size && input.pos == input.size)
+      return -EIO;              /* ran out of input before one cluster */
   }
-  ZSTD_freeDCtx (dctx);
-  return r;
+  return 0;
 }
 
 int
-compress_read_cluster (struct qcow2_image *img, uint64_t comp_offset,
-                       uint64_t comp_size, uint8_t *out)
+compress_read (struct qcow2_image *img, uint64_t comp_offset,
+               uint64_t comp_size, uint64_t in_cluster, uint64_t len,
+               uint8_t *buf)
 {
-  uint64_t file_size = image_file_size (img);
-  uint8_t *in;
+  uint64_t file_size = image_file_size (img), cs = img->cluster_size;
+  struct compress_tls *t = compress_tls_get ();
+  uint8_t *in, *out;
   int r;
 
+  if (!t)
+    return -ENOMEM;
   if (comp_offset >= file_size) {
     qcow2_err (img, "corrupt image: compressed cluster at host offset %#"
                PRIx64 " lies beyond the end of the file (%" PRIu64 " bytes)",
@@ -81,27 +155,29 @@ compress_read_cluster (struct qcow2_image *img, uint64_t comp_offset,
   /* The last compressed cluster may end before its last sector. */
   comp_size = MIN (comp_size, file_size - comp_offset);
 
-  in = malloc (comp_size);
-  if (!in)
+  /* A whole cluster goes straight to the caller's buffer. */
+  out = in_cluster == 0 && len == cs ? buf
+    : compress_buffer (&t->cluster, &t->cluster_cap, cs);
+  in = compress_buffer (&t->in, &t->in_cap, comp_size);
+  if (!out || !in)
     return -ENOMEM;
   r = img->io->ops->pread (img->io, in, comp_size, comp_offset);
   if (r < 0) {
     qcow2_err (img, "reading compressed cluster at %#" PRIx64 ": %s",
                comp_offset, errstr (-r));
-    r = io_errno (r);
-    goto out;
+    return io_errno (r);
   }
   if (img->h.compression_type == QCOW2_COMPRESSION_ZSTD)
-    r = compress_unzstd (out, img->cluster_size, in, comp_size);
+    r = compress_unzstd (t, out, cs, in, comp_size);
   else
-    r = compress_inflate (out, img->cluster_size, in, comp_size);
+    r = compress_inflate (t, out, cs, in, comp_size);
   if (r == -EIO)
     qcow2_err (img, "corrupt image: compressed cluster at host offset %#"
                PRIx64 " (%" PRIu64 " bytes, %s) does not decompress to one "
                "cluster", comp_offset, comp_size,
                img->h.compression_type == QCOW2_COMPRESSION_ZSTD
                ? "zstd" : "deflate");
- out:
-  free (in);
+  else if (r == 0 && out != buf)
+    memcpy (buf, out + in_cluster, len);
   return r;
 }

@@ -349,10 +349,12 @@ extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
                              bool for_write, uint8_t **slice,
                              uint64_t *index);
 
-/* compress.c */
-extern int compress_read_cluster (struct qcow2_image *img,
-                                  uint64_t comp_offset, uint64_t comp_size,
-                                  uint8_t *out);
+/* compress.c: bytes [in_cluster, in_cluster+len) of the compressed
+ * cluster described by comp_offset and comp_size, into buf.
+ */
+extern int compress_read (struct qcow2_image *img, uint64_t comp_offset,
+                          uint64_t comp_size, uint64_t in_cluster,
+                          uint64_t len, uint8_t *buf);
 
 /* backing.c */
 extern char *backing_resolve (const char *image_path, const char *name);

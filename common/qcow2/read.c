@@ -33,17 +33,8 @@ static int
 read_compressed (struct qcow2_image *img, uint8_t *buf, const
                  struct qcow2_run *run, uint64_t offset)
 {
-  uint64_t in_cluster = offset & (img->cluster_size - 1);
-  uint8_t *cluster = malloc (img->cluster_size);
-  int r;
-
-  if (!cluster)
-    return -ENOMEM;
-  r = compress_read_cluster (img, run->comp_offset, run->comp_size, cluster);
-  if (r == 0)
-    memcpy (buf, cluster + in_cluster, run->length);
-  free (cluster);
-  return r;
+  return compress_read (img, run->comp_offset, run->comp_size,
+                        offset & (img->cluster_size - 1), run->length, buf);
 }
 
 /* Runs mapped under one hold of the lock and read as one batch. */
