@@ -52,7 +52,7 @@ crashcheck_first_difference (const uint8_t *a, const uint8_t *b, uint64_t len)
   return i;
 }
 
-static bool
+bool
 crashcheck_dirty (const uint8_t *buf, size_t len)
 {
   return len >= 80 && be32_get (buf + 4) >= 3 && (be64_get (buf + 72) & 1);
@@ -448,6 +448,48 @@ crashcheck_after_repair (struct wl_run *run, struct wl_rng *rng, bool qemu,
       ok = false;
     }
   }
+  return ok;
+}
+
+/* A process killed right after a flush, everything it wrote in the
+ * host's page cache, leaks at most what the engine counted ahead of
+ * need: 4 MiB or 64 clusters, whichever is more, as its manual says.
+ */
+bool
+crashcheck_kill_leaks (const struct wl_setup *setup, struct wl_files files,
+                       struct failure *f)
+{
+  uint64_t limit = (UINT64_C (4) << 20) >> setup->cfg->cluster_bits;
+  struct qcow2_check_result res = { 0 };
+  struct qcow2_image *img;
+  bool ok;
+  int r;
+
+  if (limit < 64)
+    limit = 64;
+  if (crashcheck_dirty (files.image, files.len))
+    return true;
+  img = wl_open_copy (setup, files, true);
+  if (!img) {
+    crashcheck_fail (f, "kill-leaks", "the image after a flush does not "
+                     "open: %s", memenv_last_error (setup->me));
+    return false;
+  }
+  r = qcow2_check (img, false, &res);
+  ok = r == 0 && !res.corruptions && res.leaks <= limit;
+  if (!ok)
+    crashcheck_fail (f, "kill-leaks", "killed after a flush: %s, %" PRIu64
+                     " corruptions, %" PRIu64 " clusters leaked (at most %"
+                     PRIu64 " allowed)", errstr (-r), res.corruptions,
+                     res.leaks, limit);
+  crashcheck_stats.kill_checks++;
+  if (crashcheck_stats.kill_leaks_limit == 0 ||
+      res.leaks * crashcheck_stats.kill_leaks_limit >
+      crashcheck_stats.kill_leaks_max * limit) {
+    crashcheck_stats.kill_leaks_max = res.leaks;
+    crashcheck_stats.kill_leaks_limit = limit;
+  }
+  qcow2_close (img);
   return ok;
 }
 

@@ -38,12 +38,23 @@ extern void crashcheck_fail (struct failure *f, const char *cls,
 /* Totals, for the summaries. */
 struct crashcheck_stats {
   uint64_t images, points, dirty, leaky, qemu, qemu_after, workloads;
+  /* Images killed after a flush; the most leaked against its bound. */
+  uint64_t kill_checks, kill_leaks_max, kill_leaks_limit;
 };
 extern struct crashcheck_stats crashcheck_stats;
 
 extern unsigned crashcheck_qemu_every;  /* qemu-img on every Nth image */
 extern bool crashcheck_have_qemu;
 extern bool crashcheck_trace;           /* print requests as they run */
+
+/* Whether an image is left dirty by lazy refcounts. */
+extern bool crashcheck_dirty (const uint8_t *buf, size_t len);
+
+/* The image a process killed right after a flush leaves (files: all
+ * it wrote) leaks at most the engine's bound.
+ */
+extern bool crashcheck_kill_leaks (const struct wl_setup *setup,
+                                   struct wl_files files, struct failure *f);
 
 /* Look for qemu-img, and make a directory for its images (removed at
  * exit).

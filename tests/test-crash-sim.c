@@ -10,6 +10,9 @@
  *  - have no corruption by our check (leaks are allowed), and by
  *    qemu-img check on a sample (exit 0 or 3) -- an image left dirty
  *    under lazy refcounts excepted: the spec says to repair it first;
+ *  - right after each flush, with all the engine wrote kept (a process
+ *    killed there), leak at most 4 MiB or 64 clusters, whichever is
+ *    more;
  *  - open read-write and be repaired (qcow2_check fixing leaks, which
  *    rebuilds the refcounts of a dirty image) without a change of data,
  *    leaving no leak and no corruption; then take more writes, and be
@@ -368,6 +371,14 @@ sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
       r = -EUCLEAN;
     if (r == 0 && ops[i].kind == WL_REPAIR && s->run.check.leaks_fixed)
       r = -EUCLEAN;
+    if (r == 0 && ops[i].kind == WL_FLUSH && s->mode == SIM_SAMPLE &&
+        !s->failed &&
+        !crashcheck_kill_leaks (&setup, wl_run_files (&s->run), &s->f)) {
+      s->failed = true;
+      s->fail_at = UINT64_MAX;
+      *failed_op = i;
+      break;
+    }
     if (r < 0 && !s->failed) {
       wl_format_op (&ops[i], line, sizeof line);
       s->failed = true;
@@ -809,5 +820,9 @@ main (void)
           PRIu64 " after repair; %u failures; %lds\n", crashcheck_stats.images,
           crashcheck_stats.points, crashcheck_stats.workloads, crashcheck_stats.qemu, crashcheck_stats.qemu_after,
           failures, (long) (time (NULL) - start));
+  printf ("crash-sim: %" PRIu64 " images of a process killed after a flush; "
+          "leaks at most %" PRIu64 " clusters of the %" PRIu64 " allowed\n",
+          crashcheck_stats.kill_checks, crashcheck_stats.kill_leaks_max,
+          crashcheck_stats.kill_leaks_limit);
   return failures ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -22,7 +22,7 @@
  * it up to max long (*len), without taking them.  With n small, a
  * fragmented file costs no more to search than single clusters do.
  */
-int
+static int
 alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
                  uint64_t *host_offset, uint64_t *len)
 {
@@ -76,114 +76,252 @@ alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
 /* The reserve.  Allocating a cluster normally dirties a refcount block,
  * and the tables that then point at the cluster must wait for that
  * block to be durable: a second host flush.  So each flush also counts
- * a run of clusters ahead of need (twice what was allocated since the
- * previous flush); once that flush is done their refcounts are
- * durable, and later allocations taken from them depend on nothing.
- * One client flush then costs one fdatasync.  After a crash the unused
- * reserve is leaked (qemu-img check: leaks, no corruption); a clean
- * close releases it.
+ * clusters ahead of need (twice what was allocated since the previous
+ * flush), the lowest free ones first, so that holes left by freed
+ * clusters fill before the file grows; once that flush is done their
+ * refcounts are durable, and later allocations taken from them depend
+ * on nothing.  One client flush then costs one fdatasync.
+ *
+ * After a crash the unused reserve is leaked (qemu-img check: leaks,
+ * no corruption), so it is bounded by alloc_reserve_limit: 4 MiB or 64
+ * clusters, whichever is more.  An interval that allocates more than
+ * that pays the second host flush, as QEMU does at every flush.  A
+ * clean close releases the reserve.
  */
 #define RESERVE_MIN 16
-#define RESERVE_MAX_BYTES (256u << 20)
+#define RESERVE_LIMIT_BYTES (UINT64_C (4) << 20)
+#define RESERVE_LIMIT_CLUSTERS 64
 
 static int alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
                           uint64_t *host_offset, uint64_t *len,
                           bool *zeroed);
 
-/* Take at least n, at most max clusters (*len) from the reserve. */
+uint64_t
+alloc_reserve_limit (const struct qcow2_image *img)
+{
+  return MAX (RESERVE_LIMIT_BYTES >> img->cluster_bits,
+              RESERVE_LIMIT_CLUSTERS);
+}
+
+/* Append cluster c to runs (which it must follow). */
+static int
+alloc_runs_add (struct alloc_runs *runs, uint64_t c)
+{
+  if (runs->len > 0 && runs->v[runs->len - 1].end == c) {
+    runs->v[runs->len - 1].end++;
+    runs->left++;
+    return 0;
+  }
+  if (runs->len == runs->cap) {
+    size_t cap = runs->cap ? runs->cap * 2 : 16;
+    struct alloc_run *v = realloc (runs->v, cap * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    runs->v = v;
+    runs->cap = cap;
+  }
+  runs->v[runs->len++] = (struct alloc_run) { c, c + 1 };
+  runs->left++;
+  return 0;
+}
+
+static void
+alloc_runs_clear (struct alloc_runs *runs)
+{
+  runs->head = runs->len = 0;
+  runs->left = 0;
+}
+
+/* Whether runs hold cluster c, by bisection (ends ascend). */
+static bool
+alloc_runs_contain (const struct alloc_runs *runs, uint64_t c)
+{
+  size_t lo = runs->head, hi = runs->len;
+
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (runs->v[mid].end <= c)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < runs->len && runs->v[lo].first <= c;
+}
+
+bool
+alloc_in_reserve (const struct qcow2_image *img, uint64_t c)
+{
+  return alloc_runs_contain (&img->reserve_cur, c) ||
+    alloc_runs_contain (&img->reserve_next, c);
+}
+
+/* The cluster after the reserve's last (0 if it is empty). */
+uint64_t
+alloc_reserve_end (const struct qcow2_image *img)
+{
+  const struct alloc_runs *r[2] = { &img->reserve_cur, &img->reserve_next };
+  uint64_t end = 0;
+
+  for (int i = 0; i < 2; i++)
+    if (r[i]->left > 0)
+      end = MAX (end, r[i]->v[r[i]->len - 1].end);
+  return end;
+}
+
+/* Take at least n, at most max contiguous clusters (*len) from the
+ * reserve: from its first run long enough.
+ */
 static bool
 alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
                     uint64_t *first, uint64_t *len)
 {
-  if (img->reserve_cur == img->reserve_cur_end && img->reserve_next_durable) {
-    img->reserve_cur = img->reserve_next;
-    img->reserve_cur_end = img->reserve_next_end;
-    img->reserve_next = img->reserve_next_end = 0;
+  struct alloc_runs *cur = &img->reserve_cur;
+
+  if (cur->left == 0 && img->reserve_next_durable) {
+    struct alloc_runs t = *cur;
+    *cur = img->reserve_next;
+    img->reserve_next = t;
+    alloc_runs_clear (&img->reserve_next);
     img->reserve_next_durable = false;
   }
-  if (img->reserve_cur_end - img->reserve_cur < n)
-    return false;
-  *first = img->reserve_cur;
-  *len = MIN (max, img->reserve_cur_end - img->reserve_cur);
-  img->reserve_cur += *len;
-  return true;
+  for (size_t i = cur->head; i < cur->len; i++) {
+    struct alloc_run *run = &cur->v[i];
+    if (run->end - run->first < n)
+      continue;
+    *first = run->first;
+    *len = MIN (max, run->end - run->first);
+    run->first += *len;
+    cur->left -= *len;
+    while (cur->head < cur->len &&
+           cur->v[cur->head].first == cur->v[cur->head].end)
+      cur->head++;
+    return true;
+  }
+  return false;
 }
 
 /* How many clusters to take ahead of need: twice what was allocated
- * since the last flush.
+ * since the last flush, within the limit.
  */
 static uint64_t
 alloc_ahead (struct qcow2_image *img)
 {
   uint64_t want = MAX (RESERVE_MIN, 2 * img->allocated_since_flush);
 
-  return MIN (want, MAX (RESERVE_MAX_BYTES >> img->cluster_bits, 1));
+  return MIN (want, alloc_reserve_limit (img));
 }
 
-/* Count the next run of the reserve; called by a flush before it writes
- * the refcount blocks.
+/* Count the n lowest free clusters into runs (empty).  On failure
+ * runs stay empty: clusters already counted are leaked, never left
+ * counted in the reserve without their refcount.
+ */
+static int
+alloc_collect (struct qcow2_image *img, uint64_t n, struct alloc_runs *runs)
+{
+  struct alloc_runs found = { 0 };
+  int r, made;
+
+  do {
+    uint64_t c = img->free_hint;
+
+    alloc_runs_clear (&found);
+    while (found.left < n) {
+      uint64_t rc;
+      if ((r = refcount_read (img, c, &rc)) < 0 ||
+          (rc == 0 && (r = alloc_runs_add (&found, c)) < 0))
+        goto out;
+      c++;
+    }
+    /* A refcount block made now lands in the first cluster of its
+     * range, perhaps one just found free: look again.
+     */
+    made = 0;
+    for (size_t i = 0; i < found.len; i++) {
+      r = alloc_ensure_blocks (img, found.v[i].first,
+                               found.v[i].end - found.v[i].first);
+      if (r < 0)
+        goto out;
+      made |= r;
+    }
+  } while (made);
+
+  for (size_t i = 0; i < found.len; i++)
+    for (uint64_t c = found.v[i].first; c < found.v[i].end; c++)
+      if ((r = refcount_update (img, c, 1, NULL)) < 0)
+        goto out;
+  img->free_hint = found.v[found.len - 1].end;
+  free (runs->v);
+  *runs = found;
+  return 0;
+ out:
+  free (found.v);
+  return r;
+}
+
+/* Count the next runs of the reserve; called by a flush before it
+ * writes the refcount blocks.
  */
 int
 alloc_refill_reserve (struct qcow2_image *img)
 {
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
-  uint64_t want, have, offset, len;
-  bool zeroed;
+  uint64_t want, have;
   int r;
 
   /* Only for images that are allocating. */
   if (!img->lazy_refcounts && img->data_io == img->io && !img->closing &&
       img->allocated_since_flush > 0) {
-    /* A run longer than a refcount block's range could never be found
-     * where blocks are still missing (each new block lands in the run).
-     */
-    want = MIN (alloc_ahead (img), (UINT64_C (1) << per_block_bits) - 1);
-    have = (img->reserve_cur_end - img->reserve_cur)
-      + (img->reserve_next_end - img->reserve_next);
+    want = alloc_ahead (img);
+    have = img->reserve_cur.left + img->reserve_next.left;
     img->allocated_since_flush = 0;
-    if (have < want / 2 && img->reserve_next == img->reserve_next_end) {
-      if ((r = alloc_counted (img, want, want, &offset, &len, &zeroed)) < 0)
-        return r;
-      img->reserve_next = offset >> img->cluster_bits;
-      img->reserve_next_end = img->reserve_next + len;
-    }
+    if (have < want / 2 && img->reserve_next.left == 0 &&
+        (r = alloc_collect (img, want - have, &img->reserve_next)) < 0)
+      return r;
   }
-  /* The flush that makes the run's counts durable makes the file cover
-   * it too, so that its clusters need no flush before their L2 entries
-   * (see write_allocating); an extension that failed is tried again by
-   * the next flush.
+  /* The flush that makes the runs' counts durable makes the file cover
+   * them too, so that their clusters need no flush before their L2
+   * entries (see write_allocating); an extension that failed is tried
+   * again by the next flush.
    */
-  io_extend (img, img->reserve_next_end << img->cluster_bits);
+  io_extend (img, alloc_reserve_end (img) << img->cluster_bits);
   return 0;
 }
 
-/* The flush that counted the next run is durable: it is used as soon
- * as the current run is.
+/* The flush that counted the next runs is durable: they are used as
+ * soon as the current ones are.
  */
 void
 alloc_reserve_durable (struct qcow2_image *img)
 {
-  img->reserve_next_durable = img->reserve_next != img->reserve_next_end;
+  img->reserve_next_durable = img->reserve_next.left > 0;
 }
 
 /* Give back what the reserve holds (clean close). */
 int
 alloc_release_reserve (struct qcow2_image *img)
 {
+  struct alloc_runs *runs[2] = { &img->reserve_cur, &img->reserve_next };
   int r = 0;
 
-  for (uint64_t c = img->reserve_cur; c < img->reserve_cur_end && !r; c++)
-    r = refcount_update (img, c, -1, NULL);
-  for (uint64_t c = img->reserve_next; c < img->reserve_next_end && !r; c++)
-    r = refcount_update (img, c, -1, NULL);
+  for (int i = 0; i < 2; i++) {
+    for (size_t j = runs[i]->head; j < runs[i]->len && !r; j++)
+      for (uint64_t c = runs[i]->v[j].first; c < runs[i]->v[j].end && !r; c++)
+        r = refcount_update (img, c, -1, NULL);
+    if (r == 0 && runs[i]->left > 0)
+      img->free_hint = MIN (img->free_hint, runs[i]->v[runs[i]->head].first);
+  }
   if (r == 0) {
-    img->free_hint = MIN (img->free_hint,
-                          MIN (img->reserve_cur, img->reserve_next));
-    img->reserve_cur = img->reserve_cur_end = 0;
-    img->reserve_next = img->reserve_next_end = 0;
+    alloc_runs_clear (runs[0]);
+    alloc_runs_clear (runs[1]);
     img->reserve_next_durable = false;
   }
   return r;
+}
+
+void
+alloc_free_reserve (struct qcow2_image *img)
+{
+  free (img->reserve_cur.v);
+  free (img->reserve_next.v);
 }
 
 /* Find at least n, at most max free contiguous clusters (*len) and
@@ -277,9 +415,7 @@ alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
 
   if (r < 0)
     return r;
-  *has = rc > 0 &&
-    !(c >= img->reserve_cur && c < img->reserve_cur_end) &&
-    !(c >= img->reserve_next && c < img->reserve_next_end);
+  *has = rc > 0 && !alloc_in_reserve (img, c);
   if (!*has)
     qcow2_err (img, "corrupt image: a reference to the cluster at host "
                "offset %#" PRIx64 " is dropped, but the cluster is free "
@@ -387,7 +523,7 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
    * but may not be written yet.
    */
   start = div_round_up (img->file_size, cs);
-  start = MAX (start, MAX (img->reserve_cur_end, img->reserve_next_end));
+  start = MAX (start, alloc_reserve_end (img));
 
   /* Find how many new blocks the area needs to count itself. */
   for (;;) {
@@ -448,7 +584,17 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
                                   table_clusters, "new refcount table")) < 0)
     goto out;
   table = NULL;
-  r = alloc_free_later (img, old_offset, old_clusters * cs);
+  /* The header's switch is durable: nothing points at the old table,
+   * so it is free at once (a free left for the next flush would leak
+   * after a crash before it).
+   */
+  for (uint64_t c = old_offset >> img->cluster_bits;
+       c < (old_offset >> img->cluster_bits) + old_clusters && r == 0; c++) {
+    uint64_t rc;
+    r = refcount_update (img, c, -1, &rc);
+    if (r == 0 && rc == 0)
+      alloc_released (img, c);
+  }
  out:
   free (table);
   free (area);

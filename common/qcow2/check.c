@@ -409,15 +409,14 @@ check_block_ok (struct qcow2_image *img, uint64_t idx)
 static void
 check_count_pending (struct qcow2_image *img, struct check_refs *cr)
 {
-  const uint64_t runs[2][2] = {
-    { img->reserve_cur, img->reserve_cur_end },
-    { img->reserve_next, img->reserve_next_end },
-  };
+  const struct alloc_runs *runs[2] = { &img->reserve_cur,
+                                       &img->reserve_next };
 
   for (int i = 0; i < 2; i++)
-    for (uint64_t c = runs[i][0]; c < runs[i][1]; c++)
-      if (c < cr->n)
-        cr->counts[c]++;
+    for (size_t j = runs[i]->head; j < runs[i]->len; j++)
+      for (uint64_t c = runs[i]->v[j].first; c < runs[i]->v[j].end; c++)
+        if (c < cr->n)
+          cr->counts[c]++;
   for (size_t i = 0; i < img->pending_len; i++)
     if (img->pending_free[i] < cr->n)
       cr->counts[img->pending_free[i]]++;
@@ -574,7 +573,7 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
     goto out;
   /* The reserve may lie past the end of the file. */
   cr.n = div_round_up (img->file_size, img->cluster_size);
-  cr.n = MAX (cr.n, MAX (img->reserve_cur_end, img->reserve_next_end));
+  cr.n = MAX (cr.n, alloc_reserve_end (img));
   cr.counts = calloc (MAX (cr.n, 1), sizeof *cr.counts);
   if (!cr.counts) {
     r = -ENOMEM;

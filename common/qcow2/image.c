@@ -118,6 +118,7 @@ image_free (struct qcow2_image *img)
   free (img->path);
   free (img->id);
   free (img->pending_free);
+  alloc_free_reserve (img);
   pthread_mutex_destroy (&img->lock);
   pthread_rwlock_destroy (&img->data_lock);
   pthread_cond_destroy (&img->inflight_done);

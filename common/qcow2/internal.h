@@ -130,6 +130,18 @@ struct overlap_map;
 struct io_pool;
 struct qcow2_bitmaps;
 
+/* Runs of clusters [first, end) in ascending order; head is the first
+ * run with clusters left, left how many they hold in all.
+ */
+struct alloc_run {
+  uint64_t first, end;
+};
+struct alloc_runs {
+  struct alloc_run *v;
+  size_t head, len, cap;
+  uint64_t left;
+};
+
 struct qcow2_image {
   const struct qcow2_env *env;
   char *path;                   /* as given; names resolve against it */
@@ -196,13 +208,13 @@ struct qcow2_image {
   uint64_t l1_dirty_lo, l1_dirty_hi;    /* dirty L1 entries [lo, hi) */
   uint64_t rt_dirty_lo, rt_dirty_hi;    /* dirty reftable entries */
   uint64_t free_hint;           /* first cluster that may be free */
-  /* Clusters counted (refcount 1) but not yet used, in two runs:
-   * cur's refcounts are durable, so allocating from it makes no table
-   * depend on an unwritten refcount block; next becomes durable with the
-   * flush that is writing it.  See alloc.c.
+  /* Clusters counted (refcount 1) but not yet used, as runs in
+   * ascending order: cur's refcounts are durable, so allocating from
+   * it makes no table depend on an unwritten refcount block; next
+   * becomes durable with the flush that is writing it.  Together at
+   * most alloc_reserve_limit clusters.  See alloc.c.
    */
-  uint64_t reserve_cur, reserve_cur_end;
-  uint64_t reserve_next, reserve_next_end;
+  struct alloc_runs reserve_cur, reserve_next;
   bool reserve_next_durable;
   uint64_t allocated_since_flush;
   bool closing;                 /* no more reserve */
@@ -389,9 +401,6 @@ extern int refcount_update (struct qcow2_image *img, uint64_t cluster,
 extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
 
 /* alloc.c */
-extern int alloc_find_free (struct qcow2_image *img, uint64_t n,
-                            uint64_t max, uint64_t *host_offset,
-                            uint64_t *len);
 extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
                            uint64_t *host_offset, bool *zeroed);
 extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,
@@ -406,6 +415,10 @@ extern int alloc_grow_reftable (struct qcow2_image *img,
 extern int alloc_refill_reserve (struct qcow2_image *img);
 extern void alloc_reserve_durable (struct qcow2_image *img);
 extern int alloc_release_reserve (struct qcow2_image *img);
+extern void alloc_free_reserve (struct qcow2_image *img);
+extern uint64_t alloc_reserve_limit (const struct qcow2_image *img);
+extern uint64_t alloc_reserve_end (const struct qcow2_image *img);
+extern bool alloc_in_reserve (const struct qcow2_image *img, uint64_t c);
 
 /* flush.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,

@@ -954,6 +954,11 @@ qcow2_flush (struct qcow2_image *img)
   pthread_mutex_lock (&img->lock);
   r = alloc_apply_frees (img, img->pending_durable);
   img->pending_durable = 0;
+  /* Written now, synced by the next flush: a process killed before it
+   * then leaks nothing more than the reserve.
+   */
+  if (r == 0)
+    r = cache_writeback (img, img->refcount_cache);
   pthread_mutex_unlock (&img->lock);
   pthread_rwlock_unlock (&img->data_lock);
   return r;
