@@ -83,25 +83,20 @@ alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
  * on nothing.  One client flush then costs one fdatasync.
  *
  * After a crash the unused reserve is leaked (qemu-img check: leaks,
- * no corruption), so it is bounded by alloc_reserve_limit: 4 MiB or 64
- * clusters, whichever is more.  An interval that allocates more than
- * that pays the second host flush, as QEMU does at every flush.  A
- * clean close releases the reserve.
+ * no corruption), so it is bounded: 4 MiB or 64 clusters, whichever
+ * is more (the latter also by a sixteenth of the file, see
+ * alloc_ahead).  An interval that allocates more than that pays the
+ * second host flush, as QEMU does at every flush.  A clean close
+ * releases the reserve.
  */
 #define RESERVE_MIN 16
 #define RESERVE_LIMIT_BYTES (UINT64_C (4) << 20)
 #define RESERVE_LIMIT_CLUSTERS 64
+#define EXTEND_AHEAD_MAX_BYTES (UINT64_C (256) << 20)
 
 static int alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
                           uint64_t *host_offset, uint64_t *len,
                           bool *zeroed);
-
-uint64_t
-alloc_reserve_limit (const struct qcow2_image *img)
-{
-  return MAX (RESERVE_LIMIT_BYTES >> img->cluster_bits,
-              RESERVE_LIMIT_CLUSTERS);
-}
 
 /* Append cluster c to runs (which it must follow). */
 static int
@@ -201,16 +196,20 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
 }
 
 /* How many clusters to take ahead of need: twice what was allocated
- * since the last flush, within the limit.
+ * since the last flush, within the limit.  Past 4 MiB (64 clusters of
+ * 2 MiB, say) also within a sixteenth of the file: the reserve's part
+ * past the end of the file makes the file longer.
  */
 static uint64_t
 alloc_ahead (struct qcow2_image *img)
 {
   uint64_t want = MAX (RESERVE_MIN, 2 * img->allocated_since_flush);
+  uint64_t limit = MAX (RESERVE_LIMIT_BYTES >> img->cluster_bits,
+                        MIN (RESERVE_LIMIT_CLUSTERS,
+                             (img->file_size / 16) >> img->cluster_bits));
 
-  return MIN (want, alloc_reserve_limit (img));
+  return MAX (MIN (want, limit), 1);
 }
-
 /* Count the n lowest free clusters into runs (empty).  On failure
  * runs stay empty: clusters already counted are leaked, never left
  * counted in the reserve without their refcount.
@@ -378,11 +377,15 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
    * (see write_allocating): extend the file ahead, so that one flush
    * covers the allocations to come.  In steps, once less than half
    * the distance is left: a write per allocation would double the
-   * writes of a sequential fill.
+   * writes of a sequential fill.  Unlike the reserve, this leaks
+   * nothing after a crash (the tail is a hole), so it may go further.
    */
   if (*zeroed && img->lazy_refcounts) {
     uint64_t end = *host_offset + (*len << img->cluster_bits);
-    uint64_t ahead = alloc_ahead (img) << img->cluster_bits;
+    uint64_t ahead = MIN (MAX ((uint64_t) RESERVE_MIN << img->cluster_bits,
+                               2 * img->allocated_since_flush
+                               << img->cluster_bits),
+                          EXTEND_AHEAD_MAX_BYTES);
     if (end + ahead / 2 > img->written_end)
       io_extend (img, end + ahead);
   }
@@ -457,17 +460,28 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
   return 0;
 }
 
-/* Cluster c has no reference left: it may be allocated again. */
+/* Clusters [c, c+n) have no reference left: they may be allocated
+ * again.  Punched as one range: on a file system of 4 KiB blocks, a
+ * punch of one 512-byte cluster would free nothing.
+ */
 void
-alloc_released (struct qcow2_image *img, uint64_t c)
+alloc_released (struct qcow2_image *img, uint64_t c, uint64_t n)
 {
-  uint64_t offset = c << img->cluster_bits;
+  uint64_t offset = c << img->cluster_bits, len = n << img->cluster_bits;
 
   img->free_hint = MIN (img->free_hint, c);
-  cache_forget (img->cache, offset, img->cluster_size);
-  overlap_remove (img, offset, img->cluster_size);
+  cache_forget (img->cache, offset, len);
+  overlap_remove (img, offset, len);
   if (img->discard && img->io->ops->punch)
-    img->io->ops->punch (img->io, offset, img->cluster_size);
+    img->io->ops->punch (img->io, offset, len);
+}
+
+static int
+alloc_cmp_cluster (const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+
+  return x < y ? -1 : x > y;
 }
 
 /* Release the first n frees that alloc_free_later queued: those whose
@@ -478,6 +492,7 @@ alloc_released (struct qcow2_image *img, uint64_t c)
 int
 alloc_apply_frees (struct qcow2_image *img, size_t n)
 {
+  size_t nreleased = 0;
   int r = 0;
 
   for (size_t i = 0; i < n && r == 0; i++) {
@@ -488,8 +503,17 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
     r = alloc_has_reference (img, c, &has);
     if (r == 0 && has)
       r = refcount_update (img, c, -1, &rc);
+    /* The released ones go to the front of the consumed part. */
     if (r == 0 && has && rc == 0)
-      alloc_released (img, c);
+      img->pending_free[nreleased++] = c;
+  }
+  qsort (img->pending_free, nreleased, sizeof *img->pending_free,
+         alloc_cmp_cluster);
+  for (size_t i = 0, j; i < nreleased; i = j) {
+    for (j = i + 1; j < nreleased &&
+           img->pending_free[j] == img->pending_free[j - 1] + 1; j++)
+      ;
+    alloc_released (img, img->pending_free[i], j - i);
   }
   /* Frees queued since that flush wait for the next one. */
   if (n > 0) {
@@ -593,7 +617,7 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
     uint64_t rc;
     r = refcount_update (img, c, -1, &rc);
     if (r == 0 && rc == 0)
-      alloc_released (img, c);
+      alloc_released (img, c, 1);
   }
  out:
   free (table);

@@ -474,7 +474,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
           return r;
         block = NULL;           /* the cache may have moved it */
         if (refs == 0)
-          alloc_released (img, c);
+          alloc_released (img, c, 1);
         res->leaks_fixed++;
       }
     }

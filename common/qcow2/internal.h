@@ -212,7 +212,7 @@ struct qcow2_image {
    * ascending order: cur's refcounts are durable, so allocating from
    * it makes no table depend on an unwritten refcount block; next
    * becomes durable with the flush that is writing it.  Together at
-   * most alloc_reserve_limit clusters.  See alloc.c.
+   * most 4 MiB or 64 clusters.  See alloc.c.
    */
   struct alloc_runs reserve_cur, reserve_next;
   bool reserve_next_durable;
@@ -408,7 +408,8 @@ extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,
                                 uint64_t *len, bool *zeroed);
 extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
                              uint64_t bytes);
-extern void alloc_released (struct qcow2_image *img, uint64_t c);
+extern void alloc_released (struct qcow2_image *img, uint64_t c,
+                            uint64_t n);
 extern int alloc_apply_frees (struct qcow2_image *img, size_t n);
 extern int alloc_grow_reftable (struct qcow2_image *img,
                                 uint64_t min_entries);
@@ -416,7 +417,6 @@ extern int alloc_refill_reserve (struct qcow2_image *img);
 extern void alloc_reserve_durable (struct qcow2_image *img);
 extern int alloc_release_reserve (struct qcow2_image *img);
 extern void alloc_free_reserve (struct qcow2_image *img);
-extern uint64_t alloc_reserve_limit (const struct qcow2_image *img);
 extern uint64_t alloc_reserve_end (const struct qcow2_image *img);
 extern bool alloc_in_reserve (const struct qcow2_image *img, uint64_t c);
 
