@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Instructions spent in the plugin and in the overlap guard, from a
 # callgrind output file.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The overlap map against a linear scan (issue 4): for image layouts
  * from 1 GB to 100 TB in 64 KiB clusters, map the metadata clusters a
  * fully written image has (an L2 table per 512 MiB of data, a refcount

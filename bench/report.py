@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """The tables of a bench/run.sh run, in Markdown.
 
   report.py OUTDIR                    print them

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Benchmark harness (issue 6): our plugin against qemu-nbd, on the same
 # images, in the same run.
 #

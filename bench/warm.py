@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Read the data extents of files (skipping holes, found with
 SEEK_DATA), so that they are in the page cache: warm.py FILE...
 """

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: the qcow2 engine over in-memory storage.
  *
  * An input is an image followed by an 8-byte little-endian control

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Fuzz the qcow2 engine with libFuzzer for a bounded time.
 #
 #   fuzz/run-fuzz.sh [SECONDS]     fuzz for SECONDS (default 60)

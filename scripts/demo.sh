@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The main job: build if needed, make a sample qcow2 image (with a
 # backing file, zero and compressed clusters), serve it with the qcow2
 # plugin and talk to it with nbdinfo and nbdsh.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Install the Debian 12 packages the project needs (only those missing),
 # then configure and build in the source tree if that was not done yet.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # show-failures.sh TESTDIR: print the logs of the tests that failed in
 # TESTDIR (automake's .trs files), tail first, so that a CI transcript
 # that keeps only the end still shows why.

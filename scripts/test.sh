@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The whole test suite: set up (packages, build), then make check.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Helpers for the malformed-image tests (test-bad-*.sh).  Source with:
 #   source "${srcdir:-.}/bad-functions.sh"
 # after which $tmp, fail, requires (functions.sh) are available too.

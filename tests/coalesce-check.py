@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Checks, from the log filter's log of what reached the plugin
 # (PLUGIN-LOG, "--filter=flush-coalesce --filter=log") and the clients'
 # log (CLIENT-LOG, from coalesce-clients.py), that every client flush

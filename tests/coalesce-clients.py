@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Clients for the flush-coalesce tests: CONNS connections (one thread
 # each) loop over one or two writes, zeroes or trims, then a flush, now
 # and then a second flush, and (with --fua) FUA writes.  After each

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # The qemu-img convert matrix of issue 5, shared by
 # tests/test-fastzero-convert.sh (which asserts every count) and
 # bench/convert-matrix.sh (which times every case).  Source it after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Verifying the images a crash or a failing disk leaves (see
  * crashcheck.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* What every image a crash or a failing disk leaves must pass, shared
  * by the crash simulator and the fault injection test: it opens and
  * reads back what the model allows, our check and (on a sample)

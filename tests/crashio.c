@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The crash-recording backend (see crashio.h): reads and the current
  * contents come from a memio; the flushed state and the log of writes
  * since the last flush are kept beside it.

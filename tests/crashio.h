@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A qcow2_io backend for crash and fault tests: an in-memory file (a
  * memio) that also keeps the state at the last flush and records every
  * write and punch issued since, so that a test can build the images a

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Randomized differential write test.
 #
 #   /usr/bin/python3 diffwrite.py URI [--model RAW] [--backing RAW]

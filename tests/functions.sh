@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Shared helpers for the shell tests.  Source with:
 #   source "${srcdir:-.}/functions.sh"
 # Every test gets a private temporary directory $tmp, removed at exit.

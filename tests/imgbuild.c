@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Building qcow2 images by hand, following the specification
  * (docs/interop/qcow2.txt in QEMU) rather than the engine, and the
  * model of what they read as.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Small qcow2 images built by hand in memory for the unit tests, each
  * with a model of what its guest should read as, so that tests compare
  * the engine against an independent description of the image rather

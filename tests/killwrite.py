@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # The client of test-crash-kill.sh: random writes, zeroes, trims, FUA
 # writes and flushes to an NBD server, up to 8 in flight, then SIGKILL
 # to the server at a random moment while requests are in flight.

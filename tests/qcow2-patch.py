@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 # Patch fields of a qcow2 image, and find where things are in it, so
 # that tests can corrupt one specific field of an otherwise valid image.
 #

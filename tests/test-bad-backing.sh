@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Backing files: the name field out of range, a missing or malformed
 # backing file, chains that loop, a chain too deep.  nbdkit refuses the
 # image at startup and names the file at fault.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Bad compressed clusters met while serving, for deflate and zstd: the
 # descriptor pointing beyond the end of the file, garbage instead of
 # compressed data, a descriptor too short for the data.  Only the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Incompatible features the plugin does not implement, and encryption:
 # nbdkit refuses the image at startup and says which feature (by name
 # where the image's feature name table has one).

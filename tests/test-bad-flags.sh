@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The corrupt bit (incompatible bit 1) and the dirty bit (bit 0, lazy
 # refcounts after a crash).
 #  - corrupt: nbdkit starts, but a connection that could write is

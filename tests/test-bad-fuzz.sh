@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Random bit flips in the metadata of valid images (header, header
 # extensions, L1 and L2 tables, compressed data).  Whatever the flips
 # do, nbdkit must not crash or hang: it refuses the image at startup, or

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Header fields out of range: cluster_bits, header_length,
 # refcount_order, compression type, header extension lengths.  nbdkit
 # refuses the image at startup, naming the field and its offset.

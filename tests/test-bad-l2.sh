@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Bad L1 and L2 entries met while serving: L2 tables and data clusters
 # beyond the end of the file or misaligned, invalid extended L2
 # subcluster bitmaps.  Only the requests that touch them fail, with EIO

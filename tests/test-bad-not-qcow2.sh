@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Files that are not qcow2 images, or are cut short, or have a version
 # the plugin does not know: nbdkit refuses them at startup with an error
 # saying what is wrong.

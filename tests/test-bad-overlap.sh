@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Hostile images whose metadata structures overlap each other:
 #  - the header, L1 table, refcount table and snapshot table sharing a
 #    cluster: a clear error at open;

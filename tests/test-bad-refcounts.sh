@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Hostile images whose refcounts or L2 entries lie about data clusters,
 # where dropping a reference would free a cluster that is in use:
 #  - a data cluster with refcount 0: once its guest range is zeroed or

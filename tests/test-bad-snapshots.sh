@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The internal snapshot table: beyond the end of the file, misaligned,
 # too many entries, entries running past the end of the file; and a
 # snapshot's own L1 table when that snapshot is served.

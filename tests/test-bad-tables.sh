@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The L1 and refcount tables described by the header: misaligned,
 # beyond the end of the file, too small for the disk, absurdly large.
 # nbdkit refuses the image at startup, naming the field and its offset.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # flush-coalesce, one request at a time, as the plugin sees it (through
 # nbdkit's log filter below it):
 #  - a flush with no write, zero or trim since the last successful

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # flush-coalesce under 8 connections that each loop over writes, zeroes
 # or trims and a flush (coalesce-clients.py): coalesce-check.py proves
 # from the plugin's side (nbdkit's log filter below the coalescer) that

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Real crashes: nbdkit is killed with SIGKILL while a client has writes,
 # zeroes, trims and flushes in flight (killwrite.py), over and over on
 # the same images (CRASH_KILLS, default 70, in seven configurations:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # repair=leaks: leaked clusters are reclaimed before serving (qemu-img
 # check then exit 0, data unchanged, the reclaimed clusters reused
 # safely); a dirty image gets its refcounts rebuilt; an image with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The crash simulator.  Random workloads (workload.c) run against the
  * engine over a crashio, which records every host write, punch and
  * flush.  At random host operations, the images a crash there could

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The qemu-img convert matrix of issue 5: a half-sparse 100 MiB source
 # (every other MiB written) copied with qemu-img convert into every
 # zeromode/fastzeromode pair of the fastzero filter (probe where it is

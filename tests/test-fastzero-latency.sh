@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The demonstration, over the memory plugin and over qcow2:
 # with --filter=fastzero --filter=latency, zeromode=emulate and a 3 s
 # write delay, a fast zero fails with ENOTSUP well under 1 s (0.5 s)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # fastzero's zeromode= and fastzeromode= against nbdkit's own nozero
 # filter, every pair, over the memory plugin and over our qcow2 plugin:
 # the same zero and fast-zero support offered, the same requests

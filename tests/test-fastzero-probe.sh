@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # fastzeromode=probe: a fast zero over a range that already reads as
 # zeroes succeeds with nothing written (the log filter below fastzero
 # sees no write and no zero); elsewhere it goes to a plugin that zeroes

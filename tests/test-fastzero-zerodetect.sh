@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # zerodetect=on|unmap: writes whose data is all zeroes reach the plugin
 # as zero requests (with MAY_TRIM for unmap, never with zeromode=notrim),
 # FUA kept; other writes, and every write with zerodetect=off, stay

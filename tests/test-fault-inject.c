@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fault injection: the workloads of the crash simulator, with the n-th
  * host read, write, flush or punch failing (EIO), or the n-th write
  * that grows the file failing with ENOSPC (a full disk), alone or in a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # iostats counts exactly what a known workload sends, in text and in
 # JSON, with the memory plugin and with the qcow2 plugin: requests,
 # bytes, FUA, fast and slow zeroes, extents, cache, flushes; and it

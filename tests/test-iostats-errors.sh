@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # iostats counts failed requests by errno, apart from those that
 # succeeded: errors injected below it by nbdkit's error filter, fast
 # zeroes refused (ENOTSUP) by nbdkit's nozero filter and by the qcow2

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # iostats-interval: reports are appended while nbdkit serves, on a
 # regular grid, each with the counts so far; the report at exit comes
 # last; a long interval does not delay nbdkit's exit.

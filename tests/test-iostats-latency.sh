@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # iostats latencies are what the layers below take: with nbdkit's
 # delay filter below, reads delayed 100 ms have p50 and mean of about
 # 0.1 s while undelayed writes stay fast; with a plugin whose reads

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A delayed request holds up nothing else: with latency-write=2s, over
 # memory and qcow2, a read on another connection, and a read on the
 # same connection behind the write, complete at once while the write

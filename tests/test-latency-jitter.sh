@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # latency-jitter: with a seed, the same requests get the same delays
 # (as -D latency.verbose=1 logs them), run after run, over memory and
 # qcow2; another seed gives others; every delay stays within the

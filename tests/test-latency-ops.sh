@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The latency filter's per-operation delays, timed by the client over
 # the memory and qcow2 plugins: each delayed request takes at least
 # its delay (in s, ms, us or a plain number of seconds), others stay

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A request sleeping in the latency filter does not hold nbdkit up.
 # Over memory and qcow2, with 30 s delays on a read and a write in
 # flight:

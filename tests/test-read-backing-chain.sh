@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Backing chains: depth 3 with a different cluster size at each level
 # (qcow2 or raw base), backing files shorter and longer than the
 # overlay, and sparse raw backing files (holes map as qemu maps them),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # How backing files are found and chosen: relative backing names are
 # resolved against the folder of the image naming them (not nbdkit's
 # working directory), at every level of a chain; images without the

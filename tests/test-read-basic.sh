@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Smoke test: a small image written by qemu-io reads back byte for byte.
 source "${srcdir:-.}/functions.sh"
 set -e

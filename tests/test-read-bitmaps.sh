@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Persistent dirty bitmaps (the bitmaps header extension, autoclear bit
 # 0, bitmap directory and tables in the file): images carrying enabled,
 # disabled, dirty and merged bitmaps of several granularities read as

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Cluster sizes 512, 4k, 64k and 2M (v2 and v3), with writes crossing
 # cluster boundaries, at odd offsets and lengths, and at the very end.
 source "${srcdir:-.}/functions.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Compressed clusters, deflate (zlib) and zstd, with 512-byte, 4k, 64k
 # and 2M clusters: whole images compressed by qemu-img convert -c from
 # data that compresses well, poorly (stored uncompressed) or not at all,

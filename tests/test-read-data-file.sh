@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # External data files (data_file=, with and without data_file_raw=on),
 # named relative to the image and found from another working directory
 # (the plugin resolves the name against the image's folder, as it does

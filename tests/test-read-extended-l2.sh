@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Extended L2 entries (subclusters: 32 per cluster) with 32k, 64k and
 # 2M clusters: subcluster-sized and unaligned writes, subcluster zeroes
 # (allocated and unmapped), discards; over a backing file so that the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # L2 cache options: the same images read identically with the default
 # cache, with a cache too small for the disk (forcing evictions) and with
 # every L2 slice size from 512 bytes to the cluster size; bad values are

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Concurrency: one image (data, compressed and zero clusters, a backing
 # file) served with a small L2 cache (16K of 512-byte slices, so
 # constant evictions), read by nbdcopy over 4 connections with 16

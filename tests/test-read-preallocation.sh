@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Images made with preallocation=metadata, falloc and full: bytes and
 # extents as qemu reads them.  With metadata preallocation every cluster
 # has an L2 entry pointing at a hole in the file: qemu reports those

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Every refcount width qemu supports (refcount_bits=1 to 64): the image
 # reads the same whatever the width of its refcount entries, including
 # with small clusters where the refcount table spans several blocks, and

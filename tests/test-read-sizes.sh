@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Virtual sizes that are not a multiple of the cluster size (qemu-img
 # rounds sizes up to a multiple of 512), disks smaller than one cluster,
 # resized disks, and huge sparse disks (4 TiB, 100 TiB + 512), for which

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Internal snapshots: the active state is served by default; snapshot=
 # serves a snapshot chosen by name or by ID (an ID wins over a name, as
 # in qemu), including one taken when the disk was smaller (the export

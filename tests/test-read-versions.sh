@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qcow2 version 2 (compat=0.10) and version 3 (compat=1.1) images, with
 # the same writes, read back as qemu reads them; the served size is the
 # virtual size.

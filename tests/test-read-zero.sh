@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Zero clusters (v3 "write -z", allocated and unmapped with -u), discard,
 # on their own and over a backing file whose data they must hide; v2
 # zero writes and discards (no zero flag in v2) for comparison.  Bytes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests of be.h (the only byte order code the engine has) and
  * checked.h (the arithmetic guarding sizes from untrusted images).
  */

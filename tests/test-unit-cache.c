@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests of the L2 slice cache, seen through the public interface:
  * its size and slice size as options give them or as defaulted, and
  * its hits, misses and LRU evictions as guest reads touch slices.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests of the qcow2 engine through its public interface, over
  * images built by hand in memory (imgbuild.c) and checked against the
  * builder's model of them: reads and extents of every kind of cluster

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests of the in-memory backend and environment that the other
  * unit tests (and the fuzzer) rely on.
  */

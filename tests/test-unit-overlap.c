@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The overlap map against a plain linear-scan oracle: random marks and
  * removals of cluster ranges over layouts from small to huge, with more
  * windows in use than the map keeps expanded, and every query compared:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on the top of
 # three-deep backing chains: partial-cluster writes must copy what the
 # chain below holds, zeroes must hide it, and the backing files must

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on images made
 # mostly of compressed clusters (qemu-img convert -c): deflate with
 # clusters of 512 B, 4 KiB, 64 KiB and 2 MiB, zstd, and v2.  A partial

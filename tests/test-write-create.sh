@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # create=true makes a new image that qemu-img check finds clean and
 # qemu-img info describes as asked, with or without a backing file and
 # preallocation; refused with a clear error where it cannot be done.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # A full host filesystem: writes that need space fail with ENOSPC, the
 # server keeps serving (reads, in-place writes, flush), what was written
 # before stays, and the image is left consistent: qemu-img check finds

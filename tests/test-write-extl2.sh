@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on images with
 # extended L2 entries (subclusters): clusters of 16 KiB (512-byte
 # subclusters), 64 KiB and 2 MiB, alone, with compressed clusters, and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes, randomized and differential (diffwrite.py: unaligned writes,
 # zeroes, trims, flushes, FUA, with read-back, against an independent
 # model), on v2 and v3 images with clusters of 512 B, 4 KiB, 64 KiB and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Requests over fragmented images: clusters written in reverse and in
 # random order, so that one guest request maps to many runs scattered
 # in the file.  Reads and overwrites of those runs are done at once by

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on images with
 # lazy_refcounts=on: plain, with 512-byte clusters (many allocations),
 # with an internal snapshot (shared clusters), and over a backing file.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) over 4 connections
 # at once, 16 requests in flight on each (never two on the same bytes):
 # allocations, COW and refcount updates from concurrent requests,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The overlap guard.  A corrupt refcount block that calls the active L2
 # table free makes the next allocation pick that very cluster for guest
 # data: the guard must refuse the write (EIO), name the structure and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on preallocated
 # images (qemu-img create -o preallocation=metadata, falloc and full):
 # every cluster is allocated up front, writes go in place, and zeroes

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Interoperation with qemu, both ways, on v2 and v3 images:
 #  1. our random writes (diffwrite.py): qemu-img convert reads exactly
 #     what the driver's model holds, qemu-img check finds no error;

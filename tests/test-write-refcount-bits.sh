@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on v3 images with
 # refcount widths of 1, 16 and 64 bits.  With 1-bit refcounts every
 # cluster is either free or used once; with 64-bit refcounts and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Images that must not be written refuse writes (EPERM to the client,
 # whose export is read-only) and say why, and the file stays unchanged:
 # nbdkit -r, readonly=true, a snapshot export, a file on a read-only

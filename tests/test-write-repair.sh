@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Images that need care before the first write:
 #  - a dirty image (lazy refcounts, crashed writer) is served read-only
 #    as is with nbdkit -r (no repair, file unchanged), and repaired on

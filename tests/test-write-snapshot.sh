@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes (diffwrite.py, randomized and differential) on images with
 # internal snapshots, v2 and v3: clusters shared with a snapshot must be
 # copied, never written in place.  Afterwards qemu-img check finds no

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Host system calls per operation, counted with strace:
 #  - a partial write to a new cluster over a backing file is one read (of
 #    the backing file, head and tail together) plus one write (of the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Zero and trim as a user sees them:
 #  - fast zero (NBD_CMD_FLAG_FAST_ZERO) succeeds on v3 (zero clusters,
 #    metadata only) and fails at once with ENOTSUP, changing nothing,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A minimal harness for the C unit tests: each CHECK counts as one
  * passed or failed check, failures say where and why, and unit_finish
  * prints the final tally and gives the exit status.

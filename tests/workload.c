@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Random write workloads and the model of what they leave (see
  * workload.h).
  */

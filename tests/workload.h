@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Random write workloads on the engine for the crash and fault tests:
  * image configurations, a seeded generator of requests, a runner that
  * sends them to an image over a crashio, and a model of what the guest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Helpers for the write tests (test-write-*.sh), on top of functions.sh.
 # Source with:
 #   source "${srcdir:-.}/write-functions.sh"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A qcow2_io backend over a local file: pread/pwrite, fdatasync,
  * hole punching, and SEEK_HOLE for finding holes; optionally O_DIRECT.
  */

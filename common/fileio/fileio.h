@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A qcow2_io backend over a local file. */
 #ifndef QCOW2_FILEIO_H
 #define QCOW2_FILEIO_H

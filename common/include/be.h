@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Big-endian access to on-disk structures: the one set of helpers used
  * for every qcow2 field, so unaligned access and byte order are handled
  * in a single place.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Checked arithmetic for sizes computed from untrusted image data.
  * Each returns true on overflow, like the GCC builtins they wrap.
  */

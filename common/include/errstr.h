@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The description of an errno value, without strerror's locale
  * machinery: thread-safe, and it never takes glibc's locale lock (which,
  * under AddressSanitizer, can be left held and deadlock nbdkit at exit).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* An in-memory qcow2_io backend and a qcow2_env over a table of named
  * in-memory files.
  */

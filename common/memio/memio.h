@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* An in-memory qcow2_io backend, and a qcow2_env that opens named
  * in-memory files, so that unit tests and fuzzers drive the engine
  * (backing chains included) without touching the filesystem.

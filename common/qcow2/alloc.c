@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Cluster allocation and freeing.
  *
  * Allocation searches for free clusters from a hint (the lowest cluster

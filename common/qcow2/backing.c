@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Backing chains and external data files: the other files an image
  * names, opened through the environment (the engine has no idea what a
  * file is), resolved against the naming image's folder.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Metadata caches: L2 slices and refcount blocks.
  *
  * A cache holds a fixed number of equal entries, found by the host

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Checking and repair: every cluster the image references, found by
  * walking all of its metadata, and rebuilding the refcounts from that
  * (a dirty image under lazy refcounts, or one with leaks).

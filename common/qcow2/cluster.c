@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Cluster mapping: from a guest offset, through the L1 table and the
  * cached L2 slices, to what the guest range is stored as.
  *

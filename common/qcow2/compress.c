@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Compressed clusters: deflate (raw, 4 KiB window, as QEMU writes it)
  * and zstd.  A compressed cluster always decompresses to exactly one
  * cluster; anything else is a bad descriptor or bad data.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Creating a new image: a header, a refcount table and blocks that
  * count the metadata, and an empty L1 table, laid out as QEMU does
  * (header, refcount table, refcount blocks, L1), so that qemu-img check

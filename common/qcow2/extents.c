@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Extents (NBD block status): data, zero, or hole per (sub)cluster,
  * looking through unallocated ranges into the backing chain, with
  * adjacent extents of one type merged, as qemu-img map reports them.

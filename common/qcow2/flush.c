@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Writing metadata and making it durable, in an order that keeps the
  * image consistent at every instant:
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Reading and validating the qcow2 header and its extensions.  Every
  * field is checked before anything trusts it; errors name the field and
  * its offset in the file.

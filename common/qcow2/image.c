@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Opening and closing images and backing layers; the engine's entry
  * points that take the image lock.
  */

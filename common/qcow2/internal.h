@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The qcow2 engine: state and functions shared between its modules.
  * Not part of the engine's interface.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The storage interface the qcow2 engine talks through.  The engine
  * never sees a file descriptor: a file, another nbdkit plugin, an
  * in-memory image for tests and fuzzing, or a fault-injecting backend

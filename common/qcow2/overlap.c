@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The overlap guard: a map of where the image's metadata lives in the
  * host file, consulted before every write, so that a bug or a corrupt
  * image can never make a write land on metadata it is not meant to

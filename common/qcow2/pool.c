@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A small pool of threads reading or writing the pieces of one request
  * at once.
  *

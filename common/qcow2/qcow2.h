@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The qcow2 engine: public interface.
  *
  * One struct qcow2_image per opened image, shared by every connection;

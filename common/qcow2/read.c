@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The read path: each mapped run of a request is read from where it
  * lives (data file, backing layer, compressed cluster, or zeros).
  */

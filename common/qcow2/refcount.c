@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Refcounts: the refcount table, and reading a cluster's refcount at
  * any width from 1 to 64 bits.
  */

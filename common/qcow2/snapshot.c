@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal snapshots: the snapshot table, and serving a snapshot's L1
  * table read-only instead of the active one.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The write path: guest writes, zeroes and trims.
  *
  * A write into a cluster that is allocated, owned by this image alone

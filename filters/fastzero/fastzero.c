@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit fastzero filter: nbdkit's nozero filter (zeromode=,
  * fastzeromode=, with the same meanings), plus fastzeromode=probe,
  * which answers fast zero requests from block status, and zerodetect=,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit flush-coalesce filter: a flush with nothing new to make
  * durable returns at once, and flushes that arrive together share one
  * flush of the plugin.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit iostats filter: per-operation counts, bytes, times, latency
  * percentiles and errors by errno, written as text or JSON when nbdkit
  * exits and, optionally, every few seconds while it serves.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit latency filter: delays each kind of request by its own time,
  * optionally varied by a seeded jitter, to try clients and other
  * filters against slow storage.  Sleeps hold no lock and end early

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit qcow2 plugin: the glue between nbdkit and the qcow2 engine in
  * common/qcow2.  The image is opened once, in get_ready, and shared by
  * every connection; the engine does its own locking.
