@@ -508,8 +508,9 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
     if (r == 0 && has && rc == 0)
       img->pending_free[nreleased++] = c;
   }
-  qsort (img->pending_free, nreleased, sizeof *img->pending_free,
-         alloc_cmp_cluster);
+  if (nreleased > 1)
+    qsort (img->pending_free, nreleased, sizeof *img->pending_free,
+           alloc_cmp_cluster);
   for (size_t i = 0, j; i < nreleased; i = j) {
     for (j = i + 1; j < nreleased &&
            img->pending_free[j] == img->pending_free[j - 1] + 1; j++)
