@@ -6,19 +6,21 @@
 # /proc/PID/stat) is divided by the data read.  Servers: our plugin,
 # qemu-nbd, and nbdkit's file plugin over the equivalent raw file (the
 # floor: no decompression at all).  nbdkit's qcow2dec filter is used too
-# if the installed nbdkit has it.
+# if the nbdkit run has it (1.36 and later).
 #
 # Usage, from the top of a built tree:
 #   bench/compressed-read.sh [ROUNDS [SIZE]]     default 5 1G
 # Environment: BENCH_DIR (default /var/tmp/nbdkit-qcow2-bench);
 # OURS_PLUGIN=PATH to measure another build of the plugin beside this
-# one (as "ours-other").
+# one (as "ours-other"); NBDKIT=PATH to run another nbdkit (a newer
+# one has the qcow2dec filter; plugins load into newer nbdkit).
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 plugin=$top/plugins/qcow2/.libs/nbdkit-qcow2-plugin.so
 export PATH=/usr/bin:$PATH
 rounds=${1:-5} size=${2:-1G}
+nbdkit=${NBDKIT:-nbdkit}
 dir=${BENCH_DIR:-/var/tmp/nbdkit-qcow2-bench}/compressed
 mkdir -p "$dir"
 sock=$dir/sock results=$dir/results.tsv
@@ -46,19 +48,20 @@ fi
 
 servers="ours qemu file"
 [ -n "${OURS_PLUGIN:-}" ] && servers="$servers ours-other"
-nbdkit qcow2dec --help >/dev/null 2>&1 && servers="$servers qcow2dec"
+"$nbdkit" --filter=qcow2dec null --dump-plugin >/dev/null 2>&1 &&
+  servers="$servers qcow2dec"
 
 start ()
 {
   local server=$1 img=$2 i
   rm -f "$sock"
   case $server in
-    ours) nbdkit -f -U "$sock" "$plugin" "file=$img" & ;;
-    ours-other) nbdkit -f -U "$sock" "$OURS_PLUGIN" "file=$img" & ;;
+    ours) "$nbdkit" -f -U "$sock" "$plugin" "file=$img" & ;;
+    ours-other) "$nbdkit" -f -U "$sock" "$OURS_PLUGIN" "file=$img" & ;;
     qemu) qemu-nbd -t -e 8 -k "$sock" --cache=writeback --aio=threads \
             -f qcow2 -r "$img" & ;;
-    file) nbdkit -f -U "$sock" file "file=$raw" & ;;
-    qcow2dec) nbdkit -f -U "$sock" --filter=qcow2dec file "file=$img" & ;;
+    file) "$nbdkit" -f -U "$sock" file "file=$raw" & ;;
+    qcow2dec) "$nbdkit" -f -U "$sock" --filter=qcow2dec file "file=$img" & ;;
   esac
   pid=$!
   for i in $(seq 200); do [ -S "$sock" ] && return 0; sleep 0.05; done
