@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The corrupt bit (incompatible bit 1) and the dirty bit (bit 0, lazy
 # refcounts after a crash).
-#  - corrupt: nbdkit starts, but a connection that could write is
-#    refused with a message about the corrupt image; with nbdkit -r the
-#    image is served and reads as it did before it was marked.
+#  - corrupt: nbdkit refuses to start unless asked to serve read-only
+#    (-r or readonly=true), saying why; with nbdkit -r the image is
+#    served and reads as it did before it was marked.
 #  - dirty: served and read correctly (the refcounts are not needed to
 #    read).  Neither image is modified by serving it.
 source "${srcdir:-.}/bad-functions.sh"
@@ -18,18 +18,20 @@ qemu-img convert -f qcow2 -O raw "$img" "$tmp/before.raw"
 qpatch "$img" set-bits 72 2
 sum=$(md5sum < "$img")
 
-# Without -r: the server starts, the connection is refused.
-log=$tmp/corrupt.log
-rc=0
-timeout 30 nbdkit -U - qcow2 "file=$img" \
-  --run "touch '$tmp/started'; nbdinfo \"\$uri\"" > "$log" 2>&1 || rc=$?
-sed 's/^/    /' "$log"
-[ -e "$tmp/started" ] || fail "nbdkit did not start with a corrupt image"
-[ "$rc" -ne 0 ] || fail "a writable connection to a corrupt image succeeded"
-check_status "nbdinfo of a corrupt image" "$rc" 1 "$log"
-grep -qF "error: $img: image is marked corrupt (incompatible feature bit 1)" \
-  "$log" || fail "no message saying the image is marked corrupt"
-grep -qE "nbdkit -r|read-only" "$log" || fail "the message does not suggest -r"
+# Without -r (and with readonly=false): refused at start, as QEMU
+# refuses to open it read-write, with one message saying why and what
+# to do.
+expect_open_error "$img" \
+  "error: $img: image is marked corrupt \(incompatible feature bit 1\): refusing write access" \
+  "qemu-img check -r all" "nbdkit -r serves it read-only"
+[ "$(grep -c 'error:' "$tmp/open-error.log")" -eq 1 ] ||
+  fail "more than one message for a corrupt image"
+OPEN_ARGS=readonly=false expect_open_error "$img" "marked corrupt"
+
+# readonly=true: served read-only.
+timeout 30 nbdkit -U - qcow2 "file=$img" readonly=true \
+  --run 'nbdinfo --size "$uri"' > "$tmp/ro.out" 2>&1 ||
+  { cat "$tmp/ro.out"; fail "readonly=true does not serve a corrupt image"; }
 
 # With -r: served, and equal to what it held before being marked
 # corrupt, and to what qemu reads from it (and qemu-img map).

@@ -2,16 +2,19 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Files that are not qcow2 images, or are cut short, or have a version
 # the plugin does not know: nbdkit refuses them at startup with an error
-# saying what is wrong.
+# saying what is wrong, and, for an empty file or a raw image, what to
+# do instead.
 source "${srcdir:-.}/bad-functions.sh"
 
 # An empty file.
 : > "$tmp/empty.qcow2"
-expect_open_error "$tmp/empty.qcow2" "too small \(0 bytes\)"
+expect_open_error "$tmp/empty.qcow2" "file is empty" \
+  "empty.qcow2 is empty: to make a new image in it, add create=true size=SIZE"
 
 # A raw disk image (all zeros): wrong magic.
 truncate -s 1M "$tmp/raw.img"
-expect_open_error "$tmp/raw.img" "not a qcow2 image" "magic 0 "
+expect_open_error "$tmp/raw.img" "not a qcow2 image" "magic 0 " \
+  "if $tmp/raw.img is a raw disk image, nbdkit's file plugin serves it: nbdkit file $tmp/raw.img"
 
 # A text file longer than a header: wrong magic (the first 4 bytes).
 for i in $(seq 20); do echo "This is a text file, not a disk image."; done \

@@ -80,8 +80,8 @@ fi
 # than the minimum.
 for opts in "l2-cache-size=64K l2-slice-size=4k" "l2-cache-size=1"; do
   cache_log "$img4k" $opts
-  start=$(grep -Eo 'L2 cache: [0-9]+ slices of [0-9]+ bytes' "$tmp/cache.log" |
-          head -1 | sed 's/L2 cache: //')
+  start=$(grep -Eo 'L2 cache [0-9]+ slices of [0-9]+ bytes' "$tmp/cache.log" |
+          head -1 | sed 's/L2 cache //')
   totals=$(grep -Eo '\([0-9]+ slices of [0-9]+ bytes\)' "$tmp/cache.log" |
            head -1 | tr -d '()')
   [ -n "$start" ] && [ "$start" = "$totals" ] ||

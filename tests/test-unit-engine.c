@@ -997,7 +997,8 @@ test_bad_headers (void)
   const uint64_t eof = ib.len, l1 = ib.l1_offset;
   const uint64_t snaps = be64_get (ib.buf + 64);
   const struct bad_header cases[] = {
-    { "magic", { { 0, 4, 0x514649fa } }, EINVAL, "not a qcow2 image" },
+    { "magic", { { 0, 4, 0x514649fa } }, EMEDIUMTYPE,
+      "not a qcow2 image" },
     { "version 1", { { 4, 4, 1 } }, ENOTSUP, "unsupported qcow2 version 1" },
     { "version 4", { { 4, 4, 4 } }, ENOTSUP, "unsupported qcow2 version 4" },
     { "cluster_bits 8", { { 20, 4, 8 } }, EINVAL, "cluster_bits 8" },
@@ -1074,7 +1075,7 @@ test_bad_headers (void)
   }
 
   /* Truncated files. */
-  check_open_fails (me, ib.buf, 0, "empty", EINVAL, "too small");
+  check_open_fails (me, ib.buf, 0, "empty", ENODATA, "file is empty");
   check_open_fails (me, ib.buf, 71, "71 bytes", EINVAL, "too small");
   check_open_fails (me, ib.buf, 100, "100 bytes (v3)", EINVAL,
                     "too small (100 bytes) for a version 3 header");

@@ -78,4 +78,90 @@ expect_refused 'cluster-size' qcow2 "$img" create=true size=1M cluster-size=3000
 rm -f "$img"
 expect_refused 'extended L2' qcow2 "$img" create=true size=1M extended-l2=on cluster-size=4K
 rm -f "$img"
-expect_refused 'for create=true' qcow2 "$img" size=1M
+
+# Create-only options without create=: an error naming the option.
+qemu-img create -q -f qcow2 "$img" 1M
+for opt in size=1M cluster-size=4K compat=1.1 extended-l2=on \
+           lazy-refcounts=on preallocation=full backing=other.qcow2; do
+  expect_refused "${opt%%=*}= describes an image to make: it needs create=true" \
+    qcow2 "$img" "$opt"
+done
+expect_refused 'backing=none' qcow2 "$img" backing=other.qcow2
+rm -f "$img"
+
+# The size rounded up to whole sectors, as qemu-img does.
+nbdkit -U - qcow2 "$img" create=true size=1000 --run 'nbdinfo --size "$uri"' \
+  > "$tmp/size" || fail "create=true size=1000"
+[ "$(cat "$tmp/size")" = 1024 ] || fail "size=1000 served as $(cat "$tmp/size") bytes, not 1024"
+info_has "$img" 'virtual size: 1 KiB \(1024 bytes\)'
+qemu-img check -q "$img" || fail "qemu-img check after size=1000"
+rm -f "$img"
+
+# Every option checked before the file is touched: nothing left behind.
+for opts in "cluster-size=3000" "extended-l2=on cluster-size=4K" \
+            "compat=0.10 lazy-refcounts=on" "size=1T cluster-size=512" \
+            "backing=missing.qcow2" "data-file=$tmp/data.raw"; do
+  # shellcheck disable=SC2086
+  expect_refused '.' qcow2 "$img" create=true size=1M $opts
+  [ ! -e "$img" ] || fail "create=true $opts left $img behind"
+  [ ! -e "$tmp/data.raw" ] || fail "create=true $opts made the data file"
+done
+expect_refused 'external data file.*qemu-img create' qcow2 "$img" \
+  create=true size=1M data-file=$tmp/data.raw
+# A failure after the image is written (preallocation past the file
+# size limit): the new file removed, an empty file left empty.
+(trap '' XFSZ; ulimit -f 4096
+ expect_refused 'File too large' qcow2 "$img" create=true size=64M \
+   preallocation=full)
+[ ! -e "$img" ] || fail "a failed create=true left $img behind"
+: > "$img"
+(trap '' XFSZ; ulimit -f 4096
+ expect_refused 'File too large' qcow2 "$img" create=true size=64M \
+   preallocation=full)
+[ -e "$img" ] && [ ! -s "$img" ] || fail "a failed create=true did not leave the empty $img empty"
+rm -f "$img"
+
+# create=if-missing: made the first time, served as it is after (what a
+# service unit that restarts needs), even if the options differ.
+nbdkit -U - qcow2 "$img" create=if-missing size=8M --run 'nbdsh -u "$uri" -c "
+assert h.get_size() == 8 * 1024 * 1024
+h.pwrite(b\"\\x33\" * 4096, 4096)
+h.flush()
+"' || fail "create=if-missing, first start"
+nbdkit -U - qcow2 "$img" create=if-missing size=8M --run 'nbdsh -u "$uri" -c "
+assert h.pread(4096, 4096) == b\"\\x33\" * 4096
+"' || fail "create=if-missing, second start: the data is not there"
+nbdkit -U - qcow2 "$img" create=if-missing size=1M cluster-size=4K \
+  --run 'nbdinfo --size "$uri"' > "$tmp/size" || fail "create=if-missing on an existing image"
+[ "$(cat "$tmp/size")" = 8388608 ] || fail "create=if-missing changed the existing image"
+qemu-img check -q "$img" || fail "qemu-img check after create=if-missing"
+qio "$img" 'read -P 0x33 4096 4096'
+expect_refused 'already exists and is not empty.*create=if-missing' \
+  qcow2 "$img" create=true size=1M
+
+# The systemd unit of the man page: socket activation, create=if-missing,
+# and a restart that serves the same disk.
+if command -v systemd-socket-activate >/dev/null; then
+  rm -f "$img"
+  sock=$tmp/sa.sock
+  for round in 1 2; do
+    systemd-socket-activate -l "$sock" nbdkit --foreground qcow2 "$img" \
+      create=if-missing size=20M > "$tmp/sa.log" 2>&1 &
+    sa=$!
+    for i in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
+    [ "$round" = 1 ] && [ -e "$img" ] && fail "the image was made before the first connection"
+    nbdsh -u "nbd+unix:///?socket=$sock" -c "
+assert h.get_size() == 20 * 1024 * 1024
+if $round == 1:
+    h.pwrite(b'\x44' * 512, 1 << 20)
+    h.flush()
+else:
+    assert h.pread(512, 1 << 20) == b'\x44' * 512
+" || { cat "$tmp/sa.log"; fail "socket activation, round $round"; }
+    kill "$sa"; wait "$sa" || true
+    rm -f "$sock"
+  done
+  qemu-img check -q "$img" || fail "qemu-img check after socket activation"
+else
+  echo "$0: socket activation skipped: no systemd-socket-activate"
+fi

@@ -32,7 +32,7 @@ except nbd.Error as e:
 }
 
 refused '' -r -U - qcow2 "$img"
-refused 'served read-only: the image was opened read-only' -U - qcow2 "$img" readonly=true
+refused '' -U - qcow2 "$img" readonly=true
 refused 'served read-only: a snapshot is served' -U - qcow2 "$img" snapshot=s1
 
 # A read-only filesystem: opened read-only, and said so.
@@ -41,7 +41,7 @@ mkdir "$ro"
 if mount --bind "$tmp" "$ro" 2>/dev/null && mount -o remount,ro,bind "$ro" 2>/dev/null; then
   trap 'umount "$ro" 2>/dev/null || true; rm -rf "$tmp"' EXIT
   img=$ro/img.qcow2
-  refused 'served read-only: the image was opened read-only' -U - qcow2 "$img"
+  refused 'served read-only: it cannot be opened for writing: Read-only file system' -U - qcow2 "$img"
 else
   echo "$0: read-only filesystem case skipped: cannot remount read-only here"
 fi

@@ -584,8 +584,11 @@ fileio_lock (int fd, const char *path, bool readonly,
   enum fileio_locking mode = opts ? opts->locking : FILEIO_LOCKING_AUTO;
   int r = 0;
 
-  if (mode == FILEIO_LOCKING_OFF)
+  if (mode == FILEIO_LOCKING_OFF) {
+    if (opts->debug)
+      opts->debug (path, "not locked (locking=off)");
     return 0;
+  }
   if (!readonly)
     use |= 1u << PERM_WRITE | 1u << PERM_RESIZE;
   for (int n = 0; n < PERM_COUNT && r == 0; n++) {
@@ -634,6 +637,11 @@ fileio_lock (int fd, const char *path, bool readonly,
       r = -EAGAIN;
     }
   }
+  if (r == 0 && opts && opts->debug)
+    opts->debug (path, readonly ? "locked as QEMU locks an image it reads "
+                 "(OFD lock bytes 100, 201, 203)"
+                 : "locked as QEMU locks an image it writes "
+                 "(OFD lock bytes 100, 101, 103, 201, 203)");
   return r;
 }
 

@@ -24,6 +24,8 @@ struct fileio_options {
   enum fileio_locking locking;
   /* Optional: told when locking=auto finds no lock support. */
   void (*notice) (const char *path, const char *msg);
+  /* Optional: told how each file was locked. */
+  void (*debug) (const char *path, const char *msg);
 };
 
 /* Open path (opts may be NULL: the defaults, which lock).  On failure

@@ -26,9 +26,11 @@ backing_resolve (const char *image_path, const char *name)
   return r;
 }
 
+/* hint: what the user can do if the file is missing. */
 static struct qcow2_io *
 backing_open_file (struct qcow2_image *img, const char *what,
-                   const char *path, bool readonly, char **id)
+                   const char *hint, const char *path, bool readonly,
+                   char **id)
 {
   struct qcow2_io *io;
 
@@ -36,8 +38,9 @@ backing_open_file (struct qcow2_image *img, const char *what,
   io = img->env->open (img->env->opaque, path, readonly, id);
   if (!io) {
     int e = errno;
-    qcow2_err (img, "cannot open %s \"%s\"%s: %s", what, path,
-               readonly ? "" : " for writing", *id ? *id : errstr (e));
+    qcow2_err (img, "cannot open %s \"%s\"%s: %s%s", what, path,
+               readonly ? "" : " for writing", *id ? *id : errstr (e),
+               e == ENOENT ? hint : "");
     free (*id);
     *id = NULL;
     errno = e;
@@ -101,7 +104,10 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
       return r;
     }
   }
-  io = backing_open_file (img, "backing file", path, true, &id);
+  io = backing_open_file (img, "backing file", "; backing=none serves the "
+                         "image without it, and \"qemu-img rebase -u -b "
+                         "NEW-NAME -F FORMAT IMAGE\" gives the image its new "
+                         "name", path, true, &id);
   if (!io) {
     int e = errno;
     free (path);
@@ -118,7 +124,10 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   img->backing = image_open_layer (img->env, io, path, id, format,
                                    &layer_opts, chain, depth + 1);
   free (path);
-  return img->backing ? 0 : -errno;
+  if (img->backing)
+    return 0;
+  /* ENODATA and EMEDIUMTYPE say what the top image is (qcow2.h). */
+  return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
 }
 
 int
@@ -152,8 +161,10 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   if (!path)
     return -ENOMEM;
   /* Written with the image: guest data lives there. */
-  img->data_io = backing_open_file (img, "external data file", path,
-                                    opts->readonly || opts->snapshot, &id);
+  img->data_io = backing_open_file (img, "external data file",
+                                    "; data-file=FILE names where it is",
+                                    path, opts->readonly || opts->snapshot,
+                                    &id);
   free (path);
   free (id);
   if (!img->data_io) {

@@ -518,8 +518,5 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
                " bytes of L2 cache): %s", size, errstr (-r));
     return r;
   }
-  if (img->debug_cache)
-    qcow2_dbg (img, "L2 cache: %" PRIu32 " slices of %" PRIu64 " bytes",
-               img->cache->n, slice);
   return 0;
 }

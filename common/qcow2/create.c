@@ -4,6 +4,7 @@
  * (header, refcount table, refcount blocks, L1), so that qemu-img check
  * finds it clean.  Preallocation then goes through the engine.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -73,17 +74,27 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
   return 0;
 }
 
+/* The header area the extensions and the backing file name take. */
+static uint64_t
+create_header_bytes (const struct qcow2_create_options *o)
+{
+  uint64_t off = o->compat_v2 ? QCOW2_V2_HEADER_SIZE : CREATE_V3_HEADER;
+
+  if (o->backing && o->backing_format)
+    off += 8 + ((strlen (o->backing_format) + 7) & ~(size_t) 7);
+  off += 8;
+  if (o->backing)
+    off += strlen (o->backing);
+  return off;
+}
+
 int
-qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
-              const struct qcow2_create_options *o)
+qcow2_create_check (const struct qcow2_env *env,
+                    const struct qcow2_create_options *o)
 {
   uint64_t cs = o->cluster_size ? o->cluster_size : 65536;
   uint32_t cluster_bits = __builtin_ctzll (cs);
   uint64_t l2_entries = cs / (o->extended_l2 ? 16 : 8);
-  uint64_t per_block = cs * 8 >> CREATE_REFCOUNT_ORDER;
-  uint64_t l1_size, l1_clusters, blocks = 1, tclusters = 1, total;
-  uint8_t *area;
-  int r;
 
   if (!is_power_of_2 (cs) || cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
@@ -100,12 +111,36 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
     env_err (env, "lazy refcounts need compat=1.1");
     return -EINVAL;
   }
-  l1_size = div_round_up (div_round_up (o->size, cs), l2_entries);
-  if (l1_size * 8 > QCOW2_MAX_L1_BYTES) {
+  if (div_round_up (div_round_up (o->size, cs), l2_entries) * 8 >
+      QCOW2_MAX_L1_BYTES) {
     env_err (env, "size %" PRIu64 " is too large for %" PRIu64 "-byte "
              "clusters", o->size, cs);
     return -EFBIG;
   }
+  if (o->backing && (strlen (o->backing) > QCOW2_MAX_BACKING_NAME ||
+                     create_header_bytes (o) > cs)) {
+    env_err (env, "the backing file name \"%s\" does not fit in the header "
+             "of %" PRIu64 "-byte clusters", o->backing, cs);
+    return -ENAMETOOLONG;
+  }
+  return 0;
+}
+
+int
+qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
+              const struct qcow2_create_options *o)
+{
+  uint64_t cs = o->cluster_size ? o->cluster_size : 65536;
+  uint32_t cluster_bits = __builtin_ctzll (cs);
+  uint64_t l2_entries = cs / (o->extended_l2 ? 16 : 8);
+  uint64_t per_block = cs * 8 >> CREATE_REFCOUNT_ORDER;
+  uint64_t l1_size, l1_clusters, blocks = 1, tclusters = 1, total;
+  uint8_t *area;
+  int r;
+
+  if ((r = qcow2_create_check (env, o)) < 0)
+    return r;
+  l1_size = div_round_up (div_round_up (o->size, cs), l2_entries);
   l1_clusters = MAX (div_round_up (l1_size * 8, cs), 1);
 
   /* Header, refcount table, refcount blocks, L1: the blocks count them
@@ -126,10 +161,7 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
     return -ENOMEM;
   r = create_header (o, area, cs, cluster_bits, l1_size, tclusters,
                      (1 + tclusters + blocks) * cs);
-  if (r < 0) {
-    env_err (env, "the backing file name does not fit in the header");
-    goto out;
-  }
+  assert (r == 0);              /* qcow2_create_check: the name fits */
   for (uint64_t i = 0; i < blocks; i++)
     be64_put (area + cs + i * 8, (1 + tclusters + i) * cs);
   for (uint64_t c = 0; c < total; c++)
@@ -141,7 +173,6 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
     r = io->ops->flush (io);
   if (r < 0)
     env_err (env, "writing the new image: %s", errstr (-r));
- out:
   free (area);
   return r;
 }

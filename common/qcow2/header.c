@@ -305,6 +305,10 @@ header_read (struct qcow2_image *img)
   uint64_t ext_start, ext_end;
   int r;
 
+  if (img->file_size == 0) {
+    qcow2_err (img, "file is empty: not a qcow2 image");
+    return -ENODATA;
+  }
   if (img->file_size < QCOW2_V2_HEADER_SIZE) {
     qcow2_err (img, "file is too small (%" PRIu64 " bytes) to be a qcow2 "
                "image: truncated?", img->file_size);
@@ -318,7 +322,7 @@ header_read (struct qcow2_image *img)
   if (be32_get (fixed + HDR_MAGIC) != QCOW2_MAGIC) {
     qcow2_err (img, "not a qcow2 image (magic %#" PRIx32 " at offset 0, "
                "expected %#x)", be32_get (fixed), QCOW2_MAGIC);
-    return -EINVAL;
+    return -EMEDIUMTYPE;
   }
   h->version = be32_get (fixed + HDR_VERSION);
   if (h->version != 2 && h->version != 3) {

@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +181,37 @@ image_check_tables_apart (struct qcow2_image *img)
   return 0;
 }
 
+/* One debug line per layer, top first: what -v users ask about. */
+static void
+image_describe (const struct qcow2_image *img,
+                const struct qcow2_options *opts)
+{
+  const struct qcow2_header *h = &img->h;
+  char backing[64 + QCOW2_MAX_BACKING_NAME] = "none";
+  char data_file[64 + PATH_MAX] = "none";
+
+  if (h->backing_file)
+    snprintf (backing, sizeof backing, "\"%s\" (%s%s)", h->backing_file,
+              h->backing_format ? h->backing_format : "format probed",
+              opts->no_backing ? ", not opened: backing=none" : "");
+  if (img->data_io != img->io)
+    snprintf (data_file, sizeof data_file, "\"%s\"%s",
+              opts->data_file ? opts->data_file : h->data_file,
+              img->data_file_raw ? " (raw)" : "");
+  qcow2_dbg (img, "qcow2 v%" PRIu32 ", %" PRIu64 "-byte clusters, virtual "
+             "size %" PRIu64 ", %u-bit refcounts%s%s, %s compression, "
+             "backing %s, data file %s, L2 cache %" PRIu32 " slices "
+             "of %" PRIu64 " bytes, %s",
+             h->version, img->cluster_size, img->size,
+             1u << h->refcount_order,
+             img->extended_l2 ? ", extended L2" : "",
+             img->lazy_refcounts ? ", lazy refcounts" : "",
+             h->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib",
+             backing, data_file,
+             cache_entries (img->cache), cache_entry_size (img->cache),
+             img->writable ? "read-write" : "read-only");
+}
+
 static int
 image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
                   const char **chain, unsigned depth)
@@ -223,6 +255,7 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   }
   if (img->writable && (r = bitmap_open (img)) < 0)
     return r;
+  image_describe (img, opts);
   if (!opts->no_backing && img->h.backing_file)
     return backing_open (img, opts, chain, depth);
   return 0;
@@ -273,6 +306,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   if (strcmp (format, "raw") == 0) {
     img->raw = true;
     img->size = img->file_size;
+    qcow2_dbg (img, "raw, size %" PRIu64 ", read-only", img->size);
     return img;
   }
   if (strcmp (format, "qcow2") != 0) {

@@ -73,9 +73,16 @@ struct qcow2_create_options {
 };
 extern int qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
                          const struct qcow2_create_options *opts);
+/* The checks qcow2_create makes first, for a caller that must know
+ * before it touches the file: 0, or -errno with the reason reported.
+ */
+extern int qcow2_create_check (const struct qcow2_env *env,
+                               const struct qcow2_create_options *opts);
 
 /* Open the image in io (named path, used to resolve relative names).
- * On success the image owns io.  On failure returns NULL and errno.
+ * On success the image owns io.  On failure returns NULL and errno,
+ * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is
+ * not a qcow2 image (no magic), so that the caller can say what to do.
  */
 extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
                                        struct qcow2_io *io, const char *path,

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -24,8 +26,12 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
 /* -D qcow2.flush=1: host flushes issued, after each client flush. */
 NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
-/* Threads reading the host runs of one request at once, by default. */
+/* Threads reading the host runs of one request at once, by default,
+ * and at most: more cost memory and start-up time, and gain nothing on
+ * the few queues a host file has.
+ */
 #define IO_THREADS 4
+#define IO_THREADS_MAX 64
 
 static char *filename;
 static char *data_file;
@@ -40,8 +46,10 @@ static bool repair_leaks;
  */
 static uint32_t overlap_on, overlap_off;
 
-/* create=true: make the image at get_ready. */
-static bool create;
+/* create=true or create=if-missing: make the image at get_ready. */
+static enum { CREATE_NO, CREATE_YES, CREATE_IF_MISSING } create;
+/* The first option given that only describes an image to create. */
+static const char *create_only_key;
 static char *create_backing;
 static int64_t create_size = -1;
 static struct qcow2_create_options create_options;
@@ -59,12 +67,14 @@ plugin_debug (void *opaque, const char *msg)
   nbdkit_debug ("%s", msg);
 }
 
-/* Not errors, but the user must hear of them (a repaired image). */
+/* Not errors, but the user must hear of them (a repaired image, an
+ * image served read-only).  nbdkit gives plugins no level between
+ * debug (-v only) and error, so they go to nbdkit's log as errors.
+ */
 static void
 plugin_notice (void *opaque, const char *path, const char *msg)
 {
-  fprintf (stderr, "nbdkit: qcow2: %s: %s\n", path, msg);
-  nbdkit_debug ("%s: %s", path, msg);
+  nbdkit_error ("%s: %s", path, msg);
 }
 
 /* Files not locked where locking=auto finds no OFD locks. */
@@ -74,9 +84,16 @@ plugin_lock_notice (const char *path, const char *msg)
   plugin_notice (NULL, path, msg);
 }
 
+static void
+plugin_lock_debug (const char *path, const char *msg)
+{
+  nbdkit_debug ("%s: %s", path, msg);
+}
+
 /* cache=none: every file of the chain opened with O_DIRECT; locking=. */
 static struct fileio_options file_options = {
   .notice = plugin_lock_notice,
+  .debug = plugin_lock_debug,
 };
 
 static const struct qcow2_env env = {
@@ -100,14 +117,19 @@ plugin_unload (void)
   free (create_backing);
 }
 
+/* nbdkit's parsers do not name the option: these do, after them. */
 static int
-plugin_parse_size (const char *key, const char *value, uint64_t *out)
+plugin_parse_size (const char *key, const char *value, bool zero_ok,
+                   uint64_t *out)
 {
   int64_t r = nbdkit_parse_size (value);
 
-  if (r == -1)
+  if (r == -1) {
+    nbdkit_error ("%s: expected a size such as 512, 64K or 1G, not \"%s\"",
+                  key, value);
     return -1;
-  if (r == 0) {
+  }
+  if (r == 0 && !zero_ok) {
     nbdkit_error ("%s must not be zero", key);
     return -1;
   }
@@ -116,8 +138,41 @@ plugin_parse_size (const char *key, const char *value, uint64_t *out)
 }
 
 static int
+plugin_parse_bool (const char *key, const char *value, bool *out)
+{
+  int r = nbdkit_parse_bool (value);
+
+  if (r == -1) {
+    nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
+                  "\"%s\"", key, value);
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+/* Options that describe the image create= makes, and nothing else. */
+static bool
+plugin_is_create_only (const char *key, const char *value)
+{
+  static const char *const keys[] = {
+    "size", "cluster-size", "compat", "extended-l2", "lazy-refcounts",
+    "preallocation",
+  };
+
+  if (strcmp (key, "backing") == 0)
+    return strcmp (value, "none") != 0;
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (strcmp (key, keys[i]) == 0)
+      return true;
+  return false;
+}
+
+static int
 plugin_config (const char *key, const char *value)
 {
+  if (!create_only_key && plugin_is_create_only (key, value))
+    create_only_key = key;
   if (strcmp (key, "file") == 0) {
     free (filename);
     /* Absolute, since nbdkit may change directory; backing file names
@@ -136,16 +191,27 @@ plugin_config (const char *key, const char *value)
     return 0;
   }
   if (strcmp (key, "create") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
+    bool yes;
+
+    if (strcmp (value, "if-missing") == 0) {
+      create = CREATE_IF_MISSING;
+      return 0;
+    }
+    if (plugin_parse_bool (key, value, &yes) == -1)
       return -1;
-    create = r;
+    create = yes ? CREATE_YES : CREATE_NO;
     return 0;
   }
-  if (strcmp (key, "size") == 0)
-    return (create_size = nbdkit_parse_size (value)) == -1 ? -1 : 0;
+  if (strcmp (key, "size") == 0) {
+    uint64_t size;
+
+    if (plugin_parse_size (key, value, true, &size) == -1)
+      return -1;
+    create_size = size;
+    return 0;
+  }
   if (strcmp (key, "cluster-size") == 0)
-    return plugin_parse_size (key, value, &create_options.cluster_size);
+    return plugin_parse_size (key, value, false, &create_options.cluster_size);
   if (strcmp (key, "compat") == 0) {
     if (strcmp (value, "0.10") != 0 && strcmp (value, "1.1") != 0) {
       nbdkit_error ("compat: expected 0.10 or 1.1, not \"%s\"", value);
@@ -154,16 +220,10 @@ plugin_config (const char *key, const char *value)
     create_options.compat_v2 = strcmp (value, "0.10") == 0;
     return 0;
   }
-  if (strcmp (key, "extended-l2") == 0 || strcmp (key, "lazy-refcounts") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
-      return -1;
-    if (key[0] == 'e')
-      create_options.extended_l2 = r;
-    else
-      create_options.lazy_refcounts = r;
-    return 0;
-  }
+  if (strcmp (key, "extended-l2") == 0)
+    return plugin_parse_bool (key, value, &create_options.extended_l2);
+  if (strcmp (key, "lazy-refcounts") == 0)
+    return plugin_parse_bool (key, value, &create_options.lazy_refcounts);
   if (strcmp (key, "preallocation") == 0) {
     if (strcmp (value, "off") == 0)
       prealloc = PREALLOC_OFF;
@@ -209,13 +269,8 @@ plugin_config (const char *key, const char *value)
     repair_leaks = strcmp (value, "leaks") == 0;
     return 0;
   }
-  if (strcmp (key, "readonly") == 0) {
-    int r = nbdkit_parse_bool (value);
-    if (r == -1)
-      return -1;
-    options.readonly = r;
-    return 0;
-  }
+  if (strcmp (key, "readonly") == 0)
+    return plugin_parse_bool (key, value, &options.readonly);
   if (strcmp (key, "overlap-check") == 0) {
     int64_t mask = qcow2_overlap_mode (value);
     if (mask == -1) {
@@ -229,7 +284,8 @@ plugin_config (const char *key, const char *value)
   }
   if (strncmp (key, "overlap-check.", 14) == 0) {
     int bit = qcow2_overlap_structure (key + 14);
-    int on = nbdkit_parse_bool (value);
+    bool on;
+
     if (bit == -1) {
       nbdkit_error ("%s: unknown structure (main-header, active-l1, "
                     "active-l2, refcount-table, refcount-block, "
@@ -237,7 +293,7 @@ plugin_config (const char *key, const char *value)
                     "bitmap-directory)", key);
       return -1;
     }
-    if (on == -1)
+    if (plugin_parse_bool (key, value, &on) == -1)
       return -1;
     overlap_on = on ? overlap_on | 1u << bit : overlap_on & ~(1u << bit);
     overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
@@ -268,12 +324,21 @@ plugin_config (const char *key, const char *value)
     }
     return 0;
   }
-  if (strcmp (key, "io-threads") == 0)
-    return nbdkit_parse_unsigned (key, value, &options.io_threads);
+  if (strcmp (key, "io-threads") == 0) {
+    if (nbdkit_parse_unsigned (key, value, &options.io_threads) == -1)
+      return -1;
+    if (options.io_threads > IO_THREADS_MAX) {
+      nbdkit_error ("io-threads: at most %d, not %u (a few threads already "
+                    "keep a host file's queue full)", IO_THREADS_MAX,
+                    options.io_threads);
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (key, "l2-cache-size") == 0)
-    return plugin_parse_size (key, value, &options.l2_cache_size);
+    return plugin_parse_size (key, value, false, &options.l2_cache_size);
   if (strcmp (key, "l2-slice-size") == 0)
-    return plugin_parse_size (key, value, &options.l2_slice_size);
+    return plugin_parse_size (key, value, false, &options.l2_slice_size);
   nbdkit_error ("unknown parameter '%s'", key);
   return -1;
 }
@@ -285,13 +350,22 @@ plugin_config_complete (void)
     nbdkit_error ("you must supply the file=<FILENAME> parameter");
     return -1;
   }
-  if (!create && (create_backing || create_size != -1)) {
-    nbdkit_error ("backing=FILE and size= are for create=true (to serve "
-                  "an image without its backing file, use backing=none)");
+  if (create == CREATE_NO && create_only_key) {
+    nbdkit_error ("%s= describes an image to make: it needs create=true "
+                  "(or create=if-missing)%s", create_only_key,
+                  strcmp (create_only_key, "backing") == 0 ?
+                  "; to serve an image without its backing file, use "
+                  "backing=none" : "");
     return -1;
   }
-  if (create && create_size == -1 && !create_backing) {
+  if (create != CREATE_NO && create_size == -1 && !create_backing) {
     nbdkit_error ("create=true needs size= (or backing= to take its size)");
+    return -1;
+  }
+  if (create != CREATE_NO && data_file) {
+    nbdkit_error ("create=true cannot make an image with an external data "
+                  "file: make it with \"qemu-img create -f qcow2 -o "
+                  "data_file=FILE\", then serve it");
     return -1;
   }
   if (overlap_on | overlap_off) {
@@ -348,37 +422,78 @@ plugin_probe_backing (void)
   return r;
 }
 
+/* What plugin_create did to the file system, undone if serving fails. */
+enum create_made { MADE_NOTHING, MADE_NEW_FILE, MADE_IN_EMPTY_FILE };
+
+/* Everything is checked before the file is touched; then the image is
+ * written into a new file, or an empty one (create=if-missing leaves a
+ * file that is not empty alone, to be served as it is).
+ */
 static int
-plugin_create (struct qcow2_io **iop)
+plugin_create (struct qcow2_io **iop, enum create_made *made)
 {
   struct qcow2_io *io;
+  struct stat st;
+  bool existed;
   char *why;
-  int r;
 
+  *iop = NULL;
+  *made = MADE_NOTHING;
+  existed = stat (filename, &st) == 0;
+  if (create == CREATE_IF_MISSING && existed && st.st_size > 0) {
+    nbdkit_debug ("create=if-missing: %s exists: served as it is",
+                  filename);
+    return 0;
+  }
   if (create_backing && plugin_probe_backing () == -1)
     return -1;
+  /* Whole sectors, as qemu-img rounds it. */
+  if (create_size > INT64_MAX - 511) {
+    nbdkit_error ("size %" PRId64 " is too large", create_size);
+    return -1;
+  }
+  create_options.size = (create_size + 511) & ~INT64_C (511);
+  create_options.backing = create_backing;
+  if (qcow2_create_check (&env, &create_options) < 0)
+    return -1;
+
   /* Locked for writing before anything is written, and served through
    * the same open file (a second one would meet its own locks).
    */
   io = fileio_create (filename, &file_options, &why);
   if (!io) {
+    int e = errno;
+
+    if (!existed && e != EEXIST)
+      unlink (filename);                /* made, then not opened */
+    errno = e;
     if (errno == EEXIST)
-      nbdkit_error ("create: %s already exists and is not empty: remove it "
-                    "or drop create=true", filename);
+      nbdkit_error ("create: %s already exists and is not empty: remove it, "
+                    "drop create=true, or use create=if-missing", filename);
     else
       nbdkit_error ("create: %s: %s", filename, why ? why : errstr (errno));
     free (why);
     return -1;
   }
-  create_options.size = create_size;
-  create_options.backing = create_backing;
-  r = qcow2_create (&env, io, &create_options);
-  if (r < 0) {
+  *made = existed ? MADE_IN_EMPTY_FILE : MADE_NEW_FILE;
+  if (qcow2_create (&env, io, &create_options) < 0) {
     io->ops->close (io);
     return -1;
   }
   *iop = io;
   return 0;
+}
+
+/* Serving a new image failed: leave nothing behind (the image is
+ * closed by then, so no write follows).
+ */
+static void
+plugin_create_undo (enum create_made made)
+{
+  if ((made == MADE_NEW_FILE && unlink (filename) == -1) ||
+      (made == MADE_IN_EMPTY_FILE && truncate (filename, 0) == -1))
+    nbdkit_error ("create: removing what was made of %s: %s", filename,
+                  errstr (errno));
 }
 
 /* Whether nbdkit serves read-only (-r): then the image is opened, and
@@ -462,23 +577,36 @@ plugin_repair (void)
   return 0;
 }
 
-static int
-plugin_get_ready (void)
+/* Hints for files that are not qcow2 images (qcow2_open's errno). */
+static void
+plugin_open_hint (int e)
 {
-  struct qcow2_io *io = NULL;
+  if (e == ENODATA)
+    nbdkit_error ("%s is empty: to make a new image in it, add create=true "
+                  "size=SIZE", filename);
+  else if (e == EMEDIUMTYPE)
+    nbdkit_error ("if %s is a raw disk image, nbdkit's file plugin serves "
+                  "it: nbdkit file %s", filename, filename);
+}
 
+/* Open the image (through io if create= made it), read-write where the
+ * file and the user allow it.
+ */
+static int
+plugin_open_image (struct qcow2_io *io)
+{
+  bool asked_readonly = options.readonly || plugin_server_readonly ();
+  const char *reason;
   char *why = NULL;
+  int e = 0;
 
-  if (create && plugin_create (&io) == -1)
-    return -1;
-  if (plugin_server_readonly ())
-    options.readonly = true;
-
-  /* Read-write where the file allows it. */
+  options.readonly = asked_readonly;
   if (!io && !options.readonly) {
     io = fileio_open_with (filename, false, &file_options, &why);
-    if (!io && (errno == EACCES || errno == EROFS || errno == EPERM))
+    if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+      e = errno;
       options.readonly = true;
+    }
   }
   if (!io && options.readonly && !why)
     io = fileio_open_with (filename, true, &file_options, &why);
@@ -491,29 +619,52 @@ plugin_get_ready (void)
   }
   options.debug_cache = qcow2_debug_cache;
   image = qcow2_open (&env, io, filename, &options);
-  if (!image)
+  if (!image) {
+    plugin_open_hint (errno);
     return -1;
-  if (create && prealloc != PREALLOC_OFF &&
-      qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
+  }
+  /* As QEMU refuses to open a corrupt image read-write. */
+  if (qcow2_is_corrupt (image) && !asked_readonly) {
+    qcow2_check_writable (image);       /* says why, and what to do */
     return -1;
-  if (repair_leaks && plugin_repair () == -1)
-    return -1;
-  if (qcow2_readonly_reason (image))
+  }
+  if (e)
     plugin_notice (NULL, filename, nbdkit_printf_intern (
-                     "served read-only: %s", qcow2_readonly_reason (image)));
+                     "served read-only: it cannot be opened for writing: %s",
+                     errstr (e)));
+  else if (!asked_readonly && (reason = qcow2_readonly_reason (image)))
+    plugin_notice (NULL, filename, nbdkit_printf_intern (
+                     "served read-only: %s", reason));
   return 0;
+}
+
+static int
+plugin_get_ready (void)
+{
+  struct qcow2_io *io = NULL;
+  enum create_made made = MADE_NOTHING;
+
+  if (create != CREATE_NO && plugin_create (&io, &made) == -1)
+    goto fail;
+  if (plugin_open_image (io) == -1)
+    goto fail;
+  if (made != MADE_NOTHING && prealloc != PREALLOC_OFF &&
+      qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
+    goto fail;
+  if (repair_leaks && plugin_repair () == -1)
+    goto fail;
+  return 0;
+
+ fail:
+  qcow2_close (image);
+  image = NULL;
+  plugin_create_undo (made);
+  return -1;
 }
 
 static void *
 plugin_open (int readonly)
 {
-  /* A connection that could write is refused where writing would be
-   * unsafe (a corrupt image), as qemu refuses to open it read-write.
-   */
-  if (!readonly && qcow2_is_corrupt (image)) {
-    qcow2_check_writable (image);       /* says why */
-    return NULL;
-  }
   return NBDKIT_HANDLE_NOT_NEEDED;
 }
 
@@ -696,6 +847,24 @@ plugin_extents (void *handle, uint32_t count, uint64_t offset,
   return r < 0 ? plugin_errno (r) : 0;
 }
 
+/* nbdkit --dump-plugin qcow2: what this build reads and writes. */
+static void
+plugin_dump_plugin (void)
+{
+  printf ("qcow2_zlib=yes\n");
+  printf ("qcow2_zstd=yes\n");
+  printf ("qcow2_versions=2,3\n");
+  printf ("qcow2_read=all unencrypted images\n");
+  printf ("qcow2_write=all unencrypted images (new data uncompressed; "
+          "a snapshot= export is read-only)\n");
+  printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
+          "persistent-bitmaps,snapshot-export,create,create-if-missing,"
+          "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
+  printf ("qcow2_encryption=no\n");
+  printf ("qcow2_compressed_writes=no\n");
+  printf ("qcow2_io_threads_max=%d\n", IO_THREADS_MAX);
+}
+
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
 static struct nbdkit_plugin plugin = {
@@ -707,6 +876,7 @@ static struct nbdkit_plugin plugin = {
   .config_complete   = plugin_config_complete,
   .config_help       = plugin_config_help,
   .magic_config_key  = "file",
+  .dump_plugin       = plugin_dump_plugin,
   .get_ready         = plugin_get_ready,
   .open              = plugin_open,
   .close             = plugin_close,

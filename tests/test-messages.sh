@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# What the plugin tells its user: every parse error names its option;
+# io-threads is capped; a missing backing file gets a hint; -v says,
+# layer by layer, what was opened and how it is locked; --dump-plugin
+# lists what this build can do; notices go through nbdkit's logging
+# (so --log=null silences them, as it does nbdkit's own messages).
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img nbdinfo
+
+img=$tmp/img.qcow2
+qemu-img create -q -f qcow2 "$img" 4M
+
+# Parse errors: the option named, and the value.
+expect_refused 'l2-cache-size: expected a size.*"foo"' qcow2 "$img" l2-cache-size=foo
+expect_refused 'l2-slice-size: expected a size.*"4x"' qcow2 "$img" l2-slice-size=4x
+expect_refused 'readonly: expected true or false.*"maybe"' qcow2 "$img" readonly=maybe
+expect_refused 'create: expected true or false.*"later"' qcow2 "$img" create=later
+expect_refused 'overlap-check.active-l1: expected true or false.*"sometimes"' \
+  qcow2 "$img" overlap-check.active-l1=sometimes
+expect_refused 'io-threads' qcow2 "$img" io-threads=many
+expect_refused 'locking: expected on, off or auto, not "yes please"' \
+  qcow2 "$img" "locking=yes please"
+
+# io-threads: at most 64, refused at once beyond.
+start=$(date +%s)
+expect_refused 'io-threads: at most 64, not 100000' qcow2 "$img" io-threads=100000
+[ $(( $(date +%s) - start )) -lt 5 ] || fail "io-threads=100000 took long to refuse"
+nbdkit -U - qcow2 "$img" io-threads=64 --run 'nbdinfo --size "$uri"' >/dev/null ||
+  fail "io-threads=64 refused"
+
+# A missing backing file: what to do about it.
+qemu-img create -q -f qcow2 -u -b gone.qcow2 -F qcow2 "$tmp/orphan.qcow2" 4M
+expect_refused 'cannot open backing file ".*/gone.qcow2": No such file or directory; backing=none serves the image without it, and "qemu-img rebase -u -b NEW-NAME -F FORMAT IMAGE"' \
+  qcow2 "$tmp/orphan.qcow2"
+nbdkit -U - qcow2 "$tmp/orphan.qcow2" backing=none --run 'nbdinfo --size "$uri"' \
+  >/dev/null || fail "backing=none does not serve the orphan"
+
+# -v: one line per layer (top first) with its geometry (its L2 cache
+# covers the disk: 4 MiB of 4 KiB clusters, 8 KiB of L2 entries, two
+# slices of 4 KiB), and its lock.
+qemu-img create -q -f raw "$tmp/base.raw" 4M
+qemu-img create -q -f qcow2 -b base.raw -F raw "$tmp/mid.qcow2"
+qemu-img create -q -f qcow2 -o cluster_size=4k,extended_l2=off \
+  -b mid.qcow2 -F qcow2 "$tmp/top.qcow2"
+nbdkit -v -U - qcow2 "$tmp/top.qcow2" \
+  --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmp/v.log" || fail "nbdkit -v"
+grep -E 'top.qcow2: (qcow2 v|raw|locked)|mid.qcow2: (qcow2 v|raw|locked)|base.raw: (qcow2 v|raw|locked)' \
+  "$tmp/v.log" | sed 's/.*debug: //' > "$tmp/layers"
+cat "$tmp/layers"
+[ "$(wc -l < "$tmp/layers")" -eq 6 ] || fail "not two lines per layer"
+sed -n 2p "$tmp/layers" | grep -qE \
+  'top.qcow2: qcow2 v3, 4096-byte clusters, virtual size 4194304, 16-bit refcounts, zlib compression, backing "mid.qcow2" \(qcow2\), data file none, L2 cache 2 slices of 4096 bytes, read-write$' ||
+  fail "the top layer's line"
+sed -n 1p "$tmp/layers" | grep -qE 'top.qcow2: locked as QEMU locks an image it writes' ||
+  fail "the top layer's lock line"
+sed -n 3,4p "$tmp/layers" | grep -qE 'mid.qcow2: qcow2 v3, 65536-byte clusters, .*backing "base.raw" \(raw\), .*read-only$' ||
+  fail "the middle layer's line"
+sed -n 5,6p "$tmp/layers" | grep -qE 'base.raw: raw, size 4194304, read-only$' ||
+  fail "the raw base's line"
+grep -qE 'base.raw: locked as QEMU locks an image it reads' "$tmp/layers" ||
+  fail "the raw base's lock line"
+nbdkit -v -U - qcow2 "$img" locking=off --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/v.log" || fail "nbdkit -v locking=off"
+grep -qF "img.qcow2: not locked (locking=off)" "$tmp/v.log" ||
+  fail "locking=off not said with -v"
+
+# --dump-plugin: the plugin's keys.
+nbdkit --dump-plugin qcow2 > "$tmp/dump" || fail "--dump-plugin"
+for key in qcow2_zlib=yes qcow2_zstd=yes qcow2_versions=2,3 \
+           qcow2_encryption=no qcow2_io_threads_max=64; do
+  grep -qx "$key" "$tmp/dump" || fail "--dump-plugin lacks $key"
+done
+grep -qE '^qcow2_features=.*backing.*create-if-missing' "$tmp/dump" ||
+  fail "--dump-plugin lacks the features"
+
+# Notices go through nbdkit's log: present by default, and gone with
+# --log=null (a notice written straight to stderr would remain).
+qemu-img snapshot -c s1 "$img"
+nbdkit -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export"
+grep -qE "^nbdkit: .*$img: served read-only: a snapshot is served" \
+  "$tmp/notice.log" || fail "no notice of the read-only snapshot export"
+nbdkit --log=null -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=null"
+! grep -q "served read-only" "$tmp/notice.log" ||
+  fail "a notice bypassed nbdkit's logging"
