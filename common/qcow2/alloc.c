@@ -267,6 +267,7 @@ alloc_refill_reserve (struct qcow2_image *img)
   uint64_t want, have;
   int r;
 
+  ASSERT_LOCKED (img);
   /* Only for images that are allocating. */
   if (!img->lazy_refcounts && img->data_io == img->io && !img->closing &&
       img->allocated_since_flush > 0) {
@@ -363,6 +364,7 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
   uint64_t first;
   int r;
 
+  ASSERT_LOCKED (img);
   if (alloc_from_reserve (img, n, max, &first, len)) {
     img->allocated_since_flush += *len;
     *host_offset = first << img->cluster_bits;
@@ -400,6 +402,7 @@ alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
 {
   uint64_t len;
 
+  ASSERT_LOCKED (img);
   return alloc_clusters_upto (img, n, n, host_offset, &len, zeroed);
 }
 
@@ -439,6 +442,7 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
   uint64_t first = host_offset >> img->cluster_bits;
   uint64_t last = (host_offset + bytes - 1) >> img->cluster_bits;
 
+  ASSERT_LOCKED (img);
   for (uint64_t c = first; c <= last; c++) {
     bool has;
     int r = alloc_has_reference (img, c, &has);
@@ -496,6 +500,7 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
   size_t nreleased = 0;
   int r = 0;
 
+  ASSERT_LOCKED (img);
   for (size_t i = 0; i < n && r == 0; i++) {
     uint64_t c = img->pending_free[i], rc;
     bool has;

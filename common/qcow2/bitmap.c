@@ -317,7 +317,7 @@ bitmap_write_flags (struct qcow2_image *img, bool in_use)
   return io_flush (img);
 }
 
-/* Before the first change reaches the disk (flush_begin_write). */
+/* Before the first change reaches the disk (state_begin_write). */
 int
 bitmap_begin_write (struct qcow2_image *img)
 {

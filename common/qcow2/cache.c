@@ -12,7 +12,7 @@
  * makes its dependencies durable (see flush.c).
  *
  * All functions are called with img->lock held.  Readers may have a
- * missing entry read with the lock released (cache_get_unlocked), so
+ * missing entry read with the lock released (cache_get_may_unlock), so
  * that the misses of concurrent requests overlap: the entry is then
  * "loading", in the hash table (others wait for it) but out of the LRU
  * list (never evicted); a caller that cannot wait makes it stale and
@@ -311,6 +311,7 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
   uint32_t i = cache_find (c, host_offset);
   int r;
 
+  ASSERT_LOCKED (img);
   /* This caller cannot release the lock to wait for a loading entry. */
   if (i != NO_ENTRY && c->e[i].loading) {
     cache_drop_loading (c, i);
@@ -346,12 +347,13 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
  * have changed.
  */
 int
-cache_get_unlocked (struct qcow2_image *img, struct meta_cache *c,
-                    uint64_t host_offset, uint8_t **data, bool *released)
+cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
+                      uint64_t host_offset, uint8_t **data, bool *released)
 {
   uint32_t i;
   int r;
 
+  ASSERT_LOCKED (img);
   *released = false;
  again:
   i = cache_find (c, host_offset);
@@ -361,7 +363,7 @@ cache_get_unlocked (struct qcow2_image *img, struct meta_cache *c,
     return 0;
   }
   if (i != NO_ENTRY) {
-    pthread_cond_wait (&c->loaded, &img->lock);
+    image_wait (img, &c->loaded);
     *released = true;
     goto again;
   }
@@ -381,9 +383,9 @@ cache_get_unlocked (struct qcow2_image *img, struct meta_cache *c,
   cache_lru_unlink (c, i);
   c->e[i].loading = true;
   c->nloading++;
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
   r = cache_read_entry (img, c, i, host_offset);
-  pthread_mutex_lock (&img->lock);
+  image_lock (img);
   *released = true;
   c->e[i].loading = false;
   c->nloading--;
@@ -433,6 +435,7 @@ cache_writeback (struct qcow2_image *img, struct meta_cache *c)
   uint32_t *order, n = 0;
   int r = 0;
 
+  ASSERT_LOCKED (img);
   if (c->ndirty == 0)
     return 0;
   order = malloc (c->ndirty * sizeof *order);

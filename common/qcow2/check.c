@@ -566,11 +566,11 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
   if (fix_leaks && (r = qcow2_check_writable (img)) < 0)
     return r;
   pthread_rwlock_wrlock (&img->data_lock);
-  pthread_mutex_lock (&img->lock);
+  image_lock (img);
   /* An image left dirty gets its refcounts rebuilt first (and a
    * rebuild leaves no leak).
    */
-  if (fix_leaks && (r = flush_begin_write (img)) < 0)
+  if (fix_leaks && (r = state_begin_write (img)) < 0)
     goto out;
   /* The reserve may lie past the end of the file. */
   cr.n = div_round_up (img->file_size, img->cluster_size);
@@ -593,7 +593,7 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
     r = flush_locked (img);
   }
  out:
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
   pthread_rwlock_unlock (&img->data_lock);
   free (cr.counts);
   return r;

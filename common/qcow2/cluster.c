@@ -2,7 +2,7 @@
 /* Cluster mapping: from a guest offset, through the L1 table and the
  * cached L2 slices, to what the guest range is stored as.
  *
- * Called with img->lock held (cluster_map_read may release it for a
+ * Called with img->lock held (cluster_map_may_unlock may release it for a
  * while).
  */
 #include <errno.h>
@@ -140,6 +140,7 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
   uint8_t *slice;
   int r;
 
+  ASSERT_LOCKED (img);
  again:
   memset (run, 0, sizeof *run);
   if (l1_index >= img->l1_size ||
@@ -159,9 +160,9 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
 
   if (unlocked) {
     bool released;
-    r = cache_get_unlocked (img, img->cache,
-                            l2_offset + first * img->l2_entry_size, &slice,
-                            &released);
+    r = cache_get_may_unlock (img, img->cache,
+                              l2_offset + first * img->l2_entry_size, &slice,
+                              &released);
     /* While the lock was released, the L1 entry may have changed. */
     if (r == 0 && released &&
         (l1_index >= img->l1_size ||
@@ -214,11 +215,11 @@ cluster_map (struct qcow2_image *img, uint64_t offset, uint64_t max_len,
 }
 
 /* For reads: the lock may be released while a slice is read, so that
- * concurrent requests go on (see cache_get_unlocked).
+ * concurrent requests go on (see cache_get_may_unlock).
  */
 int
-cluster_map_read (struct qcow2_image *img, uint64_t offset,
-                  uint64_t max_len, struct qcow2_run *run)
+cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
+                        uint64_t max_len, struct qcow2_run *run)
 {
   return cluster_map_common (img, offset, max_len, run, true);
 }
@@ -287,6 +288,7 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
   bool fresh = false, zeroed;
   int r;
 
+  ASSERT_LOCKED (img);
   if (l1_index >= img->l1_size)
     return cluster_corrupt (img, "guest offset beyond the L1 table at",
                             offset, offset);

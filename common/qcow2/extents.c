@@ -99,13 +99,13 @@ extent_walk_data (struct qcow2_image *img, const struct qcow2_run *run,
   bool prealloc;
   int r = 0;
 
-  pthread_mutex_lock (&img->lock);
+  image_lock (img);
   if (!img->prealloc_checked) {
     r = refcount_detect_metadata_prealloc (img, &img->metadata_prealloc);
     img->prealloc_checked = r == 0;
   }
   prealloc = img->metadata_prealloc;
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
   if (r < 0)
     return r;
   if (!prealloc)
@@ -146,9 +146,9 @@ extent_walk (struct qcow2_image *img, uint64_t offset, uint64_t count,
     struct qcow2_run run;
     int r;
 
-    pthread_mutex_lock (&img->lock);
+    image_lock (img);
     r = cluster_map (img, offset, count, &run);
-    pthread_mutex_unlock (&img->lock);
+    image_unlock (img);
     if (r < 0)
       return r;
 

@@ -14,69 +14,6 @@
 #include "errstr.h"
 #include "internal.h"
 
-static void __attribute__ ((format (printf, 4, 0)))
-env_vmsg (const struct qcow2_env *env, bool debug, const char *prefix,
-          const char *fmt, va_list ap)
-{
-  char msg[1024];
-  int n = 0;
-
-  if (prefix)
-    n = snprintf (msg, sizeof msg, "%s: ", prefix);
-  if (n < 0 || (size_t) n >= sizeof msg)
-    n = 0;
-  vsnprintf (msg + n, sizeof msg - n, fmt, ap);
-  if (debug) {
-    if (env->debug)
-      env->debug (env->opaque, msg);
-  }
-  else if (env->error)
-    env->error (env->opaque, msg);
-}
-
-void
-env_err (const struct qcow2_env *env, const char *fmt, ...)
-{
-  va_list ap;
-  va_start (ap, fmt);
-  env_vmsg (env, false, NULL, fmt, ap);
-  va_end (ap);
-}
-
-/* Errors name the file they are about: in a backing chain the user
- * needs to know which layer is bad.
- */
-void
-qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
-{
-  va_list ap;
-  va_start (ap, fmt);
-  env_vmsg (img->env, false, img->path, fmt, ap);
-  va_end (ap);
-}
-
-void
-qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
-{
-  char msg[1024];
-  va_list ap;
-
-  va_start (ap, fmt);
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  va_end (ap);
-  if (img->env->notice)
-    img->env->notice (img->env->opaque, img->path, msg);
-}
-
-void
-qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
-{
-  va_list ap;
-  va_start (ap, fmt);
-  env_vmsg (img->env, true, img->path, fmt, ap);
-  va_end (ap);
-}
-
 /* glibc's rwlocks prefer readers: under a steady read load a flush,
  * which releases freed clusters holding data_lock exclusively, would
  * wait without bound.  Preferring the writer bounds its wait by the
@@ -358,35 +295,15 @@ qcow2_close (struct qcow2_image *img)
     return 0;
   if (img->writable) {
     pthread_rwlock_wrlock (&img->data_lock);
-    pthread_mutex_lock (&img->lock);
-    r = flush_close (img);
+    image_lock (img);
+    r = state_close (img);
     if (r < 0)
-      flush_mark_dirty (img);
-    pthread_mutex_unlock (&img->lock);
+      state_mark_dirty (img);
+    image_unlock (img);
     pthread_rwlock_unlock (&img->data_lock);
   }
   image_free (img);
   return r;
-}
-
-bool
-qcow2_can_write (const struct qcow2_image *img)
-{
-  return img->writable && !qcow2_is_corrupt (img) && !img->overlap_conflict;
-}
-
-const char *
-qcow2_readonly_reason (const struct qcow2_image *img)
-{
-  if (img->served_snapshot)
-    return "a snapshot is served";
-  if (qcow2_is_corrupt (img))
-    return "the image is marked corrupt";
-  if (!img->writable)
-    return "the image was opened read-only";
-  if (img->overlap_conflict)
-    return img->overlap_conflict_msg;
-  return NULL;
 }
 
 bool
@@ -400,9 +317,9 @@ qcow2_host_flushes (struct qcow2_image *img)
 {
   uint64_t n;
 
-  pthread_mutex_lock (&img->lock);
+  image_lock (img);
   n = img->flushes;
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
   return n;
 }
 
@@ -410,38 +327,6 @@ uint64_t
 qcow2_get_size (const struct qcow2_image *img)
 {
   return img->size;
-}
-
-int
-qcow2_check_writable (struct qcow2_image *img)
-{
-  if (img->served_snapshot) {
-    qcow2_err (img, "snapshot \"%s\" is served read-only",
-               img->served_snapshot->name);
-    return -EROFS;
-  }
-  if (qcow2_is_corrupt (img)) {
-    qcow2_err (img, "image is marked corrupt (incompatible feature bit 1): "
-               "refusing write access; \"qemu-img check -r all\" repairs "
-               "it, and nbdkit -r serves it read-only");
-    return -EPERM;
-  }
-  if (!img->writable) {
-    qcow2_err (img, "image is opened read-only");
-    return -EROFS;
-  }
-  if (img->overlap_conflict) {
-    qcow2_err (img, "corrupt image: %s: refusing write access",
-               img->overlap_conflict_msg);
-    return -EPERM;
-  }
-  return 0;
-}
-
-bool
-qcow2_is_corrupt (const struct qcow2_image *img)
-{
-  return image_incompat (img) & QCOW2_INCOMPAT_CORRUPT;
 }
 
 int
@@ -479,7 +364,7 @@ qcow2_extents (struct qcow2_image *img, uint64_t offset, uint64_t count,
 void
 qcow2_cache_stats (struct qcow2_image *img, struct qcow2_cache_stats *stats)
 {
-  pthread_mutex_lock (&img->lock);
+  image_lock (img);
   cache_stats (img->cache, stats);
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
 }

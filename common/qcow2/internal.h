@@ -5,6 +5,7 @@
 #ifndef QCOW2_INTERNAL_H
 #define QCOW2_INTERNAL_H
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -93,6 +94,15 @@ struct qcow2_snapshot {
   uint64_t disk_size;
   char *id;
   char *name;
+};
+
+/* An L2 entry decoded (write.c). */
+#define L2_ALL_ALLOC 0xffffffffULL
+#define L2_ALL_ZERO (0xffffffffULL << 32)
+struct l2_state {
+  uint64_t entry, bitmap;
+  uint64_t host;                /* host cluster, if normal */
+  bool compressed, normal, copied, zero_flag;
 };
 
 /* What a guest range maps to, as found in the L2 tables. */
@@ -243,14 +253,39 @@ struct qcow2_image {
   unsigned io_threads;
   struct io_pool *pool;
 
-  /* Guards the caches, the tables and allocation. */
-  pthread_mutex_t lock;
-  /* Held shared by every request while it reads or writes data at host
-   * offsets it looked up; held exclusively while freed clusters are
-   * released, so no request still uses a cluster that is reused.
-   * Taken before lock, never twice by one thread (it prefers writers,
-   * see image_init_data_lock).
+  /* The lock contract.
+   *
+   * lock guards everything above but the fields said to be atomic
+   * (file_size, h.incompatible_features) and what is fixed at open
+   * (geometry, env, io, path, backing): the caches, the tables, the
+   * refcounts and allocation, the dirty ranges, the overlap map and the
+   * in-flight list below.  It is taken through image_lock and
+   * image_unlock, which in debug builds record its holder, so that
+   * ASSERT_LOCKED (img) checks it.
+   *
+   * data_lock is held shared by every request while it reads or writes
+   * data at host offsets it looked up; exclusively while freed clusters
+   * are released, so that no request still uses a cluster that is
+   * reused.  Never taken twice by one thread (it prefers writers, see
+   * image_init_data_lock).
+   *
+   * Order: data_lock, then lock; a backing layer's lock only after the
+   * layer above's (reads of the chain go down, never up).  pool.c's
+   * lock is taken with none of these held.
+   *
+   * Naming: internal functions are called with lock held, unless their
+   * comment says they take it (the public qcow2_*, layer_read,
+   * layer_extents).  "_may_unlock" functions may release and retake it
+   * (a cache miss read unlocked): the caller re-checks what it looked
+   * up before the call (an L1 entry, a run), as the function's comment
+   * says.  "_locked" names the variant, for a holder of the lock, of a
+   * function that otherwise takes it (read_locked, flush_locked).
    */
+  pthread_mutex_t lock;
+#ifndef NDEBUG
+  pthread_t lock_holder;        /* valid while lock_held */
+  bool lock_held;
+#endif
   pthread_rwlock_t data_lock;
   /* Guest ranges being written by allocating writes with the lock
    * released (write.c): other writes and zeroes of them wait for
@@ -301,6 +336,55 @@ image_clear_incompat (struct qcow2_image *img, uint64_t bits)
                       __ATOMIC_RELAXED);
 }
 
+static inline void
+image_lock (struct qcow2_image *img)
+{
+  pthread_mutex_lock (&img->lock);
+#ifndef NDEBUG
+  img->lock_holder = pthread_self ();
+  img->lock_held = true;
+#endif
+}
+
+#ifndef NDEBUG
+/* Only ever asked by a thread about itself: true only if it holds the
+ * lock, so it reads what it wrote.
+ */
+static inline bool
+image_lock_held (const struct qcow2_image *img)
+{
+  return img->lock_held && pthread_equal (img->lock_holder, pthread_self ());
+}
+#define ASSERT_LOCKED(img) assert (image_lock_held (img))
+#else
+#define ASSERT_LOCKED(img) ((void) (img))
+#endif
+
+static inline void
+image_unlock (struct qcow2_image *img)
+{
+  ASSERT_LOCKED (img);
+#ifndef NDEBUG
+  img->lock_held = false;
+#endif
+  pthread_mutex_unlock (&img->lock);
+}
+
+/* Wait on cond, which releases the lock meanwhile. */
+static inline void
+image_wait (struct qcow2_image *img, pthread_cond_t *cond)
+{
+  ASSERT_LOCKED (img);
+#ifndef NDEBUG
+  img->lock_held = false;
+#endif
+  pthread_cond_wait (cond, &img->lock);
+#ifndef NDEBUG
+  img->lock_holder = pthread_self ();
+  img->lock_held = true;
+#endif
+}
+
 /* The file size, for callers that do not hold img->lock. */
 static inline uint64_t
 image_file_size (const struct qcow2_image *img)
@@ -308,7 +392,9 @@ image_file_size (const struct qcow2_image *img)
   return __atomic_load_n (&img->file_size, __ATOMIC_RELAXED);
 }
 
-/* image.c */
+/* log.c: errors name the layer's file; notices are what the user must
+ * hear that is not an error; debug messages are for -v.
+ */
 extern void qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 extern void qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
@@ -317,6 +403,8 @@ extern void qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 extern void env_err (const struct qcow2_env *env, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+
+/* image.c */
 extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
                                              struct qcow2_io *io,
                                              const char *path, char *id,
@@ -337,9 +425,9 @@ extern struct meta_cache *cache_create (const char *what, bool is_l2,
 extern void cache_destroy (struct meta_cache *c);
 extern int cache_get (struct qcow2_image *img, struct meta_cache *c,
                       uint64_t host_offset, bool fresh, uint8_t **data);
-extern int cache_get_unlocked (struct qcow2_image *img, struct meta_cache *c,
-                               uint64_t host_offset, uint8_t **data,
-                               bool *released);
+extern int cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
+                                 uint64_t host_offset, uint8_t **data,
+                                 bool *released);
 extern void cache_mark_dirty (struct meta_cache *c, const uint8_t *data);
 extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c);
 extern void cache_forget (struct meta_cache *c, uint64_t offset,
@@ -354,8 +442,8 @@ extern int cache_setup (struct qcow2_image *img,
 /* cluster.c */
 extern int cluster_map (struct qcow2_image *img, uint64_t offset,
                         uint64_t max_len, struct qcow2_run *run);
-extern int cluster_map_read (struct qcow2_image *img, uint64_t offset,
-                             uint64_t max_len, struct qcow2_run *run);
+extern int cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
+                                   uint64_t max_len, struct qcow2_run *run);
 extern int cluster_check_data_offset (struct qcow2_image *img,
                                       uint64_t host_offset, uint64_t len);
 extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
@@ -421,20 +509,38 @@ extern void alloc_free_reserve (struct qcow2_image *img);
 extern uint64_t alloc_reserve_end (const struct qcow2_image *img);
 extern bool alloc_in_reserve (const struct qcow2_image *img, uint64_t c);
 
-/* flush.c */
+/* write.c: what zero.c shares of the write path. */
+extern void write_decode (const struct qcow2_image *img, const uint8_t *p,
+                          struct l2_state *s);
+extern void write_encode (const struct qcow2_image *img, uint8_t *p,
+                          uint64_t entry, uint64_t bitmap);
+extern uint64_t write_unit_mask (const struct qcow2_image *img,
+                                 uint64_t start, uint64_t end);
+extern int write_reads_zero (struct qcow2_image *img, uint64_t offset,
+                             uint64_t len, bool *zero);
+extern int write_release_old (struct qcow2_image *img,
+                              const struct l2_state *s, uint64_t fresh,
+                              uint64_t fresh_len);
+extern void write_inflight_wait (struct qcow2_image *img, uint64_t start,
+                                 uint64_t end);
+extern int write_check (struct qcow2_image *img, uint64_t count,
+                        uint64_t offset);
+extern int write_in_place_target (struct qcow2_image *img, uint64_t offset,
+                                  uint64_t len, uint64_t *host);
+extern int write_allocating (struct qcow2_image *img, const uint8_t *data,
+                             uint64_t offset, uint64_t len, bool may_unlock);
+
+/* hostio.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset, const char *what,
                           uint32_t may_touch);
+extern int io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
+                                    uint64_t len, uint64_t offset,
+                                    const char *what, uint32_t may_touch);
 extern int io_flush (struct qcow2_image *img);
 extern void io_note_end (struct qcow2_image *img, uint64_t end);
 extern void io_note_written (struct qcow2_image *img, uint64_t end);
 extern void io_extend (struct qcow2_image *img, uint64_t end);
-extern int flush_l2_dependencies (struct qcow2_image *img);
-extern int flush_locked (struct qcow2_image *img);
-extern int flush_begin_write (struct qcow2_image *img);
-extern void flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index);
-extern void flush_mark_reftable_dirty (struct qcow2_image *img,
-                                       uint64_t index);
 extern int io_check_data (struct qcow2_image *img, uint64_t len,
                           uint64_t offset);
 extern int io_write_data (struct qcow2_image *img, const void *buf,
@@ -443,9 +549,19 @@ extern int io_data_error (struct qcow2_image *img, uint64_t len,
                           uint64_t offset, int r);
 extern int io_write_checked (struct qcow2_image *img, const void *buf,
                              uint64_t len, uint64_t offset);
-extern int flush_close (struct qcow2_image *img);
-extern void flush_mark_dirty (struct qcow2_image *img);
-extern int header_write_features (struct qcow2_image *img);
+
+/* flush.c */
+extern int flush_l2_dependencies (struct qcow2_image *img);
+extern int flush_locked (struct qcow2_image *img);
+extern void flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index);
+extern void flush_mark_reftable_dirty (struct qcow2_image *img,
+                                       uint64_t index);
+
+/* state.c */
+extern int state_begin_write (struct qcow2_image *img);
+extern int state_close (struct qcow2_image *img);
+extern void state_mark_dirty (struct qcow2_image *img);
+extern int state_write_features (struct qcow2_image *img);
 
 /* overlap.c */
 #define OL(bit) (UINT32_C (1) << QCOW2_OL_##bit##_BIT)

@@ -97,13 +97,13 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     int r = 0, r2;
 
     if (!locked)
-      pthread_mutex_lock (&img->lock);
+      image_lock (img);
     /* Runs already mapped stay valid if the lock is released while
      * mapping the next: what a concurrent write changes, a read that
      * overlaps it may see either way.
      */
     while (n < READ_BATCH && len < count &&
-           (r = (locked ? cluster_map : cluster_map_read)
+           (r = (locked ? cluster_map : cluster_map_may_unlock)
                   (img, offset + len, count - len, &runs[n])) == 0)
       len += runs[n++].length;
     for (size_t i = 0; i < n; i++)
@@ -114,7 +114,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     if (r == 0 && !locked && batch.n > 1)
       pool = pool_get (img);
     if (!locked)
-      pthread_mutex_unlock (&img->lock);
+      image_unlock (img);
     if (r < 0)
       return r;
 
@@ -170,5 +170,6 @@ int
 read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
              uint64_t offset)
 {
+  ASSERT_LOCKED (img);
   return read_common (img, buf, count, offset, true);
 }

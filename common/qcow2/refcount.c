@@ -111,6 +111,7 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
   uint8_t *block;
   int r;
 
+  ASSERT_LOCKED (img);
   if (idx >= img->reftable_size &&
       (r = alloc_grow_reftable (img, idx + 1)) < 0)
     return r;
@@ -160,6 +161,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   uint8_t *block;
   int r;
 
+  ASSERT_LOCKED (img);
   if (idx >= img->reftable_size ||
       (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
     if (delta < 0) {

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The write path: guest writes, zeroes and trims.
+/* The write path: guest writes (zeroes and trims are in zero.c).
  *
  * A write into a cluster that is allocated, owned by this image alone
  * (COPIED) and not a zero cluster goes to its host offset without
@@ -22,16 +22,7 @@
 /* Head and tail closer than this are read in one request. */
 #define COW_MERGE_GAP (256u << 10)
 
-#define L2_ALL_ALLOC 0xffffffffULL
-#define L2_ALL_ZERO (0xffffffffULL << 32)
-
-struct l2_state {
-  uint64_t entry, bitmap;
-  uint64_t host;                /* host cluster, if normal */
-  bool compressed, normal, copied, zero_flag;
-};
-
-static void
+void
 write_decode (const struct qcow2_image *img, const uint8_t *p,
               struct l2_state *s)
 {
@@ -47,7 +38,7 @@ write_decode (const struct qcow2_image *img, const uint8_t *p,
   s->zero_flag = !img->extended_l2 && (s->entry & QCOW2_OFLAG_ZERO);
 }
 
-static void
+void
 write_encode (const struct qcow2_image *img, uint8_t *p, uint64_t entry,
               uint64_t bitmap)
 {
@@ -57,7 +48,7 @@ write_encode (const struct qcow2_image *img, uint8_t *p, uint64_t entry,
 }
 
 /* Subcluster bits of [start, end) within a cluster. */
-static uint64_t
+uint64_t
 write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
 {
   unsigned first = start >> img->subcluster_bits;
@@ -67,7 +58,7 @@ write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
 }
 
 /* Whether the guest reads zeros from [offset, offset+len) now. */
-static int
+int
 write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
                   bool *zero)
 {
@@ -141,7 +132,7 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
 }
 
 /* fresh, fresh_len: see write_release_data (0, 0 if none). */
-static int
+int
 write_release_old (struct qcow2_image *img, const struct l2_state *s,
                    uint64_t fresh, uint64_t fresh_len)
 {
@@ -203,11 +194,12 @@ write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
 /* Wait, with img->lock released meanwhile, until no allocating write
  * works on [start, end).
  */
-static void
+void
 write_inflight_wait (struct qcow2_image *img, uint64_t start, uint64_t end)
 {
+  ASSERT_LOCKED (img);
   while (write_inflight_overlaps (img, start, end))
-    pthread_cond_wait (&img->inflight_done, &img->lock);
+    image_wait (img, &img->inflight_done);
 }
 
 /* Claim guest [start, end) and release img->lock. */
@@ -219,7 +211,7 @@ write_inflight_begin (struct qcow2_image *img, struct write_inflight *w,
   w->end = end;
   w->next = img->inflight;
   img->inflight = w;
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
 }
 
 /* Take img->lock again and give the range back. */
@@ -228,7 +220,7 @@ write_inflight_end (struct qcow2_image *img, struct write_inflight *w)
 {
   struct write_inflight **p;
 
-  pthread_mutex_lock (&img->lock);
+  image_lock (img);
   for (p = &img->inflight; *p != w; p = &(*p)->next)
     ;
   *p = w->next;
@@ -267,7 +259,7 @@ write_fill_cow (struct qcow2_image *img, uint8_t *buf, uint64_t cstart,
  * may_unlock, the lock is released while the data is read (COW) and
  * written.
  */
-static int
+int
 write_allocating (struct qcow2_image *img, const uint8_t *data,
                   uint64_t offset, uint64_t len, bool may_unlock)
 {
@@ -283,6 +275,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   struct write_inflight w;
   int r;
 
+  ASSERT_LOCKED (img);
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
   write_decode (img, slice + idx * img->l2_entry_size, &s);
@@ -493,7 +486,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
  * sets *host (0 is a valid offset in an external data file), or 0 if
  * the write must allocate.  The caller writes there.
  */
-static int
+int
 write_in_place_target (struct qcow2_image *img, uint64_t offset,
                        uint64_t len, uint64_t *host)
 {
@@ -522,7 +515,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
   return 1;
 }
 
-static int
+int
 write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
 {
   if (!qcow2_can_write (img))
@@ -623,10 +616,10 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
     struct pool_batch batch = { .pieces = pieces };
     struct io_pool *pool = NULL;
 
-    pthread_mutex_lock (&img->lock);
+    image_lock (img);
     write_inflight_wait (img, offset, offset + MIN (count,
                                                     img->cluster_size - in));
-    r = flush_begin_write (img);
+    r = state_begin_write (img);
     if (r == 0)
       r = write_in_place_runs (img, p, offset, count, pieces, iov,
                                &batch.n, &n);
@@ -634,7 +627,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
       /* Releases hold data_lock exclusively: the runs stay ours. */
       if (batch.n > 1 && !img->data_io->serial_writes)
         pool = pool_get (img);
-      pthread_mutex_unlock (&img->lock);
+      image_unlock (img);
       r = write_pieces (img, pool, &batch);
     }
     else {
@@ -646,7 +639,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
         n = done;
       else if (r == 0)
         r = write_allocating (img, p, offset, n, true);
-      pthread_mutex_unlock (&img->lock);
+      image_unlock (img);
     }
     p += n;
     offset += n;
@@ -655,313 +648,6 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
   pthread_rwlock_unlock (&img->data_lock);
   if (r == 0 && fua)
     r = qcow2_flush (img);
-  return r;
-}
-
-/* Guest data at [host, host+len) of an external data file is gone (the
- * entry now reads as zeros or the backing file).  Its space goes back
- * to the host, as QEMU passes discards down, unless keep (a zero that
- * keeps the allocation); and a raw data file, which must read as the
- * guest's disk, gets zeros: punched, else written.
- */
-static int
-write_clear_external (struct qcow2_image *img, uint64_t host, uint64_t len,
-                      bool keep)
-{
-  struct qcow2_io *io = img->data_io;
-  uint8_t *zeros;
-  int r;
-
-  if (!keep && img->discard && io->ops->punch &&
-      io->ops->punch (io, host, len) == 0)
-    return 0;
-  if (!img->data_file_raw || host >= img->size)
-    return 0;
-  /* A raw data file is as long as the disk. */
-  len = MIN (len, img->size - host);
-  if (!(zeros = calloc (1, len)))
-    return -ENOMEM;
-  r = io_write_checked (img, zeros, len, host);
-  free (zeros);
-  return r;
-}
-
-/* Zero or trim one whole cluster through its L2 entry.  trim: free
- * the cluster, leaving it reading as zeros (qcow2_trim never frees on
- * v2 over a backing file); else make it read as zeros, keeping the
- * allocation unless may_trim.  Returns 1 if the cluster needs zeros
- * written as data instead (v2 over a backing file).
- */
-static int
-write_zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
-                    bool may_trim)
-{
-  bool backing_shows = img->backing && cstart < img->backing->size;
-  bool v3 = img->h.version >= 3;
-  struct l2_state s;
-  uint8_t *slice;
-  uint64_t idx, entry, bitmap;
-  bool keep;
-  int r;
-
-  if (!v3 && !trim && backing_shows)
-    return 1;
-  /* Nothing to do where there is no L2 table and nothing shows. */
-  if ((r = cluster_l2_slice (img, cstart, false, &slice, &idx)) < 0)
-    return r;
-  if (!slice && (trim ? !v3 || !backing_shows : !backing_shows))
-    return 0;
-  if ((r = cluster_l2_slice (img, cstart, true, &slice, &idx)) < 0)
-    return r;
-  write_decode (img, slice + idx * img->l2_entry_size, &s);
-
-  keep = !trim && !may_trim && s.normal && s.copied && v3;
-  if (keep) {
-    entry = s.host | QCOW2_OFLAG_COPIED
-      | (img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO);
-    bitmap = L2_ALL_ZERO;
-  }
-  else if (v3 && (!trim || backing_shows)) {
-    entry = img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO;
-    bitmap = L2_ALL_ZERO;
-  }
-  else
-    entry = bitmap = 0;
-  if (!img->extended_l2)
-    bitmap = 0;
-  if (entry == s.entry && bitmap == s.bitmap)
-    return 0;
-  write_encode (img, slice + idx * img->l2_entry_size, entry, bitmap);
-  cache_mark_dirty (img->cache, slice);
-  img->changed = true;
-  if (img->data_io != img->io)
-    return s.normal ? write_clear_external (img, s.host, img->cluster_size,
-                                            keep) : 0;
-  return keep ? 0 : write_release_old (img, &s, 0, 0);
-}
-
-/* Zero whole subclusters [offset, offset+len) of one cluster through
- * the bitmap.  Returns 1 if that cannot be done (compressed cluster).
- * keep: see write_clear_external.
- */
-static int
-write_zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
-                  bool keep)
-{
-  uint64_t in = offset & (img->cluster_size - 1);
-  uint64_t mask = write_unit_mask (img, in, in + len);
-  struct l2_state s;
-  uint8_t *slice;
-  uint64_t idx, bitmap;
-  int r;
-
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
-    return r;
-  write_decode (img, slice + idx * img->l2_entry_size, &s);
-  if (s.compressed || (s.normal && !s.copied))
-    return 1;
-  bitmap = (s.bitmap & L2_ALL_ALLOC & ~mask) | ((s.bitmap >> 32) | mask) << 32;
-  if (bitmap == s.bitmap)
-    return 0;
-  write_encode (img, slice + idx * img->l2_entry_size, s.entry, bitmap);
-  cache_mark_dirty (img->cache, slice);
-  img->changed = true;
-  if (img->data_io != img->io && s.normal && img->data_file_raw)
-    return write_clear_external (img, s.host + in, len, keep);
-  return 0;
-}
-
-/* The length of the next piece of a zero request at offset: up to the
- * cluster's end, and on an extended L2 image split at subcluster
- * boundaries, so that the whole subclusters get zero bits and only
- * partial ones at the ends are written as data (QEMU's block layer
- * splits the same way).
- */
-static uint64_t
-write_zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
-{
-  uint64_t cs = img->cluster_size, sub = img->subcluster_size;
-  uint64_t n = MIN (count, cs - (offset & (cs - 1)));
-
-  if (!img->extended_l2 || n == cs)
-    return n;
-  if (offset & (sub - 1))
-    return MIN (n, sub - (offset & (sub - 1)));
-  if (n > sub)
-    return n & ~(sub - 1);
-  return n;
-}
-
-/* How one piece of a zero request is done. */
-enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
-
-static int
-write_zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
-                 enum zero_how *how)
-{
-  uint64_t cs = img->cluster_size, in = offset & (cs - 1);
-  bool zero;
-  int r;
-
-  if ((r = write_reads_zero (img, offset, n, &zero)) < 0)
-    return r;
-  if (zero)
-    *how = ZERO_NOTHING;
-  else if (n == cs)
-    *how = img->h.version >= 3 || !img->backing ||
-      offset >= img->backing->size ? ZERO_METADATA : ZERO_DATA;
-  else if (img->extended_l2 && !((in | n) & (img->subcluster_size - 1)))
-    *how = ZERO_UNITS;
-  else
-    *how = ZERO_DATA;
-  return 0;
-}
-
-/* Zeros as data, through the write path. */
-static int
-write_zeros_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
-{
-  uint8_t *zeros = calloc (1, n);
-  uint64_t host;
-  int r;
-
-  if (!zeros)
-    return -ENOMEM;
-  r = write_in_place_target (img, offset, n, &host);
-  if (r == 1)
-    r = io_write_data (img, zeros, n, host);
-  else if (r == 0)
-    r = write_allocating (img, zeros, offset, n, false);
-  free (zeros);
-  return r;
-}
-
-int
-qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
-            bool may_trim, bool fast, bool fua)
-{
-  int r;
-
-  if ((r = write_check (img, count, offset)) < 0)
-    return r;
-
-  /* A fast zero fails at once if any piece would need data written. */
-  if (fast) {
-    pthread_mutex_lock (&img->lock);
-    for (uint64_t off = offset, left = count; left > 0 && r == 0; ) {
-      uint64_t n = write_zero_piece (img, off, left);
-      enum zero_how how;
-      r = write_zero_plan (img, off, n, &how);
-      if (r == 0 && how == ZERO_DATA)
-        r = -ENOTSUP;
-      off += n;
-      left -= n;
-    }
-    pthread_mutex_unlock (&img->lock);
-    if (r < 0)
-      return r;
-  }
-
-  pthread_rwlock_rdlock (&img->data_lock);
-  bitmap_record (img, offset, count);
-  while (count > 0 && r == 0) {
-    uint64_t n = write_zero_piece (img, offset, count);
-    enum zero_how how;
-
-    pthread_mutex_lock (&img->lock);
-    write_inflight_wait (img, offset, offset + n);
-    r = flush_begin_write (img);
-    if (r == 0)
-      r = write_zero_plan (img, offset, n, &how);
-    if (r == 0 && how == ZERO_METADATA)
-      r = write_zero_cluster (img, offset, false, may_trim);
-    else if (r == 0 && how == ZERO_UNITS)
-      r = write_zero_units (img, offset, n, !may_trim);
-    if (r == 1 || (r == 0 && how == ZERO_DATA))
-      r = write_zeros_as_data (img, offset, n);
-    pthread_mutex_unlock (&img->lock);
-    offset += n;
-    count -= n;
-  }
-  pthread_rwlock_unlock (&img->data_lock);
-  if (r == 0 && fua)
-    r = qcow2_flush (img);
-  return r;
-}
-
-int
-qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
-            bool fua)
-{
-  uint64_t cs = img->cluster_size;
-  uint64_t first = (offset + cs - 1) & ~(cs - 1);
-  uint64_t end = (offset + count) & ~(cs - 1);
-  int r;
-
-  if ((r = write_check (img, count, offset)) < 0)
-    return r;
-  if (!img->discard)
-    return 0;
-  /* Recorded even where nothing changes, as QEMU records a discard. */
-  bitmap_record (img, offset, count);
-  /* A version 2 image has no zero flag: a discarded cluster would read
-   * its backing file's stale data again, so, as QEMU (since 5.0), trim
-   * keeps the data.
-   */
-  if (img->h.version < 3 && img->backing)
-    return 0;
-  /* The last cluster of the disk may be partial: trimming to the end of
-   * the disk covers it.
-   */
-  if (offset + count == img->size)
-    end = (img->size + cs - 1) & ~(cs - 1);
-
-  pthread_rwlock_rdlock (&img->data_lock);
-  for (uint64_t c = first; c < end && r == 0; c += cs) {
-    pthread_mutex_lock (&img->lock);
-    write_inflight_wait (img, c, c + cs);
-    r = flush_begin_write (img);
-    if (r == 0)
-      r = write_zero_cluster (img, c, true, true);
-    pthread_mutex_unlock (&img->lock);
-  }
-  pthread_rwlock_unlock (&img->data_lock);
-  if (r == 0 && fua)
-    r = qcow2_flush (img);
-  return r;
-}
-
-int
-qcow2_flush (struct qcow2_image *img)
-{
-  size_t queued;
-  bool frees;
-  int r;
-
-  pthread_mutex_lock (&img->lock);
-  queued = img->pending_len;
-  r = flush_locked (img);
-  /* The changes that dropped the references queued before this flush
-   * are durable now (later ones wait for the next flush).
-   */
-  if (r == 0)
-    img->pending_durable = MAX (img->pending_durable, queued);
-  frees = img->pending_durable > 0;
-  pthread_mutex_unlock (&img->lock);
-  if (r < 0 || !frees)
-    return r;
-
-  pthread_rwlock_wrlock (&img->data_lock);
-  pthread_mutex_lock (&img->lock);
-  r = alloc_apply_frees (img, img->pending_durable);
-  img->pending_durable = 0;
-  /* Written now, synced by the next flush: a process killed before it
-   * then leaks nothing more than the reserve.
-   */
-  if (r == 0)
-    r = cache_writeback (img, img->refcount_cache);
-  pthread_mutex_unlock (&img->lock);
-  pthread_rwlock_unlock (&img->data_lock);
   return r;
 }
 
@@ -976,8 +662,8 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     return r;
   if (full && !(zeros = calloc (1, cs)))
     return -ENOMEM;
-  pthread_mutex_lock (&img->lock);
-  r = flush_begin_write (img);
+  image_lock (img);
+  r = state_begin_write (img);
   for (uint64_t off = 0; off < img->size && r == 0; off += cs) {
     struct l2_state s;
     uint8_t *slice;
@@ -1009,7 +695,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     r = io_write_meta (img, "", 1, img->file_size - 1, "end of file", 0);
   if (r == 0)
     r = flush_locked (img);
-  pthread_mutex_unlock (&img->lock);
+  image_unlock (img);
   free (zeros);
   return r;
 }

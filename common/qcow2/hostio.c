@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Host I/O of the image: every metadata write, guest data write, file
+ * extension and host flush, each checked by the overlap guard first,
+ * and the file's ends they move (file_size, written_end, durable_end).
+ *
+ * Called with img->lock held, but io_write_checked.
+ */
+#include <errno.h>
+#include <inttypes.h>
+
+#include "checked.h"
+#include "errstr.h"
+#include "internal.h"
+
+void
+io_note_end (struct qcow2_image *img, uint64_t end)
+{
+  /* Read without the lock by the data paths, see image_file_size. */
+  if (end > img->file_size)
+    __atomic_store_n (&img->file_size, end, __ATOMIC_RELAXED);
+}
+
+/* Called with the lock held: in-place data writes, which run without
+ * it, do not say where they end, so written_end may fall short, which
+ * is safe.
+ */
+void
+io_note_written (struct qcow2_image *img, uint64_t end)
+{
+  img->written_end = MAX (img->written_end, end);
+}
+
+/* Also on an image marked corrupt: for the header's feature bits. */
+int
+io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
+                         uint64_t len, uint64_t offset, const char *what,
+                         uint32_t may_touch)
+{
+  int r = overlap_check (img, offset, len, may_touch);
+
+  ASSERT_LOCKED (img);
+  if (r < 0)
+    return r;                   /* the guard said why */
+  r = img->io->ops->pwrite (img->io, buf, len, offset);
+  if (r < 0) {
+    qcow2_err (img, "writing %s at %#" PRIx64 ": %s", what, offset,
+               errstr (-r));
+    return io_errno (r);
+  }
+  io_note_end (img, offset + len);
+  io_note_written (img, offset + len);
+  return 0;
+}
+
+/* Every metadata write to the image file goes through the overlap
+ * guard: it may touch only the structures in may_touch.  Once the
+ * image is marked corrupt (by the guard, perhaps while this request
+ * was under way), no metadata is written but the header's feature
+ * bits.
+ */
+int
+io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
+               uint64_t offset, const char *what, uint32_t may_touch)
+{
+  if (qcow2_is_corrupt (img)) {
+    qcow2_err (img, "not writing %s at %#" PRIx64 ": the image is marked "
+               "corrupt", what, offset);
+    return -EIO;
+  }
+  return io_write_meta_unchecked (img, buf, len, offset, what, may_touch);
+}
+
+/* Make the file at least end bytes long (a hole), so that the next
+ * flush makes clusters below end part of the file even if their data
+ * never reaches the disk.  The hole still counts as never written: new
+ * clusters there read as zeros (file_size does not move).  Only saves
+ * flushes (see write_allocating), so a failure (a full disk) is not an
+ * error.
+ */
+void
+io_extend (struct qcow2_image *img, uint64_t end)
+{
+  int r;
+
+  ASSERT_LOCKED (img);
+  if (end <= img->written_end)
+    return;
+  r = overlap_check (img, end - 1, 1, 0);
+  if (r == 0)
+    r = img->io->ops->pwrite (img->io, "", 1, end - 1);
+  if (r < 0)
+    qcow2_dbg (img, "extending the file to %" PRIu64 " bytes: %s", end,
+               errstr (-r));
+  else
+    io_note_written (img, end);
+}
+
+/* Guest data never lands on metadata.  With the lock held. */
+int
+io_check_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
+{
+  ASSERT_LOCKED (img);
+  return img->data_io == img->io ? overlap_check (img, offset, len, 0) : 0;
+}
+
+/* Report a failed write of guest data; returns what the client is
+ * told.
+ */
+int
+io_data_error (struct qcow2_image *img, uint64_t len, uint64_t offset, int r)
+{
+  qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
+             PRIx64 ": %s", len, offset, errstr (-r));
+  return io_errno (r);
+}
+
+/* Write guest data that io_check_data passed; needs no lock. */
+int
+io_write_checked (struct qcow2_image *img, const void *buf, uint64_t len,
+                  uint64_t offset)
+{
+  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
+
+  return r < 0 ? io_data_error (img, len, offset, r) : 0;
+}
+
+int
+io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
+               uint64_t offset)
+{
+  int r = io_check_data (img, len, offset);
+
+  return r ? r : io_write_checked (img, buf, len, offset);
+}
+
+/* A failed host flush cannot be taken back: the writes before it may
+ * be lost while the file still shows them (Linux marks the pages
+ * clean), and a later flush would succeed without them, breaking the
+ * order that every write relies on.  So, as QEMU does, every later
+ * flush fails too (reopening the image recovers), and the image is
+ * marked dirty.
+ */
+static void
+io_flush_failed (struct qcow2_image *img)
+{
+  img->flush_failed = true;
+  state_mark_dirty (img);
+}
+
+int
+io_flush (struct qcow2_image *img)
+{
+  uint64_t end = img->written_end;
+  int r;
+
+  ASSERT_LOCKED (img);
+  if (img->flush_failed) {
+    qcow2_err (img, "an earlier flush failed: what was written since the "
+               "flush before it may be lost, so no flush can succeed until "
+               "the image is opened again");
+    return -EIO;
+  }
+  if (img->data_io != img->io &&
+      (r = img->data_io->ops->flush (img->data_io)) < 0) {
+    qcow2_err (img, "flushing the external data file: %s", errstr (-r));
+    io_flush_failed (img);
+    return io_errno (r);
+  }
+  r = img->io->ops->flush (img->io);
+  if (r < 0) {
+    qcow2_err (img, "flushing: %s", errstr (-r));
+    io_flush_failed (img);
+    return io_errno (r);
+  }
+  img->flushes++;
+  img->durable_end = end;
+  return 0;
+}

@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Messages: the bottom of the engine, which every module calls.  They
+ * go to the environment's callbacks (qcow2_env), never to a stream.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+static void __attribute__ ((format (printf, 4, 0)))
+log_vmsg (const struct qcow2_env *env, bool debug, const char *prefix,
+          const char *fmt, va_list ap)
+{
+  char msg[1024];
+  int n = 0;
+
+  if (prefix)
+    n = snprintf (msg, sizeof msg, "%s: ", prefix);
+  if (n < 0 || (size_t) n >= sizeof msg)
+    n = 0;
+  vsnprintf (msg + n, sizeof msg - n, fmt, ap);
+  if (debug) {
+    if (env->debug)
+      env->debug (env->opaque, msg);
+  }
+  else if (env->error)
+    env->error (env->opaque, msg);
+}
+
+void
+env_err (const struct qcow2_env *env, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  log_vmsg (env, false, NULL, fmt, ap);
+  va_end (ap);
+}
+
+/* Errors name the file they are about: in a backing chain the user
+ * needs to know which layer is bad.
+ */
+void
+qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  log_vmsg (img->env, false, img->path, fmt, ap);
+  va_end (ap);
+}
+
+void
+qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (msg, sizeof msg, fmt, ap);
+  va_end (ap);
+  if (img->env->notice)
+    img->env->notice (img->env->opaque, img->path, msg);
+}
+
+void
+qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  log_vmsg (img->env, true, img->path, fmt, ap);
+  va_end (ap);
+}

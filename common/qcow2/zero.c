@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Zeroes and trims: whole clusters through their L2 entries (zero
+ * flags, or freed), whole subclusters through the bitmap of extended L2
+ * entries, and what is left as zeros written through the write path.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "checked.h"
+#include "internal.h"
+
+/* Guest data at [host, host+len) of an external data file is gone (the
+ * entry now reads as zeros or the backing file).  Its space goes back
+ * to the host, as QEMU passes discards down, unless keep (a zero that
+ * keeps the allocation); and a raw data file, which must read as the
+ * guest's disk, gets zeros: punched, else written.
+ */
+static int
+zero_clear_external (struct qcow2_image *img, uint64_t host, uint64_t len,
+                     bool keep)
+{
+  struct qcow2_io *io = img->data_io;
+  uint8_t *zeros;
+  int r;
+
+  if (!keep && img->discard && io->ops->punch &&
+      io->ops->punch (io, host, len) == 0)
+    return 0;
+  if (!img->data_file_raw || host >= img->size)
+    return 0;
+  /* A raw data file is as long as the disk. */
+  len = MIN (len, img->size - host);
+  if (!(zeros = calloc (1, len)))
+    return -ENOMEM;
+  r = io_write_checked (img, zeros, len, host);
+  free (zeros);
+  return r;
+}
+
+/* Zero or trim one whole cluster through its L2 entry.  trim: free
+ * the cluster, leaving it reading as zeros (qcow2_trim never frees on
+ * v2 over a backing file); else make it read as zeros, keeping the
+ * allocation unless may_trim.  Returns 1 if the cluster needs zeros
+ * written as data instead (v2 over a backing file).
+ */
+static int
+zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
+              bool may_trim)
+{
+  bool backing_shows = img->backing && cstart < img->backing->size;
+  bool v3 = img->h.version >= 3;
+  struct l2_state s;
+  uint8_t *slice;
+  uint64_t idx, entry, bitmap;
+  bool keep;
+  int r;
+
+  ASSERT_LOCKED (img);
+  if (!v3 && !trim && backing_shows)
+    return 1;
+  /* Nothing to do where there is no L2 table and nothing shows. */
+  if ((r = cluster_l2_slice (img, cstart, false, &slice, &idx)) < 0)
+    return r;
+  if (!slice && (trim ? !v3 || !backing_shows : !backing_shows))
+    return 0;
+  if ((r = cluster_l2_slice (img, cstart, true, &slice, &idx)) < 0)
+    return r;
+  write_decode (img, slice + idx * img->l2_entry_size, &s);
+
+  keep = !trim && !may_trim && s.normal && s.copied && v3;
+  if (keep) {
+    entry = s.host | QCOW2_OFLAG_COPIED
+      | (img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO);
+    bitmap = L2_ALL_ZERO;
+  }
+  else if (v3 && (!trim || backing_shows)) {
+    entry = img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO;
+    bitmap = L2_ALL_ZERO;
+  }
+  else
+    entry = bitmap = 0;
+  if (!img->extended_l2)
+    bitmap = 0;
+  if (entry == s.entry && bitmap == s.bitmap)
+    return 0;
+  write_encode (img, slice + idx * img->l2_entry_size, entry, bitmap);
+  cache_mark_dirty (img->cache, slice);
+  img->changed = true;
+  if (img->data_io != img->io)
+    return s.normal ? zero_clear_external (img, s.host, img->cluster_size,
+                                           keep) : 0;
+  return keep ? 0 : write_release_old (img, &s, 0, 0);
+}
+
+/* Zero whole subclusters [offset, offset+len) of one cluster through
+ * the bitmap.  Returns 1 if that cannot be done (compressed cluster).
+ * keep: see zero_clear_external.
+ */
+static int
+zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
+            bool keep)
+{
+  uint64_t in = offset & (img->cluster_size - 1);
+  uint64_t mask = write_unit_mask (img, in, in + len);
+  struct l2_state s;
+  uint8_t *slice;
+  uint64_t idx, bitmap;
+  int r;
+
+  ASSERT_LOCKED (img);
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  if (s.compressed || (s.normal && !s.copied))
+    return 1;
+  bitmap = (s.bitmap & L2_ALL_ALLOC & ~mask) | ((s.bitmap >> 32) | mask) << 32;
+  if (bitmap == s.bitmap)
+    return 0;
+  write_encode (img, slice + idx * img->l2_entry_size, s.entry, bitmap);
+  cache_mark_dirty (img->cache, slice);
+  img->changed = true;
+  if (img->data_io != img->io && s.normal && img->data_file_raw)
+    return zero_clear_external (img, s.host + in, len, keep);
+  return 0;
+}
+
+/* The length of the next piece of a zero request at offset: up to the
+ * cluster's end, and on an extended L2 image split at subcluster
+ * boundaries, so that the whole subclusters get zero bits and only
+ * partial ones at the ends are written as data (QEMU's block layer
+ * splits the same way).
+ */
+static uint64_t
+zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
+{
+  uint64_t cs = img->cluster_size, sub = img->subcluster_size;
+  uint64_t n = MIN (count, cs - (offset & (cs - 1)));
+
+  if (!img->extended_l2 || n == cs)
+    return n;
+  if (offset & (sub - 1))
+    return MIN (n, sub - (offset & (sub - 1)));
+  if (n > sub)
+    return n & ~(sub - 1);
+  return n;
+}
+
+/* How one piece of a zero request is done. */
+enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
+
+static int
+zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
+           enum zero_how *how)
+{
+  uint64_t cs = img->cluster_size, in = offset & (cs - 1);
+  bool zero;
+  int r;
+
+  if ((r = write_reads_zero (img, offset, n, &zero)) < 0)
+    return r;
+  if (zero)
+    *how = ZERO_NOTHING;
+  else if (n == cs)
+    *how = img->h.version >= 3 || !img->backing ||
+      offset >= img->backing->size ? ZERO_METADATA : ZERO_DATA;
+  else if (img->extended_l2 && !((in | n) & (img->subcluster_size - 1)))
+    *how = ZERO_UNITS;
+  else
+    *how = ZERO_DATA;
+  return 0;
+}
+
+/* Zeros as data, through the write path. */
+static int
+zero_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
+{
+  uint8_t *zeros = calloc (1, n);
+  uint64_t host;
+  int r;
+
+  if (!zeros)
+    return -ENOMEM;
+  r = write_in_place_target (img, offset, n, &host);
+  if (r == 1)
+    r = io_write_data (img, zeros, n, host);
+  else if (r == 0)
+    r = write_allocating (img, zeros, offset, n, false);
+  free (zeros);
+  return r;
+}
+
+int
+qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
+            bool may_trim, bool fast, bool fua)
+{
+  int r;
+
+  if ((r = write_check (img, count, offset)) < 0)
+    return r;
+
+  /* A fast zero fails at once if any piece would need data written. */
+  if (fast) {
+    image_lock (img);
+    for (uint64_t off = offset, left = count; left > 0 && r == 0; ) {
+      uint64_t n = zero_piece (img, off, left);
+      enum zero_how how;
+      r = zero_plan (img, off, n, &how);
+      if (r == 0 && how == ZERO_DATA)
+        r = -ENOTSUP;
+      off += n;
+      left -= n;
+    }
+    image_unlock (img);
+    if (r < 0)
+      return r;
+  }
+
+  pthread_rwlock_rdlock (&img->data_lock);
+  bitmap_record (img, offset, count);
+  while (count > 0 && r == 0) {
+    uint64_t n = zero_piece (img, offset, count);
+    enum zero_how how;
+
+    image_lock (img);
+    write_inflight_wait (img, offset, offset + n);
+    r = state_begin_write (img);
+    if (r == 0)
+      r = zero_plan (img, offset, n, &how);
+    if (r == 0 && how == ZERO_METADATA)
+      r = zero_cluster (img, offset, false, may_trim);
+    else if (r == 0 && how == ZERO_UNITS)
+      r = zero_units (img, offset, n, !may_trim);
+    if (r == 1 || (r == 0 && how == ZERO_DATA))
+      r = zero_as_data (img, offset, n);
+    image_unlock (img);
+    offset += n;
+    count -= n;
+  }
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r == 0 && fua)
+    r = qcow2_flush (img);
+  return r;
+}
+
+int
+qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
+            bool fua)
+{
+  uint64_t cs = img->cluster_size;
+  uint64_t first = (offset + cs - 1) & ~(cs - 1);
+  uint64_t end = (offset + count) & ~(cs - 1);
+  int r;
+
+  if ((r = write_check (img, count, offset)) < 0)
+    return r;
+  if (!img->discard)
+    return 0;
+  /* Recorded even where nothing changes, as QEMU records a discard. */
+  bitmap_record (img, offset, count);
+  /* A version 2 image has no zero flag: a discarded cluster would read
+   * its backing file's stale data again, so, as QEMU (since 5.0), trim
+   * keeps the data.
+   */
+  if (img->h.version < 3 && img->backing)
+    return 0;
+  /* The last cluster of the disk may be partial: trimming to the end of
+   * the disk covers it.
+   */
+  if (offset + count == img->size)
+    end = (img->size + cs - 1) & ~(cs - 1);
+
+  pthread_rwlock_rdlock (&img->data_lock);
+  for (uint64_t c = first; c < end && r == 0; c += cs) {
+    image_lock (img);
+    write_inflight_wait (img, c, c + cs);
+    r = state_begin_write (img);
+    if (r == 0)
+      r = zero_cluster (img, c, true, true);
+    image_unlock (img);
+  }
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r == 0 && fua)
+    r = qcow2_flush (img);
+  return r;
+}
