@@ -1,16 +1,22 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Host I/O of the image: every metadata write, guest data write, file
  * extension and host flush, each checked by the overlap guard first,
- * and the file's ends they move (file_size, written_end, durable_end).
+ * the file's ends they move (file_size, written_end, durable_end), and
+ * the header's feature bits, written when a failure marks the image
+ * dirty or corrupt.
  *
  * Called with img->lock held, but io_write_checked.
  */
 #include <errno.h>
 #include <inttypes.h>
 
+#include "be.h"
 #include "checked.h"
 #include "errstr.h"
 #include "internal.h"
+
+#define HDR_INCOMPAT 72
+#define HDR_AUTOCLEAR 88
 
 void
 io_note_end (struct qcow2_image *img, uint64_t end)
@@ -31,7 +37,7 @@ io_note_written (struct qcow2_image *img, uint64_t end)
 }
 
 /* Also on an image marked corrupt: for the header's feature bits. */
-int
+static int
 io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
                          uint64_t len, uint64_t offset, const char *what,
                          uint32_t may_touch)
@@ -62,7 +68,7 @@ int
 io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
                uint64_t offset, const char *what, uint32_t may_touch)
 {
-  if (qcow2_is_corrupt (img)) {
+  if (image_is_corrupt (img)) {
     qcow2_err (img, "not writing %s at %#" PRIx64 ": the image is marked "
                "corrupt", what, offset);
     return -EIO;
@@ -133,6 +139,43 @@ io_write_data (struct qcow2_image *img, const void *buf, uint64_t len,
   return r ? r : io_write_checked (img, buf, len, offset);
 }
 
+/* Metadata could not be written: mark the image dirty (v3), so that
+ * the next read-write open rebuilds its refcounts and reclaims what
+ * was leaked.  Best effort: if this write is lost too, the image has
+ * leaks at worst, since nothing was ever written out of order.
+ */
+void
+io_mark_dirty (struct qcow2_image *img)
+{
+  struct qcow2_header *h = &img->h;
+
+  ASSERT_LOCKED (img);
+  if (h->version < 3 || (h->incompatible_features & QCOW2_INCOMPAT_DIRTY))
+    return;
+  image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
+  if (io_write_features (img) == 0 && !img->flush_failed)
+    io_flush (img);
+}
+
+/* Patch the feature bit fields of a v3 header in place (also on an
+ * image marked corrupt: that is how the mark is written).
+ */
+int
+io_write_features (struct qcow2_image *img)
+{
+  uint8_t buf[8];
+  int r;
+
+  be64_put (buf, img->h.incompatible_features);
+  r = io_write_meta_unchecked (img, buf, 8, HDR_INCOMPAT, "header",
+                               OL (MAIN_HEADER));
+  if (r < 0)
+    return r;
+  be64_put (buf, img->h.autoclear_features);
+  return io_write_meta_unchecked (img, buf, 8, HDR_AUTOCLEAR, "header",
+                                  OL (MAIN_HEADER));
+}
+
 /* A failed host flush cannot be taken back: the writes before it may
  * be lost while the file still shows them (Linux marks the pages
  * clean), and a later flush would succeed without them, breaking the
@@ -144,7 +187,7 @@ static void
 io_flush_failed (struct qcow2_image *img)
 {
   img->flush_failed = true;
-  state_mark_dirty (img);
+  io_mark_dirty (img);
 }
 
 int

@@ -298,7 +298,7 @@ qcow2_close (struct qcow2_image *img)
     image_lock (img);
     r = state_close (img);
     if (r < 0)
-      state_mark_dirty (img);
+      io_mark_dirty (img);
     image_unlock (img);
     pthread_rwlock_unlock (&img->data_lock);
   }

@@ -385,6 +385,12 @@ image_wait (struct qcow2_image *img, pthread_cond_t *cond)
 #endif
 }
 
+static inline bool
+image_is_corrupt (const struct qcow2_image *img)
+{
+  return image_incompat (img) & QCOW2_INCOMPAT_CORRUPT;
+}
+
 /* The file size, for callers that do not hold img->lock. */
 static inline uint64_t
 image_file_size (const struct qcow2_image *img)
@@ -534,9 +540,6 @@ extern int write_allocating (struct qcow2_image *img, const uint8_t *data,
 extern int io_write_meta (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset, const char *what,
                           uint32_t may_touch);
-extern int io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
-                                    uint64_t len, uint64_t offset,
-                                    const char *what, uint32_t may_touch);
 extern int io_flush (struct qcow2_image *img);
 extern void io_note_end (struct qcow2_image *img, uint64_t end);
 extern void io_note_written (struct qcow2_image *img, uint64_t end);
@@ -549,6 +552,8 @@ extern int io_data_error (struct qcow2_image *img, uint64_t len,
                           uint64_t offset, int r);
 extern int io_write_checked (struct qcow2_image *img, const void *buf,
                              uint64_t len, uint64_t offset);
+extern int io_write_features (struct qcow2_image *img);
+extern void io_mark_dirty (struct qcow2_image *img);
 
 /* flush.c */
 extern int flush_l2_dependencies (struct qcow2_image *img);
@@ -560,8 +565,6 @@ extern void flush_mark_reftable_dirty (struct qcow2_image *img,
 /* state.c */
 extern int state_begin_write (struct qcow2_image *img);
 extern int state_close (struct qcow2_image *img);
-extern void state_mark_dirty (struct qcow2_image *img);
-extern int state_write_features (struct qcow2_image *img);
 
 /* overlap.c */
 #define OL(bit) (UINT32_C (1) << QCOW2_OL_##bit##_BIT)

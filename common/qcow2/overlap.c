@@ -743,7 +743,7 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
              "refused, and the image is marked corrupt",
              len, offset, overlap_name (bit), at);
   image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT);
-  if (img->h.version >= 3 && state_write_features (img) == 0)
+  if (img->h.version >= 3 && io_write_features (img) == 0)
     io_flush (img);
 }
 

@@ -14,9 +14,6 @@
 #include "be.h"
 #include "internal.h"
 
-#define HDR_INCOMPAT 72
-#define HDR_AUTOCLEAR 88
-
 bool
 qcow2_can_write (const struct qcow2_image *img)
 {
@@ -66,44 +63,7 @@ qcow2_check_writable (struct qcow2_image *img)
 bool
 qcow2_is_corrupt (const struct qcow2_image *img)
 {
-  return image_incompat (img) & QCOW2_INCOMPAT_CORRUPT;
-}
-
-/* Metadata could not be written: mark the image dirty (v3), so that
- * the next read-write open rebuilds its refcounts and reclaims what
- * was leaked.  Best effort: if this write is lost too, the image has
- * leaks at worst, since nothing was ever written out of order.
- */
-void
-state_mark_dirty (struct qcow2_image *img)
-{
-  struct qcow2_header *h = &img->h;
-
-  ASSERT_LOCKED (img);
-  if (h->version < 3 || (h->incompatible_features & QCOW2_INCOMPAT_DIRTY))
-    return;
-  image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
-  if (state_write_features (img) == 0 && !img->flush_failed)
-    io_flush (img);
-}
-
-/* Patch the feature bit fields of a v3 header in place (also on an
- * image marked corrupt: that is how the mark is written).
- */
-int
-state_write_features (struct qcow2_image *img)
-{
-  uint8_t buf[8];
-  int r;
-
-  be64_put (buf, img->h.incompatible_features);
-  r = io_write_meta_unchecked (img, buf, 8, HDR_INCOMPAT, "header",
-                               OL (MAIN_HEADER));
-  if (r < 0)
-    return r;
-  be64_put (buf, img->h.autoclear_features);
-  return io_write_meta_unchecked (img, buf, 8, HDR_AUTOCLEAR, "header",
-                                  OL (MAIN_HEADER));
+  return image_is_corrupt (img);
 }
 
 /* Before the first change:
@@ -136,7 +96,7 @@ state_begin_write (struct qcow2_image *img)
     if ((r = check_rebuild_refcounts (img)) < 0)
       return r;
     image_clear_incompat (img, QCOW2_INCOMPAT_DIRTY);
-    if ((r = state_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+    if ((r = io_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
     qcow2_notice (img, "the image was not closed cleanly (dirty bit set): "
                   "refcounts rebuilt");
@@ -145,7 +105,7 @@ state_begin_write (struct qcow2_image *img)
     (h->has_bitmaps_ext ? QCOW2_AUTOCLEAR_BITMAPS : 0);
   if (h->version >= 3 && (h->autoclear_features & ~known)) {
     h->autoclear_features &= known;
-    if ((r = state_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+    if ((r = io_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
   }
   if ((r = bitmap_begin_write (img)) < 0)
@@ -153,7 +113,7 @@ state_begin_write (struct qcow2_image *img)
   dirty = img->lazy_refcounts && h->version >= 3;
   if (dirty) {
     image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
-    if ((r = state_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+    if ((r = io_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
   }
   img->write_started = true;
@@ -188,7 +148,7 @@ state_close (struct qcow2_image *img)
     return r;
   if (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY) {
     image_clear_incompat (img, QCOW2_INCOMPAT_DIRTY);
-    if ((r = state_write_features (img)) < 0 || (r = io_flush (img)) < 0)
+    if ((r = io_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
   }
   return 0;
