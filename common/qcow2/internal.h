@@ -515,7 +515,27 @@ extern void alloc_free_reserve (struct qcow2_image *img);
 extern uint64_t alloc_reserve_end (const struct qcow2_image *img);
 extern bool alloc_in_reserve (const struct qcow2_image *img, uint64_t c);
 
-/* write.c: what zero.c shares of the write path. */
+/* write.c: the request loop of writes, zeroes and trims (see
+ * write_request), and what zero.c shares of the write path.
+ */
+struct write_request {
+  uint64_t offset, count;       /* done piece by piece */
+  bool record;                  /* in the persistent bitmaps */
+  bool fua;                     /* flushed once done */
+  /* The length of the piece at offset (count left), which the piece
+   * waits for in-flight writes of.
+   */
+  uint64_t (*piece_len) (struct qcow2_image *img, uint64_t offset,
+                         uint64_t count);
+  /* Do the piece, called with img->lock held, returning with it
+   * released; *n is its length, which it may make longer (a run).
+   */
+  int (*piece) (struct qcow2_image *img, const struct write_request *req,
+                uint64_t offset, uint64_t count, uint64_t *n);
+  const void *opaque;           /* the piece's own */
+};
+extern int write_request (struct qcow2_image *img,
+                          const struct write_request *req);
 extern void write_decode (const struct qcow2_image *img, const uint8_t *p,
                           struct l2_state *s);
 extern void write_encode (const struct qcow2_image *img, uint8_t *p,

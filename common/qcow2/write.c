@@ -597,58 +597,94 @@ write_pieces (struct qcow2_image *img, struct io_pool *pool,
   return 0;
 }
 
+/* The loop every write, zero and trim request goes through: piece by
+ * piece, each under img->lock once the allocating writes in flight
+ * that it overlaps are done and the image is ready to be written.
+ */
 int
-qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
-             uint64_t offset, bool fua)
+write_request (struct qcow2_image *img, const struct write_request *req)
 {
-  const uint8_t *p = buf;
-  int r;
+  uint64_t offset = req->offset, count = req->count;
+  int r = 0;
 
-  if ((r = write_check (img, count, offset)) < 0)
-    return r;
   pthread_rwlock_rdlock (&img->data_lock);
-  bitmap_record (img, offset, count);
+  if (req->record)
+    bitmap_record (img, offset, count);
   while (count > 0 && r == 0) {
-    uint64_t in = offset & (img->cluster_size - 1);
-    uint64_t n = 0;
-    struct pool_piece pieces[WRITE_BATCH];
-    struct iovec iov[WRITE_BATCH];
-    struct pool_batch batch = { .pieces = pieces };
-    struct io_pool *pool = NULL;
+    uint64_t n = req->piece_len (img, offset, count);
 
     image_lock (img);
-    write_inflight_wait (img, offset, offset + MIN (count,
-                                                    img->cluster_size - in));
+    write_inflight_wait (img, offset, offset + n);
     r = state_begin_write (img);
     if (r == 0)
-      r = write_in_place_runs (img, p, offset, count, pieces, iov,
-                               &batch.n, &n);
-    if (r == 0 && n > 0) {
-      /* Releases hold data_lock exclusively: the runs stay ours. */
-      if (batch.n > 1 && !img->data_io->serial_writes)
-        pool = pool_get (img);
+      r = req->piece (img, req, offset, count, &n);
+    else
       image_unlock (img);
-      r = write_pieces (img, pool, &batch);
-    }
-    else {
-      uint64_t done = 0;
-      n = MIN (count, img->cluster_size - in);
-      if (r == 0 && in == 0 && count >= img->cluster_size)
-        r = write_allocating_run (img, p, offset, count, &done);
-      if (done)
-        n = done;
-      else if (r == 0)
-        r = write_allocating (img, p, offset, n, true);
-      image_unlock (img);
-    }
-    p += n;
     offset += n;
     count -= n;
   }
   pthread_rwlock_unlock (&img->data_lock);
-  if (r == 0 && fua)
+  if (r == 0 && req->fua)
     r = qcow2_flush (img);
   return r;
+}
+
+static uint64_t
+write_piece_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
+{
+  return MIN (count, img->cluster_size - (offset & (img->cluster_size - 1)));
+}
+
+/* Guest data: the clusters written in place, as many as are in a row,
+ * with the lock released for the I/O; else one cluster, or a run of
+ * whole clusters, allocated.
+ */
+static int
+write_piece (struct qcow2_image *img, const struct write_request *req,
+             uint64_t offset, uint64_t count, uint64_t *n)
+{
+  const uint8_t *p = (const uint8_t *) req->opaque + (offset - req->offset);
+  struct pool_piece pieces[WRITE_BATCH];
+  struct iovec iov[WRITE_BATCH];
+  struct pool_batch batch = { .pieces = pieces };
+  struct io_pool *pool = NULL;
+  uint64_t in_place = 0, done = 0;
+  int r;
+
+  r = write_in_place_runs (img, p, offset, count, pieces, iov, &batch.n,
+                           &in_place);
+  if (r == 0 && in_place > 0) {
+    /* Releases hold data_lock exclusively: the runs stay ours. */
+    if (batch.n > 1 && !img->data_io->serial_writes)
+      pool = pool_get (img);
+    image_unlock (img);
+    *n = in_place;
+    return write_pieces (img, pool, &batch);
+  }
+  if (r == 0 && (offset & (img->cluster_size - 1)) == 0 &&
+      count >= img->cluster_size)
+    r = write_allocating_run (img, p, offset, count, &done);
+  if (done)
+    *n = done;
+  else if (r == 0)
+    r = write_allocating (img, p, offset, *n, true);
+  image_unlock (img);
+  return r;
+}
+
+int
+qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
+             uint64_t offset, bool fua)
+{
+  const struct write_request req = {
+    .offset = offset, .count = count, .record = true, .fua = fua,
+    .piece_len = write_piece_len, .piece = write_piece, .opaque = buf,
+  };
+  int r;
+
+  if ((r = write_check (img, count, offset)) < 0)
+    return r;
+  return write_request (img, &req);
 }
 
 int

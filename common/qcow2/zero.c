@@ -189,10 +189,39 @@ zero_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
   return r;
 }
 
+static uint64_t
+zero_piece_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
+{
+  return zero_piece (img, offset, count);
+}
+
+static int
+zero_do_piece (struct qcow2_image *img, const struct write_request *req,
+               uint64_t offset, uint64_t count, uint64_t *n)
+{
+  bool may_trim = *(const bool *) req->opaque;
+  enum zero_how how;
+  int r = zero_plan (img, offset, *n, &how);
+
+  if (r == 0 && how == ZERO_METADATA)
+    r = zero_cluster (img, offset, false, may_trim);
+  else if (r == 0 && how == ZERO_UNITS)
+    r = zero_units (img, offset, *n, !may_trim);
+  if (r == 1 || (r == 0 && how == ZERO_DATA))
+    r = zero_as_data (img, offset, *n);
+  image_unlock (img);
+  return r;
+}
+
 int
 qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
             bool may_trim, bool fast, bool fua)
 {
+  const struct write_request req = {
+    .offset = offset, .count = count, .record = true, .fua = fua,
+    .piece_len = zero_piece_len, .piece = zero_do_piece,
+    .opaque = &may_trim,
+  };
   int r;
 
   if ((r = write_check (img, count, offset)) < 0)
@@ -214,31 +243,22 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
     if (r < 0)
       return r;
   }
+  return write_request (img, &req);
+}
 
-  pthread_rwlock_rdlock (&img->data_lock);
-  bitmap_record (img, offset, count);
-  while (count > 0 && r == 0) {
-    uint64_t n = zero_piece (img, offset, count);
-    enum zero_how how;
+static uint64_t
+zero_cluster_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
+{
+  return img->cluster_size;
+}
 
-    image_lock (img);
-    write_inflight_wait (img, offset, offset + n);
-    r = state_begin_write (img);
-    if (r == 0)
-      r = zero_plan (img, offset, n, &how);
-    if (r == 0 && how == ZERO_METADATA)
-      r = zero_cluster (img, offset, false, may_trim);
-    else if (r == 0 && how == ZERO_UNITS)
-      r = zero_units (img, offset, n, !may_trim);
-    if (r == 1 || (r == 0 && how == ZERO_DATA))
-      r = zero_as_data (img, offset, n);
-    image_unlock (img);
-    offset += n;
-    count -= n;
-  }
-  pthread_rwlock_unlock (&img->data_lock);
-  if (r == 0 && fua)
-    r = qcow2_flush (img);
+static int
+zero_trim_piece (struct qcow2_image *img, const struct write_request *req,
+                 uint64_t offset, uint64_t count, uint64_t *n)
+{
+  int r = zero_cluster (img, offset, true, true);
+
+  image_unlock (img);
   return r;
 }
 
@@ -269,17 +289,10 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
   if (offset + count == img->size)
     end = (img->size + cs - 1) & ~(cs - 1);
 
-  pthread_rwlock_rdlock (&img->data_lock);
-  for (uint64_t c = first; c < end && r == 0; c += cs) {
-    image_lock (img);
-    write_inflight_wait (img, c, c + cs);
-    r = state_begin_write (img);
-    if (r == 0)
-      r = zero_cluster (img, c, true, true);
-    image_unlock (img);
-  }
-  pthread_rwlock_unlock (&img->data_lock);
-  if (r == 0 && fua)
-    r = qcow2_flush (img);
-  return r;
+  /* Whole clusters only. */
+  const struct write_request req = {
+    .offset = first, .count = end > first ? end - first : 0, .fua = fua,
+    .piece_len = zero_cluster_len, .piece = zero_trim_piece,
+  };
+  return write_request (img, &req);
 }
