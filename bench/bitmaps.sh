@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The cost of keeping persistent dirty bitmaps up to date (issue 13):
+# The cost of keeping persistent dirty bitmaps up to date:
 # random 4 KiB writes at QD16 into a written image, without bitmaps and
 # with two enabled ones (64 KiB and 512-byte granularity), through our
 # plugin and, for reference, qemu-nbd, in interleaved rounds (servers

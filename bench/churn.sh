@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Space under churn (issue 14): the same seeded requests (bench/churn.py:
+# Space under churn: the same seeded requests (bench/churn.py:
 # fill, then cycles of trimming a scattered half and writing it again)
 # through our plugin and through qemu-nbd --discard=unmap, on new images
 # of 512-byte to 2 MiB clusters; after every flush, the image's file end

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# CPU per GiB of sequential reads of a compressed image (issue 14):
+# CPU per GiB of sequential reads of a compressed image:
 # nbdcopy reads the whole disk from each server in turn, several
 # rounds, and the server's own CPU time (user + system, from
 # /proc/PID/stat) is divided by the data read.  Servers: our plugin,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Elapsed times of the qemu-img convert matrix of issue 5: the cases of
+# Elapsed times of the qemu-img convert matrix (fast zero): the cases of
 # tests/test-fastzero-convert.sh (every zeromode/fastzeromode pair,
 # over the memory plugin and over the qcow2 plugin, by qemu-img alone
 # and after a pre-zero), with a delay on every write that reaches the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Images for the benchmark harness (bench/run.sh, issue 6).  Each is
+# Images for the benchmark harness (bench/run.sh).  Each is
 # made with QEMU's tools, so that every server reads the same layout and
 # none of them benefits from having written it.
 #

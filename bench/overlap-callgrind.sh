@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The cost of the overlap guard on a real write load (issue 4): fill an
+# The cost of the overlap guard on a real write load: fill an
 # empty image of 512-byte clusters (the most metadata per byte of data,
 # so the most checks and map updates) through the plugin under
 # callgrind, once with overlap-check=all and once with none, and report

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Benchmark harness (issue 6): our plugin against qemu-nbd, on the same
+# Benchmark harness: our plugin against qemu-nbd, on the same
 # images, in the same run.
 #
 # Each case serves one image with each server in turn, drives it with
@@ -18,7 +18,7 @@
 #               ceiling)
 #
 # with the same L2 cache size for ours and qemu-nbd.  Medians and ratios
-# go into bench/RESULTS.md, between the markers of its issue-6 section.
+# go into bench/RESULTS.md, between the markers of its section on qemu-nbd.
 #
 # Usage, from the top of a built tree (or "make bench"):
 #   bench/run.sh            full mode: 3 rounds, 3 s per run (~30 min)

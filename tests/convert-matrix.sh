@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-# The qemu-img convert matrix of issue 5, shared by
+# The qemu-img convert matrix (fast zero), shared by
 # tests/test-fastzero-convert.sh (which asserts every count) and
 # bench/convert-matrix.sh (which times every case).  Source it after
 # functions.sh, which provides $tmp and fail.

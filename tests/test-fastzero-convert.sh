@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The qemu-img convert matrix of issue 5: a half-sparse 100 MiB source
+# The qemu-img convert matrix (fast zero): a half-sparse 100 MiB source
 # (every other MiB written) copied with qemu-img convert into every
 # zeromode/fastzeromode pair of the fastzero filter (probe where it is
 # allowed), over the memory plugin and over our qcow2 plugin, by
