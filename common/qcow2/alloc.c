@@ -144,7 +144,7 @@ alloc_runs_contain (const struct alloc_runs *runs, uint64_t c)
   return lo < runs->len && runs->v[lo].first <= c;
 }
 
-bool
+static bool
 alloc_in_reserve (const struct qcow2_image *img, uint64_t c)
 {
   return alloc_runs_contain (&img->reserve_cur, c) ||

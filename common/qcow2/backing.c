@@ -12,7 +12,7 @@
 #include "errstr.h"
 #include "internal.h"
 
-char *
+static char *
 backing_resolve (const char *image_path, const char *name)
 {
   const char *slash = strrchr (image_path, '/');

@@ -15,6 +15,11 @@
 #include "errstr.h"
 #include "internal.h"
 
+/* Told of every reference the walk finds. */
+typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,
+                             uint64_t offset, uint64_t len,
+                             const char *what);
+
 /* Every cluster referenced by the L2 tables of an L1 table, and those
  * tables themselves.  L2 entries are read through the cache, which may
  * hold changes not yet written.
@@ -171,7 +176,7 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
  * refcount structure itself only if with_refcounts (a rebuild replaces
  * it).
  */
-int
+static int
 check_walk_refs (struct qcow2_image *img, bool with_refcounts,
                  check_ref_fn fn, void *opaque)
 {

@@ -418,7 +418,6 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
                                              const struct qcow2_options *opts,
                                              const char **chain,
                                              unsigned depth);
-extern void image_free (struct qcow2_image *img);
 
 /* header.c */
 extern int header_read (struct qcow2_image *img);
@@ -464,7 +463,6 @@ extern int compress_read (struct qcow2_image *img, uint64_t comp_offset,
                           uint64_t len, uint8_t *buf);
 
 /* backing.c */
-extern char *backing_resolve (const char *image_path, const char *name);
 extern int backing_open (struct qcow2_image *img,
                          const struct qcow2_options *opts,
                          const char **chain, unsigned depth);
@@ -513,7 +511,6 @@ extern void alloc_reserve_durable (struct qcow2_image *img);
 extern int alloc_release_reserve (struct qcow2_image *img);
 extern void alloc_free_reserve (struct qcow2_image *img);
 extern uint64_t alloc_reserve_end (const struct qcow2_image *img);
-extern bool alloc_in_reserve (const struct qcow2_image *img, uint64_t c);
 
 /* write.c: the request loop of writes, zeroes and trims (see
  * write_request), and what zero.c shares of the write path.
@@ -547,8 +544,6 @@ extern int write_reads_zero (struct qcow2_image *img, uint64_t offset,
 extern int write_release_old (struct qcow2_image *img,
                               const struct l2_state *s, uint64_t fresh,
                               uint64_t fresh_len);
-extern void write_inflight_wait (struct qcow2_image *img, uint64_t start,
-                                 uint64_t end);
 extern int write_check (struct qcow2_image *img, uint64_t count,
                         uint64_t offset);
 extern int write_in_place_target (struct qcow2_image *img, uint64_t offset,
@@ -657,11 +652,6 @@ extern int bitmap_begin_write (struct qcow2_image *img);
 extern int bitmap_store (struct qcow2_image *img);
 
 /* check.c */
-typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,
-                             uint64_t offset, uint64_t len,
-                             const char *what);
-extern int check_walk_refs (struct qcow2_image *img, bool with_refcounts,
-                            check_ref_fn fn, void *opaque);
 extern int check_rebuild_refcounts (struct qcow2_image *img);
 
 /* read.c */

@@ -194,7 +194,7 @@ write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
 /* Wait, with img->lock released meanwhile, until no allocating write
  * works on [start, end).
  */
-void
+static void
 write_inflight_wait (struct qcow2_image *img, uint64_t start, uint64_t end)
 {
   ASSERT_LOCKED (img);
