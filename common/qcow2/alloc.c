@@ -27,7 +27,7 @@ static int
 alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
                  uint64_t *host_offset, uint64_t *len)
 {
-  uint64_t start = img->free_hint, run = 0;
+  uint64_t start = img->alloc.free_hint, run = 0;
 
   for (uint64_t c = start; run < max; c++) {
     uint64_t rc;
@@ -147,15 +147,15 @@ alloc_runs_contain (const struct alloc_runs *runs, uint64_t c)
 static bool
 alloc_in_reserve (const struct qcow2_image *img, uint64_t c)
 {
-  return alloc_runs_contain (&img->reserve_cur, c) ||
-    alloc_runs_contain (&img->reserve_next, c);
+  return alloc_runs_contain (&img->alloc.reserve_cur, c) ||
+    alloc_runs_contain (&img->alloc.reserve_next, c);
 }
 
 /* The cluster after the reserve's last (0 if it is empty). */
 uint64_t
 alloc_reserve_end (const struct qcow2_image *img)
 {
-  const struct alloc_runs *r[2] = { &img->reserve_cur, &img->reserve_next };
+  const struct alloc_runs *r[2] = { &img->alloc.reserve_cur, &img->alloc.reserve_next };
   uint64_t end = 0;
 
   for (int i = 0; i < 2; i++)
@@ -171,14 +171,14 @@ static bool
 alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
                     uint64_t *first, uint64_t *len)
 {
-  struct alloc_runs *cur = &img->reserve_cur;
+  struct alloc_runs *cur = &img->alloc.reserve_cur;
 
-  if (cur->left == 0 && img->reserve_next_durable) {
+  if (cur->left == 0 && img->alloc.reserve_next_durable) {
     struct alloc_runs t = *cur;
-    *cur = img->reserve_next;
-    img->reserve_next = t;
-    alloc_runs_clear (&img->reserve_next);
-    img->reserve_next_durable = false;
+    *cur = img->alloc.reserve_next;
+    img->alloc.reserve_next = t;
+    alloc_runs_clear (&img->alloc.reserve_next);
+    img->alloc.reserve_next_durable = false;
   }
   for (size_t i = cur->head; i < cur->len; i++) {
     struct alloc_run *run = &cur->v[i];
@@ -204,7 +204,7 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
 static uint64_t
 alloc_ahead (struct qcow2_image *img)
 {
-  uint64_t want = MAX (RESERVE_MIN, 2 * img->allocated_since_flush);
+  uint64_t want = MAX (RESERVE_MIN, 2 * img->alloc.allocated_since_flush);
   uint64_t limit = MAX (RESERVE_LIMIT_BYTES >> img->cluster_bits,
                         MIN (RESERVE_LIMIT_CLUSTERS,
                              (img->file_size / 16) >> img->cluster_bits));
@@ -222,7 +222,7 @@ alloc_collect (struct qcow2_image *img, uint64_t n, struct alloc_runs *runs)
   int r, made;
 
   do {
-    uint64_t c = img->free_hint;
+    uint64_t c = img->alloc.free_hint;
 
     alloc_runs_clear (&found);
     while (found.left < n) {
@@ -249,7 +249,7 @@ alloc_collect (struct qcow2_image *img, uint64_t n, struct alloc_runs *runs)
     for (uint64_t c = found.v[i].first; c < found.v[i].end; c++)
       if ((r = refcount_update (img, c, 1, NULL)) < 0)
         goto out;
-  img->free_hint = found.v[found.len - 1].end;
+  img->alloc.free_hint = found.v[found.len - 1].end;
   free (runs->v);
   *runs = found;
   return 0;
@@ -269,13 +269,13 @@ alloc_refill_reserve (struct qcow2_image *img)
 
   ASSERT_LOCKED (img);
   /* Only for images that are allocating. */
-  if (!img->lazy_refcounts && img->data_io == img->io && !img->closing &&
-      img->allocated_since_flush > 0) {
+  if (!img->lazy_refcounts && img->data_io == img->io && !img->alloc.closing &&
+      img->alloc.allocated_since_flush > 0) {
     want = alloc_ahead (img);
-    have = img->reserve_cur.left + img->reserve_next.left;
-    img->allocated_since_flush = 0;
-    if (have < want / 2 && img->reserve_next.left == 0 &&
-        (r = alloc_collect (img, want - have, &img->reserve_next)) < 0)
+    have = img->alloc.reserve_cur.left + img->alloc.reserve_next.left;
+    img->alloc.allocated_since_flush = 0;
+    if (have < want / 2 && img->alloc.reserve_next.left == 0 &&
+        (r = alloc_collect (img, want - have, &img->alloc.reserve_next)) < 0)
       return r;
   }
   /* The flush that makes the runs' counts durable makes the file cover
@@ -293,14 +293,14 @@ alloc_refill_reserve (struct qcow2_image *img)
 void
 alloc_reserve_durable (struct qcow2_image *img)
 {
-  img->reserve_next_durable = img->reserve_next.left > 0;
+  img->alloc.reserve_next_durable = img->alloc.reserve_next.left > 0;
 }
 
 /* Give back what the reserve holds (clean close). */
 int
 alloc_release_reserve (struct qcow2_image *img)
 {
-  struct alloc_runs *runs[2] = { &img->reserve_cur, &img->reserve_next };
+  struct alloc_runs *runs[2] = { &img->alloc.reserve_cur, &img->alloc.reserve_next };
   int r = 0;
 
   for (int i = 0; i < 2; i++) {
@@ -308,12 +308,12 @@ alloc_release_reserve (struct qcow2_image *img)
       for (uint64_t c = runs[i]->v[j].first; c < runs[i]->v[j].end && !r; c++)
         r = refcount_update (img, c, -1, NULL);
     if (r == 0 && runs[i]->left > 0)
-      img->free_hint = MIN (img->free_hint, runs[i]->v[runs[i]->head].first);
+      img->alloc.free_hint = MIN (img->alloc.free_hint, runs[i]->v[runs[i]->head].first);
   }
   if (r == 0) {
     alloc_runs_clear (runs[0]);
     alloc_runs_clear (runs[1]);
-    img->reserve_next_durable = false;
+    img->alloc.reserve_next_durable = false;
   }
   return r;
 }
@@ -321,8 +321,8 @@ alloc_release_reserve (struct qcow2_image *img)
 void
 alloc_free_reserve (struct qcow2_image *img)
 {
-  free (img->reserve_cur.v);
-  free (img->reserve_next.v);
+  free (img->alloc.reserve_cur.v);
+  free (img->alloc.reserve_next.v);
 }
 
 /* Find at least n, at most max free contiguous clusters (*len) and
@@ -347,7 +347,7 @@ alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
     if ((r = refcount_update (img, first + i, 1, NULL)) < 0)
       return r;
   }
-  img->free_hint = first + *len;
+  img->alloc.free_hint = first + *len;
   *zeroed = offset >= img->file_size;
   *host_offset = offset;
   return 0;
@@ -366,15 +366,15 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
 
   ASSERT_LOCKED (img);
   if (alloc_from_reserve (img, n, max, &first, len)) {
-    img->allocated_since_flush += *len;
+    img->alloc.allocated_since_flush += *len;
     *host_offset = first << img->cluster_bits;
     *zeroed = *host_offset >= img->file_size;
     return 0;
   }
   if ((r = alloc_counted (img, n, max, host_offset, len, zeroed)) < 0)
     return r;
-  img->allocated_since_flush += *len;
-  img->l2_needs_sync_first |= !img->lazy_refcounts;
+  img->alloc.allocated_since_flush += *len;
+  img->dirty.l2_needs_sync_first |= !img->lazy_refcounts;
   /* Without the reserve (lazy refcounts), each new cluster past the
    * durable end of the file would cost a flush before its L2 entry
    * (see write_allocating): extend the file ahead, so that one flush
@@ -386,10 +386,10 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
   if (*zeroed && img->lazy_refcounts) {
     uint64_t end = *host_offset + (*len << img->cluster_bits);
     uint64_t ahead = MIN (MAX ((uint64_t) RESERVE_MIN << img->cluster_bits,
-                               2 * img->allocated_since_flush
+                               2 * img->alloc.allocated_since_flush
                                << img->cluster_bits),
                           EXTEND_AHEAD_MAX_BYTES);
-    if (end + ahead / 2 > img->written_end)
+    if (end + ahead / 2 > img->host.written_end)
       io_extend (img, end + ahead);
   }
   return 0;
@@ -451,17 +451,17 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
       return r;
     if (!has)
       continue;
-    if (img->pending_len == img->pending_cap) {
-      size_t cap = img->pending_cap ? img->pending_cap * 2 : 64;
-      uint64_t *p = realloc (img->pending_free, cap * sizeof *p);
+    if (img->alloc.pending_len == img->alloc.pending_cap) {
+      size_t cap = img->alloc.pending_cap ? img->alloc.pending_cap * 2 : 64;
+      uint64_t *p = realloc (img->alloc.pending_free, cap * sizeof *p);
       if (!p)
         return -ENOMEM;
-      img->pending_free = p;
-      img->pending_cap = cap;
+      img->alloc.pending_free = p;
+      img->alloc.pending_cap = cap;
     }
-    img->pending_free[img->pending_len++] = c;
+    img->alloc.pending_free[img->alloc.pending_len++] = c;
   }
-  img->changed = true;
+  flush_mark_changed (img);
   return 0;
 }
 
@@ -474,8 +474,8 @@ alloc_released (struct qcow2_image *img, uint64_t c, uint64_t n)
 {
   uint64_t offset = c << img->cluster_bits, len = n << img->cluster_bits;
 
-  img->free_hint = MIN (img->free_hint, c);
-  cache_forget (img->cache, offset, len);
+  img->alloc.free_hint = MIN (img->alloc.free_hint, c);
+  cache_forget (img->caches.l2, offset, len);
   overlap_remove (img, offset, len);
   if (img->discard && img->io->ops->punch)
     img->io->ops->punch (img->io, offset, len);
@@ -502,7 +502,7 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
 
   ASSERT_LOCKED (img);
   for (size_t i = 0; i < n && r == 0; i++) {
-    uint64_t c = img->pending_free[i], rc;
+    uint64_t c = img->alloc.pending_free[i], rc;
     bool has;
 
     /* Twice in the queue with one reference: a corrupt image again. */
@@ -511,24 +511,48 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
       r = refcount_update (img, c, -1, &rc);
     /* The released ones go to the front of the consumed part. */
     if (r == 0 && has && rc == 0)
-      img->pending_free[nreleased++] = c;
+      img->alloc.pending_free[nreleased++] = c;
   }
   if (nreleased > 1)
-    qsort (img->pending_free, nreleased, sizeof *img->pending_free,
+    qsort (img->alloc.pending_free, nreleased, sizeof *img->alloc.pending_free,
            alloc_cmp_cluster);
   for (size_t i = 0, j; i < nreleased; i = j) {
     for (j = i + 1; j < nreleased &&
-           img->pending_free[j] == img->pending_free[j - 1] + 1; j++)
+           img->alloc.pending_free[j] == img->alloc.pending_free[j - 1] + 1; j++)
       ;
-    alloc_released (img, img->pending_free[i], j - i);
+    alloc_released (img, img->alloc.pending_free[i], j - i);
   }
   /* Frees queued since that flush wait for the next one. */
   if (n > 0) {
-    memmove (img->pending_free, img->pending_free + n,
-             (img->pending_len - n) * sizeof *img->pending_free);
-    img->pending_len -= n;
+    memmove (img->alloc.pending_free, img->alloc.pending_free + n,
+             (img->alloc.pending_len - n) * sizeof *img->alloc.pending_free);
+    img->alloc.pending_len -= n;
   }
+  img->alloc.pending_durable = 0;
   return r;
+}
+
+/* A flush made durable the changes that queued the first queued frees:
+ * they may be applied.
+ */
+void
+alloc_frees_durable (struct qcow2_image *img, size_t queued)
+{
+  img->alloc.pending_durable = MAX (img->alloc.pending_durable, queued);
+}
+
+/* The image is closing: no more reserve is counted. */
+void
+alloc_begin_close (struct qcow2_image *img)
+{
+  img->alloc.closing = true;
+}
+
+/* The refcounts were rebuilt: any cluster may be free. */
+void
+alloc_forget_hint (struct qcow2_image *img)
+{
+  img->alloc.free_hint = 0;
 }
 
 /* Grow the refcount table to at least min_entries.  The new table and
@@ -610,7 +634,7 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
     be64_put (area + i * 8, table[i]);
 
   /* Everything the header will point at must be durable first. */
-  if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
+  if ((r = cache_writeback (img, img->caches.refcount)) < 0 ||
       (r = refcount_switch_table (img, area, total, start, table, entries,
                                   table_clusters, "new refcount table")) < 0)
     goto out;

@@ -372,7 +372,7 @@ bitmap_store_one (struct qcow2_image *img, struct bitmap_tracked *t)
   /* New data clusters' refcounts and contents before the table that
    * points at them.
    */
-  img->l2_needs_sync_first = true;
+  flush_mark_dependency (img);
   if ((r = flush_l2_dependencies (img)) == 0)
     r = io_write_meta (img, buf, (uint64_t) e->table_size * 8,
                        e->table_offset, "bitmap table",

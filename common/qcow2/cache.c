@@ -179,6 +179,14 @@ cache_destroy (struct meta_cache *c)
   free (c);
 }
 
+/* The refcount block cache, after a rebuild of the refcounts. */
+void
+cache_replace_refcount (struct qcow2_image *img, struct meta_cache *c)
+{
+  cache_destroy (img->caches.refcount);
+  img->caches.refcount = c;
+}
+
 uint64_t
 cache_entry_size (const struct meta_cache *c)
 {
@@ -232,7 +240,7 @@ cache_evict (struct qcow2_image *img, struct meta_cache *c, uint32_t *out)
       return r;
     c->evictions++;
     cache_hash_remove (c, i);
-    if (img->debug_cache && c->is_l2)
+    if (img->caches.debug && c->is_l2)
       qcow2_dbg (img, "L2 cache evict: slice %#" PRIx64, c->e[i].key);
     c->e[i].key = NO_KEY;
   }
@@ -266,7 +274,7 @@ static void
 cache_hit (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
 {
   c->hits++;
-  if (img->debug_cache && c->is_l2)
+  if (img->caches.debug && c->is_l2)
     qcow2_dbg (img, "L2 cache hit: slice %#" PRIx64, c->e[i].key);
   if (c->lru_head != i) {
     cache_lru_unlink (c, i);
@@ -328,7 +336,7 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
   c->misses++;
   if ((r = cache_evict (img, c, &i)) < 0)
     return r;
-  if (img->debug_cache && c->is_l2)
+  if (img->caches.debug && c->is_l2)
     qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64, host_offset);
   *data = cache_data (c, i);
   if (fresh)
@@ -376,7 +384,7 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
   c->misses++;
   if ((r = cache_evict (img, c, &i)) < 0)
     return r;
-  if (img->debug_cache && c->is_l2)
+  if (img->caches.debug && c->is_l2)
     qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64 " (read unlocked)",
                host_offset);
   cache_insert (c, i, host_offset);
@@ -510,12 +518,12 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
   else
     slice = MIN (CACHE_DEFAULT_SLICE, img->cluster_size);
 
-  img->cache = cache_create ("L2 slice", true, slice,
+  img->caches.l2 = cache_create ("L2 slice", true, slice,
                              MAX (size / slice, CACHE_MIN_SLICES));
-  img->refcount_cache = cache_create ("refcount block", false,
+  img->caches.refcount = cache_create ("refcount block", false,
                                       img->cluster_size,
                                       REFCOUNT_CACHE_BLOCKS);
-  if (!img->cache || !img->refcount_cache) {
+  if (!img->caches.l2 || !img->caches.refcount) {
     int r = -errno;
     qcow2_err (img, "cannot allocate the metadata caches (%" PRIu64
                " bytes of L2 cache): %s", size, errstr (-r));

@@ -28,7 +28,7 @@ static int
 check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
                check_ref_fn fn, void *opaque)
 {
-  uint64_t slice_size = cache_entry_size (img->cache);
+  uint64_t slice_size = cache_entry_size (img->caches.l2);
   bool external = img->data_io != img->io;
   int r;
 
@@ -40,7 +40,7 @@ check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
       return r;
     for (uint64_t off = 0; off < img->cluster_size; off += slice_size) {
       uint8_t *slice;
-      if ((r = cache_get (img, img->cache, l2 + off, false, &slice)) < 0)
+      if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
         return r;
       for (uint64_t e = 0; e < slice_size; e += img->l2_entry_size) {
         uint64_t entry = be64_get (slice + e);
@@ -57,7 +57,7 @@ check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
         if (r < 0)
           return r;
         /* The slice may have been evicted by the callback: look again. */
-        if ((r = cache_get (img, img->cache, l2 + off, false, &slice)) < 0)
+        if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
           return r;
       }
     }
@@ -282,7 +282,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
   /* Dirty metadata reaches the disk first: the walk reads through the
    * caches, but the new structure must describe what is on disk.
    */
-  if ((r = cache_writeback (img, img->cache)) < 0)
+  if ((r = cache_writeback (img, img->caches.l2)) < 0)
     return r;
   cc.n = div_round_up (img->file_size, cs);
   cc.counts = calloc (cc.n, sizeof *cc.counts);
@@ -344,7 +344,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
     if (img->reftable[i] & ~UINT64_C (511))
       overlap_remove (img, img->reftable[i] & ~UINT64_C (511), cs);
   rc = cache_create ("refcount block", false, cs,
-                     cache_entries (img->refcount_cache));
+                     cache_entries (img->caches.refcount));
   if (!rc) {
     r = -ENOMEM;
     goto out;
@@ -356,9 +356,8 @@ check_rebuild_refcounts (struct qcow2_image *img)
     goto out;
   }
   table = NULL;
-  cache_destroy (img->refcount_cache);
-  img->refcount_cache = rc;
-  img->free_hint = 0;
+  cache_replace_refcount (img, rc);
+  alloc_forget_hint (img);
  out:
   free (cc.counts);
   free (area);
@@ -415,17 +414,17 @@ check_block_ok (struct qcow2_image *img, uint64_t idx)
 static void
 check_count_pending (struct qcow2_image *img, struct check_refs *cr)
 {
-  const struct alloc_runs *runs[2] = { &img->reserve_cur,
-                                       &img->reserve_next };
+  const struct alloc_runs *runs[2] = { &img->alloc.reserve_cur,
+                                       &img->alloc.reserve_next };
 
   for (int i = 0; i < 2; i++)
     for (size_t j = runs[i]->head; j < runs[i]->len; j++)
       for (uint64_t c = runs[i]->v[j].first; c < runs[i]->v[j].end; c++)
         if (c < cr->n)
           cr->counts[c]++;
-  for (size_t i = 0; i < img->pending_len; i++)
-    if (img->pending_free[i] < cr->n)
-      cr->counts[img->pending_free[i]]++;
+  for (size_t i = 0; i < img->alloc.pending_len; i++)
+    if (img->alloc.pending_free[i] < cr->n)
+      cr->counts[img->alloc.pending_free[i]]++;
 }
 
 /* Compare every refcount with the references; with fix, lower leaked
@@ -461,7 +460,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
     for (uint64_t c = lo; c < hi; c++) {
       uint64_t rc = 0, refs = c < cr->n ? cr->counts[c] : 0;
       if (has && !block &&
-          (r = cache_get (img, img->refcount_cache,
+          (r = cache_get (img, img->caches.refcount,
                           img->reftable[idx] & ~UINT64_C (511), false,
                           &block)) < 0)
         return r;
@@ -498,7 +497,7 @@ check_copied (struct qcow2_image *img, bool fix,
               struct qcow2_check_result *res)
 {
   uint64_t cs = img->cluster_size;
-  uint64_t slice_size = cache_entry_size (img->cache);
+  uint64_t slice_size = cache_entry_size (img->caches.l2);
   bool external = img->data_io != img->io;
   int r;
 
@@ -515,7 +514,7 @@ check_copied (struct qcow2_image *img, bool fix,
     if (fix && rc == 1 && !(img->l1[i] & QCOW2_OFLAG_COPIED)) {
       img->l1[i] |= QCOW2_OFLAG_COPIED;
       flush_mark_l1_dirty (img, i);
-      img->l2_needs_sync_first = true;
+      flush_mark_dependency (img);
     }
     if ((rc == 1) != !!(img->l1[i] & QCOW2_OFLAG_COPIED)) {
       qcow2_dbg (img, "check: L1 entry %" PRIu32 " %#" PRIx64 ": COPIED "
@@ -525,7 +524,7 @@ check_copied (struct qcow2_image *img, bool fix,
     for (uint64_t off = 0; off < cs; off += slice_size)
       for (uint64_t e = 0; e < slice_size; e += img->l2_entry_size) {
         uint8_t *slice;
-        if ((r = cache_get (img, img->cache, l2 + off, false, &slice)) < 0)
+        if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
           return r;
         uint64_t entry = be64_get (slice + e);
         uint64_t host = entry & QCOW2_OFFSET_MASK;
@@ -539,14 +538,14 @@ check_copied (struct qcow2_image *img, bool fix,
           return r;
         if (fix && rc == 1 && !(entry & QCOW2_OFLAG_COPIED)) {
           /* The read may have evicted the slice. */
-          if ((r = cache_get (img, img->cache, l2 + off, false,
+          if ((r = cache_get (img, img->caches.l2, l2 + off, false,
                               &slice)) < 0)
             return r;
           entry |= QCOW2_OFLAG_COPIED;
           be64_put (slice + e, entry);
-          cache_mark_dirty (img->cache, slice);
-          img->l2_needs_sync_first = true;
-          img->changed = true;
+          cache_mark_dirty (img->caches.l2, slice);
+          flush_mark_dependency (img);
+          flush_mark_changed (img);
         }
         if ((rc == 1) != !!(entry & QCOW2_OFLAG_COPIED)) {
           qcow2_dbg (img, "check: L2 entry %#" PRIx64 ": COPIED but "
@@ -591,7 +590,7 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
   if ((r = check_compare (img, &cr, fix_leaks)) < 0 ||
       (r = check_copied (img, fix_leaks, res)) < 0)
     goto out;
-  if (fix_leaks && img->changed) {
+  if (fix_leaks && img->dirty.changed) {
     if (res->leaks_fixed)
       qcow2_notice (img, "%" PRIu64 " leaked clusters reclaimed",
                     res->leaks_fixed);

@@ -129,7 +129,7 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
   uint64_t cs = img->cluster_size;
   uint64_t l2_span_bits = img->cluster_bits + img->l2_bits;
   uint64_t l1_index = offset >> l2_span_bits;
-  uint64_t slice_entries = cache_entry_size (img->cache) / img->l2_entry_size;
+  uint64_t slice_entries = cache_entry_size (img->caches.l2) / img->l2_entry_size;
   uint64_t cluster = offset >> img->cluster_bits;
   uint64_t l2_index = cluster & ((UINT64_C (1) << img->l2_bits) - 1);
   uint64_t first = l2_index & ~(slice_entries - 1);
@@ -160,7 +160,7 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
 
   if (unlocked) {
     bool released;
-    r = cache_get_may_unlock (img, img->cache,
+    r = cache_get_may_unlock (img, img->caches.l2,
                               l2_offset + first * img->l2_entry_size, &slice,
                               &released);
     /* While the lock was released, the L1 entry may have changed. */
@@ -170,7 +170,7 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
       goto again;
   }
   else
-    r = cache_get (img, img->cache, l2_offset + first * img->l2_entry_size,
+    r = cache_get (img, img->caches.l2, l2_offset + first * img->l2_entry_size,
                    false, &slice);
   if (r < 0)
     return r;
@@ -250,7 +250,7 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
 static int
 cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
 {
-  uint64_t slice_size = cache_entry_size (img->cache);
+  uint64_t slice_size = cache_entry_size (img->caches.l2);
   uint8_t *buf = malloc (img->cluster_size);
   uint8_t *slice;
   int r = 0;
@@ -259,7 +259,7 @@ cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
     return -ENOMEM;
   for (uint64_t off = 0; off < img->cluster_size && r == 0;
        off += slice_size) {
-    r = cache_get (img, img->cache, old + off, false, &slice);
+    r = cache_get (img, img->caches.l2, old + off, false, &slice);
     if (r == 0)
       memcpy (buf + off, slice, slice_size);
   }
@@ -280,7 +280,7 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
 {
   uint64_t cs = img->cluster_size;
   uint64_t l1_index = offset >> (img->cluster_bits + img->l2_bits);
-  uint64_t slice_size = cache_entry_size (img->cache);
+  uint64_t slice_size = cache_entry_size (img->caches.l2);
   uint64_t l2_index = (offset >> img->cluster_bits)
     & ((UINT64_C (1) << img->l2_bits) - 1);
   uint64_t in_table = l2_index * img->l2_entry_size;
@@ -333,7 +333,7 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
       return r;
     img->l1[l1_index] = new_offset | QCOW2_OFLAG_COPIED;
     flush_mark_l1_dirty (img, l1_index);
-    img->l2_needs_sync_first = true;
+    flush_mark_dependency (img);
     l2_offset = new_offset;
   }
   else if (l2_offset == 0) {
@@ -341,7 +341,7 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
     return 0;
   }
 
-  r = cache_get (img, img->cache,
+  r = cache_get (img, img->caches.l2,
                  l2_offset + (in_table & ~(slice_size - 1)), fresh, slice);
   if (r < 0)
     return r;

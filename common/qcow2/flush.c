@@ -36,19 +36,43 @@ flush_mark_range (struct qcow2_image *img, uint64_t *lo, uint64_t *hi,
     *lo = MIN (*lo, index);
     *hi = MAX (*hi, index + 1);
   }
-  img->changed = true;
+  img->dirty.changed = true;
+}
+
+/* Something changed that the next flush must make durable. */
+void
+flush_mark_changed (struct qcow2_image *img)
+{
+  img->dirty.changed = true;
+}
+
+/* Dirty L2 or L1 entries now point at clusters whose refcount or
+ * contents are not durable yet: those are synced before the entries
+ * are written.
+ */
+void
+flush_mark_dependency (struct qcow2_image *img)
+{
+  img->dirty.l2_needs_sync_first = true;
+}
+
+/* The whole refcount table was just written (a new one). */
+void
+flush_forget_reftable (struct qcow2_image *img)
+{
+  img->dirty.rt_lo = img->dirty.rt_hi = 0;
 }
 
 void
 flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index)
 {
-  flush_mark_range (img, &img->l1_dirty_lo, &img->l1_dirty_hi, index);
+  flush_mark_range (img, &img->dirty.l1_lo, &img->dirty.l1_hi, index);
 }
 
 void
 flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
 {
-  flush_mark_range (img, &img->rt_dirty_lo, &img->rt_dirty_hi, index);
+  flush_mark_range (img, &img->dirty.rt_lo, &img->dirty.rt_hi, index);
 }
 
 /* Write table entries [lo, hi) of an in-memory table of u64. */
@@ -82,20 +106,20 @@ flush_l2_dependencies (struct qcow2_image *img)
   int r;
 
   ASSERT_LOCKED (img);
-  if (!img->l2_needs_sync_first)
+  if (!img->dirty.l2_needs_sync_first)
     return 0;
-  if ((r = cache_writeback (img, img->refcount_cache)) < 0 ||
+  if ((r = cache_writeback (img, img->caches.refcount)) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
-  if (img->rt_dirty_hi > img->rt_dirty_lo) {
-    r = flush_write_table (img, img->reftable, img->rt_dirty_lo,
-                           img->rt_dirty_hi, img->h.refcount_table_offset,
+  if (img->dirty.rt_hi > img->dirty.rt_lo) {
+    r = flush_write_table (img, img->reftable, img->dirty.rt_lo,
+                           img->dirty.rt_hi, img->h.refcount_table_offset,
                            "refcount table", OL (REFCOUNT_TABLE));
     if (r < 0 || (r = io_flush (img)) < 0)
       return r;
-    img->rt_dirty_lo = img->rt_dirty_hi = 0;
+    img->dirty.rt_lo = img->dirty.rt_hi = 0;
   }
-  img->l2_needs_sync_first = false;
+  img->dirty.l2_needs_sync_first = false;
   return 0;
 }
 
@@ -107,20 +131,20 @@ flush_tables (struct qcow2_image *img)
   /* New refcount blocks always come with l2_needs_sync_first; this
    * only makes sure that their table entries are written.
    */
-  if (img->rt_dirty_hi > img->rt_dirty_lo)
-    img->l2_needs_sync_first = true;
+  if (img->dirty.rt_hi > img->dirty.rt_lo)
+    img->dirty.l2_needs_sync_first = true;
   if ((r = alloc_refill_reserve (img)) < 0 ||
-      (r = cache_writeback (img, img->refcount_cache)) < 0 ||
+      (r = cache_writeback (img, img->caches.refcount)) < 0 ||
       (r = flush_l2_dependencies (img)) < 0)
     return r;
-  if ((r = cache_writeback (img, img->cache)) < 0)
+  if ((r = cache_writeback (img, img->caches.l2)) < 0)
     return r;
-  if (img->l1_dirty_hi > img->l1_dirty_lo) {
-    r = flush_write_table (img, img->l1, img->l1_dirty_lo, img->l1_dirty_hi,
+  if (img->dirty.l1_hi > img->dirty.l1_lo) {
+    r = flush_write_table (img, img->l1, img->dirty.l1_lo, img->dirty.l1_hi,
                            img->h.l1_table_offset, "L1 table", OL (ACTIVE_L1));
     if (r < 0)
       return r;
-    img->l1_dirty_lo = img->l1_dirty_hi = 0;
+    img->dirty.l1_lo = img->dirty.l1_hi = 0;
   }
   return 0;
 }
@@ -131,12 +155,12 @@ flush_locked (struct qcow2_image *img)
   int r;
 
   ASSERT_LOCKED (img);
-  if (!img->changed)
+  if (!img->dirty.changed)
     return 0;
   if ((r = flush_tables (img)) < 0 || (r = io_flush (img)) < 0)
     return r;
   alloc_reserve_durable (img);
-  img->changed = false;
+  img->dirty.changed = false;
   return 0;
 }
 
@@ -148,27 +172,26 @@ qcow2_flush (struct qcow2_image *img)
   int r;
 
   image_lock (img);
-  queued = img->pending_len;
+  queued = img->alloc.pending_len;
   r = flush_locked (img);
   /* The changes that dropped the references queued before this flush
    * are durable now (later ones wait for the next flush).
    */
   if (r == 0)
-    img->pending_durable = MAX (img->pending_durable, queued);
-  frees = img->pending_durable > 0;
+    alloc_frees_durable (img, queued);
+  frees = img->alloc.pending_durable > 0;
   image_unlock (img);
   if (r < 0 || !frees)
     return r;
 
   pthread_rwlock_wrlock (&img->data_lock);
   image_lock (img);
-  r = alloc_apply_frees (img, img->pending_durable);
-  img->pending_durable = 0;
+  r = alloc_apply_frees (img, img->alloc.pending_durable);
   /* Written now, synced by the next flush: a process killed before it
    * then leaks nothing more than the reserve.
    */
   if (r == 0)
-    r = cache_writeback (img, img->refcount_cache);
+    r = cache_writeback (img, img->caches.refcount);
   image_unlock (img);
   pthread_rwlock_unlock (&img->data_lock);
   return r;

@@ -33,7 +33,7 @@ io_note_end (struct qcow2_image *img, uint64_t end)
 void
 io_note_written (struct qcow2_image *img, uint64_t end)
 {
-  img->written_end = MAX (img->written_end, end);
+  img->host.written_end = MAX (img->host.written_end, end);
 }
 
 /* Also on an image marked corrupt: for the header's feature bits. */
@@ -89,7 +89,7 @@ io_extend (struct qcow2_image *img, uint64_t end)
   int r;
 
   ASSERT_LOCKED (img);
-  if (end <= img->written_end)
+  if (end <= img->host.written_end)
     return;
   r = overlap_check (img, end - 1, 1, 0);
   if (r == 0)
@@ -153,7 +153,7 @@ io_mark_dirty (struct qcow2_image *img)
   if (h->version < 3 || (h->incompatible_features & QCOW2_INCOMPAT_DIRTY))
     return;
   image_set_incompat (img, QCOW2_INCOMPAT_DIRTY);
-  if (io_write_features (img) == 0 && !img->flush_failed)
+  if (io_write_features (img) == 0 && !img->host.flush_failed)
     io_flush (img);
 }
 
@@ -186,18 +186,18 @@ io_write_features (struct qcow2_image *img)
 static void
 io_flush_failed (struct qcow2_image *img)
 {
-  img->flush_failed = true;
+  img->host.flush_failed = true;
   io_mark_dirty (img);
 }
 
 int
 io_flush (struct qcow2_image *img)
 {
-  uint64_t end = img->written_end;
+  uint64_t end = img->host.written_end;
   int r;
 
   ASSERT_LOCKED (img);
-  if (img->flush_failed) {
+  if (img->host.flush_failed) {
     qcow2_err (img, "an earlier flush failed: what was written since the "
                "flush before it may be lost, so no flush can succeed until "
                "the image is opened again");
@@ -215,7 +215,7 @@ io_flush (struct qcow2_image *img)
     io_flush_failed (img);
     return io_errno (r);
   }
-  img->flushes++;
-  img->durable_end = end;
+  img->host.flushes++;
+  img->host.durable_end = end;
   return 0;
 }

@@ -43,8 +43,8 @@ image_free (struct qcow2_image *img)
     image_free (img->backing);
   pool_destroy (img->pool);
   bitmap_free (img);
-  cache_destroy (img->cache);
-  cache_destroy (img->refcount_cache);
+  cache_destroy (img->caches.l2);
+  cache_destroy (img->caches.refcount);
   overlap_destroy (img->overlap);
   if (img->data_io && img->data_io != img->io)
     img->data_io->ops->close (img->data_io);
@@ -56,7 +56,7 @@ image_free (struct qcow2_image *img)
   free (img->reftable);
   free (img->path);
   free (img->id);
-  free (img->pending_free);
+  free (img->alloc.pending_free);
   alloc_free_reserve (img);
   pthread_mutex_destroy (&img->lock);
   pthread_rwlock_destroy (&img->data_lock);
@@ -145,7 +145,7 @@ image_describe (const struct qcow2_image *img,
              img->lazy_refcounts ? ", lazy refcounts" : "",
              h->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib",
              backing, data_file,
-             cache_entries (img->cache), cache_entry_size (img->cache),
+             cache_entries (img->caches.l2), cache_entry_size (img->caches.l2),
              img->writable ? "read-write" : "read-only");
 }
 
@@ -223,7 +223,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   img->env = env;
   img->io = io;
   img->id = id;
-  img->debug_cache = opts->debug_cache;
+  img->caches.debug = opts->debug_cache;
   img->path = strdup (path);
   if (!img->path) {
     r = -errno;
@@ -236,7 +236,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     qcow2_err (img, "cannot get the file size: %s", errstr (-r));
     goto err;
   }
-  img->file_size = img->written_end = img->durable_end = size;
+  img->file_size = img->host.written_end = img->host.durable_end = size;
 
   if (!format && (r = image_probe_format (img, &format)) < 0)
     goto err;
@@ -318,7 +318,7 @@ qcow2_host_flushes (struct qcow2_image *img)
   uint64_t n;
 
   image_lock (img);
-  n = img->flushes;
+  n = img->host.flushes;
   image_unlock (img);
   return n;
 }
@@ -365,6 +365,6 @@ void
 qcow2_cache_stats (struct qcow2_image *img, struct qcow2_cache_stats *stats)
 {
   image_lock (img);
-  cache_stats (img->cache, stats);
+  cache_stats (img->caches.l2, stats);
   image_unlock (img);
 }

@@ -153,18 +153,66 @@ struct alloc_runs {
   uint64_t left;
 };
 
-struct qcow2_image {
-  const struct qcow2_env *env;
-  char *path;                   /* as given; names resolve against it */
-  char *id;                     /* canonical identity, for loop checks */
-  struct qcow2_io *io;          /* the image file */
-  uint64_t file_size;           /* past every cluster written or taken */
+/* Parts of struct qcow2_image, each owned by one file: only that file
+ * changes them, besides image.c setting them up at open; the others
+ * read them under img->lock, and change them through its functions.
+ */
+
+/* hostio.c: the file's ends and flushes. */
+struct image_host {
   /* The end of what was written to io, and its value at the last
    * flush: the least the file's length may be after a crash.  An L2
    * entry may point at a cluster past durable_end only once a flush has
    * made the cluster's data durable (see write_allocating).
    */
   uint64_t written_end, durable_end;
+  uint64_t flushes;             /* host flushes issued (for tests) */
+  bool flush_failed;            /* see io_flush_failed */
+};
+
+/* cache.c: the metadata caches. */
+struct image_caches {
+  struct meta_cache *l2;        /* L2 slices */
+  struct meta_cache *refcount;  /* refcount blocks */
+  bool debug;                   /* -D qcow2.cache=1 */
+};
+
+/* flush.c: what the next flush must write, and in which order. */
+struct image_dirty {
+  bool changed;                 /* something to flush since the last flush */
+  /* Dirty L2 entries or L1 entries point at clusters whose refcount or
+   * contents are not durable yet: sync those before writing them.
+   */
+  bool l2_needs_sync_first;
+  uint64_t l1_lo, l1_hi;        /* dirty L1 entries [lo, hi) */
+  uint64_t rt_lo, rt_hi;        /* dirty reftable entries [lo, hi) */
+};
+
+/* alloc.c: allocation, the reserve, and frees waiting for a flush. */
+struct image_alloc {
+  uint64_t free_hint;           /* first cluster that may be free */
+  /* Clusters counted (refcount 1) but not yet used, as runs in
+   * ascending order: cur's refcounts are durable, so allocating from
+   * it makes no table depend on an unwritten refcount block; next
+   * becomes durable with the flush that is writing it.  Together at
+   * most 4 MiB or 64 clusters.
+   */
+  struct alloc_runs reserve_cur, reserve_next;
+  bool reserve_next_durable;
+  uint64_t allocated_since_flush;
+  bool closing;                 /* no more reserve */
+  uint64_t *pending_free;       /* host offsets to decrement after flush */
+  size_t pending_len, pending_cap;
+  size_t pending_durable;       /* how many of them a flush made safe */
+};
+
+struct qcow2_image {
+  const struct qcow2_env *env;
+  char *path;                   /* as given; names resolve against it */
+  char *id;                     /* canonical identity, for loop checks */
+  struct qcow2_io *io;          /* the image file */
+  uint64_t file_size;           /* past every cluster written or taken */
+  struct image_host host;       /* hostio.c */
 
   /* A raw layer (only ever a backing file) has no qcow2 metadata: reads
    * go straight to io, and only size and backing are meaningful.
@@ -202,40 +250,17 @@ struct qcow2_image {
   bool prealloc_checked;
   bool metadata_prealloc;
 
-  struct meta_cache *cache;      /* L2 slices */
-  struct meta_cache *refcount_cache;
-  bool debug_cache;
+  struct image_caches caches;   /* cache.c */
 
   /* Write state (top image only). */
   bool writable;                /* opened for writing, not a snapshot */
   bool discard;                 /* trim frees clusters (discard=unmap) */
   bool write_started;           /* header prepared for the first write */
   bool lazy_refcounts;
-  bool changed;                 /* something to flush since the last flush */
-  /* Dirty L2 entries or L1 entries point at clusters whose refcount or
-   * contents are not durable yet: sync those before writing them.
-   */
-  bool l2_needs_sync_first;
-  uint64_t l1_dirty_lo, l1_dirty_hi;    /* dirty L1 entries [lo, hi) */
-  uint64_t rt_dirty_lo, rt_dirty_hi;    /* dirty reftable entries */
-  uint64_t free_hint;           /* first cluster that may be free */
-  /* Clusters counted (refcount 1) but not yet used, as runs in
-   * ascending order: cur's refcounts are durable, so allocating from
-   * it makes no table depend on an unwritten refcount block; next
-   * becomes durable with the flush that is writing it.  Together at
-   * most 4 MiB or 64 clusters.  See alloc.c.
-   */
-  struct alloc_runs reserve_cur, reserve_next;
-  bool reserve_next_durable;
-  uint64_t allocated_since_flush;
-  bool closing;                 /* no more reserve */
-  uint64_t *pending_free;       /* host offsets to decrement after flush */
-  size_t pending_len, pending_cap;
-  size_t pending_durable;       /* how many of them a flush made safe */
-  uint64_t flushes;             /* host flushes issued (for tests) */
+  struct image_dirty dirty;     /* flush.c */
+  struct image_alloc alloc;     /* alloc.c */
   /* Persistent bitmaps kept up to date (bitmap.c), or NULL. */
   struct qcow2_bitmaps *bitmaps;
-  bool flush_failed;            /* see io_flush_failed */
 
   /* The overlap guard: structures checked before every write, and the
    * map of where metadata lives (NULL when no mapped structure is
@@ -428,6 +453,8 @@ extern struct meta_cache *cache_create (const char *what, bool is_l2,
                                         uint64_t entry_size,
                                         uint64_t entries);
 extern void cache_destroy (struct meta_cache *c);
+extern void cache_replace_refcount (struct qcow2_image *img,
+                                    struct meta_cache *c);
 extern int cache_get (struct qcow2_image *img, struct meta_cache *c,
                       uint64_t host_offset, bool fresh, uint8_t **data);
 extern int cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
@@ -445,6 +472,8 @@ extern int cache_setup (struct qcow2_image *img,
                         const struct qcow2_options *opts);
 
 /* cluster.c */
+extern int l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
+                    const char *what);
 extern int cluster_map (struct qcow2_image *img, uint64_t offset,
                         uint64_t max_len, struct qcow2_run *run);
 extern int cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
@@ -504,6 +533,9 @@ extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
 extern void alloc_released (struct qcow2_image *img, uint64_t c,
                             uint64_t n);
 extern int alloc_apply_frees (struct qcow2_image *img, size_t n);
+extern void alloc_frees_durable (struct qcow2_image *img, size_t queued);
+extern void alloc_begin_close (struct qcow2_image *img);
+extern void alloc_forget_hint (struct qcow2_image *img);
 extern int alloc_grow_reftable (struct qcow2_image *img,
                                 uint64_t min_entries);
 extern int alloc_refill_reserve (struct qcow2_image *img);
@@ -573,6 +605,9 @@ extern void io_mark_dirty (struct qcow2_image *img);
 /* flush.c */
 extern int flush_l2_dependencies (struct qcow2_image *img);
 extern int flush_locked (struct qcow2_image *img);
+extern void flush_mark_changed (struct qcow2_image *img);
+extern void flush_forget_reftable (struct qcow2_image *img);
+extern void flush_mark_dependency (struct qcow2_image *img);
 extern void flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index);
 extern void flush_mark_reftable_dirty (struct qcow2_image *img,
                                        uint64_t index);
@@ -659,8 +694,6 @@ extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                        uint64_t offset);
 extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                         uint64_t offset);
-extern int l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
-                    const char *what);
 
 /* extents.c */
 extern int layer_extents (struct qcow2_image *img, uint64_t offset,

@@ -95,7 +95,7 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
                "the end of the file", offset, idx);
     return -EIO;
   }
-  return cache_get (img, img->refcount_cache, offset, false, data);
+  return cache_get (img, img->caches.refcount, offset, false, data);
 }
 
 /* Make the refcount block for reftable entry idx.  No cluster in its
@@ -127,7 +127,7 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return -EIO;
   }
 
-  r = cache_get (img, img->refcount_cache, offset, true, &block);
+  r = cache_get (img, img->caches.refcount, offset, true, &block);
   if (r < 0)
     return r;
   refcount_entry_set (block, img->h.refcount_order, 0, 1);
@@ -140,8 +140,8 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return r;
   img->reftable[idx] = offset;
   flush_mark_reftable_dirty (img, idx);
-  img->l2_needs_sync_first = true;
-  img->changed = true;
+  flush_mark_dependency (img);
+  flush_mark_changed (img);
   return 0;
 }
 
@@ -184,8 +184,8 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   }
   value += delta;
   refcount_entry_set (block, img->h.refcount_order, index, value);
-  cache_mark_dirty (img->refcount_cache, block);
-  img->changed = true;
+  cache_mark_dirty (img->caches.refcount, block);
+  flush_mark_changed (img);
   if (result)
     *result = value;
   return 0;
@@ -254,7 +254,7 @@ refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
   img->reftable_size = entries;
   img->h.refcount_table_offset = offset;
   img->h.refcount_table_clusters = table_clusters;
-  img->rt_dirty_lo = img->rt_dirty_hi = 0;
+  flush_forget_reftable (img);
   return overlap_move_reftable (img, old_offset, old_clusters);
 }
 

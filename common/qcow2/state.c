@@ -129,14 +129,13 @@ state_close (struct qcow2_image *img)
   ASSERT_LOCKED (img);
   if (!img->write_started)
     return 0;
-  img->closing = true;
+  alloc_begin_close (img);
   if ((r = bitmap_store (img)) < 0 ||
       (r = flush_locked (img)) < 0 ||
-      (r = alloc_apply_frees (img, img->pending_len)) < 0 ||
+      (r = alloc_apply_frees (img, img->alloc.pending_len)) < 0 ||
       (r = alloc_release_reserve (img)) < 0 ||
       (r = flush_locked (img)) < 0)
     return r;
-  img->pending_durable = 0;
   /* New clusters written only in part leave the file short of them:
    * make it cover every cluster, as QEMU's images do.
    */

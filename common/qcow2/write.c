@@ -383,8 +383,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     bitmap = L2_ALL_ALLOC;
   write_encode (img, slice + idx * img->l2_entry_size,
                 target | QCOW2_OFLAG_COPIED, bitmap);
-  cache_mark_dirty (img->cache, slice);
-  img->changed = true;
+  cache_mark_dirty (img->caches.l2, slice);
+  flush_mark_changed (img);
   /* The data must be durable before the entry that makes it visible,
    * unless a crash between the two could only show zeros where zeros
    * were: a new cluster past the end of the file, over a range and a
@@ -394,8 +394,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    * ahead, so that this rarely costs a flush).
    */
   if (reuse || !zeroed || need_head || need_tail || !old_zero ||
-      target >= img->durable_end)
-    img->l2_needs_sync_first = true;
+      target >= img->host.durable_end)
+    flush_mark_dependency (img);
   return reuse ? 0 : write_release_old (img, &s, external ? 0 : target,
                                         external ? 0 : cs);
 }
@@ -415,7 +415,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
                       uint64_t offset, uint64_t count, uint64_t *done)
 {
   uint64_t cs = img->cluster_size;
-  uint64_t slice_entries = cache_entry_size (img->cache) / img->l2_entry_size;
+  uint64_t slice_entries = cache_entry_size (img->caches.l2) / img->l2_entry_size;
   struct l2_state old[WRITE_RUN_MAX];
   struct write_inflight w;
   uint64_t idx, k, target;
@@ -468,13 +468,13 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
     write_encode (img, slice + (idx + i) * img->l2_entry_size,
                   (target + i * cs) | QCOW2_OFLAG_COPIED,
                   img->extended_l2 ? L2_ALL_ALLOC : 0);
-  cache_mark_dirty (img->cache, slice);
-  img->changed = true;
+  cache_mark_dirty (img->caches.l2, slice);
+  flush_mark_changed (img);
   /* As in write_allocating: zeros over zeros need no ordering, in
    * clusters the file durably covers.
    */
-  if (!zeroed || !old_zero || target + (k - 1) * cs >= img->durable_end)
-    img->l2_needs_sync_first = true;
+  if (!zeroed || !old_zero || target + (k - 1) * cs >= img->host.durable_end)
+    flush_mark_dependency (img);
   *done = k * cs;
   for (uint64_t i = 0; i < k; i++)
     if ((r = write_release_old (img, &old[i], target, k * cs)) < 0)
@@ -511,7 +511,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
   if ((r = write_check_host (img, s.host, offset)) < 0)
     return r;
   *host = s.host + in;
-  img->changed = true;          /* the data needs the next flush */
+  flush_mark_changed (img);     /* the data needs the next flush */
   return 1;
 }
 
@@ -722,7 +722,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
       break;
     write_encode (img, slice + idx * img->l2_entry_size,
                   host | QCOW2_OFLAG_COPIED, L2_ALL_ALLOC);
-    cache_mark_dirty (img->cache, slice);
+    cache_mark_dirty (img->caches.l2, slice);
   }
   /* The file covers every cluster, as after qemu-img's preallocation;
    * unwritten clusters stay holes.
