@@ -3,14 +3,18 @@
 """The tables of a bench/run.sh run, in Markdown.
 
   report.py OUTDIR                    print them
-  report.py --update RESULTS OUTDIR   put them between the markers of
-                                      the issue-6 section of RESULTS
+  report.py --update RESULTS OUTDIR   put the summary between the markers
+                                      of the section on qemu-nbd in
+                                      RESULTS, and the whole report in
+                                      history/bench-run-latest.md beside it
 """
+import os
 import collections
 import statistics
 import sys
 
-SECTION = "## Performance against qemu-nbd (issue 6)"
+SECTION = "## Against qemu-nbd"
+DETAILS = "history/bench-run-latest.md"
 BEGIN = "<!-- begin bench/run.sh output -->"
 END = "<!-- end bench/run.sh output -->"
 SERVERS = ["ours", "ours-none", "ours-whole", "ours-whole-none", "qemu-wb",
@@ -43,6 +47,27 @@ def fmt_ratio(r, goal=None):
         return "–"
     s = "%.2f" % r
     return "**%s**" % s if goal is not None and r < goal else s
+
+
+def summary(text):
+    """The report without the case definitions, the memory table and
+    every run's figures, which the details file keeps."""
+    out, skip = [], False
+    for line in text.split("\n"):
+        if line.startswith("Peak resident memory") or line.startswith("<details>"):
+            skip = True
+        elif skip and (line.startswith("Goals missed") or line == "</details>"):
+            skip = False
+            if line == "</details>":
+                continue
+        if skip or line.startswith("- `"):
+            continue
+        out.append(line)
+    text = "\n".join(out)
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return (text.rstrip("\n") + "\n\nCase definitions, peak memory and every run: [%s](%s).\n"
+            % (DETAILS, DETAILS))
 
 
 def main():
@@ -290,6 +315,11 @@ def main():
     if update is None:
         sys.stdout.write(text)
         return
+    details = os.path.join(os.path.dirname(update), DETAILS)
+    with open(details, "w") as f:
+        f.write("<!-- SPDX-License-Identifier: BSD-3-Clause -->\n"
+                "# The last bench/run.sh run, whole\n\n" + text)
+    text = summary(text)
     doc = open(update).read()
     block = "%s\n\n%s\n%s\n" % (BEGIN, text, END)
     if BEGIN in doc and END in doc:
