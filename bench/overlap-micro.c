@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The overlap map against a linear scan (issue 4): for image layouts
+/* The overlap map against a linear scan: for image layouts
  * from 1 GB to 100 TB in 64 KiB clusters, map the metadata clusters a
  * fully written image has (an L2 table per 512 MiB of data, a refcount
  * block per 2 GiB of file, interleaved with the data as a sequential
@@ -24,12 +24,14 @@
 #include <time.h>
 
 #include "checked.h"
-#include "internal.h"
+#include "overlap-map.h"
 
 #define CLUSTER_BITS 16
+/* The types the guard gives them (QCOW2_OL_*_BIT + 1). */
+#define TYPE_L2 3
+#define TYPE_REFCOUNT_BLOCK 5
 #define L2_SPAN (UINT64_C (512) << 20)          /* data one L2 table maps */
 #define REFBLOCK_SPAN (UINT64_C (2) << 30)      /* file one block counts */
-#define WINDOW_CLUSTERS 4096                    /* as in overlap.c */
 #define NQUERIES (1u << 20)                     /* power of two */
 #define HOT_WINDOWS 64
 #define REPEATS 5
@@ -76,7 +78,7 @@ heap_in_use (void)
 }
 
 static void
-layout_push (struct layout *l, uint64_t c, unsigned bit)
+layout_push (struct layout *l, uint64_t c, unsigned type)
 {
   if (l->n == l->cap) {
     l->cap = l->cap ? l->cap * 2 : 1024;
@@ -86,7 +88,7 @@ layout_push (struct layout *l, uint64_t c, unsigned bit)
       exit (EXIT_FAILURE);
     }
   }
-  l->r[l->n++] = (struct range) { c, 1, bit + 1 };
+  l->r[l->n++] = (struct range) { c, 1, type };
 }
 
 /* The file a sequential fill of a disk of size bytes leaves: header,
@@ -106,11 +108,11 @@ layout_make (struct layout *l, uint64_t size)
   memset (l, 0, sizeof *l);
   for (uint64_t data = 0; data < size >> CLUSTER_BITS; ) {
     if (c >= next_block) {
-      layout_push (l, c++, QCOW2_OL_REFCOUNT_BLOCK_BIT);
+      layout_push (l, c++, TYPE_REFCOUNT_BLOCK);
       next_block += per_block;
     }
     else if (data == mapped) {
-      layout_push (l, c++, QCOW2_OL_ACTIVE_L2_BIT);
+      layout_push (l, c++, TYPE_L2);
       mapped += per_l2;
     }
     else {
@@ -128,20 +130,19 @@ layout_make (struct layout *l, uint64_t size)
 static struct overlap_map *
 map_build (const struct layout *l, double *ns_per_set)
 {
-  struct overlap_map *m = overlap_create ();
+  struct overlap_map *m = overlap_map_create (CLUSTER_BITS);
   double t = now_ns ();
 
   if (!m)
     abort ();
   for (int pass = 0; pass < 2; pass++) {
-    unsigned want = pass == 0 ? QCOW2_OL_REFCOUNT_BLOCK_BIT + 1
-                              : QCOW2_OL_ACTIVE_L2_BIT + 1;
+    unsigned want = pass == 0 ? TYPE_REFCOUNT_BLOCK : TYPE_L2;
     for (size_t i = 0; i < l->n; i++)
       if (l->r[i].type == want &&
-          overlap_set (m, l->r[i].first, l->r[i].n, want) < 0)
+          overlap_map_set (m, l->r[i].first, l->r[i].n, want) < 0)
         abort ();
   }
-  if (overlap_compact (m) < 0)
+  if (overlap_map_compact (m) < 0)
     abort ();
   *ns_per_set = (now_ns () - t) / l->n;
   return m;
@@ -167,7 +168,7 @@ struct checker {
 static unsigned
 check_one (const struct checker *k, uint64_t c)
 {
-  return k->m ? overlap_type (k->m, c) : linear_type (k->l->r, k->l->n, c);
+  return k->m ? overlap_map_type (k->m, c) : linear_type (k->l->r, k->l->n, c);
 }
 
 /* ns per query: batches grown until one takes MIN_BATCH_NS, then the
@@ -288,9 +289,9 @@ main (int argc, char *argv[])
 
     /* Both must agree, on misses and on every metadata cluster. */
     for (uint32_t i = 0; i < 1000; i++)
-      bad += overlap_type (m, q[i]) != linear_type (l.r, l.n, q[i]);
+      bad += overlap_map_type (m, q[i]) != linear_type (l.r, l.n, q[i]);
     for (size_t i = 0; i < l.n; i++)
-      bad += overlap_type (m, l.r[i].first) != l.r[i].type;
+      bad += overlap_map_type (m, l.r[i].first) != l.r[i].type;
 
     tmap = time_queries (&(struct checker) { .m = m }, q);
     thot = time_queries (&(struct checker) { .m = m }, hot);
@@ -305,7 +306,7 @@ main (int argc, char *argv[])
             (l.clusters + WINDOW_CLUSTERS - 1) / WINDOW_CLUSTERS,
             mem, btime, build / 1e3, tmap, thot, tlin);
     fflush (stdout);
-    overlap_destroy (m);
+    overlap_map_destroy (m);
     free (l.r);
   }
   free (q);

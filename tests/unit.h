@@ -47,6 +47,16 @@ unit_check (bool ok, const char *file, int line, const char *fmt, ...)
      unit_check (a_ == b_, __FILE__, __LINE__, "%s == %s: %lld != %lld", \
                  #a, #b, a_, b_); })
 
+/* A xorshift generator: repeatable pseudo-random numbers for tests. */
+static inline uint64_t
+unit_rnd (uint64_t *state)
+{
+  *state ^= *state << 13;
+  *state ^= *state >> 7;
+  *state ^= *state << 17;
+  return *state;
+}
+
 static int
 unit_finish (void)
 {

@@ -36,15 +36,31 @@ io_note_written (struct qcow2_image *img, uint64_t end)
   img->host.written_end = MAX (img->host.written_end, end);
 }
 
+/* The guard's check of a write.  A hit marks the image corrupt; the
+ * mark goes to the header at once (v3), so that QEMU does not write the
+ * image either.
+ */
+static int
+io_guard (struct qcow2_image *img, uint64_t offset, uint64_t len,
+          uint32_t may_touch)
+{
+  int r = overlap_check (img, offset, len, may_touch);
+
+  if (r == -EIO && img->h.version >= 3 && io_write_features (img) == 0)
+    io_flush (img);
+  return r;
+}
+
 /* Also on an image marked corrupt: for the header's feature bits. */
 static int
 io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
                          uint64_t len, uint64_t offset, const char *what,
                          uint32_t may_touch)
 {
-  int r = overlap_check (img, offset, len, may_touch);
+  int r;
 
   ASSERT_LOCKED (img);
+  r = io_guard (img, offset, len, may_touch);
   if (r < 0)
     return r;                   /* the guard said why */
   r = img->io->ops->pwrite (img->io, buf, len, offset);
@@ -91,7 +107,7 @@ io_extend (struct qcow2_image *img, uint64_t end)
   ASSERT_LOCKED (img);
   if (end <= img->host.written_end)
     return;
-  r = overlap_check (img, end - 1, 1, 0);
+  r = io_guard (img, end - 1, 1, 0);
   if (r == 0)
     r = img->io->ops->pwrite (img->io, "", 1, end - 1);
   if (r < 0)
@@ -106,7 +122,7 @@ int
 io_check_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
 {
   ASSERT_LOCKED (img);
-  return img->data_io == img->io ? overlap_check (img, offset, len, 0) : 0;
+  return img->data_io == img->io ? io_guard (img, offset, len, 0) : 0;
 }
 
 /* Report a failed write of guest data; returns what the client is

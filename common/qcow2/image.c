@@ -45,7 +45,7 @@ image_free (struct qcow2_image *img)
   bitmap_free (img);
   cache_destroy (img->caches.l2);
   cache_destroy (img->caches.refcount);
-  overlap_destroy (img->overlap);
+  overlap_map_destroy (img->overlap);
   if (img->data_io && img->data_io != img->io)
     img->data_io->ops->close (img->data_io);
   if (img->io)
@@ -216,7 +216,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     errno = -r;
     return NULL;
   }
-  img->overlap = &overlap_off;
+  img->overlap = &overlap_map_empty;
   pthread_mutex_init (&img->lock, NULL);
   image_init_data_lock (img);
   pthread_cond_init (&img->inflight_done, NULL);

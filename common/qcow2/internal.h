@@ -1,6 +1,20 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The qcow2 engine: state and functions shared between its modules.
- * Not part of the engine's interface.
+ * Not part of the engine's interface.  README lists the files from the
+ * bottom up; each calls only files above it, but in five circles, each
+ * inherent in what the files do:
+ *
+ *  - image.c <-> backing.c: a backing file is an image, opened as one;
+ *  - cache.c <-> flush.c: evicting a dirty L2 slice first makes what it
+ *    points at durable, and a flush writes the caches back;
+ *  - alloc.c <-> refcount.c: allocating updates refcounts, and a new
+ *    refcount block (or table) is itself allocated;
+ *  - alloc.c <-> flush.c: a flush refills the reserve and releases the
+ *    frees it made safe, and allocating leaves something to flush;
+ *  - state.c <-> check.c: the first write to an image left dirty
+ *    rebuilds its refcounts, and a repair begins as a write does.
+ *
+ * The declarations are grouped under the file that defines them.
  */
 #ifndef QCOW2_INTERNAL_H
 #define QCOW2_INTERNAL_H
@@ -15,6 +29,7 @@
 
 #include "qcow2.h"
 #include "io.h"
+#include "overlap-map.h"
 
 #define QCOW2_MAGIC 0x514649fbU         /* "QFI\xfb" */
 #define QCOW2_V2_HEADER_SIZE 72
@@ -616,12 +631,9 @@ extern void flush_mark_reftable_dirty (struct qcow2_image *img,
 extern int state_begin_write (struct qcow2_image *img);
 extern int state_close (struct qcow2_image *img);
 
-/* overlap.c */
+/* overlap.c: the guard's policy, over the map of overlap-map.h. */
 #define OL(bit) (UINT32_C (1) << QCOW2_OL_##bit##_BIT)
-extern struct overlap_map overlap_off;
 extern const char *overlap_name (unsigned bit);
-extern struct overlap_map *overlap_create (void);
-extern void overlap_destroy (struct overlap_map *m);
 extern int overlap_add (struct qcow2_image *img, uint64_t offset,
                         uint64_t len, unsigned bit);
 extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
@@ -633,14 +645,6 @@ extern int overlap_check (struct qcow2_image *img, uint64_t offset,
 extern int overlap_build (struct qcow2_image *img);
 extern int overlap_move_reftable (struct qcow2_image *img,
                                   uint64_t old_offset, uint64_t old_clusters);
-/* The map itself, by cluster, with 1-based type values (0: none). */
-extern int overlap_set (struct overlap_map *m, uint64_t first, uint64_t n,
-                        unsigned value);
-extern unsigned overlap_type (struct overlap_map *m, uint64_t c);
-extern int overlap_compact (struct overlap_map *m);
-extern uint64_t overlap_find (struct overlap_map *m, uint64_t first,
-                              uint64_t last, uint32_t checked,
-                              unsigned *type);
 
 /* pool.c: reads or writes of one request's pieces by a pool of
  * threads.  The requester fills pieces and n, calls pool_start, may do

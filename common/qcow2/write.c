@@ -120,7 +120,7 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
   }
   for (uint64_t c = host >> img->cluster_bits;
        c <= (host + len - 1) >> img->cluster_bits; c++) {
-    unsigned type = overlap_type (img->overlap, c);
+    unsigned type = overlap_map_type (img->overlap, c);
     if (type) {
       qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
                  " lies on the %s: its reference is left as is", host,
