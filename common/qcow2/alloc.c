@@ -43,7 +43,7 @@ alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
       start = c + 1;
     }
   }
-  *host_offset = start << img->cluster_bits;
+  *host_offset = start << img->geo.cluster_bits;
   *len = run;
   return 0;
 }
@@ -55,7 +55,7 @@ alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
 static int
 alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
 {
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   int made = 0;
 
   for (uint64_t idx = first >> per_block_bits;
@@ -155,7 +155,9 @@ alloc_in_reserve (const struct qcow2_image *img, uint64_t c)
 uint64_t
 alloc_reserve_end (const struct qcow2_image *img)
 {
-  const struct alloc_runs *r[2] = { &img->alloc.reserve_cur, &img->alloc.reserve_next };
+  const struct alloc_runs *r[2] = {
+    &img->alloc.reserve_cur, &img->alloc.reserve_next
+  };
   uint64_t end = 0;
 
   for (int i = 0; i < 2; i++)
@@ -205,9 +207,9 @@ static uint64_t
 alloc_ahead (struct qcow2_image *img)
 {
   uint64_t want = MAX (RESERVE_MIN, 2 * img->alloc.allocated_since_flush);
-  uint64_t limit = MAX (RESERVE_LIMIT_BYTES >> img->cluster_bits,
+  uint64_t limit = MAX (RESERVE_LIMIT_BYTES >> img->geo.cluster_bits,
                         MIN (RESERVE_LIMIT_CLUSTERS,
-                             (img->file_size / 16) >> img->cluster_bits));
+                             (img->file_size / 16) >> img->geo.cluster_bits));
 
   return MAX (MIN (want, limit), 1);
 }
@@ -283,7 +285,7 @@ alloc_refill_reserve (struct qcow2_image *img)
    * entries (see write_allocating); an extension that failed is tried
    * again by the next flush.
    */
-  io_extend (img, alloc_reserve_end (img) << img->cluster_bits);
+  io_extend (img, alloc_reserve_end (img) << img->geo.cluster_bits);
   return 0;
 }
 
@@ -300,7 +302,9 @@ alloc_reserve_durable (struct qcow2_image *img)
 int
 alloc_release_reserve (struct qcow2_image *img)
 {
-  struct alloc_runs *runs[2] = { &img->alloc.reserve_cur, &img->alloc.reserve_next };
+  struct alloc_runs *runs[2] = {
+    &img->alloc.reserve_cur, &img->alloc.reserve_next
+  };
   int r = 0;
 
   for (int i = 0; i < 2; i++) {
@@ -308,7 +312,8 @@ alloc_release_reserve (struct qcow2_image *img)
       for (uint64_t c = runs[i]->v[j].first; c < runs[i]->v[j].end && !r; c++)
         r = refcount_update (img, c, -1, NULL);
     if (r == 0 && runs[i]->left > 0)
-      img->alloc.free_hint = MIN (img->alloc.free_hint, runs[i]->v[runs[i]->head].first);
+      img->alloc.free_hint = MIN (img->alloc.free_hint,
+                                  runs[i]->v[runs[i]->head].first);
   }
   if (r == 0) {
     alloc_runs_clear (runs[0]);
@@ -338,7 +343,7 @@ alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
   do {
     if ((r = alloc_find_free (img, n, max, &offset, len)) < 0)
       return r;
-    first = offset >> img->cluster_bits;
+    first = offset >> img->geo.cluster_bits;
   } while ((r = alloc_ensure_blocks (img, first, *len)) == 1);
   if (r < 0)
     return r;
@@ -367,7 +372,7 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
   ASSERT_LOCKED (img);
   if (alloc_from_reserve (img, n, max, &first, len)) {
     img->alloc.allocated_since_flush += *len;
-    *host_offset = first << img->cluster_bits;
+    *host_offset = first << img->geo.cluster_bits;
     *zeroed = *host_offset >= img->file_size;
     return 0;
   }
@@ -384,10 +389,10 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
    * nothing after a crash (the tail is a hole), so it may go further.
    */
   if (*zeroed && img->lazy_refcounts) {
-    uint64_t end = *host_offset + (*len << img->cluster_bits);
-    uint64_t ahead = MIN (MAX ((uint64_t) RESERVE_MIN << img->cluster_bits,
+    uint64_t end = *host_offset + (*len << img->geo.cluster_bits);
+    uint64_t ahead = MIN (MAX ((uint64_t) RESERVE_MIN << img->geo.cluster_bits,
                                2 * img->alloc.allocated_since_flush
-                               << img->cluster_bits),
+                               << img->geo.cluster_bits),
                           EXTEND_AHEAD_MAX_BYTES);
     if (end + ahead / 2 > img->host.written_end)
       io_extend (img, end + ahead);
@@ -427,7 +432,7 @@ alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
     qcow2_err (img, "corrupt image: a reference to the cluster at host "
                "offset %#" PRIx64 " is dropped, but the cluster is free "
                "(refcount %" PRIu64 "%s): left as is (qemu-img check -r all "
-               "repairs the image)", c << img->cluster_bits, rc,
+               "repairs the image)", c << img->geo.cluster_bits, rc,
                rc ? ", counted ahead for new allocations" : "");
   return 0;
 }
@@ -439,8 +444,8 @@ int
 alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
                   uint64_t bytes)
 {
-  uint64_t first = host_offset >> img->cluster_bits;
-  uint64_t last = (host_offset + bytes - 1) >> img->cluster_bits;
+  uint64_t first = host_offset >> img->geo.cluster_bits;
+  uint64_t last = (host_offset + bytes - 1) >> img->geo.cluster_bits;
 
   ASSERT_LOCKED (img);
   for (uint64_t c = first; c <= last; c++) {
@@ -472,7 +477,8 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
 void
 alloc_released (struct qcow2_image *img, uint64_t c, uint64_t n)
 {
-  uint64_t offset = c << img->cluster_bits, len = n << img->cluster_bits;
+  uint64_t offset = c << img->geo.cluster_bits;
+  uint64_t len = n << img->geo.cluster_bits;
 
   img->alloc.free_hint = MIN (img->alloc.free_hint, c);
   cache_forget (img->caches.l2, offset, len);
@@ -517,8 +523,9 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
     qsort (img->alloc.pending_free, nreleased, sizeof *img->alloc.pending_free,
            alloc_cmp_cluster);
   for (size_t i = 0, j; i < nreleased; i = j) {
-    for (j = i + 1; j < nreleased &&
-           img->alloc.pending_free[j] == img->alloc.pending_free[j - 1] + 1; j++)
+    const uint64_t *p = img->alloc.pending_free;
+
+    for (j = i + 1; j < nreleased && p[j] == p[j - 1] + 1; j++)
       ;
     alloc_released (img, img->alloc.pending_free[i], j - i);
   }
@@ -563,9 +570,9 @@ alloc_forget_hint (struct qcow2_image *img)
 int
 alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
 {
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   uint64_t per_cluster = cs / 8;
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t entries, table_clusters, start, nblocks = 0, needed;
   uint64_t old_offset = img->h.refcount_table_offset;
   uint64_t old_clusters = img->h.refcount_table_clusters;
@@ -620,10 +627,10 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
   for (uint64_t idx = start >> per_block_bits;
        idx <= (end - 1) >> per_block_bits; idx++)
     if (!table[idx])
-      table[idx] = (start + table_clusters + b++) << img->cluster_bits;
+      table[idx] = (start + table_clusters + b++) << img->geo.cluster_bits;
   for (uint64_t c = start; c < end; c++) {
     uint64_t idx = c >> per_block_bits;
-    uint64_t blk = table[idx] >> img->cluster_bits;
+    uint64_t blk = table[idx] >> img->geo.cluster_bits;
     if (blk >= start && blk < end)
       refcount_entry_set (area + (blk - start) * cs, img->h.refcount_order,
                           c & ((UINT64_C (1) << per_block_bits) - 1), 1);
@@ -643,8 +650,9 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
    * so it is free at once (a free left for the next flush would leak
    * after a crash before it).
    */
-  for (uint64_t c = old_offset >> img->cluster_bits;
-       c < (old_offset >> img->cluster_bits) + old_clusters && r == 0; c++) {
+  for (uint64_t c = old_offset >> img->geo.cluster_bits;
+       c < (old_offset >> img->geo.cluster_bits) + old_clusters && r == 0;
+       c++) {
     uint64_t rc;
     r = refcount_update (img, c, -1, &rc);
     if (r == 0 && rc == 0)

@@ -143,7 +143,7 @@ bitmap_read_directory (struct qcow2_image *img, uint8_t **dirp,
 static int
 bitmap_check_entry (struct qcow2_image *img, const struct bitmap_entry *e)
 {
-  uint64_t phys = (uint64_t) e->table_size * img->cluster_size;
+  uint64_t phys = (uint64_t) e->table_size * img->geo.cluster_size;
   const char *why = NULL;
 
   if (e->type != BME_TYPE_DIRTY)
@@ -158,7 +158,8 @@ bitmap_check_entry (struct qcow2_image *img, const struct bitmap_entry *e)
   else if (e->name_size > BME_MAX_NAME_SIZE)
     why = "has too long a name";
   else if (!e->table_size || e->table_size > BME_MAX_TABLE_SIZE ||
-           !e->table_offset || (e->table_offset & (img->cluster_size - 1)) ||
+           !e->table_offset ||
+           (e->table_offset & (img->geo.cluster_size - 1)) ||
            phys > BME_MAX_PHYS_SIZE ||
            img->h.size > (phys * 8) << e->granularity_bits)
     why = "has an invalid table";
@@ -175,7 +176,7 @@ static int
 bitmap_load (struct qcow2_image *img, struct bitmap_tracked *t)
 {
   const struct bitmap_entry *e = t->e;
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   uint8_t *buf = malloc ((uint64_t) e->table_size * 8);
   int r;
 
@@ -339,7 +340,7 @@ static int
 bitmap_store_one (struct qcow2_image *img, struct bitmap_tracked *t)
 {
   const struct bitmap_entry *e = t->e;
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   bool table_changed = false;
   uint8_t *buf;
   int r = 0;

@@ -492,13 +492,13 @@ cache_forget (struct meta_cache *c, uint64_t offset, uint64_t len)
 int
 cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
 {
-  uint64_t clusters = div_round_up (img->size, img->cluster_size);
+  uint64_t clusters = div_round_up (img->size, img->geo.cluster_size);
   uint64_t full, size, slice;
 
   /* L2 bytes needed to map the whole disk, in whole clusters. */
-  full = clusters * img->l2_entry_size;
-  full = div_round_up (full, img->cluster_size) * img->cluster_size;
-  full = MAX (full, img->cluster_size);
+  full = clusters * img->geo.l2_entry_size;
+  full = div_round_up (full, img->geo.cluster_size) * img->geo.cluster_size;
+  full = MAX (full, img->geo.cluster_size);
 
   size = opts->l2_cache_size ? opts->l2_cache_size
                              : MIN (full, CACHE_DEFAULT_MAX);
@@ -506,22 +506,23 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
 
   if (opts->l2_slice_size) {
     slice = opts->l2_slice_size;
-    if (!is_power_of_2 (slice) || slice < 512 || slice > img->cluster_size) {
+    if (!is_power_of_2 (slice) || slice < 512 ||
+        slice > img->geo.cluster_size) {
       qcow2_err (img, "l2-slice-size %" PRIu64 " must be a power of two "
                  "from 512 to the cluster size (%" PRIu64 ")",
-                 slice, img->cluster_size);
+                 slice, img->geo.cluster_size);
       return -EINVAL;
     }
   }
   else if (size >= full)
-    slice = img->cluster_size;
+    slice = img->geo.cluster_size;
   else
-    slice = MIN (CACHE_DEFAULT_SLICE, img->cluster_size);
+    slice = MIN (CACHE_DEFAULT_SLICE, img->geo.cluster_size);
 
   img->caches.l2 = cache_create ("L2 slice", true, slice,
                              MAX (size / slice, CACHE_MIN_SLICES));
   img->caches.refcount = cache_create ("refcount block", false,
-                                      img->cluster_size,
+                                      img->geo.cluster_size,
                                       REFCOUNT_CACHE_BLOCKS);
   if (!img->caches.l2 || !img->caches.refcount) {
     int r = -errno;

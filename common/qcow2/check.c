@@ -36,24 +36,24 @@ check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
     uint64_t l2 = l1[i] & QCOW2_OFFSET_MASK;
     if (!l2)
       continue;
-    if ((r = fn (img, opaque, l2, img->cluster_size, "L2 table")) < 0)
+    if ((r = fn (img, opaque, l2, img->geo.cluster_size, "L2 table")) < 0)
       return r;
-    for (uint64_t off = 0; off < img->cluster_size; off += slice_size) {
+    for (uint64_t off = 0; off < img->geo.cluster_size; off += slice_size) {
       uint8_t *slice;
       if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
         return r;
-      for (uint64_t e = 0; e < slice_size; e += img->l2_entry_size) {
+      for (uint64_t e = 0; e < slice_size; e += img->geo.l2_entry_size) {
         uint64_t entry = be64_get (slice + e);
         uint64_t host = entry & QCOW2_OFFSET_MASK;
         if (entry & QCOW2_OFLAG_COMPRESSED) {
-          uint64_t x = img->compressed_offset_bits;
+          uint64_t x = img->geo.compressed_offset_bits;
           uint64_t coff = entry & ((UINT64_C (1) << x) - 1);
           uint64_t sectors = (entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
           r = fn (img, opaque, coff & ~UINT64_C (511), (sectors + 1) * 512,
                   "compressed cluster");
         }
         else if (host && !external)
-          r = fn (img, opaque, host, img->cluster_size, "data cluster");
+          r = fn (img, opaque, host, img->geo.cluster_size, "data cluster");
         if (r < 0)
           return r;
         /* The slice may have been evicted by the callback: look again. */
@@ -163,7 +163,7 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
     for (uint32_t j = 0; j < entries[i].table_size && r == 0; j++) {
       uint64_t data = be64_get (table + (uint64_t) j * 8) & QCOW2_OFFSET_MASK;
       if (data)
-        r = fn (img, opaque, data, img->cluster_size, "bitmap data");
+        r = fn (img, opaque, data, img->geo.cluster_size, "bitmap data");
     }
   }
   free (dir);
@@ -183,7 +183,7 @@ check_walk_refs (struct qcow2_image *img, bool with_refcounts,
   const struct qcow2_header *h = &img->h;
   int r;
 
-  if ((r = fn (img, opaque, 0, img->cluster_size, "header")) < 0)
+  if ((r = fn (img, opaque, 0, img->geo.cluster_size, "header")) < 0)
     return r;
   if (h->l1_size &&
       (r = fn (img, opaque, h->l1_table_offset, (uint64_t) h->l1_size * 8,
@@ -193,12 +193,12 @@ check_walk_refs (struct qcow2_image *img, bool with_refcounts,
     return r;
   if (with_refcounts &&
       (r = fn (img, opaque, h->refcount_table_offset,
-               (uint64_t) h->refcount_table_clusters * img->cluster_size,
+               (uint64_t) h->refcount_table_clusters * img->geo.cluster_size,
                "refcount table")) < 0)
     return r;
   for (uint64_t i = 0; with_refcounts && i < img->reftable_size; i++) {
     uint64_t b = img->reftable[i] & ~UINT64_C (511);
-    if (b && (r = fn (img, opaque, b, img->cluster_size,
+    if (b && (r = fn (img, opaque, b, img->geo.cluster_size,
                       "refcount block")) < 0)
       return r;
   }
@@ -222,13 +222,13 @@ check_count (struct qcow2_image *img, void *opaque, uint64_t offset,
              uint64_t len, const char *what)
 {
   struct check_counts *cc = opaque;
-  uint64_t first = offset >> img->cluster_bits;
+  uint64_t first = offset >> img->geo.cluster_bits;
   uint64_t last;
 
   if (len == 0)
     return 0;
-  last = (offset + len - 1) >> img->cluster_bits;
-  if (range_exceeds (offset, len, cc->n << img->cluster_bits)) {
+  last = (offset + len - 1) >> img->geo.cluster_bits;
+  if (range_exceeds (offset, len, cc->n << img->geo.cluster_bits)) {
     qcow2_err (img, "corrupt image: %s at %#" PRIx64 " lies beyond the end "
                "of the file: cannot rebuild the refcounts", what, offset);
     return -EIO;
@@ -236,7 +236,7 @@ check_count (struct qcow2_image *img, void *opaque, uint64_t offset,
   for (uint64_t c = first; c <= last; c++)
     if (++cc->counts[c] == 0) {
       qcow2_err (img, "corrupt image: cluster %#" PRIx64 " is referenced "
-                 "too often", c << img->cluster_bits);
+                 "too often", c << img->geo.cluster_bits);
       return -EIO;
     }
   return 0;
@@ -268,8 +268,8 @@ check_block_used (const struct check_counts *cc, uint64_t idx,
 int
 check_rebuild_refcounts (struct qcow2_image *img)
 {
-  uint64_t cs = img->cluster_size, per_cluster = cs / 8;
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t cs = img->geo.cluster_size, per_cluster = cs / 8;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t max = img->h.refcount_order == 6 ? UINT64_MAX
     : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
   struct check_counts cc;
@@ -318,19 +318,21 @@ check_rebuild_refcounts (struct qcow2_image *img)
   uint64_t b = 0;
   for (uint64_t idx = 0; idx < ((end - 1) >> per_block_bits) + 1; idx++)
     if (check_block_used (&cc, idx, per_block_bits, start))
-      table[idx] = (start + tclusters + b++) << img->cluster_bits;
+      table[idx] = (start + tclusters + b++) << img->geo.cluster_bits;
   for (uint64_t c = 0; c < end; c++) {
     uint64_t count = c < cc.n ? cc.counts[c] : 1;
     if (!count)
       continue;
     if (count > max) {
       qcow2_err (img, "cluster %#" PRIx64 " is referenced %" PRIu64 " times,"
-                 " more than %u-bit refcounts hold", c << img->cluster_bits,
-                 count, 1u << img->h.refcount_order);
+                 " more than %u-bit refcounts hold",
+                 c << img->geo.cluster_bits, count,
+                 1u << img->h.refcount_order);
       r = -EIO;
       goto out;
     }
-    uint64_t blk = (table[c >> per_block_bits] >> img->cluster_bits) - start;
+    uint64_t blk = (table[c >> per_block_bits] >> img->geo.cluster_bits)
+      - start;
     refcount_entry_set (area + blk * cs, img->h.refcount_order,
                         c & ((UINT64_C (1) << per_block_bits) - 1), count);
   }
@@ -385,14 +387,14 @@ check_ref (struct qcow2_image *img, void *opaque, uint64_t offset,
    * cannot be counted.
    */
   if (offset + len > file_size &&
-      offset + len - file_size >= img->cluster_size) {
+      offset + len - file_size >= img->geo.cluster_size) {
     qcow2_dbg (img, "check: %s at %#" PRIx64 " lies beyond the end of the "
                "file", what, offset);
     cr->res->corruptions++;
     return 0;
   }
-  for (uint64_t c = offset >> img->cluster_bits;
-       c <= (offset + len - 1) >> img->cluster_bits; c++)
+  for (uint64_t c = offset >> img->geo.cluster_bits;
+       c <= (offset + len - 1) >> img->geo.cluster_bits; c++)
     if (c < cr->n && cr->counts[c] < UINT32_MAX)
       cr->counts[c]++;
   return 0;
@@ -404,8 +406,8 @@ check_block_ok (struct qcow2_image *img, uint64_t idx)
 {
   uint64_t b = img->reftable[idx] & ~UINT64_C (511);
 
-  return !(b & (img->cluster_size - 1)) &&
-    !range_exceeds (b, img->cluster_size, img->file_size);
+  return !(b & (img->geo.cluster_size - 1)) &&
+    !range_exceeds (b, img->geo.cluster_size, img->file_size);
 }
 
 /* The engine's own uses of clusters that no table shows yet: the
@@ -433,7 +435,7 @@ check_count_pending (struct qcow2_image *img, struct check_refs *cr)
 static int
 check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
 {
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t nidx = MAX (img->reftable_size,
                        ((cr->n + (UINT64_C (1) << per_block_bits) - 1)
                         >> per_block_bits));
@@ -468,7 +470,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
         rc = refcount_entry_get (block, img->h.refcount_order, c - lo);
       if (rc < refs) {
         qcow2_dbg (img, "check: cluster %#" PRIx64 " has refcount %" PRIu64
-                   " but %" PRIu64 " references", c << img->cluster_bits,
+                   " but %" PRIu64 " references", c << img->geo.cluster_bits,
                    rc, refs);
         res->corruptions++;
       }
@@ -496,7 +498,7 @@ static int
 check_copied (struct qcow2_image *img, bool fix,
               struct qcow2_check_result *res)
 {
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   uint64_t slice_size = cache_entry_size (img->caches.l2);
   bool external = img->data_io != img->io;
   int r;
@@ -509,7 +511,7 @@ check_copied (struct qcow2_image *img, bool fix,
       res->corruptions++;
       continue;
     }
-    if ((r = refcount_read (img, l2 >> img->cluster_bits, &rc)) < 0)
+    if ((r = refcount_read (img, l2 >> img->geo.cluster_bits, &rc)) < 0)
       return r;
     if (fix && rc == 1 && !(img->l1[i] & QCOW2_OFLAG_COPIED)) {
       img->l1[i] |= QCOW2_OFLAG_COPIED;
@@ -522,7 +524,7 @@ check_copied (struct qcow2_image *img, bool fix,
       res->corruptions++;
     }
     for (uint64_t off = 0; off < cs; off += slice_size)
-      for (uint64_t e = 0; e < slice_size; e += img->l2_entry_size) {
+      for (uint64_t e = 0; e < slice_size; e += img->geo.l2_entry_size) {
         uint8_t *slice;
         if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
           return r;
@@ -534,7 +536,7 @@ check_copied (struct qcow2_image *img, bool fix,
           res->corruptions++;
           continue;
         }
-        if ((r = refcount_read (img, host >> img->cluster_bits, &rc)) < 0)
+        if ((r = refcount_read (img, host >> img->geo.cluster_bits, &rc)) < 0)
           return r;
         if (fix && rc == 1 && !(entry & QCOW2_OFLAG_COPIED)) {
           /* The read may have evicted the slice. */
@@ -577,7 +579,7 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
   if (fix_leaks && (r = state_begin_write (img)) < 0)
     goto out;
   /* The reserve may lie past the end of the file. */
-  cr.n = div_round_up (img->file_size, img->cluster_size);
+  cr.n = div_round_up (img->file_size, img->geo.cluster_size);
   cr.n = MAX (cr.n, alloc_reserve_end (img));
   cr.counts = calloc (MAX (cr.n, 1), sizeof *cr.counts);
   if (!cr.counts) {

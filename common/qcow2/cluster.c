@@ -29,7 +29,7 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
   img->l1_size = size;
   if (size == 0)
     return 0;
-  if (offset & (img->cluster_size - 1) ||
+  if (offset & (img->geo.cluster_size - 1) ||
       range_exceeds (offset, bytes, img->file_size)) {
     qcow2_err (img, "%s at %#" PRIx64 " (%" PRIu32 " entries) is misaligned "
                "or beyond the end of the file", what, offset, size);
@@ -68,7 +68,7 @@ static int
 cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
                   uint64_t pos, struct qcow2_run *piece)
 {
-  uint64_t in_cluster = pos & (img->cluster_size - 1);
+  uint64_t in_cluster = pos & (img->geo.cluster_size - 1);
   uint64_t host = entry & QCOW2_OFFSET_MASK;
   bool external = img->data_io != img->io;
   bool normal = host != 0 || (external && (entry & QCOW2_OFLAG_COPIED));
@@ -77,7 +77,7 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
     if (external)
       return cluster_corrupt (img, "compressed cluster in an image with an "
                               "external data file, L2 entry", entry, pos);
-    uint64_t x = img->compressed_offset_bits;
+    uint64_t x = img->geo.compressed_offset_bits;
     uint64_t sectors = (entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
     piece->kind = RUN_COMPRESSED;
     piece->comp_offset = entry & ((UINT64_C (1) << x) - 1);
@@ -85,14 +85,14 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
     return 0;
   }
 
-  if (!img->extended_l2) {
+  if (!img->geo.extended_l2) {
     if (entry & QCOW2_OFLAG_ZERO)
       piece->kind = RUN_ZERO;
     else
       piece->kind = normal ? RUN_DATA : RUN_UNALLOCATED;
   }
   else {
-    unsigned sc = in_cluster >> img->subcluster_bits;
+    unsigned sc = in_cluster >> img->geo.subcluster_bits;
     uint64_t alloc = bitmap & 0xffffffffU, zero = bitmap >> 32;
 
     if ((normal && (alloc & zero)) || (!normal && alloc))
@@ -108,7 +108,7 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
   /* As QEMU, an unaligned host offset is corruption even where the
    * (sub)cluster reads as zeros.
    */
-  if (host & (img->cluster_size - 1))
+  if (host & (img->geo.cluster_size - 1))
     return cluster_corrupt (img, "unaligned data cluster offset", host, pos);
   if (piece->kind == RUN_DATA) {
     piece->host_offset = host + in_cluster;
@@ -126,15 +126,16 @@ static int
 cluster_map_common (struct qcow2_image *img, uint64_t offset,
                     uint64_t max_len, struct qcow2_run *run, bool unlocked)
 {
-  uint64_t cs = img->cluster_size;
-  uint64_t l2_span_bits = img->cluster_bits + img->l2_bits;
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t l2_span_bits = img->geo.cluster_bits + img->geo.l2_bits;
   uint64_t l1_index = offset >> l2_span_bits;
-  uint64_t slice_entries = cache_entry_size (img->caches.l2) / img->l2_entry_size;
-  uint64_t cluster = offset >> img->cluster_bits;
-  uint64_t l2_index = cluster & ((UINT64_C (1) << img->l2_bits) - 1);
+  uint64_t slice_entries =
+    cache_entry_size (img->caches.l2) / img->geo.l2_entry_size;
+  uint64_t cluster = offset >> img->geo.cluster_bits;
+  uint64_t l2_index = cluster & ((UINT64_C (1) << img->geo.l2_bits) - 1);
   uint64_t first = l2_index & ~(slice_entries - 1);
   uint64_t slice_end = (cluster - (l2_index - first) + slice_entries)
-    << img->cluster_bits;
+    << img->geo.cluster_bits;
   uint64_t end = offset + MIN (max_len, slice_end - offset);
   uint64_t l2_offset, pos;
   uint8_t *slice;
@@ -161,8 +162,8 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
   if (unlocked) {
     bool released;
     r = cache_get_may_unlock (img, img->caches.l2,
-                              l2_offset + first * img->l2_entry_size, &slice,
-                              &released);
+                              l2_offset + first * img->geo.l2_entry_size,
+                              &slice, &released);
     /* While the lock was released, the L1 entry may have changed. */
     if (r == 0 && released &&
         (l1_index >= img->l1_size ||
@@ -170,26 +171,27 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
       goto again;
   }
   else
-    r = cache_get (img, img->caches.l2, l2_offset + first * img->l2_entry_size,
-                   false, &slice);
+    r = cache_get (img, img->caches.l2,
+                   l2_offset + first * img->geo.l2_entry_size, false, &slice);
   if (r < 0)
     return r;
 
   for (pos = offset; pos < end; ) {
-    uint64_t idx = (pos >> img->cluster_bits) - (cluster - (l2_index - first));
-    const uint8_t *p = slice + idx * img->l2_entry_size;
+    uint64_t idx = (pos >> img->geo.cluster_bits)
+      - (cluster - (l2_index - first));
+    const uint8_t *p = slice + idx * img->geo.l2_entry_size;
     uint64_t entry = be64_get (p);
-    uint64_t bitmap = img->extended_l2 ? be64_get (p + 8) : 0;
+    uint64_t bitmap = img->geo.extended_l2 ? be64_get (p + 8) : 0;
     struct qcow2_run piece = { .length = 0 };
     uint64_t piece_end;
 
     r = cluster_classify (img, entry, bitmap, pos, &piece);
     if (r < 0)
       return r;
-    if (piece.kind == RUN_COMPRESSED || !img->extended_l2)
+    if (piece.kind == RUN_COMPRESSED || !img->geo.extended_l2)
       piece_end = (pos | (cs - 1)) + 1;
     else
-      piece_end = (pos | (img->subcluster_size - 1)) + 1;
+      piece_end = (pos | (img->geo.subcluster_size - 1)) + 1;
     piece_end = MIN (piece_end, end);
 
     if (pos == offset)
@@ -233,7 +235,7 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
                            uint64_t len)
 {
   uint64_t file_size = image_file_size (img);
-  uint64_t cluster = host_offset & ~(img->cluster_size - 1);
+  uint64_t cluster = host_offset & ~(img->geo.cluster_size - 1);
 
   if (img->data_io == img->io && cluster >= file_size) {
     qcow2_err (img, "corrupt image: data at host offset %#" PRIx64
@@ -251,20 +253,20 @@ static int
 cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
 {
   uint64_t slice_size = cache_entry_size (img->caches.l2);
-  uint8_t *buf = malloc (img->cluster_size);
+  uint8_t *buf = malloc (img->geo.cluster_size);
   uint8_t *slice;
   int r = 0;
 
   if (!buf)
     return -ENOMEM;
-  for (uint64_t off = 0; off < img->cluster_size && r == 0;
+  for (uint64_t off = 0; off < img->geo.cluster_size && r == 0;
        off += slice_size) {
     r = cache_get (img, img->caches.l2, old + off, false, &slice);
     if (r == 0)
       memcpy (buf + off, slice, slice_size);
   }
   if (r == 0)
-    r = io_write_meta (img, buf, img->cluster_size, new, "copied L2 table",
+    r = io_write_meta (img, buf, img->geo.cluster_size, new, "copied L2 table",
                        OL (ACTIVE_L2));
   free (buf);
   return r;
@@ -278,12 +280,12 @@ int
 cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
                   uint8_t **slice, uint64_t *index)
 {
-  uint64_t cs = img->cluster_size;
-  uint64_t l1_index = offset >> (img->cluster_bits + img->l2_bits);
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t l1_index = offset >> (img->geo.cluster_bits + img->geo.l2_bits);
   uint64_t slice_size = cache_entry_size (img->caches.l2);
-  uint64_t l2_index = (offset >> img->cluster_bits)
-    & ((UINT64_C (1) << img->l2_bits) - 1);
-  uint64_t in_table = l2_index * img->l2_entry_size;
+  uint64_t l2_index = (offset >> img->geo.cluster_bits)
+    & ((UINT64_C (1) << img->geo.l2_bits) - 1);
+  uint64_t in_table = l2_index * img->geo.l2_entry_size;
   uint64_t l1e, l2_offset, new_offset;
   bool fresh = false, zeroed;
   int r;
@@ -321,7 +323,7 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
         r = alloc_free_later (img, l2_offset, cs);
     }
     if (r < 0) {
-      refcount_update (img, new_offset >> img->cluster_bits, -1, NULL);
+      refcount_update (img, new_offset >> img->geo.cluster_bits, -1, NULL);
       return r;
     }
     /* The map learns of the new table; a copied one stays in use by a
@@ -345,6 +347,6 @@ cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
                  l2_offset + (in_table & ~(slice_size - 1)), fresh, slice);
   if (r < 0)
     return r;
-  *index = (in_table & (slice_size - 1)) / img->l2_entry_size;
+  *index = (in_table & (slice_size - 1)) / img->geo.l2_entry_size;
   return 0;
 }

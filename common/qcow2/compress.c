@@ -140,7 +140,7 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
                uint64_t comp_size, uint64_t in_cluster, uint64_t len,
                uint8_t *buf)
 {
-  uint64_t file_size = image_file_size (img), cs = img->cluster_size;
+  uint64_t file_size = image_file_size (img), cs = img->geo.cluster_size;
   struct compress_tls *t = compress_tls_get ();
   uint8_t *in, *out;
   int r;

@@ -42,10 +42,10 @@ static int
 header_check_table (struct qcow2_image *img, const char *what,
                     uint64_t offset, uint64_t bytes, uint64_t field)
 {
-  if (offset & (img->cluster_size - 1)) {
+  if (offset & (img->geo.cluster_size - 1)) {
     qcow2_err (img, "%s offset %#" PRIx64 " (header offset %" PRIu64 ") is not "
                "aligned to the cluster size %" PRIu64,
-               what, offset, field, img->cluster_size);
+               what, offset, field, img->geo.cluster_size);
     return -EINVAL;
   }
   if (bytes && range_exceeds (offset, bytes, img->file_size)) {
@@ -191,10 +191,10 @@ header_check_v3 (struct qcow2_image *img, const uint8_t *buf)
                h->header_length, HDR_HEADER_LENGTH, HDR_V3_MIN);
     return -EINVAL;
   }
-  if (h->header_length > img->cluster_size) {
+  if (h->header_length > img->geo.cluster_size) {
     qcow2_err (img, "header_length %" PRIu32 " (header offset %d) exceeds "
                "the cluster size %" PRIu64,
-               h->header_length, HDR_HEADER_LENGTH, img->cluster_size);
+               h->header_length, HDR_HEADER_LENGTH, img->geo.cluster_size);
     return -EINVAL;
   }
   if (h->refcount_order > 6) {
@@ -233,7 +233,7 @@ header_check_tables (struct qcow2_image *img)
   int r;
 
   /* Guest bytes covered by one L2 table, and so L1 entries needed. */
-  l2_coverage = img->cluster_size << img->l2_bits;
+  l2_coverage = img->geo.cluster_size << img->geo.l2_bits;
   l1_needed = div_round_up (h->size, l2_coverage);
   if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES) {
     qcow2_err (img, "l1_size %" PRIu32 " (header offset %d) is too large "
@@ -257,7 +257,7 @@ header_check_tables (struct qcow2_image *img)
                HDR_REFTABLE_CLUSTERS);
     return -EINVAL;
   }
-  if (mul_overflow_u64 (h->refcount_table_clusters, img->cluster_size,
+  if (mul_overflow_u64 (h->refcount_table_clusters, img->geo.cluster_size,
                         &bytes) ||
       bytes > QCOW2_MAX_REFTABLE_BYTES) {
     qcow2_err (img, "refcount_table_clusters %" PRIu32 " (header offset %d)"
@@ -355,8 +355,8 @@ header_read (struct qcow2_image *img)
                QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
     return -EINVAL;
   }
-  img->cluster_bits = h->cluster_bits;
-  img->cluster_size = UINT64_C (1) << h->cluster_bits;
+  img->geo.cluster_bits = h->cluster_bits;
+  img->geo.cluster_size = UINT64_C (1) << h->cluster_bits;
 
   if (h->crypt_method != 0) {
     qcow2_err (img, "image is encrypted (crypt_method %" PRIu32 " at header "
@@ -373,11 +373,11 @@ header_read (struct qcow2_image *img)
     return r;
 
   /* The extensions and backing name live in the first cluster. */
-  buf = calloc (1, img->cluster_size);
+  buf = calloc (1, img->geo.cluster_size);
   if (!buf)
     return -errno;
   r = img->io->ops->pread (img->io, buf,
-                           MIN (img->cluster_size, img->file_size), 0);
+                           MIN (img->geo.cluster_size, img->file_size), 0);
   if (r < 0) {
     qcow2_err (img, "reading the header cluster: %s", errstr (-r));
     goto out;
@@ -390,7 +390,7 @@ header_read (struct qcow2_image *img)
     if (h->backing_file_size > QCOW2_MAX_BACKING_NAME ||
         h->backing_file_offset < h->header_length ||
         range_exceeds (h->backing_file_offset, h->backing_file_size,
-                       img->cluster_size)) {
+                       img->geo.cluster_size)) {
       qcow2_err (img, "backing file name at offset %#" PRIx64 " (%" PRIu32
                  " bytes, header offsets %d and %d) does not fit in the "
                  "first cluster after the header", h->backing_file_offset,
@@ -411,8 +411,8 @@ header_read (struct qcow2_image *img)
    * the first cluster (the name may be empty and its offset anything).
    */
   ext_end = h->backing_file_offset ? MIN (h->backing_file_offset,
-                                          img->cluster_size)
-                                   : img->cluster_size;
+                                          img->geo.cluster_size)
+                                   : img->geo.cluster_size;
   r = header_read_extensions (img, buf, ext_start, ext_end,
                               &feature_table, &ft_len);
   if (r < 0)
@@ -428,19 +428,19 @@ header_read (struct qcow2_image *img)
   if ((r = header_check_compression (img)) < 0)
     goto out;
 
-  img->extended_l2 = h->incompatible_features & QCOW2_INCOMPAT_EXTL2;
-  img->l2_entry_size = img->extended_l2 ? 16 : 8;
-  img->l2_bits = img->cluster_bits - (img->extended_l2 ? 4 : 3);
-  img->subcluster_size = img->extended_l2
-    ? img->cluster_size / QCOW2_SUBCLUSTERS : img->cluster_size;
-  img->subcluster_bits = img->extended_l2
-    ? img->cluster_bits - 5 : img->cluster_bits;
-  img->compressed_offset_bits = 62 - (img->cluster_bits - 8);
+  img->geo.extended_l2 = h->incompatible_features & QCOW2_INCOMPAT_EXTL2;
+  img->geo.l2_entry_size = img->geo.extended_l2 ? 16 : 8;
+  img->geo.l2_bits = img->geo.cluster_bits - (img->geo.extended_l2 ? 4 : 3);
+  img->geo.subcluster_size = img->geo.extended_l2
+    ? img->geo.cluster_size / QCOW2_SUBCLUSTERS : img->geo.cluster_size;
+  img->geo.subcluster_bits = img->geo.extended_l2
+    ? img->geo.cluster_bits - 5 : img->geo.cluster_bits;
+  img->geo.compressed_offset_bits = 62 - (img->geo.cluster_bits - 8);
   img->data_file_raw = h->autoclear_features & QCOW2_AUTOCLEAR_DATA_RAW;
-  if (img->extended_l2 && img->cluster_bits < 14) {
+  if (img->geo.extended_l2 && img->geo.cluster_bits < 14) {
     /* Subclusters would be smaller than a sector. */
     qcow2_err (img, "extended L2 entries need clusters of at least 16 KiB "
-               "(cluster_bits is %" PRIu32 ")", img->cluster_bits);
+               "(cluster_bits is %" PRIu32 ")", img->geo.cluster_bits);
     r = -EINVAL;
     goto out;
   }

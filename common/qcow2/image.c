@@ -91,10 +91,10 @@ image_check_tables_apart (struct qcow2_image *img)
 {
   const struct qcow2_header *h = &img->h;
   const struct { const char *what; uint64_t off, len; } t[] = {
-    { "header", 0, img->cluster_size },
+    { "header", 0, img->geo.cluster_size },
     { "L1 table", h->l1_table_offset, (uint64_t) h->l1_size * 8 },
     { "refcount table", h->refcount_table_offset,
-      (uint64_t) h->refcount_table_clusters << img->cluster_bits },
+      (uint64_t) h->refcount_table_clusters << img->geo.cluster_bits },
     { "snapshot table", h->snapshots_offset, img->snapshot_table_bytes },
   };
   const size_t n = sizeof t / sizeof t[0];
@@ -104,10 +104,10 @@ image_check_tables_apart (struct qcow2_image *img)
       if (!t[i].len || !t[j].len)
         continue;
       /* Compare whole clusters. */
-      uint64_t a0 = t[i].off >> img->cluster_bits;
-      uint64_t a1 = (t[i].off + t[i].len - 1) >> img->cluster_bits;
-      uint64_t b0 = t[j].off >> img->cluster_bits;
-      uint64_t b1 = (t[j].off + t[j].len - 1) >> img->cluster_bits;
+      uint64_t a0 = t[i].off >> img->geo.cluster_bits;
+      uint64_t a1 = (t[i].off + t[i].len - 1) >> img->geo.cluster_bits;
+      uint64_t b0 = t[j].off >> img->geo.cluster_bits;
+      uint64_t b1 = (t[j].off + t[j].len - 1) >> img->geo.cluster_bits;
       if (a0 <= b1 && b0 <= a1) {
         qcow2_err (img, "corrupt image: the %s (at %#" PRIx64 ") and the %s "
                    "(at %#" PRIx64 ") overlap", t[i].what, t[i].off,
@@ -139,9 +139,9 @@ image_describe (const struct qcow2_image *img,
              "size %" PRIu64 ", %u-bit refcounts%s%s, %s compression, "
              "backing %s, data file %s, L2 cache %" PRIu32 " slices "
              "of %" PRIu64 " bytes, %s",
-             h->version, img->cluster_size, img->size,
+             h->version, img->geo.cluster_size, img->size,
              1u << h->refcount_order,
-             img->extended_l2 ? ", extended L2" : "",
+             img->geo.extended_l2 ? ", extended L2" : "",
              img->lazy_refcounts ? ", lazy refcounts" : "",
              h->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib",
              backing, data_file,

@@ -173,6 +173,18 @@ struct alloc_runs {
  * read them under img->lock, and change them through its functions.
  */
 
+/* header.c: the sizes the header gives, fixed at open. */
+struct image_geometry {
+  uint32_t cluster_bits;
+  uint64_t cluster_size;
+  bool extended_l2;
+  uint32_t l2_entry_size;       /* 8, or 16 with extended L2 */
+  uint32_t l2_bits;             /* log2 of entries per L2 table */
+  uint64_t subcluster_size;
+  uint32_t subcluster_bits;
+  uint32_t compressed_offset_bits;      /* "x" in the spec */
+};
+
 /* hostio.c: the file's ends and flushes. */
 struct image_host {
   /* The end of what was written to io, and its value at the last
@@ -236,14 +248,7 @@ struct qcow2_image {
   uint64_t size;                /* virtual size served */
 
   struct qcow2_header h;
-  uint32_t cluster_bits;
-  uint64_t cluster_size;
-  bool extended_l2;
-  uint32_t l2_entry_size;       /* 8, or 16 with extended L2 */
-  uint32_t l2_bits;             /* log2 of entries per L2 table */
-  uint64_t subcluster_size;
-  uint32_t subcluster_bits;
-  uint32_t compressed_offset_bits;      /* "x" in the spec */
+  struct image_geometry geo;    /* header.c */
 
   struct qcow2_io *data_io;     /* == io unless an external data file */
   bool data_file_raw;

@@ -50,9 +50,9 @@ overlap_set_range (struct qcow2_image *img, uint64_t offset, uint64_t len,
 {
   if (img->overlap == &overlap_map_empty || len == 0)
     return 0;
-  return overlap_map_set (img->overlap, offset >> img->cluster_bits,
-                          ((offset + len - 1) >> img->cluster_bits)
-                          - (offset >> img->cluster_bits) + 1, value);
+  return overlap_map_set (img->overlap, offset >> img->geo.cluster_bits,
+                          ((offset + len - 1) >> img->geo.cluster_bits)
+                          - (offset >> img->geo.cluster_bits) + 1, value);
 }
 
 /* Record that [offset, offset+len) holds metadata of type bit. */
@@ -84,8 +84,8 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
 
   if (m == &overlap_map_empty || len == 0)
     return 0;
-  first = offset >> img->cluster_bits;
-  last = (offset + len - 1) >> img->cluster_bits;
+  first = offset >> img->geo.cluster_bits;
+  last = (offset + len - 1) >> img->geo.cluster_bits;
   for (c = overlap_map_next (m, first, last + 1, &type); c <= last;
        c = overlap_map_next (m, c + 1, last + 1, &type))
     if (!(OVERLAP_FIXED & (UINT32_C (1) << (type - 1))) &&
@@ -121,13 +121,13 @@ overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
 
   if (!checked || len == 0)
     return 0;
-  c = overlap_map_find (img->overlap, offset >> img->cluster_bits,
-                        (offset + len - 1) >> img->cluster_bits,
+  c = overlap_map_find (img->overlap, offset >> img->geo.cluster_bits,
+                        (offset + len - 1) >> img->geo.cluster_bits,
                         checked, &type);
 
   if (c == UINT64_MAX)
     return 0;
-  overlap_hit (img, type - 1, c << img->cluster_bits, offset, len);
+  overlap_hit (img, type - 1, c << img->geo.cluster_bits, offset, len);
   return -EIO;
 }
 
@@ -155,8 +155,8 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
     if (offset >= m->free_lo && offset + len <= m->free_hi)
       return 0;
   }
-  else if ((first = offset >> img->cluster_bits) ==
-           (offset + len - 1) >> img->cluster_bits) {
+  else if ((first = offset >> img->geo.cluster_bits) ==
+           (offset + len - 1) >> img->geo.cluster_bits) {
     /* A cluster of a structure written back where it is (len 0 ends
      * in overlap_check_map).
      */
@@ -203,8 +203,9 @@ overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
    * other, so the image is not written at all.  (A table used by the
    * active L1 and by snapshots is legitimately both.)
    */
-  for (uint64_t c = offset >> img->cluster_bits;
-       c <= (offset + len - 1) >> img->cluster_bits && !img->overlap_conflict;
+  for (uint64_t c = offset >> img->geo.cluster_bits;
+       c <= (offset + len - 1) >> img->geo.cluster_bits &&
+         !img->overlap_conflict;
        c++) {
     int other = (int) overlap_map_type_at (img->overlap, c) - 1;
     bool l2s = (other == QCOW2_OL_ACTIVE_L2_BIT ||
@@ -214,7 +215,7 @@ overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
     if (other >= 0 && other != (int) bit && !l2s) {
       snprintf (img->overlap_conflict_msg, sizeof img->overlap_conflict_msg,
                 "metadata structures overlap at %#" PRIx64 ": %s and %s",
-                c << img->cluster_bits, overlap_name (bit),
+                c << img->geo.cluster_bits, overlap_name (bit),
                 overlap_name (other));
       img->overlap_conflict = true;
     }
@@ -231,7 +232,7 @@ overlap_add_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t n,
   for (uint32_t i = 0; i < n && r == 0; i++)
     if (l1[i] & QCOW2_OFFSET_MASK)
       r = overlap_add_found (img, l1[i] & QCOW2_OFFSET_MASK,
-                             img->cluster_size, bit);
+                             img->geo.cluster_size, bit);
   return r;
 }
 
@@ -241,11 +242,11 @@ overlap_move_reftable (struct qcow2_image *img, uint64_t old_offset,
                        uint64_t old_clusters)
 {
   int r = overlap_set_range (img, old_offset,
-                             old_clusters << img->cluster_bits, 0);
+                             old_clusters << img->geo.cluster_bits, 0);
 
   return r ? r : overlap_add (img, img->h.refcount_table_offset,
                               (uint64_t) img->h.refcount_table_clusters
-                              << img->cluster_bits,
+                              << img->geo.cluster_bits,
                               QCOW2_OL_REFCOUNT_TABLE_BIT);
 }
 
@@ -263,17 +264,17 @@ overlap_build (struct qcow2_image *img)
 
   if (!img->overlap_mask)
     return 0;
-  if (!(m = overlap_map_create (img->cluster_bits)))
+  if (!(m = overlap_map_create (img->geo.cluster_bits)))
     return -ENOMEM;
   img->overlap = m;
-  if ((r = overlap_add_found (img, 0, img->cluster_size,
+  if ((r = overlap_add_found (img, 0, img->geo.cluster_size,
                               QCOW2_OL_MAIN_HEADER_BIT)) < 0 ||
       (r = overlap_add_found (img, h->l1_table_offset,
                               (uint64_t) h->l1_size * 8,
                               QCOW2_OL_ACTIVE_L1_BIT)) < 0 ||
       (r = overlap_add_found (img, h->refcount_table_offset,
                               (uint64_t) h->refcount_table_clusters
-                              << img->cluster_bits,
+                              << img->geo.cluster_bits,
                               QCOW2_OL_REFCOUNT_TABLE_BIT)) < 0 ||
       (img->nb_snapshots &&
        (r = overlap_add_found (img, h->snapshots_offset,
@@ -282,7 +283,7 @@ overlap_build (struct qcow2_image *img)
     return r;
   for (uint64_t i = 0; i < img->reftable_size; i++) {
     uint64_t b = img->reftable[i] & ~UINT64_C (511);
-    if (b && (r = overlap_add_found (img, b, img->cluster_size,
+    if (b && (r = overlap_add_found (img, b, img->geo.cluster_size,
                                      QCOW2_OL_REFCOUNT_BLOCK_BIT)) < 0)
       return r;
   }

@@ -35,7 +35,8 @@ read_compressed (struct qcow2_image *img, uint8_t *buf, const
                  struct qcow2_run *run, uint64_t offset)
 {
   return compress_read (img, run->comp_offset, run->comp_size,
-                        offset & (img->cluster_size - 1), run->length, buf);
+                        offset & (img->geo.cluster_size - 1), run->length,
+                        buf);
 }
 
 /* Runs mapped under one hold of the lock and read as one batch. */

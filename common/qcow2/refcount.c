@@ -18,7 +18,7 @@ int
 refcount_load_table (struct qcow2_image *img)
 {
   uint64_t n = (uint64_t) img->h.refcount_table_clusters
-    * img->cluster_size / 8;
+    * img->geo.cluster_size / 8;
   uint8_t *buf = malloc (n * 8);
   int r;
 
@@ -88,8 +88,8 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
 {
   uint64_t offset = img->reftable[idx] & REFTABLE_OFFSET_MASK;
 
-  if (offset & (img->cluster_size - 1) ||
-      range_exceeds (offset, img->cluster_size, img->file_size)) {
+  if (offset & (img->geo.cluster_size - 1) ||
+      range_exceeds (offset, img->geo.cluster_size, img->file_size)) {
     qcow2_err (img, "corrupt image: refcount block offset %#" PRIx64
                " (refcount table entry %" PRIu64 ") is misaligned or beyond "
                "the end of the file", offset, idx);
@@ -106,8 +106,8 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
 int
 refcount_new_block (struct qcow2_image *img, uint64_t idx)
 {
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
-  uint64_t offset = (idx << per_block_bits) << img->cluster_bits;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
+  uint64_t offset = (idx << per_block_bits) << img->geo.cluster_bits;
   uint8_t *block;
   int r;
 
@@ -131,10 +131,10 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
   if (r < 0)
     return r;
   refcount_entry_set (block, img->h.refcount_order, 0, 1);
-  r = io_write_meta (img, block, img->cluster_size, offset,
+  r = io_write_meta (img, block, img->geo.cluster_size, offset,
                      "new refcount block", OL (REFCOUNT_BLOCK));
   if (r == 0)
-    r = overlap_add (img, offset, img->cluster_size,
+    r = overlap_add (img, offset, img->geo.cluster_size,
                      QCOW2_OL_REFCOUNT_BLOCK_BIT);
   if (r < 0)
     return r;
@@ -152,7 +152,7 @@ int
 refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
                  uint64_t *result)
 {
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t idx = cluster >> per_block_bits;
   uint64_t index = cluster & ((UINT64_C (1) << per_block_bits) - 1);
   uint64_t max = img->h.refcount_order == 6 ? UINT64_MAX
@@ -166,7 +166,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
       (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
     if (delta < 0) {
       qcow2_err (img, "corrupt image: freeing cluster %#" PRIx64 " which "
-                 "has no refcount block", cluster << img->cluster_bits);
+                 "has no refcount block", cluster << img->geo.cluster_bits);
       return -EIO;
     }
     if ((r = refcount_new_block (img, idx)) < 0)
@@ -179,7 +179,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
       (delta > 0 && max - value < (uint64_t) delta)) {
     qcow2_err (img, "corrupt image: refcount of cluster %#" PRIx64 " would "
                "go from %" PRIu64 " out of range by %" PRId64,
-               cluster << img->cluster_bits, value, delta);
+               cluster << img->geo.cluster_bits, value, delta);
     return -EIO;
   }
   value += delta;
@@ -195,7 +195,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
 int
 refcount_read (struct qcow2_image *img, uint64_t cluster, uint64_t *refcount)
 {
-  uint64_t per_block_bits = img->cluster_bits + 3 - img->h.refcount_order;
+  uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t idx = cluster >> per_block_bits;
   uint8_t *data;
   int r;
@@ -223,11 +223,11 @@ refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
                        uint64_t entries, uint64_t table_clusters,
                        const char *what)
 {
-  uint64_t offset = start << img->cluster_bits;
+  uint64_t offset = start << img->geo.cluster_bits;
   uint8_t hdr[12];
   int r;
 
-  if ((r = io_write_meta (img, area, clusters << img->cluster_bits, offset,
+  if ((r = io_write_meta (img, area, clusters << img->geo.cluster_bits, offset,
                           what, 0)) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
@@ -242,8 +242,8 @@ refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
    */
   for (uint64_t i = 0; i < entries; i++) {
     uint64_t b = table[i] & ~UINT64_C (511);
-    if (b >= offset && b < offset + (clusters << img->cluster_bits) &&
-        (r = overlap_add (img, b, img->cluster_size,
+    if (b >= offset && b < offset + (clusters << img->geo.cluster_bits) &&
+        (r = overlap_add (img, b, img->geo.cluster_size,
                           QCOW2_OL_REFCOUNT_BLOCK_BIT)) < 0)
       return r;
   }
@@ -276,9 +276,9 @@ refcount_detect_metadata_prealloc (struct qcow2_image *img, bool *prealloc)
   allocated = img->io->ops->allocated (img->io);
   if (allocated < 0)
     return 0;
-  real_clusters = allocated / img->cluster_size;
+  real_clusters = allocated / img->geo.cluster_size;
   threshold = MAX (real_clusters * 10 / 9, real_clusters + 2);
-  end = div_round_up (img->file_size, img->cluster_size);
+  end = div_round_up (img->file_size, img->geo.cluster_size);
 
   for (uint64_t i = 0; i < end && count < threshold; i++) {
     uint64_t rc;

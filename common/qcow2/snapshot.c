@@ -148,7 +148,7 @@ snapshot_select (struct qcow2_image *img, const char *which)
     return -ENOENT;
   }
 
-  span = img->cluster_size << img->l2_bits;
+  span = img->geo.cluster_size << img->geo.l2_bits;
   needed = div_round_up (sn->disk_size, span);
   if ((uint64_t) sn->l1_size * 8 > QCOW2_MAX_L1_BYTES ||
       sn->l1_size < needed) {

@@ -29,13 +29,13 @@ write_decode (const struct qcow2_image *img, const uint8_t *p,
   bool external = img->data_io != img->io;
 
   s->entry = be64_get (p);
-  s->bitmap = img->extended_l2 ? be64_get (p + 8) : 0;
+  s->bitmap = img->geo.extended_l2 ? be64_get (p + 8) : 0;
   s->host = s->entry & QCOW2_OFFSET_MASK;
   s->compressed = s->entry & QCOW2_OFLAG_COMPRESSED;
   s->copied = s->entry & QCOW2_OFLAG_COPIED;
   s->normal = !s->compressed &&
     (s->host != 0 || (external && s->copied));
-  s->zero_flag = !img->extended_l2 && (s->entry & QCOW2_OFLAG_ZERO);
+  s->zero_flag = !img->geo.extended_l2 && (s->entry & QCOW2_OFLAG_ZERO);
 }
 
 void
@@ -43,7 +43,7 @@ write_encode (const struct qcow2_image *img, uint8_t *p, uint64_t entry,
               uint64_t bitmap)
 {
   be64_put (p, entry);
-  if (img->extended_l2)
+  if (img->geo.extended_l2)
     be64_put (p + 8, bitmap);
 }
 
@@ -51,8 +51,8 @@ write_encode (const struct qcow2_image *img, uint8_t *p, uint64_t entry,
 uint64_t
 write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
 {
-  unsigned first = start >> img->subcluster_bits;
-  unsigned last = (end - 1) >> img->subcluster_bits;
+  unsigned first = start >> img->geo.subcluster_bits;
+  unsigned last = (end - 1) >> img->geo.subcluster_bits;
   uint64_t n = last - first + 1;
   return (n >= 32 ? L2_ALL_ALLOC : ((UINT64_C (1) << n) - 1)) << first;
 }
@@ -85,12 +85,12 @@ write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
 static int
 write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
 {
-  if (host & (img->cluster_size - 1)) {
+  if (host & (img->geo.cluster_size - 1)) {
     qcow2_err (img, "corrupt image: unaligned data cluster offset %#" PRIx64
                " (guest offset %#" PRIx64 ")", host, guest);
     return -EIO;
   }
-  return cluster_check_data_offset (img, host, img->cluster_size);
+  return cluster_check_data_offset (img, host, img->geo.cluster_size);
 }
 
 /* Drop this image's reference to the old data of an entry, at
@@ -118,8 +118,8 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
                "reference is left as is", host);
     return 0;
   }
-  for (uint64_t c = host >> img->cluster_bits;
-       c <= (host + len - 1) >> img->cluster_bits; c++) {
+  for (uint64_t c = host >> img->geo.cluster_bits;
+       c <= (host + len - 1) >> img->geo.cluster_bits; c++) {
     unsigned type = overlap_map_type (img->overlap, c);
     if (type) {
       qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
@@ -137,14 +137,14 @@ write_release_old (struct qcow2_image *img, const struct l2_state *s,
                    uint64_t fresh, uint64_t fresh_len)
 {
   if (s->compressed) {
-    uint64_t x = img->compressed_offset_bits;
+    uint64_t x = img->geo.compressed_offset_bits;
     uint64_t off = s->entry & ((UINT64_C (1) << x) - 1);
     uint64_t sectors = (s->entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
     return write_release_data (img, off & ~UINT64_C (511),
                                (sectors + 1) * 512, fresh, fresh_len);
   }
   if (s->normal && img->data_io == img->io)
-    return write_release_data (img, s->host, img->cluster_size, fresh,
+    return write_release_data (img, s->host, img->geo.cluster_size, fresh,
                                fresh_len);
   return 0;
 }
@@ -263,7 +263,7 @@ int
 write_allocating (struct qcow2_image *img, const uint8_t *data,
                   uint64_t offset, uint64_t len, bool may_unlock)
 {
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   uint64_t cstart = offset & ~(cs - 1), in = offset - cstart;
   bool external = img->data_io != img->io;
   struct l2_state s;
@@ -278,7 +278,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   ASSERT_LOCKED (img);
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
 
   /* Where the data goes, and which part of the cluster is written. */
   reuse = s.normal && s.copied;
@@ -290,16 +290,17 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
     target = cstart;            /* external data files map 1:1 */
   else if ((r = alloc_clusters (img, 1, &target, &zeroed)) < 0)
     return r;
-  if (img->extended_l2 && (reuse || (!s.normal && !s.compressed))) {
-    start = in & ~(img->subcluster_size - 1);
-    end = MIN (cs, (in + len + img->subcluster_size - 1)
-               & ~(img->subcluster_size - 1));
+  if (img->geo.extended_l2 && (reuse || (!s.normal && !s.compressed))) {
+    start = in & ~(img->geo.subcluster_size - 1);
+    end = MIN (cs, (in + len + img->geo.subcluster_size - 1)
+               & ~(img->geo.subcluster_size - 1));
     /* An allocated subcluster holds the guest's data, which in-place
      * writes may be changing now: only the client's bytes go there.
      */
-    if (reuse && (s.bitmap >> (in >> img->subcluster_bits) & 1))
+    if (reuse && (s.bitmap >> (in >> img->geo.subcluster_bits) & 1))
       start = in;
-    if (reuse && (s.bitmap >> ((in + len - 1) >> img->subcluster_bits) & 1))
+    if (reuse &&
+        (s.bitmap >> ((in + len - 1) >> img->geo.subcluster_bits) & 1))
       end = in + len;
   }
   else {
@@ -363,7 +364,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
      * disk must not leave a leak behind).
      */
     if (!reuse && !external)
-      refcount_update (img, target >> img->cluster_bits, -1, NULL);
+      refcount_update (img, target >> img->geo.cluster_bits, -1, NULL);
     return r;
   }
 
@@ -372,7 +373,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    */
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
-  if (!img->extended_l2)
+  if (!img->geo.extended_l2)
     bitmap = 0;
   else if (reuse || (!s.normal && !s.compressed)) {
     uint64_t mask = write_unit_mask (img, start, end);
@@ -381,7 +382,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
   }
   else
     bitmap = L2_ALL_ALLOC;
-  write_encode (img, slice + idx * img->l2_entry_size,
+  write_encode (img, slice + idx * img->geo.l2_entry_size,
                 target | QCOW2_OFLAG_COPIED, bitmap);
   cache_mark_dirty (img->caches.l2, slice);
   flush_mark_changed (img);
@@ -414,8 +415,9 @@ static int
 write_allocating_run (struct qcow2_image *img, const uint8_t *data,
                       uint64_t offset, uint64_t count, uint64_t *done)
 {
-  uint64_t cs = img->cluster_size;
-  uint64_t slice_entries = cache_entry_size (img->caches.l2) / img->l2_entry_size;
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t slice_entries =
+    cache_entry_size (img->caches.l2) / img->geo.l2_entry_size;
   struct l2_state old[WRITE_RUN_MAX];
   struct write_inflight w;
   uint64_t idx, k, target;
@@ -432,7 +434,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
          idx + k < slice_entries; k++) {
     if (write_inflight_overlaps (img, offset + k * cs, offset + (k + 1) * cs))
       break;                    /* another request allocates it */
-    write_decode (img, slice + (idx + k) * img->l2_entry_size, &old[k]);
+    write_decode (img, slice + (idx + k) * img->geo.l2_entry_size, &old[k]);
     if (old[k].normal && old[k].copied)
       break;                    /* written in place */
   }
@@ -456,7 +458,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   }
   if (r < 0) {
     for (uint64_t i = 0; i < k; i++)
-      refcount_update (img, (target >> img->cluster_bits) + i, -1, NULL);
+      refcount_update (img, (target >> img->geo.cluster_bits) + i, -1, NULL);
     return r;
   }
   io_note_written (img, target + k * cs);
@@ -465,9 +467,9 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
   for (uint64_t i = 0; i < k; i++)
-    write_encode (img, slice + (idx + i) * img->l2_entry_size,
+    write_encode (img, slice + (idx + i) * img->geo.l2_entry_size,
                   (target + i * cs) | QCOW2_OFLAG_COPIED,
-                  img->extended_l2 ? L2_ALL_ALLOC : 0);
+                  img->geo.extended_l2 ? L2_ALL_ALLOC : 0);
   cache_mark_dirty (img->caches.l2, slice);
   flush_mark_changed (img);
   /* As in write_allocating: zeros over zeros need no ordering, in
@@ -490,7 +492,7 @@ int
 write_in_place_target (struct qcow2_image *img, uint64_t offset,
                        uint64_t len, uint64_t *host)
 {
-  uint64_t in = offset & (img->cluster_size - 1);
+  uint64_t in = offset & (img->geo.cluster_size - 1);
   struct l2_state s;
   uint8_t *slice;
   uint64_t idx;
@@ -500,10 +502,10 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
     return r;
   if (!slice)
     return 0;
-  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
   if (!s.normal || !s.copied || s.zero_flag)
     return 0;
-  if (img->extended_l2) {
+  if (img->geo.extended_l2) {
     uint64_t mask = write_unit_mask (img, in, in + len);
     if ((s.bitmap & mask) != mask || ((s.bitmap >> 32) & mask))
       return 0;
@@ -546,7 +548,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
                      struct pool_piece *pieces, struct iovec *iov,
                      size_t *n, uint64_t *len)
 {
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   int r;
 
   *n = 0;
@@ -632,7 +634,9 @@ write_request (struct qcow2_image *img, const struct write_request *req)
 static uint64_t
 write_piece_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
 {
-  return MIN (count, img->cluster_size - (offset & (img->cluster_size - 1)));
+  uint64_t cs = img->geo.cluster_size;
+
+  return MIN (count, cs - (offset & (cs - 1)));
 }
 
 /* Guest data: the clusters written in place, as many as are in a row,
@@ -661,8 +665,8 @@ write_piece (struct qcow2_image *img, const struct write_request *req,
     *n = in_place;
     return write_pieces (img, pool, &batch);
   }
-  if (r == 0 && (offset & (img->cluster_size - 1)) == 0 &&
-      count >= img->cluster_size)
+  if (r == 0 && (offset & (img->geo.cluster_size - 1)) == 0 &&
+      count >= img->geo.cluster_size)
     r = write_allocating_run (img, p, offset, count, &done);
   if (done)
     *n = done;
@@ -690,7 +694,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
 int
 qcow2_preallocate (struct qcow2_image *img, bool full)
 {
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   uint8_t *zeros = NULL;
   int r;
 
@@ -708,7 +712,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
 
     if ((r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
       break;
-    write_decode (img, slice + idx * img->l2_entry_size, &s);
+    write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
     if (s.normal || s.compressed)
       continue;
     if ((r = alloc_clusters (img, 1, &host, &zeroed)) < 0)
@@ -720,7 +724,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     if (r < 0 ||
         (r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
       break;
-    write_encode (img, slice + idx * img->l2_entry_size,
+    write_encode (img, slice + idx * img->geo.l2_entry_size,
                   host | QCOW2_OFLAG_COPIED, L2_ALL_ALLOC);
     cache_mark_dirty (img->caches.l2, slice);
   }

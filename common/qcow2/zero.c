@@ -65,29 +65,29 @@ zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
     return 0;
   if ((r = cluster_l2_slice (img, cstart, true, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
 
   keep = !trim && !may_trim && s.normal && s.copied && v3;
   if (keep) {
     entry = s.host | QCOW2_OFLAG_COPIED
-      | (img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO);
+      | (img->geo.extended_l2 ? 0 : QCOW2_OFLAG_ZERO);
     bitmap = L2_ALL_ZERO;
   }
   else if (v3 && (!trim || backing_shows)) {
-    entry = img->extended_l2 ? 0 : QCOW2_OFLAG_ZERO;
+    entry = img->geo.extended_l2 ? 0 : QCOW2_OFLAG_ZERO;
     bitmap = L2_ALL_ZERO;
   }
   else
     entry = bitmap = 0;
-  if (!img->extended_l2)
+  if (!img->geo.extended_l2)
     bitmap = 0;
   if (entry == s.entry && bitmap == s.bitmap)
     return 0;
-  write_encode (img, slice + idx * img->l2_entry_size, entry, bitmap);
+  write_encode (img, slice + idx * img->geo.l2_entry_size, entry, bitmap);
   cache_mark_dirty (img->caches.l2, slice);
   flush_mark_changed (img);
   if (img->data_io != img->io)
-    return s.normal ? zero_clear_external (img, s.host, img->cluster_size,
+    return s.normal ? zero_clear_external (img, s.host, img->geo.cluster_size,
                                            keep) : 0;
   return keep ? 0 : write_release_old (img, &s, 0, 0);
 }
@@ -100,7 +100,7 @@ static int
 zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
             bool keep)
 {
-  uint64_t in = offset & (img->cluster_size - 1);
+  uint64_t in = offset & (img->geo.cluster_size - 1);
   uint64_t mask = write_unit_mask (img, in, in + len);
   struct l2_state s;
   uint8_t *slice;
@@ -110,13 +110,13 @@ zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
   ASSERT_LOCKED (img);
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->l2_entry_size, &s);
+  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
   if (s.compressed || (s.normal && !s.copied))
     return 1;
   bitmap = (s.bitmap & L2_ALL_ALLOC & ~mask) | ((s.bitmap >> 32) | mask) << 32;
   if (bitmap == s.bitmap)
     return 0;
-  write_encode (img, slice + idx * img->l2_entry_size, s.entry, bitmap);
+  write_encode (img, slice + idx * img->geo.l2_entry_size, s.entry, bitmap);
   cache_mark_dirty (img->caches.l2, slice);
   flush_mark_changed (img);
   if (img->data_io != img->io && s.normal && img->data_file_raw)
@@ -133,10 +133,10 @@ zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
 static uint64_t
 zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
 {
-  uint64_t cs = img->cluster_size, sub = img->subcluster_size;
+  uint64_t cs = img->geo.cluster_size, sub = img->geo.subcluster_size;
   uint64_t n = MIN (count, cs - (offset & (cs - 1)));
 
-  if (!img->extended_l2 || n == cs)
+  if (!img->geo.extended_l2 || n == cs)
     return n;
   if (offset & (sub - 1))
     return MIN (n, sub - (offset & (sub - 1)));
@@ -152,7 +152,7 @@ static int
 zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
            enum zero_how *how)
 {
-  uint64_t cs = img->cluster_size, in = offset & (cs - 1);
+  uint64_t cs = img->geo.cluster_size, in = offset & (cs - 1);
   bool zero;
   int r;
 
@@ -163,7 +163,8 @@ zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
   else if (n == cs)
     *how = img->h.version >= 3 || !img->backing ||
       offset >= img->backing->size ? ZERO_METADATA : ZERO_DATA;
-  else if (img->extended_l2 && !((in | n) & (img->subcluster_size - 1)))
+  else if (img->geo.extended_l2 &&
+           !((in | n) & (img->geo.subcluster_size - 1)))
     *how = ZERO_UNITS;
   else
     *how = ZERO_DATA;
@@ -249,7 +250,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
 static uint64_t
 zero_cluster_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
 {
-  return img->cluster_size;
+  return img->geo.cluster_size;
 }
 
 static int
@@ -266,7 +267,7 @@ int
 qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
             bool fua)
 {
-  uint64_t cs = img->cluster_size;
+  uint64_t cs = img->geo.cluster_size;
   uint64_t first = (offset + cs - 1) & ~(cs - 1);
   uint64_t end = (offset + count) & ~(cs - 1);
   int r;
