@@ -35,6 +35,7 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
 static char *filename;
 static char *data_file;
+static char *snapshot;
 static struct qcow2_options options = { .io_threads = IO_THREADS };
 static struct qcow2_image *image;
 
@@ -113,7 +114,7 @@ plugin_unload (void)
                   "be durable", filename);
   free (filename);
   free (data_file);
-  free ((char *) options.snapshot);
+  free (snapshot);
   free (create_backing);
 }
 
@@ -151,196 +152,257 @@ plugin_parse_bool (const char *key, const char *value, bool *out)
   return 0;
 }
 
-/* Options that describe the image create= makes, and nothing else. */
-static bool
-plugin_is_create_only (const char *key, const char *value)
+/* One of a few words: its index in words (NULL-terminated), or -1
+ * with an error listing them.
+ */
+static int
+plugin_parse_word (const char *key, const char *value,
+                   const char *const *words)
 {
-  static const char *const keys[] = {
-    "size", "cluster-size", "compat", "extended-l2", "lazy-refcounts",
-    "preallocation",
-  };
+  char list[256] = "";
+  size_t n = 0;
 
-  if (strcmp (key, "backing") == 0)
-    return strcmp (value, "none") != 0;
-  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-    if (strcmp (key, keys[i]) == 0)
-      return true;
-  return false;
+  for (size_t i = 0; words[i]; i++) {
+    if (strcmp (value, words[i]) == 0)
+      return i;
+    n = i + 1;
+  }
+  for (size_t i = 0; i < n; i++)
+    snprintf (list + strlen (list), sizeof list - strlen (list), "%s%s",
+              i == 0 ? "" : i + 1 < n ? ", " : " or ", words[i]);
+  nbdkit_error ("%s: expected %s, not \"%s\"", key, list, value);
+  return -1;
 }
+
+/* Setters of the options that are one of a few words (index in the
+ * row's words).
+ */
+static void
+plugin_set_compat (unsigned i)
+{
+  create_options.compat_v2 = i == 0;
+}
+
+static void
+plugin_set_preallocation (unsigned i)
+{
+  prealloc = i == 0 ? PREALLOC_OFF : i == 1 ? PREALLOC_METADATA
+                                            : PREALLOC_FULL;
+}
+
+static void
+plugin_set_discard (unsigned i)
+{
+  options.discard_ignore = i == 1;
+}
+
+static void
+plugin_set_repair (unsigned i)
+{
+  repair_leaks = i == 0;
+}
+
+static const char *const overlap_modes[] = {
+  "none", "constant", "cached", "all", NULL
+};
+
+static void
+plugin_set_overlap_check (unsigned i)
+{
+  options.overlap_mask = qcow2_overlap_mode (overlap_modes[i]);
+  options.overlap_set = true;
+}
+
+static void
+plugin_set_locking (unsigned i)
+{
+  file_options.locking = i == 0 ? FILEIO_LOCKING_ON
+    : i == 1 ? FILEIO_LOCKING_OFF : FILEIO_LOCKING_AUTO;
+}
+
+static void
+plugin_set_cache (unsigned i)
+{
+  file_options.direct = i == 0;
+}
+
+/* "none" serves an image alone; a file name is for create=. */
+static int
+plugin_config_backing (const char *key, const char *value)
+{
+  free (create_backing);
+  create_backing = NULL;
+  options.no_backing = strcmp (value, "none") == 0;
+  if (!options.no_backing && !(create_backing = strdup (value)))
+    return -1;
+  return 0;
+}
+
+static int
+plugin_config_create (const char *key, const char *value)
+{
+  bool yes;
+
+  if (strcmp (value, "if-missing") == 0) {
+    create = CREATE_IF_MISSING;
+    return 0;
+  }
+  if (plugin_parse_bool (key, value, &yes) == -1)
+    return -1;
+  create = yes ? CREATE_YES : CREATE_NO;
+  return 0;
+}
+
+static int
+plugin_config_size (const char *key, const char *value)
+{
+  uint64_t size;
+
+  if (plugin_parse_size (key, value, true, &size) == -1)
+    return -1;
+  create_size = size;
+  return 0;
+}
+
+static int
+plugin_config_io_threads (const char *key, const char *value)
+{
+  if (nbdkit_parse_unsigned (key, value, &options.io_threads) == -1)
+    return -1;
+  if (options.io_threads > IO_THREADS_MAX) {
+    nbdkit_error ("io-threads: at most %d, not %u (a few threads already "
+                  "keep a host file's queue full)", IO_THREADS_MAX,
+                  options.io_threads);
+    return -1;
+  }
+  return 0;
+}
+
+/* overlap-check.NAME=on|off, overriding overlap-check= whatever the
+ * order (see plugin_config_complete).
+ */
+static int
+plugin_config_overlap_structure (const char *key, const char *value)
+{
+  int bit = qcow2_overlap_structure (key + strlen ("overlap-check."));
+  bool on;
+
+  if (bit == -1) {
+    nbdkit_error ("%s: unknown structure (main-header, active-l1, "
+                  "active-l2, refcount-table, refcount-block, "
+                  "snapshot-table, inactive-l1, inactive-l2, "
+                  "bitmap-directory)", key);
+    return -1;
+  }
+  if (plugin_parse_bool (key, value, &on) == -1)
+    return -1;
+  overlap_on = on ? overlap_on | 1u << bit : overlap_on & ~(1u << bit);
+  overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
+  return 0;
+}
+
+#define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
+
+/* Every key: how its value is read, and where it goes. */
+static const struct plugin_option {
+  const char *key;
+  enum {
+    OPT_PATH,                   /* made absolute, into a char * */
+    OPT_STRING,                 /* into a char * */
+    OPT_BOOL,                   /* into a bool */
+    OPT_SIZE,                   /* into a uint64_t, not zero */
+    OPT_WORD,                   /* one of words, to set */
+    OPT_FN,                     /* fn does it all */
+  } kind;
+  bool create_only;             /* describes the image create= makes */
+  bool prefix;                  /* key is a prefix: overlap-check.NAME */
+  void *dest;
+  const char *const *words;
+  void (*set) (unsigned index);
+  int (*fn) (const char *key, const char *value);
+} plugin_options[] = {
+  /* Absolute, since nbdkit may change directory; backing file names
+   * resolve against the image's folder.
+   */
+  { "file", OPT_PATH, .dest = &filename },
+  { "data-file", OPT_PATH, .dest = &data_file },
+  { "snapshot", OPT_STRING, .dest = &snapshot },
+  { "backing", OPT_FN, .fn = plugin_config_backing },
+  { "readonly", OPT_BOOL, .dest = &options.readonly },
+  { "discard", OPT_WORD, .words = WORDS ("unmap", "ignore"),
+    .set = plugin_set_discard },
+  { "repair", OPT_WORD, .words = WORDS ("leaks", "off"),
+    .set = plugin_set_repair },
+  { "overlap-check", OPT_WORD, .words = overlap_modes,
+    .set = plugin_set_overlap_check },
+  { "overlap-check.", OPT_FN, .prefix = true,
+    .fn = plugin_config_overlap_structure },
+  { "locking", OPT_WORD, .words = WORDS ("on", "off", "auto"),
+    .set = plugin_set_locking },
+  { "cache", OPT_WORD, .words = WORDS ("none", "writeback"),
+    .set = plugin_set_cache },
+  { "io-threads", OPT_FN, .fn = plugin_config_io_threads },
+  { "l2-cache-size", OPT_SIZE, .dest = &options.l2_cache_size },
+  { "l2-slice-size", OPT_SIZE, .dest = &options.l2_slice_size },
+  { "create", OPT_FN, .fn = plugin_config_create },
+  { "size", OPT_FN, true, .fn = plugin_config_size },
+  { "cluster-size", OPT_SIZE, true, .dest = &create_options.cluster_size },
+  { "compat", OPT_WORD, true, .words = WORDS ("0.10", "1.1"),
+    .set = plugin_set_compat },
+  { "extended-l2", OPT_BOOL, true, .dest = &create_options.extended_l2 },
+  { "lazy-refcounts", OPT_BOOL, true,
+    .dest = &create_options.lazy_refcounts },
+  { "preallocation", OPT_WORD, true,
+    .words = WORDS ("off", "metadata", "full"),
+    .set = plugin_set_preallocation },
+};
 
 static int
 plugin_config (const char *key, const char *value)
 {
-  if (!create_only_key && plugin_is_create_only (key, value))
-    create_only_key = key;
-  if (strcmp (key, "file") == 0) {
-    free (filename);
-    /* Absolute, since nbdkit may change directory; backing file names
-     * resolve against its folder.
-     */
-    filename = nbdkit_absolute_path (value);
-    return filename ? 0 : -1;
-  }
-  if (strcmp (key, "backing") == 0) {
-    /* "none" serves an image alone; a file name is for create=true. */
-    free (create_backing);
-    create_backing = NULL;
-    options.no_backing = strcmp (value, "none") == 0;
-    if (!options.no_backing && !(create_backing = strdup (value)))
-      return -1;
-    return 0;
-  }
-  if (strcmp (key, "create") == 0) {
-    bool yes;
+  const struct plugin_option *o = NULL;
+  int i;
 
-    if (strcmp (value, "if-missing") == 0) {
-      create = CREATE_IF_MISSING;
-      return 0;
-    }
-    if (plugin_parse_bool (key, value, &yes) == -1)
-      return -1;
-    create = yes ? CREATE_YES : CREATE_NO;
-    return 0;
-  }
-  if (strcmp (key, "size") == 0) {
-    uint64_t size;
+  for (size_t k = 0; k < sizeof plugin_options / sizeof *o && !o; k++) {
+    const struct plugin_option *p = &plugin_options[k];
 
-    if (plugin_parse_size (key, value, true, &size) == -1)
-      return -1;
-    create_size = size;
-    return 0;
+    if (p->prefix ? strncmp (key, p->key, strlen (p->key)) == 0
+                  : strcmp (key, p->key) == 0)
+      o = p;
   }
-  if (strcmp (key, "cluster-size") == 0)
-    return plugin_parse_size (key, value, false, &create_options.cluster_size);
-  if (strcmp (key, "compat") == 0) {
-    if (strcmp (value, "0.10") != 0 && strcmp (value, "1.1") != 0) {
-      nbdkit_error ("compat: expected 0.10 or 1.1, not \"%s\"", value);
-      return -1;
-    }
-    create_options.compat_v2 = strcmp (value, "0.10") == 0;
-    return 0;
+  if (!o) {
+    nbdkit_error ("unknown parameter '%s'", key);
+    return -1;
   }
-  if (strcmp (key, "extended-l2") == 0)
-    return plugin_parse_bool (key, value, &create_options.extended_l2);
-  if (strcmp (key, "lazy-refcounts") == 0)
-    return plugin_parse_bool (key, value, &create_options.lazy_refcounts);
-  if (strcmp (key, "preallocation") == 0) {
-    if (strcmp (value, "off") == 0)
-      prealloc = PREALLOC_OFF;
-    else if (strcmp (value, "metadata") == 0)
-      prealloc = PREALLOC_METADATA;
-    else if (strcmp (value, "full") == 0)
-      prealloc = PREALLOC_FULL;
-    else {
-      nbdkit_error ("preallocation: expected off, metadata or full, not "
-                    "\"%s\"", value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "snapshot") == 0) {
-    free ((char *) options.snapshot);
-    options.snapshot = strdup (value);
-    return options.snapshot ? 0 : -1;
-  }
-  if (strcmp (key, "data-file") == 0) {
-    free (data_file);
-    data_file = nbdkit_absolute_path (value);
-    options.data_file = data_file;
-    return data_file ? 0 : -1;
-  }
-  if (strcmp (key, "discard") == 0) {
-    if (strcmp (value, "unmap") == 0)
-      options.discard_ignore = false;
-    else if (strcmp (value, "ignore") == 0)
-      options.discard_ignore = true;
-    else {
-      nbdkit_error ("discard: expected \"unmap\" or \"ignore\", not "
-                    "\"%s\"", value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "repair") == 0) {
-    if (strcmp (value, "leaks") != 0 && strcmp (value, "off") != 0) {
-      nbdkit_error ("repair: expected leaks or off, not \"%s\"", value);
-      return -1;
-    }
-    repair_leaks = strcmp (value, "leaks") == 0;
-    return 0;
-  }
-  if (strcmp (key, "readonly") == 0)
-    return plugin_parse_bool (key, value, &options.readonly);
-  if (strcmp (key, "overlap-check") == 0) {
-    int64_t mask = qcow2_overlap_mode (value);
-    if (mask == -1) {
-      nbdkit_error ("overlap-check: expected none, constant, cached or all, "
-                    "not \"%s\"", value);
-      return -1;
-    }
-    options.overlap_mask = mask;
-    options.overlap_set = true;
-    return 0;
-  }
-  if (strncmp (key, "overlap-check.", 14) == 0) {
-    int bit = qcow2_overlap_structure (key + 14);
-    bool on;
+  /* backing=FILE only describes an image to make; backing=none not. */
+  if (!create_only_key &&
+      (o->create_only ||
+       (o->fn == plugin_config_backing && strcmp (value, "none") != 0)))
+    create_only_key = o->key;
 
-    if (bit == -1) {
-      nbdkit_error ("%s: unknown structure (main-header, active-l1, "
-                    "active-l2, refcount-table, refcount-block, "
-                    "snapshot-table, inactive-l1, inactive-l2, "
-                    "bitmap-directory)", key);
-      return -1;
-    }
-    if (plugin_parse_bool (key, value, &on) == -1)
-      return -1;
-    overlap_on = on ? overlap_on | 1u << bit : overlap_on & ~(1u << bit);
-    overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
-    return 0;
+  switch (o->kind) {
+  case OPT_PATH:
+  case OPT_STRING: {
+    char **dest = o->dest;
+
+    free (*dest);
+    *dest = o->kind == OPT_PATH ? nbdkit_absolute_path (value)
+                                : strdup (value);
+    return *dest ? 0 : -1;
   }
-  if (strcmp (key, "locking") == 0) {
-    if (strcmp (value, "auto") == 0)
-      file_options.locking = FILEIO_LOCKING_AUTO;
-    else if (strcmp (value, "on") == 0)
-      file_options.locking = FILEIO_LOCKING_ON;
-    else if (strcmp (value, "off") == 0)
-      file_options.locking = FILEIO_LOCKING_OFF;
-    else {
-      nbdkit_error ("locking: expected on, off or auto, not \"%s\"", value);
+  case OPT_BOOL:
+    return plugin_parse_bool (key, value, o->dest);
+  case OPT_SIZE:
+    return plugin_parse_size (key, value, false, o->dest);
+  case OPT_WORD:
+    if ((i = plugin_parse_word (key, value, o->words)) == -1)
       return -1;
-    }
+    o->set (i);
     return 0;
+  case OPT_FN:
+    return o->fn (key, value);
   }
-  if (strcmp (key, "cache") == 0) {
-    if (strcmp (value, "none") == 0)
-      file_options.direct = true;
-    else if (strcmp (value, "writeback") == 0)
-      file_options.direct = false;
-    else {
-      nbdkit_error ("cache: expected \"none\" or \"writeback\", not "
-                    "\"%s\"", value);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "io-threads") == 0) {
-    if (nbdkit_parse_unsigned (key, value, &options.io_threads) == -1)
-      return -1;
-    if (options.io_threads > IO_THREADS_MAX) {
-      nbdkit_error ("io-threads: at most %d, not %u (a few threads already "
-                    "keep a host file's queue full)", IO_THREADS_MAX,
-                    options.io_threads);
-      return -1;
-    }
-    return 0;
-  }
-  if (strcmp (key, "l2-cache-size") == 0)
-    return plugin_parse_size (key, value, false, &options.l2_cache_size);
-  if (strcmp (key, "l2-slice-size") == 0)
-    return plugin_parse_size (key, value, false, &options.l2_slice_size);
-  nbdkit_error ("unknown parameter '%s'", key);
-  return -1;
+  abort ();
 }
 
 static int
@@ -368,6 +430,8 @@ plugin_config_complete (void)
                   "data_file=FILE\", then serve it");
     return -1;
   }
+  options.data_file = data_file;
+  options.snapshot = snapshot;
   if (overlap_on | overlap_off) {
     if (!options.overlap_set)
       options.overlap_mask = qcow2_overlap_mode ("cached");
