@@ -188,6 +188,7 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
       continue;
     *first = run->first;
     *len = MIN (max, run->end - run->first);
+    assert (*len >= n && *len <= cur->left);
     run->first += *len;
     cur->left -= *len;
     while (cur->head < cur->len &&
@@ -507,6 +508,8 @@ alloc_apply_frees (struct qcow2_image *img, size_t n)
   int r = 0;
 
   ASSERT_LOCKED (img);
+  assert (n <= img->alloc.pending_len);
+  assert (img->alloc.pending_durable <= img->alloc.pending_len);
   for (size_t i = 0; i < n && r == 0; i++) {
     uint64_t c = img->alloc.pending_free[i], rc;
     bool has;

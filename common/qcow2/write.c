@@ -622,6 +622,8 @@ write_request (struct qcow2_image *img, const struct write_request *req)
       r = req->piece (img, req, offset, count, &n);
     else
       image_unlock (img);
+    /* Every piece moves on, and stays within the request. */
+    assert (r < 0 || (n > 0 && n <= count));
     offset += n;
     count -= n;
   }
