@@ -50,11 +50,12 @@ def fmt_ratio(r, goal=None):
 
 
 def summary(text):
-    """The report without the case definitions, the memory table and
-    every run's figures, which the details file keeps."""
+    """The report without the case definitions, the host syncs and
+    memory tables and every run's figures, which the details file
+    keeps."""
     out, skip = [], False
     for line in text.split("\n"):
-        if line.startswith("Peak resident memory") or line.startswith("<details>"):
+        if line.startswith(("Host syncs", "Peak resident memory", "<details>")):
             skip = True
         elif skip and (line.startswith("Goals missed") or line == "</details>"):
             skip = False
@@ -66,8 +67,8 @@ def summary(text):
     text = "\n".join(out)
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")
-    return (text.rstrip("\n") + "\n\nCase definitions, peak memory and every run: [%s](%s).\n"
-            % (DETAILS, DETAILS))
+    return (text.rstrip("\n") + "\n\nCase definitions, host syncs, peak "
+            "memory and every run: [%s](%s).\n" % (DETAILS, DETAILS))
 
 
 def main():
