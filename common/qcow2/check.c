@@ -559,33 +559,24 @@ check_copied (struct qcow2_image *img, bool fix,
   return 0;
 }
 
+/* Check every reference against the refcounts, with img->lock held
+ * (and data_lock exclusively): image.c's qcow2_check, after a repair's
+ * first-write preparation.
+ */
 int
-qcow2_check (struct qcow2_image *img, bool fix_leaks,
-             struct qcow2_check_result *res)
+check_run (struct qcow2_image *img, bool fix_leaks,
+           struct qcow2_check_result *res)
 {
   struct check_refs cr = { .res = res };
   int r;
 
-  memset (res, 0, sizeof *res);
-  if (img->raw)
-    return 0;
-  if (fix_leaks && (r = qcow2_check_writable (img)) < 0)
-    return r;
-  pthread_rwlock_wrlock (&img->data_lock);
-  image_lock (img);
-  /* An image left dirty gets its refcounts rebuilt first (and a
-   * rebuild leaves no leak).
-   */
-  if (fix_leaks && (r = state_begin_write (img)) < 0)
-    goto out;
+  ASSERT_LOCKED (img);
   /* The reserve may lie past the end of the file. */
   cr.n = div_round_up (img->file_size, img->geo.cluster_size);
   cr.n = MAX (cr.n, alloc_reserve_end (img));
   cr.counts = calloc (MAX (cr.n, 1), sizeof *cr.counts);
-  if (!cr.counts) {
-    r = -ENOMEM;
-    goto out;
-  }
+  if (!cr.counts)
+    return -ENOMEM;
   if ((r = check_walk_refs (img, true, check_ref, &cr)) < 0)
     goto out;
   check_count_pending (img, &cr);
@@ -599,8 +590,6 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
     r = flush_locked (img);
   }
  out:
-  image_unlock (img);
-  pthread_rwlock_unlock (&img->data_lock);
   free (cr.counts);
   return r;
 }

@@ -23,58 +23,6 @@
 #include "checked.h"
 #include "internal.h"
 
-/* Grow the dirty range [*lo, *hi) of a table to cover index. */
-static void
-flush_mark_range (struct qcow2_image *img, uint64_t *lo, uint64_t *hi,
-                  uint64_t index)
-{
-  if (*lo == *hi) {
-    *lo = index;
-    *hi = index + 1;
-  }
-  else {
-    *lo = MIN (*lo, index);
-    *hi = MAX (*hi, index + 1);
-  }
-  img->dirty.changed = true;
-}
-
-/* Something changed that the next flush must make durable. */
-void
-flush_mark_changed (struct qcow2_image *img)
-{
-  img->dirty.changed = true;
-}
-
-/* Dirty L2 or L1 entries now point at clusters whose refcount or
- * contents are not durable yet: those are synced before the entries
- * are written.
- */
-void
-flush_mark_dependency (struct qcow2_image *img)
-{
-  img->dirty.l2_needs_sync_first = true;
-}
-
-/* The whole refcount table was just written (a new one). */
-void
-flush_forget_reftable (struct qcow2_image *img)
-{
-  img->dirty.rt_lo = img->dirty.rt_hi = 0;
-}
-
-void
-flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index)
-{
-  flush_mark_range (img, &img->dirty.l1_lo, &img->dirty.l1_hi, index);
-}
-
-void
-flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
-{
-  flush_mark_range (img, &img->dirty.rt_lo, &img->dirty.rt_hi, index);
-}
-
 /* Write table entries [lo, hi) of an in-memory table of u64. */
 static int
 flush_write_table (struct qcow2_image *img, const uint64_t *table,

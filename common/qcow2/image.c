@@ -368,3 +368,27 @@ qcow2_cache_stats (struct qcow2_image *img, struct qcow2_cache_stats *stats)
   cache_stats (img->caches.l2, stats);
   image_unlock (img);
 }
+
+int
+qcow2_check (struct qcow2_image *img, bool fix_leaks,
+             struct qcow2_check_result *res)
+{
+  int r;
+
+  memset (res, 0, sizeof *res);
+  if (img->raw)
+    return 0;
+  if (fix_leaks && (r = qcow2_check_writable (img)) < 0)
+    return r;
+  pthread_rwlock_wrlock (&img->data_lock);
+  image_lock (img);
+  /* An image left dirty gets its refcounts rebuilt first (and a
+   * rebuild leaves no leak).
+   */
+  r = fix_leaks ? state_begin_write (img) : 0;
+  if (r == 0)
+    r = check_run (img, fix_leaks, res);
+  image_unlock (img);
+  pthread_rwlock_unlock (&img->data_lock);
+  return r;
+}

@@ -1,18 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The qcow2 engine: state and functions shared between its modules.
  * Not part of the engine's interface.  README lists the files from the
- * bottom up; each calls only files above it, but in five circles, each
- * inherent in what the files do:
+ * bottom up; each calls only files above it, but in three circles,
+ * each inherent in what the files do:
  *
  *  - image.c <-> backing.c: a backing file is an image, opened as one;
  *  - cache.c <-> flush.c: evicting a dirty L2 slice first makes what it
  *    points at durable, and a flush writes the caches back;
  *  - alloc.c <-> refcount.c: allocating updates refcounts, and a new
- *    refcount block (or table) is itself allocated;
- *  - alloc.c <-> flush.c: a flush refills the reserve and releases the
- *    frees it made safe, and allocating leaves something to flush;
- *  - state.c <-> check.c: the first write to an image left dirty
- *    rebuilds its refcounts, and a repair begins as a write does.
+ *    refcount block (or table) is itself allocated.
  *
  * The declarations are grouped under the file that defines them.
  */
@@ -28,6 +24,7 @@
 #include <stdint.h>
 
 #include "qcow2.h"
+#include "checked.h"
 #include "io.h"
 #include "overlap-map.h"
 
@@ -622,15 +619,64 @@ extern int io_write_checked (struct qcow2_image *img, const void *buf,
 extern int io_write_features (struct qcow2_image *img);
 extern void io_mark_dirty (struct qcow2_image *img);
 
+/* flush.c: the marks of what the next flush must write, inline (they
+ * are single stores into img->dirty, made from every writing file).
+ */
+/* Grow the dirty range [*lo, *hi) of a table to cover index. */
+static inline void
+flush_mark_range (struct qcow2_image *img, uint64_t *lo, uint64_t *hi,
+                  uint64_t index)
+{
+  if (*lo == *hi) {
+    *lo = index;
+    *hi = index + 1;
+  }
+  else {
+    *lo = MIN (*lo, index);
+    *hi = MAX (*hi, index + 1);
+  }
+  img->dirty.changed = true;
+}
+
+/* Something changed that the next flush must make durable. */
+static inline void
+flush_mark_changed (struct qcow2_image *img)
+{
+  img->dirty.changed = true;
+}
+
+/* Dirty L2 or L1 entries now point at clusters whose refcount or
+ * contents are not durable yet: those are synced before the entries
+ * are written.
+ */
+static inline void
+flush_mark_dependency (struct qcow2_image *img)
+{
+  img->dirty.l2_needs_sync_first = true;
+}
+
+/* The whole refcount table was just written (a new one). */
+static inline void
+flush_forget_reftable (struct qcow2_image *img)
+{
+  img->dirty.rt_lo = img->dirty.rt_hi = 0;
+}
+
+static inline void
+flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index)
+{
+  flush_mark_range (img, &img->dirty.l1_lo, &img->dirty.l1_hi, index);
+}
+
+static inline void
+flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
+{
+  flush_mark_range (img, &img->dirty.rt_lo, &img->dirty.rt_hi, index);
+}
+
 /* flush.c */
 extern int flush_l2_dependencies (struct qcow2_image *img);
 extern int flush_locked (struct qcow2_image *img);
-extern void flush_mark_changed (struct qcow2_image *img);
-extern void flush_forget_reftable (struct qcow2_image *img);
-extern void flush_mark_dependency (struct qcow2_image *img);
-extern void flush_mark_l1_dirty (struct qcow2_image *img, uint32_t index);
-extern void flush_mark_reftable_dirty (struct qcow2_image *img,
-                                       uint64_t index);
 
 /* state.c */
 extern int state_begin_write (struct qcow2_image *img);
@@ -697,6 +743,8 @@ extern int bitmap_store (struct qcow2_image *img);
 
 /* check.c */
 extern int check_rebuild_refcounts (struct qcow2_image *img);
+extern int check_run (struct qcow2_image *img, bool fix_leaks,
+                      struct qcow2_check_result *res);
 
 /* read.c */
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
