@@ -92,6 +92,16 @@ bitmap_read_directory (struct qcow2_image *img, uint8_t **dirp,
                size);
     return -EIO;
   }
+  /* Each entry takes at least BITMAP_ENTRY_FIXED bytes of the
+   * directory (and QEMU allows 65535 bitmaps): more cannot fit.
+   */
+  if (h->nb_bitmaps > BITMAP_MAX_COUNT ||
+      (uint64_t) h->nb_bitmaps * BITMAP_ENTRY_FIXED > size) {
+    qcow2_err (img, "corrupt image: %" PRIu32 " bitmaps in a bitmap "
+               "directory of %" PRIu64 " bytes (bitmaps extension, header "
+               "extension field nb_bitmaps)", h->nb_bitmaps, size);
+    return -EIO;
+  }
   dir = malloc (size ? size : 1);
   entries = calloc (h->nb_bitmaps, sizeof *entries);
   if (!dir || !entries) {

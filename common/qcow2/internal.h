@@ -137,6 +137,7 @@ struct qcow2_run {
 /* A persistent bitmap's entry in the bitmap directory. */
 #define BITMAP_ENTRY_FIXED 24
 #define BITMAP_MAX_DIR (64u << 20)
+#define BITMAP_MAX_COUNT 65535         /* as QEMU's QCOW2_MAX_BITMAPS */
 struct bitmap_entry {
   uint64_t pos;                 /* of the entry, in the directory */
   uint64_t table_offset;
