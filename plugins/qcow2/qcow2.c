@@ -18,6 +18,7 @@
 
 #include "errstr.h"
 #include "fileio.h"
+#include "glue.h"
 #include "qcow2.h"
 
 /* -D qcow2.cache=1: L2 cache hits, misses and evictions. */
@@ -26,26 +27,10 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
 /* -D qcow2.flush=1: host flushes issued, after each client flush. */
 NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
-/* Threads reading the host runs of one request at once, by default,
- * and at most: more cost memory and start-up time, and gain nothing on
- * the few queues a host file has.
- */
-#define IO_THREADS 4
-#define IO_THREADS_MAX 64
 
 static char *filename;
 static char *data_file;
-static char *snapshot;
-static struct qcow2_options options = { .io_threads = IO_THREADS };
 static struct qcow2_image *image;
-
-/* repair=leaks: reclaim leaked clusters before serving. */
-static bool repair_leaks;
-
-/* overlap-check=MODE and overlap-check.NAME=on|off, the latter
- * overriding the former whatever their order, as in QEMU.
- */
-static uint32_t overlap_on, overlap_off;
 
 /* create=true or create=if-missing: make the image at get_ready. */
 static enum { CREATE_NO, CREATE_YES, CREATE_IF_MISSING } create;
@@ -57,56 +42,6 @@ static struct qcow2_create_options create_options;
 static enum { PREALLOC_OFF, PREALLOC_METADATA, PREALLOC_FULL } prealloc;
 
 static void
-plugin_error (void *opaque, const char *msg)
-{
-  nbdkit_error ("%s", msg);
-}
-
-static void
-plugin_debug (void *opaque, const char *msg)
-{
-  nbdkit_debug ("%s", msg);
-}
-
-/* Not errors, but the user must hear of them (a repaired image, an
- * image served read-only).  nbdkit gives plugins no level between
- * debug (-v only) and error, so they go to nbdkit's log as errors.
- */
-static void
-plugin_notice (void *opaque, const char *path, const char *msg)
-{
-  nbdkit_error ("%s: %s", path, msg);
-}
-
-/* Files not locked where locking=auto finds no OFD locks. */
-static void
-plugin_lock_notice (const char *path, const char *msg)
-{
-  plugin_notice (NULL, path, msg);
-}
-
-static void
-plugin_lock_debug (const char *path, const char *msg)
-{
-  nbdkit_debug ("%s: %s", path, msg);
-}
-
-/* cache=none: every file of the chain opened with O_DIRECT; locking=. */
-static struct fileio_options file_options = {
-  .notice = plugin_lock_notice,
-  .debug = plugin_lock_debug,
-};
-
-static const struct qcow2_env env = {
-  .opaque = &file_options,
-  .open = fileio_env_open,
-  .identity = fileio_env_identity,
-  .error = plugin_error,
-  .debug = plugin_debug,
-  .notice = plugin_notice,
-};
-
-static void
 plugin_unload (void)
 {
   if (image && qcow2_close (image) < 0)
@@ -114,64 +49,8 @@ plugin_unload (void)
                   "be durable", filename);
   free (filename);
   free (data_file);
-  free (snapshot);
+  glue_unload ();
   free (create_backing);
-}
-
-/* nbdkit's parsers do not name the option: these do, after them. */
-static int
-plugin_parse_size (const char *key, const char *value, bool zero_ok,
-                   uint64_t *out)
-{
-  int64_t r = nbdkit_parse_size (value);
-
-  if (r == -1) {
-    nbdkit_error ("%s: expected a size such as 512, 64K or 1G, not \"%s\"",
-                  key, value);
-    return -1;
-  }
-  if (r == 0 && !zero_ok) {
-    nbdkit_error ("%s must not be zero", key);
-    return -1;
-  }
-  *out = r;
-  return 0;
-}
-
-static int
-plugin_parse_bool (const char *key, const char *value, bool *out)
-{
-  int r = nbdkit_parse_bool (value);
-
-  if (r == -1) {
-    nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
-                  "\"%s\"", key, value);
-    return -1;
-  }
-  *out = r;
-  return 0;
-}
-
-/* One of a few words: its index in words (NULL-terminated), or -1
- * with an error listing them.
- */
-static int
-plugin_parse_word (const char *key, const char *value,
-                   const char *const *words)
-{
-  char list[256] = "";
-  size_t n = 0;
-
-  for (size_t i = 0; words[i]; i++) {
-    if (strcmp (value, words[i]) == 0)
-      return i;
-    n = i + 1;
-  }
-  for (size_t i = 0; i < n; i++)
-    snprintf (list + strlen (list), sizeof list - strlen (list), "%s%s",
-              i == 0 ? "" : i + 1 < n ? ", " : " or ", words[i]);
-  nbdkit_error ("%s: expected %s, not \"%s\"", key, list, value);
-  return -1;
 }
 
 /* Setters of the options that are one of a few words (index in the
@@ -191,39 +70,16 @@ plugin_set_preallocation (unsigned i)
 }
 
 static void
-plugin_set_discard (unsigned i)
-{
-  options.discard_ignore = i == 1;
-}
-
-static void
-plugin_set_repair (unsigned i)
-{
-  repair_leaks = i == 0;
-}
-
-static const char *const overlap_modes[] = {
-  "none", "constant", "cached", "all", NULL
-};
-
-static void
-plugin_set_overlap_check (unsigned i)
-{
-  options.overlap_mask = qcow2_overlap_mode (overlap_modes[i]);
-  options.overlap_set = true;
-}
-
-static void
 plugin_set_locking (unsigned i)
 {
-  file_options.locking = i == 0 ? FILEIO_LOCKING_ON
+  glue_file_options.locking = i == 0 ? FILEIO_LOCKING_ON
     : i == 1 ? FILEIO_LOCKING_OFF : FILEIO_LOCKING_AUTO;
 }
 
 static void
 plugin_set_cache (unsigned i)
 {
-  file_options.direct = i == 0;
+  glue_file_options.direct = i == 0;
 }
 
 /* "none" serves an image alone; a file name is for create=. */
@@ -232,8 +88,8 @@ plugin_config_backing (const char *key, const char *value)
 {
   free (create_backing);
   create_backing = NULL;
-  options.no_backing = strcmp (value, "none") == 0;
-  if (!options.no_backing && !(create_backing = strdup (value)))
+  glue.engine.no_backing = strcmp (value, "none") == 0;
+  if (!glue.engine.no_backing && !(create_backing = strdup (value)))
     return -1;
   return 0;
 }
@@ -247,7 +103,7 @@ plugin_config_create (const char *key, const char *value)
     create = CREATE_IF_MISSING;
     return 0;
   }
-  if (plugin_parse_bool (key, value, &yes) == -1)
+  if (glue_parse_bool (key, value, &yes) == -1)
     return -1;
   create = yes ? CREATE_YES : CREATE_NO;
   return 0;
@@ -258,101 +114,36 @@ plugin_config_size (const char *key, const char *value)
 {
   uint64_t size;
 
-  if (plugin_parse_size (key, value, true, &size) == -1)
+  if (glue_parse_size (key, value, true, &size) == -1)
     return -1;
   create_size = size;
   return 0;
 }
 
-static int
-plugin_config_io_threads (const char *key, const char *value)
-{
-  if (nbdkit_parse_unsigned (key, value, &options.io_threads) == -1)
-    return -1;
-  if (options.io_threads > IO_THREADS_MAX) {
-    nbdkit_error ("io-threads: at most %d, not %u (a few threads already "
-                  "keep a host file's queue full)", IO_THREADS_MAX,
-                  options.io_threads);
-    return -1;
-  }
-  return 0;
-}
-
-/* overlap-check.NAME=on|off, overriding overlap-check= whatever the
- * order (see plugin_config_complete).
- */
-static int
-plugin_config_overlap_structure (const char *key, const char *value)
-{
-  int bit = qcow2_overlap_structure (key + strlen ("overlap-check."));
-  bool on;
-
-  if (bit == -1) {
-    nbdkit_error ("%s: unknown structure (main-header, active-l1, "
-                  "active-l2, refcount-table, refcount-block, "
-                  "snapshot-table, inactive-l1, inactive-l2, "
-                  "bitmap-directory)", key);
-    return -1;
-  }
-  if (plugin_parse_bool (key, value, &on) == -1)
-    return -1;
-  overlap_on = on ? overlap_on | 1u << bit : overlap_on & ~(1u << bit);
-  overlap_off = on ? overlap_off & ~(1u << bit) : overlap_off | 1u << bit;
-  return 0;
-}
-
 #define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
 
-/* Every key: how its value is read, and where it goes. */
-static const struct plugin_option {
-  const char *key;
-  enum {
-    OPT_PATH,                   /* made absolute, into a char * */
-    OPT_STRING,                 /* into a char * */
-    OPT_BOOL,                   /* into a bool */
-    OPT_SIZE,                   /* into a uint64_t, not zero */
-    OPT_WORD,                   /* one of words, to set */
-    OPT_FN,                     /* fn does it all */
-  } kind;
-  bool create_only;             /* describes the image create= makes */
-  bool prefix;                  /* key is a prefix: overlap-check.NAME */
-  void *dest;
-  const char *const *words;
-  void (*set) (unsigned index);
-  int (*fn) (const char *key, const char *value);
-} plugin_options[] = {
+/* The plugin's own keys (glue.c has those the filter takes too). */
+static const struct glue_option plugin_options[] = {
   /* Absolute, since nbdkit may change directory; backing file names
    * resolve against the image's folder.
    */
-  { "file", OPT_PATH, .dest = &filename },
-  { "data-file", OPT_PATH, .dest = &data_file },
-  { "snapshot", OPT_STRING, .dest = &snapshot },
-  { "backing", OPT_FN, .fn = plugin_config_backing },
-  { "readonly", OPT_BOOL, .dest = &options.readonly },
-  { "discard", OPT_WORD, .words = WORDS ("unmap", "ignore"),
-    .set = plugin_set_discard },
-  { "repair", OPT_WORD, .words = WORDS ("leaks", "off"),
-    .set = plugin_set_repair },
-  { "overlap-check", OPT_WORD, .words = overlap_modes,
-    .set = plugin_set_overlap_check },
-  { "overlap-check.", OPT_FN, .prefix = true,
-    .fn = plugin_config_overlap_structure },
-  { "locking", OPT_WORD, .words = WORDS ("on", "off", "auto"),
+  { "file", GLUE_PATH, .dest = &filename },
+  { "data-file", GLUE_PATH, .dest = &data_file },
+  { "backing", GLUE_FN, .fn = plugin_config_backing },
+  { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
+  { "locking", GLUE_WORD, .words = WORDS ("on", "off", "auto"),
     .set = plugin_set_locking },
-  { "cache", OPT_WORD, .words = WORDS ("none", "writeback"),
+  { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
-  { "io-threads", OPT_FN, .fn = plugin_config_io_threads },
-  { "l2-cache-size", OPT_SIZE, .dest = &options.l2_cache_size },
-  { "l2-slice-size", OPT_SIZE, .dest = &options.l2_slice_size },
-  { "create", OPT_FN, .fn = plugin_config_create },
-  { "size", OPT_FN, true, .fn = plugin_config_size },
-  { "cluster-size", OPT_SIZE, true, .dest = &create_options.cluster_size },
-  { "compat", OPT_WORD, true, .words = WORDS ("0.10", "1.1"),
+  { "create", GLUE_FN, .fn = plugin_config_create },
+  { "size", GLUE_FN, true, .fn = plugin_config_size },
+  { "cluster-size", GLUE_SIZE, true, .dest = &create_options.cluster_size },
+  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
     .set = plugin_set_compat },
-  { "extended-l2", OPT_BOOL, true, .dest = &create_options.extended_l2 },
-  { "lazy-refcounts", OPT_BOOL, true,
+  { "extended-l2", GLUE_BOOL, true, .dest = &create_options.extended_l2 },
+  { "lazy-refcounts", GLUE_BOOL, true,
     .dest = &create_options.lazy_refcounts },
-  { "preallocation", OPT_WORD, true,
+  { "preallocation", GLUE_WORD, true,
     .words = WORDS ("off", "metadata", "full"),
     .set = plugin_set_preallocation },
 };
@@ -360,49 +151,23 @@ static const struct plugin_option {
 static int
 plugin_config (const char *key, const char *value)
 {
-  const struct plugin_option *o = NULL;
-  int i;
+  const struct glue_option *o = NULL;
+  int r = glue_config (key, value);
 
-  for (size_t k = 0; k < sizeof plugin_options / sizeof *o && !o; k++) {
-    const struct plugin_option *p = &plugin_options[k];
-
-    if (p->prefix ? strncmp (key, p->key, strlen (p->key)) == 0
-                  : strcmp (key, p->key) == 0)
-      o = p;
-  }
-  if (!o) {
+  if (r == 0)
+    r = glue_config_table (plugin_options,
+                           sizeof plugin_options / sizeof *plugin_options,
+                           key, value, &o);
+  if (r == 0) {
     nbdkit_error ("unknown parameter '%s'", key);
     return -1;
   }
   /* backing=FILE only describes an image to make; backing=none not. */
-  if (!create_only_key &&
+  if (r == 1 && o && !create_only_key &&
       (o->create_only ||
        (o->fn == plugin_config_backing && strcmp (value, "none") != 0)))
     create_only_key = o->key;
-
-  switch (o->kind) {
-  case OPT_PATH:
-  case OPT_STRING: {
-    char **dest = o->dest;
-
-    free (*dest);
-    *dest = o->kind == OPT_PATH ? nbdkit_absolute_path (value)
-                                : strdup (value);
-    return *dest ? 0 : -1;
-  }
-  case OPT_BOOL:
-    return plugin_parse_bool (key, value, o->dest);
-  case OPT_SIZE:
-    return plugin_parse_size (key, value, false, o->dest);
-  case OPT_WORD:
-    if ((i = plugin_parse_word (key, value, o->words)) == -1)
-      return -1;
-    o->set (i);
-    return 0;
-  case OPT_FN:
-    return o->fn (key, value);
-  }
-  abort ();
+  return r == 1 ? 0 : -1;
 }
 
 static int
@@ -430,14 +195,8 @@ plugin_config_complete (void)
                   "data_file=FILE\", then serve it");
     return -1;
   }
-  options.data_file = data_file;
-  options.snapshot = snapshot;
-  if (overlap_on | overlap_off) {
-    if (!options.overlap_set)
-      options.overlap_mask = qcow2_overlap_mode ("cached");
-    options.overlap_mask = (options.overlap_mask | overlap_on) & ~overlap_off;
-    options.overlap_set = true;
-  }
+  glue.engine.data_file = data_file;
+  glue_config_complete ();
   return 0;
 }
 
@@ -467,7 +226,7 @@ plugin_probe_backing (void)
   }
   if (io->ops->pread (io, magic, 4, 0) == 0 && memcmp (magic, "QFI\xfb", 4) == 0) {
     create_options.backing_format = "qcow2";
-    b = qcow2_open (&env, io, path ? path : create_backing, &probe);
+    b = qcow2_open (&glue_env, io, path ? path : create_backing, &probe);
     if (!b)
       goto out;
     if (create_size == -1)
@@ -518,13 +277,13 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
   }
   create_options.size = (create_size + 511) & ~INT64_C (511);
   create_options.backing = create_backing;
-  if (qcow2_create_check (&env, &create_options) < 0)
+  if (qcow2_create_check (&glue_env, &create_options) < 0)
     return -1;
 
   /* Locked for writing before anything is written, and served through
    * the same open file (a second one would meet its own locks).
    */
-  io = fileio_create (filename, &file_options, &why);
+  io = fileio_create (filename, &glue_file_options, &why);
   if (!io) {
     int e = errno;
 
@@ -540,7 +299,7 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
     return -1;
   }
   *made = existed ? MADE_IN_EMPTY_FILE : MADE_NEW_FILE;
-  if (qcow2_create (&env, io, &create_options) < 0) {
+  if (qcow2_create (&glue_env, io, &create_options) < 0) {
     io->ops->close (io);
     return -1;
   }
@@ -560,38 +319,6 @@ plugin_create_undo (enum create_made made)
                   errstr (errno));
 }
 
-/* Whether nbdkit serves read-only (-r): then the image is opened, and
- * locked, as a reader's.  nbdkit (up to 1.44) does not tell plugins
- * before the first connection, so its command line says.
- */
-static bool
-plugin_server_readonly (void)
-{
-  char buf[8192];
-  size_t n = 0;
-  bool ro = false;
-  FILE *fp = fopen ("/proc/self/cmdline", "r");
-
-  if (!fp)
-    return false;
-  n = fread (buf, 1, sizeof buf - 1, fp);
-  fclose (fp);
-  buf[n] = '\0';
-  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
-    const char *a = buf + i;
-
-    if (strcmp (a, "--") == 0)
-      break;
-    if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
-      ro = true;
-    /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
-    else if (a[0] == '-' && a[1] != '-' && a[1] &&
-             strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r'))
-      ro = true;
-  }
-  return ro;
-}
-
 #define plugin_config_help \
   "file=<FILENAME>      (required) The qcow2 image to serve.\n" \
   "backing=none                    Serve the image without its backing file.\n" \
@@ -599,47 +326,12 @@ plugin_server_readonly (void)
   "                                backing=, cluster-size=, compat=,\n" \
   "                                extended-l2=, lazy-refcounts=,\n" \
   "                                preallocation=).\n" \
-  "snapshot=<NAME|ID>              Serve an internal snapshot (read-only).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
-  "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
   "readonly=true                   Open the image read-only.\n" \
-  "repair=leaks                    Reclaim leaked clusters before serving.\n" \
   "locking=on|off|auto             QEMU's image locks (default auto).\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
-  "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
-  "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
-  "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
-  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
-  "io-threads=<N>                  Threads reading or writing the pieces of a\n" \
-  "                                fragmented request at once (default 4, 0: none)."
-
-/* repair=leaks: leaked clusters (a crash leaves some) are reclaimed,
- * and a dirty image gets its refcounts rebuilt, before any client
- * connects; what qcow2_check cannot repair is refused.
- */
-static int
-plugin_repair (void)
-{
-  struct qcow2_check_result res;
-
-  if (!qcow2_can_write (image)) {
-    nbdkit_error ("repair=leaks: %s cannot be written: %s", filename,
-                  qcow2_readonly_reason (image));
-    return -1;
-  }
-  if (qcow2_check (image, true, &res) < 0)
-    return -1;
-  if (res.corruptions) {
-    nbdkit_error ("repair=leaks: %s: %" PRIu64 " errors remain that a leak "
-                  "repair cannot fix (\"qemu-img check\" tells more): not "
-                  "served", filename, res.corruptions);
-    return -1;
-  }
-  nbdkit_debug ("repair=leaks: %" PRIu64 " leaked clusters reclaimed",
-                res.leaks_fixed);
-  return 0;
-}
+  GLUE_CONFIG_HELP
 
 /* Hints for files that are not qcow2 images (qcow2_open's errno). */
 static void
@@ -659,30 +351,30 @@ plugin_open_hint (int e)
 static int
 plugin_open_image (struct qcow2_io *io)
 {
-  bool asked_readonly = options.readonly || plugin_server_readonly ();
+  bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
   const char *reason;
   char *why = NULL;
   int e = 0;
 
-  options.readonly = asked_readonly;
-  if (!io && !options.readonly) {
-    io = fileio_open_with (filename, false, &file_options, &why);
+  glue.engine.readonly = asked_readonly;
+  if (!io && !glue.engine.readonly) {
+    io = fileio_open_with (filename, false, &glue_file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
       e = errno;
-      options.readonly = true;
+      glue.engine.readonly = true;
     }
   }
-  if (!io && options.readonly && !why)
-    io = fileio_open_with (filename, true, &file_options, &why);
+  if (!io && glue.engine.readonly && !why)
+    io = fileio_open_with (filename, true, &glue_file_options, &why);
   if (!io) {
     nbdkit_error ("open: %s: %s%s", filename, why ? why : errstr (errno),
-                  file_options.direct && errno == EINVAL ?
+                  glue_file_options.direct && errno == EINVAL ?
                   " (cache=none needs O_DIRECT)" : "");
     free (why);
     return -1;
   }
-  options.debug_cache = qcow2_debug_cache;
-  image = qcow2_open (&env, io, filename, &options);
+  glue.engine.debug_cache = qcow2_debug_cache;
+  image = qcow2_open (&glue_env, io, filename, &glue.engine);
   if (!image) {
     plugin_open_hint (errno);
     return -1;
@@ -693,11 +385,11 @@ plugin_open_image (struct qcow2_io *io)
     return -1;
   }
   if (e)
-    plugin_notice (NULL, filename, nbdkit_printf_intern (
+    glue_notice (NULL, filename, nbdkit_printf_intern (
                      "served read-only: it cannot be opened for writing: %s",
                      errstr (e)));
   else if (!asked_readonly && (reason = qcow2_readonly_reason (image)))
-    plugin_notice (NULL, filename, nbdkit_printf_intern (
+    glue_notice (NULL, filename, nbdkit_printf_intern (
                      "served read-only: %s", reason));
   return 0;
 }
@@ -715,7 +407,7 @@ plugin_get_ready (void)
   if (made != MADE_NOTHING && prealloc != PREALLOC_OFF &&
       qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
     goto fail;
-  if (repair_leaks && plugin_repair () == -1)
+  if (glue.repair_leaks && glue_repair (image, filename) == -1)
     goto fail;
   return 0;
 
@@ -926,7 +618,7 @@ plugin_dump_plugin (void)
           "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
   printf ("qcow2_encryption=no\n");
   printf ("qcow2_compressed_writes=no\n");
-  printf ("qcow2_io_threads_max=%d\n", IO_THREADS_MAX);
+  printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
 }
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL

@@ -1,0 +1,313 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The nbdkit glue the qcow2 plugin and filter share (see glue.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "fileio.h"
+#include "glue.h"
+
+struct glue_state glue = { .engine.io_threads = GLUE_IO_THREADS };
+
+int
+glue_parse_size (const char *key, const char *value, bool zero_ok,
+                 uint64_t *out)
+{
+  int64_t r = nbdkit_parse_size (value);
+
+  if (r == -1) {
+    nbdkit_error ("%s: expected a size such as 512, 64K or 1G, not \"%s\"",
+                  key, value);
+    return -1;
+  }
+  if (r == 0 && !zero_ok) {
+    nbdkit_error ("%s must not be zero", key);
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+int
+glue_parse_bool (const char *key, const char *value, bool *out)
+{
+  int r = nbdkit_parse_bool (value);
+
+  if (r == -1) {
+    nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
+                  "\"%s\"", key, value);
+    return -1;
+  }
+  *out = r;
+  return 0;
+}
+
+/* One of a few words: its index in words (NULL-terminated), or -1
+ * with an error listing them.
+ */
+static int
+glue_parse_word (const char *key, const char *value,
+                 const char *const *words)
+{
+  char list[256] = "";
+  size_t n = 0;
+
+  for (size_t i = 0; words[i]; i++) {
+    if (strcmp (value, words[i]) == 0)
+      return i;
+    n = i + 1;
+  }
+  for (size_t i = 0; i < n; i++)
+    snprintf (list + strlen (list), sizeof list - strlen (list), "%s%s",
+              i == 0 ? "" : i + 1 < n ? ", " : " or ", words[i]);
+  nbdkit_error ("%s: expected %s, not \"%s\"", key, list, value);
+  return -1;
+}
+
+int
+glue_config_table (const struct glue_option *t, size_t n, const char *key,
+                   const char *value, const struct glue_option **row)
+{
+  const struct glue_option *o = NULL;
+  int i;
+
+  for (size_t k = 0; k < n && !o; k++)
+    if (t[k].prefix ? strncmp (key, t[k].key, strlen (t[k].key)) == 0
+                    : strcmp (key, t[k].key) == 0)
+      o = &t[k];
+  if (row)
+    *row = o;
+  if (!o)
+    return 0;
+  switch (o->kind) {
+  case GLUE_PATH:
+  case GLUE_STRING: {
+    char **dest = o->dest;
+
+    free (*dest);
+    *dest = o->kind == GLUE_PATH ? nbdkit_absolute_path (value)
+                                 : strdup (value);
+    return *dest ? 1 : -1;
+  }
+  case GLUE_BOOL:
+    return glue_parse_bool (key, value, o->dest) == 0 ? 1 : -1;
+  case GLUE_SIZE:
+    return glue_parse_size (key, value, false, o->dest) == 0 ? 1 : -1;
+  case GLUE_WORD:
+    if ((i = glue_parse_word (key, value, o->words)) == -1)
+      return -1;
+    o->set (i);
+    return 1;
+  case GLUE_FN:
+    return o->fn (key, value) == 0 ? 1 : -1;
+  }
+  abort ();
+}
+
+static void
+glue_set_discard (unsigned i)
+{
+  glue.engine.discard_ignore = i == 1;
+}
+
+static void
+glue_set_repair (unsigned i)
+{
+  glue.repair_leaks = i == 0;
+}
+
+static const char *const overlap_modes[] = {
+  "none", "constant", "cached", "all", NULL
+};
+
+static void
+glue_set_overlap_check (unsigned i)
+{
+  glue.engine.overlap_mask = qcow2_overlap_mode (overlap_modes[i]);
+  glue.engine.overlap_set = true;
+}
+
+static int
+glue_config_io_threads (const char *key, const char *value)
+{
+  if (nbdkit_parse_unsigned (key, value, &glue.engine.io_threads) == -1)
+    return -1;
+  if (glue.engine.io_threads > GLUE_IO_THREADS_MAX) {
+    nbdkit_error ("io-threads: at most %d, not %u (a few threads already "
+                  "keep a host file's queue full)", GLUE_IO_THREADS_MAX,
+                  glue.engine.io_threads);
+    return -1;
+  }
+  return 0;
+}
+
+/* overlap-check.NAME=on|off (see glue_config_complete). */
+static int
+glue_config_overlap_structure (const char *key, const char *value)
+{
+  int bit = qcow2_overlap_structure (key + strlen ("overlap-check."));
+  bool on;
+
+  if (bit == -1) {
+    nbdkit_error ("%s: unknown structure (main-header, active-l1, "
+                  "active-l2, refcount-table, refcount-block, "
+                  "snapshot-table, inactive-l1, inactive-l2, "
+                  "bitmap-directory)", key);
+    return -1;
+  }
+  if (glue_parse_bool (key, value, &on) == -1)
+    return -1;
+  glue.overlap_on = on ? glue.overlap_on | 1u << bit
+                       : glue.overlap_on & ~(1u << bit);
+  glue.overlap_off = on ? glue.overlap_off & ~(1u << bit)
+                        : glue.overlap_off | 1u << bit;
+  return 0;
+}
+
+#define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
+
+static const struct glue_option glue_options[] = {
+  { "snapshot", GLUE_STRING, .dest = &glue.snapshot },
+  { "discard", GLUE_WORD, .words = WORDS ("unmap", "ignore"),
+    .set = glue_set_discard },
+  { "repair", GLUE_WORD, .words = WORDS ("leaks", "off"),
+    .set = glue_set_repair },
+  { "overlap-check", GLUE_WORD, .words = overlap_modes,
+    .set = glue_set_overlap_check },
+  { "overlap-check.", GLUE_FN, .prefix = true,
+    .fn = glue_config_overlap_structure },
+  { "io-threads", GLUE_FN, .fn = glue_config_io_threads },
+  { "l2-cache-size", GLUE_SIZE, .dest = &glue.engine.l2_cache_size },
+  { "l2-slice-size", GLUE_SIZE, .dest = &glue.engine.l2_slice_size },
+};
+
+int
+glue_config (const char *key, const char *value)
+{
+  return glue_config_table (glue_options,
+                            sizeof glue_options / sizeof *glue_options,
+                            key, value, NULL);
+}
+
+void
+glue_config_complete (void)
+{
+  glue.engine.snapshot = glue.snapshot;
+  if (glue.overlap_on | glue.overlap_off) {
+    if (!glue.engine.overlap_set)
+      glue.engine.overlap_mask = qcow2_overlap_mode ("cached");
+    glue.engine.overlap_mask =
+      (glue.engine.overlap_mask | glue.overlap_on) & ~glue.overlap_off;
+    glue.engine.overlap_set = true;
+  }
+}
+
+void
+glue_unload (void)
+{
+  free (glue.snapshot);
+}
+
+void
+glue_error (void *opaque, const char *msg)
+{
+  nbdkit_error ("%s", msg);
+}
+
+void
+glue_debug (void *opaque, const char *msg)
+{
+  nbdkit_debug ("%s", msg);
+}
+
+void
+glue_notice (void *opaque, const char *path, const char *msg)
+{
+  nbdkit_error ("%s: %s", path, msg);
+}
+
+/* Leaked clusters (a crash leaves some) are reclaimed, and a dirty
+ * image gets its refcounts rebuilt, before any client connects; what
+ * qcow2_check cannot repair is refused.
+ */
+int
+glue_repair (struct qcow2_image *img, const char *name)
+{
+  struct qcow2_check_result res;
+
+  if (!qcow2_can_write (img)) {
+    nbdkit_error ("repair=leaks: %s cannot be written: %s", name,
+                  qcow2_readonly_reason (img));
+    return -1;
+  }
+  if (qcow2_check (img, true, &res) < 0)
+    return -1;
+  if (res.corruptions) {
+    nbdkit_error ("repair=leaks: %s: %" PRIu64 " errors remain that a leak "
+                  "repair cannot fix (\"qemu-img check\" tells more): not "
+                  "served", name, res.corruptions);
+    return -1;
+  }
+  nbdkit_debug ("repair=leaks: %" PRIu64 " leaked clusters reclaimed",
+                res.leaks_fixed);
+  return 0;
+}
+
+bool
+glue_server_readonly (void)
+{
+  char buf[8192];
+  size_t n = 0;
+  bool ro = false;
+  FILE *fp = fopen ("/proc/self/cmdline", "r");
+
+  if (!fp)
+    return false;
+  n = fread (buf, 1, sizeof buf - 1, fp);
+  fclose (fp);
+  buf[n] = '\0';
+  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
+    const char *a = buf + i;
+
+    if (strcmp (a, "--") == 0)
+      break;
+    if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
+      ro = true;
+    /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
+    else if (a[0] == '-' && a[1] != '-' && a[1] &&
+             strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r'))
+      ro = true;
+  }
+  return ro;
+}
+
+/* Files not locked where locking=auto finds no OFD locks. */
+static void
+glue_lock_notice (const char *path, const char *msg)
+{
+  glue_notice (NULL, path, msg);
+}
+
+static void
+glue_lock_debug (const char *path, const char *msg)
+{
+  nbdkit_debug ("%s: %s", path, msg);
+}
+
+struct fileio_options glue_file_options = {
+  .notice = glue_lock_notice,
+  .debug = glue_lock_debug,
+};
+
+const struct qcow2_env glue_env = {
+  .opaque = &glue_file_options,
+  .open = fileio_env_open,
+  .identity = fileio_env_identity,
+  .error = glue_error,
+  .debug = glue_debug,
+  .notice = glue_notice,
+};

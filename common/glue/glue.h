@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* What the qcow2 plugin and the qcow2 filter share of their nbdkit
+ * glue: the options that tune the engine, their parsing (from tables),
+ * the engine's messages sent to nbdkit's log, repair=leaks, and whether
+ * nbdkit serves read-only.  Each module links its own copy, holding its
+ * own options in glue.
+ */
+#ifndef QCOW2_GLUE_H
+#define QCOW2_GLUE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fileio.h"
+#include "qcow2.h"
+
+/* Threads reading the host runs of one request at once, by default,
+ * and at most: more cost memory and start-up time, and gain nothing on
+ * the few queues storage has.
+ */
+#define GLUE_IO_THREADS 4
+#define GLUE_IO_THREADS_MAX 64
+
+/* The options both modules take, as parsed. */
+struct glue_state {
+  struct qcow2_options engine;
+  char *snapshot;
+  bool repair_leaks;            /* repair=leaks: before serving */
+  /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
+   * overriding the former whatever their order, as in QEMU.
+   */
+  uint32_t overlap_on, overlap_off;
+};
+extern struct glue_state glue;
+
+/* One key of a module's options: how its value is read, and where it
+ * goes.
+ */
+struct glue_option {
+  const char *key;
+  enum {
+    GLUE_PATH,                  /* made absolute, into a char * */
+    GLUE_STRING,                /* into a char * */
+    GLUE_BOOL,                  /* into a bool */
+    GLUE_SIZE,                  /* into a uint64_t, not zero */
+    GLUE_WORD,                  /* one of words, to set */
+    GLUE_FN,                    /* fn does it all */
+  } kind;
+  bool create_only;             /* describes the image create= makes */
+  bool prefix;                  /* key is a prefix: overlap-check.NAME */
+  void *dest;
+  const char *const *words;     /* NULL-terminated */
+  void (*set) (unsigned index);
+  int (*fn) (const char *key, const char *value);
+};
+
+/* key=value by the table t of n rows: 1 if done, 0 if the table has no
+ * such key, -1 on error (said, naming the key).  *row: the row used.
+ */
+extern int glue_config_table (const struct glue_option *t, size_t n,
+                              const char *key, const char *value,
+                              const struct glue_option **row);
+/* The keys both modules take; as glue_config_table. */
+extern int glue_config (const char *key, const char *value);
+/* After the last key: glue.engine complete. */
+extern void glue_config_complete (void);
+extern void glue_unload (void);
+
+/* Parsers that name the option in their errors. */
+extern int glue_parse_size (const char *key, const char *value, bool zero_ok,
+                            uint64_t *out);
+extern int glue_parse_bool (const char *key, const char *value, bool *out);
+
+/* The engine's messages, to nbdkit's log; notices (not errors, but the
+ * user must hear of them) as errors, since nbdkit gives modules no
+ * level between debug (-v only) and error.
+ */
+extern void glue_error (void *opaque, const char *msg);
+extern void glue_debug (void *opaque, const char *msg);
+extern void glue_notice (void *opaque, const char *path, const char *msg);
+
+/* Local files (the plugin's image, every backing file): how they are
+ * opened (locking=, cache=), and the engine's environment opening them.
+ */
+extern struct fileio_options glue_file_options;
+extern const struct qcow2_env glue_env;
+
+/* repair=leaks on the image named name: 0, or -1 said. */
+extern int glue_repair (struct qcow2_image *img, const char *name);
+
+/* Whether nbdkit serves read-only (-r): nbdkit (up to 1.44) does not
+ * tell modules before the first connection, so its command line says.
+ */
+extern bool glue_server_readonly (void);
+
+#define GLUE_CONFIG_HELP \
+  "snapshot=<NAME|ID>              Serve an internal snapshot (read-only).\n" \
+  "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
+  "repair=leaks                    Reclaim leaked clusters before serving.\n" \
+  "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
+  "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
+  "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
+  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
+  "io-threads=<N>                  Threads reading or writing the pieces of a\n" \
+  "                                fragmented request at once (default 4, 0: none)."
+
+#endif /* QCOW2_GLUE_H */

@@ -1,0 +1,507 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* nbdkit qcow2 filter: the qcow2 engine over whatever the plugin below
+ * serves (a file, another NBD server, SSH, HTTP, an xz archive ...).
+ * One engine serves every connection, over one context into the plugin
+ * opened at after_fork (a "shared" context), so that all connections
+ * see one image, as with the plugin.  Backing files are local files.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nbdkit-filter.h>
+
+#include "glue.h"
+#include "qcow2.h"
+
+/* The most the engine asks of the plugin in one call (its requests are
+ * 32-bit).
+ */
+#define NEXT_MAX (32u << 20)
+
+/* backing-dir=: where backing files named by a relative name are. */
+static char *backing_dir;
+
+/* The context into the plugin, shared by all connections, and what the
+ * engine made of it.  Set at after_fork, fixed until cleanup.
+ */
+static nbdkit_next *below;
+static struct qcow2_image *image;
+static bool open_failed;
+
+/* When the plugin's thread model does not allow requests in parallel
+ * (nbdkit tells get_ready), the engine's calls into it, which may come
+ * from several threads at once (its I/O pool, flushes), take turns.
+ */
+static bool below_serialized;
+static pthread_mutex_t below_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The plugin's export, as the engine's storage: it cannot grow. */
+struct nextio {
+  struct qcow2_io io;
+  nbdkit_next *next;
+  uint64_t size;
+  bool can_flush, can_trim;
+};
+
+static void
+nextio_lock (void)
+{
+  if (below_serialized)
+    pthread_mutex_lock (&below_lock);
+}
+
+static void
+nextio_unlock (void)
+{
+  if (below_serialized)
+    pthread_mutex_unlock (&below_lock);
+}
+
+/* [offset, offset+count) read, written or trimmed in calls of at most
+ * NEXT_MAX bytes.
+ */
+enum nextio_op { NEXTIO_READ, NEXTIO_WRITE, NEXTIO_TRIM };
+
+static int
+nextio_chunks (struct nextio *n, enum nextio_op op, uint8_t *buf,
+               size_t count, uint64_t offset)
+{
+  int err = 0;
+
+  while (count > 0) {
+    uint32_t len = count < NEXT_MAX ? count : NEXT_MAX;
+    nbdkit_next *next = n->next;
+    int r;
+
+    nextio_lock ();
+    r = op == NEXTIO_READ ? next->pread (next, buf, len, offset, 0, &err)
+      : op == NEXTIO_WRITE ? next->pwrite (next, buf, len, offset, 0, &err)
+      : next->trim (next, len, offset, 0, &err);
+    nextio_unlock ();
+    if (r == -1)
+      return -(err ? err : EIO);
+    if (buf)
+      buf += len;
+    offset += len;
+    count -= len;
+  }
+  return 0;
+}
+
+static int
+nextio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  struct nextio *n = (struct nextio *) io;
+  uint8_t *p = buf;
+
+  /* Past the end of storage reads as zeros. */
+  if (offset >= n->size) {
+    memset (p, 0, count);
+    return 0;
+  }
+  if (count > n->size - offset) {
+    memset (p + (n->size - offset), 0, count - (n->size - offset));
+    count = n->size - offset;
+  }
+  return nextio_chunks (n, NEXTIO_READ, p, count, offset);
+}
+
+static int
+nextio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+               uint64_t offset)
+{
+  struct nextio *n = (struct nextio *) io;
+
+  if (offset > n->size || count > n->size - offset)
+    return -ENOSPC;             /* the plugin's export cannot grow */
+  /* The plugin's pwrite takes a const buffer: nothing is written to. */
+  return nextio_chunks (n, NEXTIO_WRITE, (uint8_t *) buf, count, offset);
+}
+
+static int
+nextio_flush (struct qcow2_io *io)
+{
+  struct nextio *n = (struct nextio *) io;
+  int err = 0, r;
+
+  /* A plugin that cannot flush (nbdkit's memory plugin) has nothing to
+   * make durable.
+   */
+  if (!n->can_flush)
+    return 0;
+  nextio_lock ();
+  r = n->next->flush (n->next, 0, &err);
+  nextio_unlock ();
+  return r == -1 ? -(err ? err : EIO) : 0;
+}
+
+static int
+nextio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  struct nextio *n = (struct nextio *) io;
+
+  if (!n->can_trim)
+    return -EOPNOTSUPP;
+  return nextio_chunks (n, NEXTIO_TRIM, NULL, count, offset);
+}
+
+static int64_t
+nextio_size (struct qcow2_io *io)
+{
+  return ((struct nextio *) io)->size;
+}
+
+static void
+nextio_close (struct qcow2_io *io)
+{
+  free (io);
+}
+
+static const struct qcow2_io_ops nextio_ops = {
+  .pread = nextio_pread,
+  .pwrite = nextio_pwrite,
+  .flush = nextio_flush,
+  .punch = nextio_punch,
+  .size = nextio_size,
+  .close = nextio_close,
+};
+
+static int
+qcow2_filter_backing (const char *key, const char *value)
+{
+  if (strcmp (value, "none") != 0) {
+    nbdkit_error ("backing: only backing=none (the filter opens the "
+                  "backing files the image names, relative to "
+                  "backing-dir=), not \"%s\"", value);
+    return -1;
+  }
+  glue.engine.no_backing = true;
+  return 0;
+}
+
+/* The filter's own keys (glue.c has those shared with the plugin). */
+static const struct glue_option filter_options[] = {
+  { "backing", GLUE_FN, .fn = qcow2_filter_backing },
+  { "backing-dir", GLUE_PATH, .dest = &backing_dir },
+};
+
+static void
+qcow2_filter_unload (void)
+{
+  glue_unload ();
+  free (backing_dir);
+}
+
+/* Our keys, and the plugin's (passed on). */
+static int
+qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
+                     const char *key, const char *value)
+{
+  int r = glue_config (key, value);
+
+  if (r == 0)
+    r = glue_config_table (filter_options,
+                           sizeof filter_options / sizeof *filter_options,
+                           key, value, NULL);
+  if (r == 0)
+    return next (nxdata, key, value);
+  return r == 1 ? 0 : -1;
+}
+
+static int
+qcow2_filter_config_complete (nbdkit_next_config_complete *next,
+                              nbdkit_backend *nxdata)
+{
+  glue_config_complete ();
+  return next (nxdata);
+}
+
+#define qcow2_filter_config_help \
+  "backing=none                    Serve the image without its backing file.\n" \
+  "backing-dir=<DIR>               Where relative backing file names are\n" \
+  "                                (default: the current directory).\n" \
+  GLUE_CONFIG_HELP
+
+static int
+qcow2_filter_get_ready (int thread_model)
+{
+  below_serialized = thread_model != NBDKIT_THREAD_MODEL_PARALLEL;
+  /* No pool of threads calling a plugin that takes one request at a
+   * time: they would only wait for each other.
+   */
+  if (below_serialized)
+    glue.engine.io_threads = 0;
+  return 0;
+}
+
+/* The image opened once, read-write if the plugin is writable and
+ * nbdkit does not serve read-only.  The name the engine knows it by
+ * resolves relative backing file names in backing-dir.
+ */
+static int
+qcow2_filter_open_image (nbdkit_backend *backend)
+{
+  bool readonly = glue.engine.readonly || glue_server_readonly ();
+  struct nextio *n;
+  char *path;
+  int64_t size;
+  int w;
+
+  below = nbdkit_next_context_open (backend, readonly, "", 1);
+  if (!below)
+    return -1;
+  if (below->prepare (below) == -1)
+    return -1;
+  size = below->get_size (below);
+  if (size == -1)
+    return -1;
+  if (!readonly && (w = below->can_write (below)) != 1) {
+    if (w == -1)
+      return -1;
+    readonly = true;
+  }
+  glue.engine.readonly = readonly;
+  n = calloc (1, sizeof *n);
+  if (!n) {
+    nbdkit_error ("calloc: %m");
+    return -1;
+  }
+  n->io.ops = &nextio_ops;
+  n->next = below;
+  n->size = size;
+  /* nbdkit allows a call into the plugin only once it was asked
+   * whether it can do it.
+   */
+  n->can_flush = below->can_flush (below) == 1;
+  n->can_trim = !readonly && below->can_trim (below) == 1;
+  if (asprintf (&path, "%s%simage", backing_dir ? backing_dir : "",
+                backing_dir ? "/" : "") == -1) {
+    nbdkit_error ("asprintf: %m");
+    free (n);
+    return -1;
+  }
+  image = qcow2_open (&glue_env, &n->io, path, &glue.engine);
+  free (path);
+  if (!image)
+    return -1;
+  if (glue.repair_leaks && glue_repair (image, "the image") == -1)
+    return -1;
+  return 0;
+}
+
+/* nbdkit may have started --run's command, which connects at once,
+ * before after_fork: if the image cannot be served, nbdkit exiting
+ * then would leave that client waiting for ever.  So the error is said
+ * now and every connection is refused with it.
+ */
+static int
+qcow2_filter_after_fork (nbdkit_backend *backend)
+{
+  if (qcow2_filter_open_image (backend) == -1) {
+    nbdkit_error ("the image cannot be served: every connection is "
+                  "refused");
+    open_failed = true;
+  }
+  return 0;
+}
+
+static void
+qcow2_filter_cleanup (nbdkit_backend *backend)
+{
+  if (image && qcow2_close (image) < 0)
+    nbdkit_error ("closing the image failed: its last changes may not be "
+                  "durable");
+  image = NULL;
+  if (below) {
+    below->finalize (below);
+    nbdkit_next_context_close (below);
+    below = NULL;
+  }
+}
+
+/* Connections use the shared engine, not a context of their own. */
+static void *
+qcow2_filter_open (nbdkit_next_open *next, nbdkit_context *context,
+                   int readonly, const char *exportname, int is_tls)
+{
+  if (open_failed) {
+    nbdkit_error ("the image could not be opened (the error is logged "
+                  "at start)");
+    return NULL;
+  }
+  return NBDKIT_HANDLE_NOT_NEEDED;
+}
+
+static int64_t
+qcow2_filter_get_size (nbdkit_next *next, void *handle)
+{
+  return qcow2_get_size (image);
+}
+
+static int
+qcow2_filter_can_write (nbdkit_next *next, void *handle)
+{
+  return qcow2_can_write (image);
+}
+
+/* Flush, zero (fast too), multi-conn, block status: always. */
+static int
+qcow2_filter_yes (nbdkit_next *next, void *handle)
+{
+  return 1;
+}
+
+static int
+qcow2_filter_can_fua (nbdkit_next *next, void *handle)
+{
+  return NBDKIT_FUA_NATIVE;
+}
+
+static int
+qcow2_filter_can_trim (nbdkit_next *next, void *handle)
+{
+  return qcow2_can_trim (image);
+}
+
+static int
+qcow2_filter_can_cache (nbdkit_next *next, void *handle)
+{
+  return NBDKIT_CACHE_NONE;
+}
+
+/* Every callback answers from the engine: a connection has no context
+ * of its own into the plugin (next is NULL) to pass a question on to.
+ */
+static int
+qcow2_filter_is_rotational (nbdkit_next *next, void *handle)
+{
+  return 0;
+}
+
+static const char *
+qcow2_filter_export_description (nbdkit_next *next, void *handle)
+{
+  return NULL;
+}
+
+/* As the plugin: any byte range, 4 KiB preferred, 32 MiB at most. */
+static int
+qcow2_filter_block_size (nbdkit_next *next, void *handle,
+                         uint32_t *minimum, uint32_t *preferred,
+                         uint32_t *maximum)
+{
+  *minimum = 1;
+  *preferred = 4096;
+  *maximum = 32 * 1024 * 1024;
+  return 0;
+}
+
+static int
+qcow2_filter_result (int r, int *err)
+{
+  if (r < 0) {
+    *err = -r;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+qcow2_filter_pread (nbdkit_next *next, void *handle, void *buf,
+                    uint32_t count, uint64_t offset, uint32_t flags,
+                    int *err)
+{
+  return qcow2_filter_result (qcow2_read (image, buf, count, offset), err);
+}
+
+static int
+qcow2_filter_pwrite (nbdkit_next *next, void *handle, const void *buf,
+                     uint32_t count, uint64_t offset, uint32_t flags,
+                     int *err)
+{
+  return qcow2_filter_result (qcow2_write (image, buf, count, offset,
+                                           flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+qcow2_filter_zero (nbdkit_next *next, void *handle, uint32_t count,
+                   uint64_t offset, uint32_t flags, int *err)
+{
+  return qcow2_filter_result (qcow2_zero (image, count, offset,
+                                          flags & NBDKIT_FLAG_MAY_TRIM,
+                                          flags & NBDKIT_FLAG_FAST_ZERO,
+                                          flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+qcow2_filter_trim (nbdkit_next *next, void *handle, uint32_t count,
+                   uint64_t offset, uint32_t flags, int *err)
+{
+  return qcow2_filter_result (qcow2_trim (image, count, offset,
+                                          flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+qcow2_filter_flush (nbdkit_next *next, void *handle, uint32_t flags,
+                    int *err)
+{
+  return qcow2_filter_result (qcow2_flush (image), err);
+}
+
+static int
+qcow2_filter_add_extent (void *opaque, uint64_t offset, uint64_t length,
+                         uint32_t type)
+{
+  return nbdkit_add_extent (opaque, offset, length, type) == -1 ? -errno : 0;
+}
+
+static int
+qcow2_filter_extents (nbdkit_next *next, void *handle, uint32_t count,
+                      uint64_t offset, uint32_t flags,
+                      struct nbdkit_extents *extents, int *err)
+{
+  return qcow2_filter_result (qcow2_extents (image, offset, count,
+                                             flags & NBDKIT_FLAG_REQ_ONE,
+                                             qcow2_filter_add_extent,
+                                             extents), err);
+}
+
+static struct nbdkit_filter filter = {
+  .name              = "qcow2",
+  .longname          = "nbdkit qcow2 filter",
+  .unload            = qcow2_filter_unload,
+  .config            = qcow2_filter_config,
+  .config_complete   = qcow2_filter_config_complete,
+  .config_help       = qcow2_filter_config_help,
+  .get_ready         = qcow2_filter_get_ready,
+  .after_fork        = qcow2_filter_after_fork,
+  .cleanup           = qcow2_filter_cleanup,
+  .open              = qcow2_filter_open,
+  .get_size          = qcow2_filter_get_size,
+  .block_size        = qcow2_filter_block_size,
+  .can_write         = qcow2_filter_can_write,
+  .can_flush         = qcow2_filter_yes,
+  .can_fua           = qcow2_filter_can_fua,
+  .can_trim          = qcow2_filter_can_trim,
+  .can_zero          = qcow2_filter_yes,
+  .can_fast_zero     = qcow2_filter_yes,
+  .can_multi_conn    = qcow2_filter_yes,
+  .can_extents       = qcow2_filter_yes,
+  .can_cache         = qcow2_filter_can_cache,
+  .is_rotational     = qcow2_filter_is_rotational,
+  .export_description = qcow2_filter_export_description,
+  .pread             = qcow2_filter_pread,
+  .pwrite            = qcow2_filter_pwrite,
+  .zero              = qcow2_filter_zero,
+  .trim              = qcow2_filter_trim,
+  .flush             = qcow2_filter_flush,
+  .extents           = qcow2_filter_extents,
+};
+
+NBDKIT_REGISTER_FILTER (filter)

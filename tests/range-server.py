@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""A local HTTP server for tests: serves DIR on 127.0.0.1 (a free port,
+written to PORTFILE) and answers Range requests, which Python's own
+http.server does not.  Usage: range-server.py DIR PORTFILE"""
+import http.server
+import os
+import re
+import sys
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def send_head(self):
+        path = self.translate_path(self.path)
+        m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
+        if not m or not os.path.isfile(path):
+            return super().send_head()
+        size = os.path.getsize(path)
+        start = int(m.group(1))
+        end = min(int(m.group(2)) if m.group(2) else size - 1, size - 1)
+        f = open(path, "rb")
+        f.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+        self.send_header("Content-Length", str(end - start + 1))
+        self.end_headers()
+        self.range_left = end - start + 1
+        return f
+
+    def end_headers(self):
+        self.send_header("Accept-Ranges", "bytes")
+        super().end_headers()
+
+    def copyfile(self, source, outputfile):
+        left = getattr(self, "range_left", None)
+        if left is None:
+            return super().copyfile(source, outputfile)
+        while left > 0:
+            buf = source.read(min(left, 1 << 20))
+            if not buf:
+                break
+            outputfile.write(buf)
+            left -= len(buf)
+
+    def log_message(self, *args):
+        pass
+
+
+os.chdir(sys.argv[1])
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+server.serve_forever()
