@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential nbdkit nbdkit-plugin-dev libnbd-bin libnbd-dev
           python3-libnbd qemu-utils zlib1g-dev libzstd-dev autoconf automake
-          libtool pkg-config fio perl strace
+          libtool pkg-config fio perl strace xz-utils
           # clang and libFuzzer, for fuzz/run-fuzz.sh
           clang libclang-rt-14-dev)
 missing=()
