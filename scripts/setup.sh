@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(build-essential nbdkit nbdkit-plugin-dev libnbd-bin libnbd-dev
           python3-libnbd qemu-utils zlib1g-dev libzstd-dev autoconf automake
           libtool pkg-config fio perl strace xz-utils
+          # a local sshd for the qcow2 filter over the ssh plugin
+          openssh-server openssh-client
           # clang and libFuzzer, for fuzz/run-fuzz.sh
           clang libclang-rt-14-dev)
 missing=()

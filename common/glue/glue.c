@@ -11,7 +11,9 @@
 #include "fileio.h"
 #include "glue.h"
 
-struct glue_state glue = { .engine.io_threads = GLUE_IO_THREADS };
+struct glue_state glue = {
+  .engine.io_threads = GLUE_IO_THREADS, .create.size = -1,
+};
 
 int
 glue_parse_size (const char *key, const char *value, bool zero_ok,
@@ -120,6 +122,13 @@ glue_set_repair (unsigned i)
   glue.repair_leaks = i == 0;
 }
 
+static void
+glue_set_locking (unsigned i)
+{
+  glue_file_options.locking = i == 0 ? FILEIO_LOCKING_ON
+    : i == 1 ? FILEIO_LOCKING_OFF : FILEIO_LOCKING_AUTO;
+}
+
 static const char *const overlap_modes[] = {
   "none", "constant", "cached", "all", NULL
 };
@@ -183,7 +192,53 @@ static const struct glue_option glue_options[] = {
   { "io-threads", GLUE_FN, .fn = glue_config_io_threads },
   { "l2-cache-size", GLUE_SIZE, .dest = &glue.engine.l2_cache_size },
   { "l2-slice-size", GLUE_SIZE, .dest = &glue.engine.l2_slice_size },
+  { "locking", GLUE_WORD, .words = WORDS ("on", "off", "auto"),
+    .set = glue_set_locking },
 };
+
+static void
+glue_set_compat (unsigned i)
+{
+  glue.create.opts.compat_v2 = i == 0;
+}
+
+int
+glue_config_create_size (const char *key, const char *value)
+{
+  uint64_t size;
+
+  if (glue_parse_size (key, value, true, &size) == -1)
+    return -1;
+  if (size > INT64_MAX - 511) {
+    nbdkit_error ("%s: %" PRIu64 " is too large", key, size);
+    return -1;
+  }
+  glue.create.size = size;
+  return 0;
+}
+
+static const struct glue_option glue_create_options[] = {
+  { "cluster-size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
+  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
+    .set = glue_set_compat },
+  { "extended-l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2 },
+  { "lazy-refcounts", GLUE_BOOL, true,
+    .dest = &glue.create.opts.lazy_refcounts },
+};
+
+int
+glue_config_create (const char *key, const char *value)
+{
+  const struct glue_option *o = NULL;
+  int r = glue_config_table (glue_create_options,
+                             sizeof glue_create_options
+                             / sizeof *glue_create_options,
+                             key, value, &o);
+
+  if (r == 1 && !glue.create.first_key)
+    glue.create.first_key = o->key;
+  return r;
+}
 
 int
 glue_config (const char *key, const char *value)

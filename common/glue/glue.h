@@ -22,6 +22,15 @@
 #define GLUE_IO_THREADS 4
 #define GLUE_IO_THREADS_MAX 64
 
+/* The image create= makes: size= and the options that only describe
+ * it (those both modules take).
+ */
+struct glue_create {
+  struct qcow2_create_options opts;
+  int64_t size;                 /* -1: not given */
+  const char *first_key;        /* the first such key given, or NULL */
+};
+
 /* The options both modules take, as parsed. */
 struct glue_state {
   struct qcow2_options engine;
@@ -31,6 +40,7 @@ struct glue_state {
    * overriding the former whatever their order, as in QEMU.
    */
   uint32_t overlap_on, overlap_off;
+  struct glue_create create;
 };
 extern struct glue_state glue;
 
@@ -63,6 +73,14 @@ extern int glue_config_table (const struct glue_option *t, size_t n,
                               const struct glue_option **row);
 /* The keys both modules take; as glue_config_table. */
 extern int glue_config (const char *key, const char *value);
+/* The keys that describe an image to create; as glue_config_table,
+ * noting the first in glue.create.first_key.
+ */
+extern int glue_config_create (const char *key, const char *value);
+/* The virtual size of an image to create, as a row's fn: the plugin
+ * calls it size=, the filter virtual-size= (plugins take size=).
+ */
+extern int glue_config_create_size (const char *key, const char *value);
 /* After the last key: glue.engine complete. */
 extern void glue_config_complete (void);
 extern void glue_unload (void);
@@ -103,6 +121,7 @@ extern bool glue_server_readonly (void);
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
   "io-threads=<N>                  Threads reading or writing the pieces of a\n" \
-  "                                fragmented request at once (default 4, 0: none)."
+  "                                fragmented request at once (default 4, 0: none).\n" \
+  "locking=auto|on|off             QEMU's image locks on local files (auto)."
 
 #endif /* QCOW2_GLUE_H */

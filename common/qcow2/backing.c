@@ -67,10 +67,14 @@ int
 backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
               const char **chain, unsigned depth)
 {
-  const char *name = img->h.backing_file;
-  const char *format = img->h.backing_format;
+  bool named = opts->backing_chain_len > 0;
+  const char *name = named ? opts->backing_chain[0] : img->h.backing_file;
+  const char *format = named ? NULL : img->h.backing_format;
   struct qcow2_options layer_opts = {
     .debug_cache = opts->debug_cache, .readonly = true,
+    .no_backing = opts->no_backing,
+    .backing_chain = named ? opts->backing_chain + 1 : NULL,
+    .backing_chain_len = named ? opts->backing_chain_len - 1 : 0,
   };
   struct qcow2_io *io;
   char *path, *id;
@@ -91,7 +95,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
     return -ELOOP;
   }
 
-  path = backing_resolve (img->path, name);
+  path = named ? strdup (name) : backing_resolve (img->path, name);
   if (!path)
     return -ENOMEM;
   if (img->env->identity) {
@@ -104,10 +108,11 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
       return r;
     }
   }
-  io = backing_open_file (img, "backing file", "; backing=none serves the "
-                         "image without it, and \"qemu-img rebase -u -b "
-                         "NEW-NAME -F FORMAT IMAGE\" gives the image its new "
-                         "name", path, true, &id);
+  io = backing_open_file (img, named ? "backing file (named by backing=)"
+                         : "backing file", named ? "" : "; backing=none "
+                         "serves the image without it, and \"qemu-img rebase "
+                         "-u -b NEW-NAME -F FORMAT IMAGE\" gives the image "
+                         "its new name", path, true, &id);
   if (!io) {
     int e = errno;
     free (path);

@@ -127,7 +127,10 @@ image_describe (const struct qcow2_image *img,
   char backing[64 + QCOW2_MAX_BACKING_NAME] = "none";
   char data_file[64 + PATH_MAX] = "none";
 
-  if (h->backing_file)
+  if (opts->backing_chain_len > 0)
+    snprintf (backing, sizeof backing, "\"%s\" (format probed, named by "
+              "backing=)", opts->backing_chain[0]);
+  else if (h->backing_file)
     snprintf (backing, sizeof backing, "\"%s\" (%s%s)", h->backing_file,
               h->backing_format ? h->backing_format : "format probed",
               opts->no_backing ? ", not opened: backing=none" : "");
@@ -193,7 +196,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if (img->writable && (r = bitmap_open (img)) < 0)
     return r;
   image_describe (img, opts);
-  if (!opts->no_backing && img->h.backing_file)
+  if (opts->backing_chain_len > 0
+      || (!opts->no_backing && img->h.backing_file))
     return backing_open (img, opts, chain, depth);
   return 0;
 }
@@ -241,6 +245,12 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   if (!format && (r = image_probe_format (img, &format)) < 0)
     goto err;
   if (strcmp (format, "raw") == 0) {
+    if (opts->backing_chain_len > 0) {
+      qcow2_err (img, "raw, so it has no backing file: backing=%s cannot "
+                 "follow it", opts->backing_chain[0]);
+      r = -EINVAL;
+      goto err;
+    }
     img->raw = true;
     img->size = img->file_size;
     qcow2_dbg (img, "raw, size %" PRIu64 ", read-only", img->size);

@@ -48,6 +48,13 @@ struct qcow2_options {
   uint64_t l2_cache_size;       /* bytes; 0 = cover the disk, up to a cap */
   uint64_t l2_slice_size;       /* bytes; 0 = default (see cache.c) */
   bool no_backing;              /* serve the image without its backing file */
+  /* A backing chain the user names, the top image's backing file first:
+   * each replaces the name its layer's header records (format probed);
+   * the last one's own backing file comes from its header unless
+   * no_backing.  Names are used as given.
+   */
+  const char *const *backing_chain;
+  unsigned backing_chain_len;
   const char *snapshot;         /* internal snapshot name or ID, or NULL */
   const char *data_file;        /* override the external data file name */
   bool debug_cache;             /* debug messages for L2 cache hits/misses */

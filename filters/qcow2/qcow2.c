@@ -5,6 +5,7 @@
  * opened at after_fork (a "shared" context), so that all connections
  * see one image, as with the plugin.  Backing files are local files.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -13,9 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <nbdkit-filter.h>
 
+#include "checked.h"
+#include "fileio.h"
 #include "glue.h"
 #include "qcow2.h"
 
@@ -24,8 +28,32 @@
  */
 #define NEXT_MAX (32u << 20)
 
-/* backing-dir=: where backing files named by a relative name are. */
+/* backing-dir=: where backing files named by a relative name are.
+ * Without it: the image's folder when the plugin serves a local file,
+ * else the current directory (taken at config_complete, before nbdkit
+ * runs in the background in "/").
+ */
 static char *backing_dir;
+static char *start_dir;
+
+/* backing=FILE, in the order given: the chain below the image, as
+ * written, then (at open) resolved where backing files are.
+ */
+static char **backing_chain;
+static unsigned backing_chain_len;
+
+/* file=, passed on to the plugin (nbdkit's file plugin, or another
+ * that takes the key), and how often: a single local file that the
+ * plugin has open is the image, locked as the plugin locks its image,
+ * and named by its path (messages, relative backing file names).
+ */
+static char *below_file;
+static unsigned below_file_count;
+
+/* create=true: format the plugin's export (if empty) at open. */
+static bool create;
+static bool below_file_is_image;
+static struct qcow2_io *below_file_lock;
 
 /* The context into the plugin, shared by all connections, and what the
  * engine made of it.  Set at after_fork, fixed until cleanup.
@@ -175,13 +203,34 @@ static const struct qcow2_io_ops nextio_ops = {
 static int
 qcow2_filter_backing (const char *key, const char *value)
 {
-  if (strcmp (value, "none") != 0) {
-    nbdkit_error ("backing: only backing=none (the filter opens the "
-                  "backing files the image names, relative to "
-                  "backing-dir=), not \"%s\"", value);
+  char **chain;
+
+  if (glue.engine.no_backing) {
+    nbdkit_error ("backing=%s: backing=none ends the chain, so nothing "
+                  "can follow it", value);
     return -1;
   }
-  glue.engine.no_backing = true;
+  if (strcmp (value, "none") == 0) {
+    glue.engine.no_backing = true;
+    return 0;
+  }
+  if (value[0] == '\0') {
+    nbdkit_error ("backing: empty file name (backing=none serves the image "
+                  "without its backing file)");
+    return -1;
+  }
+  chain = realloc (backing_chain, (backing_chain_len + 1) * sizeof *chain);
+  if (!chain) {
+    nbdkit_error ("realloc: %m");
+    return -1;
+  }
+  backing_chain = chain;
+  chain[backing_chain_len] = strdup (value);
+  if (!chain[backing_chain_len]) {
+    nbdkit_error ("strdup: %m");
+    return -1;
+  }
+  backing_chain_len++;
   return 0;
 }
 
@@ -189,6 +238,8 @@ qcow2_filter_backing (const char *key, const char *value)
 static const struct glue_option filter_options[] = {
   { "backing", GLUE_FN, .fn = qcow2_filter_backing },
   { "backing-dir", GLUE_PATH, .dest = &backing_dir },
+  { "create", GLUE_BOOL, .dest = &create },
+  { "virtual-size", GLUE_FN, true, .fn = glue_config_create_size },
 };
 
 static void
@@ -196,6 +247,11 @@ qcow2_filter_unload (void)
 {
   glue_unload ();
   free (backing_dir);
+  free (start_dir);
+  for (unsigned i = 0; i < backing_chain_len; i++)
+    free (backing_chain[i]);
+  free (backing_chain);
+  free (below_file);
 }
 
 /* Our keys, and the plugin's (passed on). */
@@ -203,12 +259,22 @@ static int
 qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                      const char *key, const char *value)
 {
+  const struct glue_option *o = NULL;
   int r = glue_config (key, value);
 
   if (r == 0)
+    r = glue_config_create (key, value);
+  if (r == 0)
     r = glue_config_table (filter_options,
                            sizeof filter_options / sizeof *filter_options,
-                           key, value, NULL);
+                           key, value, &o);
+  if (r == 1 && o && o->create_only && !glue.create.first_key)
+    glue.create.first_key = o->key;
+  if (r == 0 && strcmp (key, "file") == 0) {
+    free (below_file);
+    below_file = nbdkit_absolute_path (value);
+    below_file_count++;
+  }
   if (r == 0)
     return next (nxdata, key, value);
   return r == 1 ? 0 : -1;
@@ -219,11 +285,36 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                               nbdkit_backend *nxdata)
 {
   glue_config_complete ();
+  if (!create && glue.create.first_key) {
+    nbdkit_error ("%s= describes an image to make: it needs create=true",
+                  glue.create.first_key);
+    return -1;
+  }
+  if (create && glue.create.size == -1) {
+    nbdkit_error ("create=true needs virtual-size= (the size of the disk "
+                  "the image made in the plugin's export holds)");
+    return -1;
+  }
+  if (create && backing_chain_len > 0) {
+    nbdkit_error ("create=true makes an image without a backing file: "
+                  "backing= names the chain of an image served");
+    return -1;
+  }
+  glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
+  if (create && qcow2_create_check (&glue_env, &glue.create.opts) < 0)
+    return -1;
+  if (!backing_dir && !(start_dir = nbdkit_realpath (".")))
+    return -1;
   return next (nxdata);
 }
 
 #define qcow2_filter_config_help \
   "backing=none                    Serve the image without its backing file.\n" \
+  "backing=<FILE>                  The image's backing file (repeat for the\n" \
+  "                                chain below it; backing=none ends it).\n" \
+  "create=true virtual-size=<SIZE> Make a new image in the (empty) export,\n" \
+  "                                also cluster-size=, compat=, extended-l2=,\n" \
+  "                                lazy-refcounts=.\n" \
   "backing-dir=<DIR>               Where relative backing file names are\n" \
   "                                (default: the current directory).\n" \
   GLUE_CONFIG_HELP
@@ -238,6 +329,145 @@ qcow2_filter_get_ready (int thread_model)
   if (below_serialized)
     glue.engine.io_threads = 0;
   return 0;
+}
+
+/* Whether this process has st's file open (the plugin below, after
+ * opening its context: nbdkit's file plugin opens at open).
+ */
+static bool
+qcow2_filter_file_is_open (const struct stat *st)
+{
+  DIR *d = opendir ("/proc/self/fd");
+  struct dirent *e;
+  bool found = false;
+
+  if (!d)
+    return false;
+  while (!found && (e = readdir (d)) != NULL) {
+    struct stat fst;
+    char *end;
+    long fd = strtol (e->d_name, &end, 10);
+
+    if (*end == '\0' && fd != dirfd (d) && fstat ((int) fd, &fst) == 0)
+      found = fst.st_dev == st->st_dev && fst.st_ino == st->st_ino;
+  }
+  closedir (d);
+  return found;
+}
+
+/* When the plugin serves one local file, QEMU's locks on it, held by
+ * a descriptor of our own until cleanup: QEMU then sees the image in
+ * use, and the filter refuses an image QEMU is writing.
+ */
+static int
+qcow2_filter_lock_below (bool readonly)
+{
+  struct stat st;
+  char *why = NULL;
+
+  if (below_file_count != 1 || !below_file)
+    return 0;
+  if (stat (below_file, &st) == -1 || !S_ISREG (st.st_mode)
+      || !qcow2_filter_file_is_open (&st)) {
+    nbdkit_debug ("%s: not locked: the plugin below has no such local "
+                  "file open", below_file);
+    return 0;
+  }
+  below_file_is_image = true;
+  below_file_lock = fileio_open_with (below_file, readonly,
+                                      &glue_file_options, &why);
+  if (!below_file_lock) {
+    nbdkit_error ("%s: %s", below_file, why ? why : strerror (errno));
+    free (why);
+    return -1;
+  }
+  return 0;
+}
+
+/* create=true: a new image in the export, which must be empty (its
+ * first MiB all zeros: not an image, a partition table or a file
+ * system someone would miss).  0, or -1 said.
+ */
+static int
+qcow2_filter_create (struct qcow2_io *io)
+{
+  uint64_t len = MIN (io->ops->size (io), 1u << 20);
+  uint8_t *buf = malloc (len ? len : 1);
+  int r;
+
+  if (!buf) {
+    nbdkit_error ("malloc: %m");
+    return -1;
+  }
+  r = io->ops->pread (io, buf, len, 0);
+  if (r < 0) {
+    nbdkit_error ("create: reading the plugin's export: %s", strerror (-r));
+    free (buf);
+    return -1;
+  }
+  for (uint64_t i = 0; i < len; i++) {
+    if (buf[i] != 0) {
+      nbdkit_error ("create=true: the plugin's export is not empty (data "
+                    "at offset %" PRIu64 "): only an empty export is "
+                    "formatted", i);
+      free (buf);
+      return -1;
+    }
+  }
+  free (buf);
+  if (qcow2_create (&glue_env, io, &glue.create.opts) < 0)
+    return -1;
+  nbdkit_debug ("create: a %" PRIu64 "-byte image made in the plugin's "
+                "export", glue.create.opts.size);
+  return 0;
+}
+
+/* Where relative backing file names are (see backing_dir), and the
+ * name the engine knows the image by, which resolves them there.
+ * Then the names of backing=, resolved there.  0, or -1 said.
+ */
+static int
+qcow2_filter_name_files (char **image_path)
+{
+  char *dir;
+  int r = 0;
+
+  if (backing_dir || !below_file_is_image)
+    dir = strdup (backing_dir ? backing_dir : start_dir);
+  else  /* an absolute path: it has a slash */
+    dir = strndup (below_file, strrchr (below_file, '/') - below_file);
+  if (!dir) {
+    nbdkit_error ("strdup: %m");
+    return -1;
+  }
+  /* Names are dir + "/" + name, so the root folder is "". */
+  if (strcmp (dir, "/") == 0)
+    dir[0] = '\0';
+  if (!backing_dir && below_file_is_image)
+    *image_path = strdup (below_file);
+  else if (asprintf (image_path, "%s/image", dir) == -1)
+    *image_path = NULL;
+  for (unsigned i = 0; *image_path && i < backing_chain_len; i++) {
+    char *path;
+
+    if (backing_chain[i][0] == '/')
+      continue;
+    if (asprintf (&path, "%s/%s", dir, backing_chain[i]) == -1) {
+      free (*image_path);
+      *image_path = NULL;
+      break;
+    }
+    free (backing_chain[i]);
+    backing_chain[i] = path;
+  }
+  if (!*image_path) {
+    nbdkit_error ("asprintf: %m");
+    r = -1;
+  }
+  glue.engine.backing_chain = (const char *const *) backing_chain;
+  glue.engine.backing_chain_len = backing_chain_len;
+  free (dir);
+  return r;
 }
 
 /* The image opened once, read-write if the plugin is writable and
@@ -267,6 +497,8 @@ qcow2_filter_open_image (nbdkit_backend *backend)
     readonly = true;
   }
   glue.engine.readonly = readonly;
+  if (qcow2_filter_lock_below (readonly) == -1)
+    return -1;
   n = calloc (1, sizeof *n);
   if (!n) {
     nbdkit_error ("calloc: %m");
@@ -280,9 +512,14 @@ qcow2_filter_open_image (nbdkit_backend *backend)
    */
   n->can_flush = below->can_flush (below) == 1;
   n->can_trim = !readonly && below->can_trim (below) == 1;
-  if (asprintf (&path, "%s%simage", backing_dir ? backing_dir : "",
-                backing_dir ? "/" : "") == -1) {
-    nbdkit_error ("asprintf: %m");
+  if (create && readonly) {
+    nbdkit_error ("create=true: the export is read-only (nbdkit -r, or a "
+                  "plugin that cannot write)");
+    free (n);
+    return -1;
+  }
+  if ((create && qcow2_filter_create (&n->io) == -1) ||
+      qcow2_filter_name_files (&path) == -1) {
     free (n);
     return -1;
   }
@@ -322,6 +559,10 @@ qcow2_filter_cleanup (nbdkit_backend *backend)
     below->finalize (below);
     nbdkit_next_context_close (below);
     below = NULL;
+  }
+  if (below_file_lock) {
+    below_file_lock->ops->close (below_file_lock);
+    below_file_lock = NULL;
   }
 }
 

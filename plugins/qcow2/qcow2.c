@@ -34,11 +34,7 @@ static struct qcow2_image *image;
 
 /* create=true or create=if-missing: make the image at get_ready. */
 static enum { CREATE_NO, CREATE_YES, CREATE_IF_MISSING } create;
-/* The first option given that only describes an image to create. */
-static const char *create_only_key;
 static char *create_backing;
-static int64_t create_size = -1;
-static struct qcow2_create_options create_options;
 static enum { PREALLOC_OFF, PREALLOC_METADATA, PREALLOC_FULL } prealloc;
 
 static void
@@ -57,23 +53,10 @@ plugin_unload (void)
  * row's words).
  */
 static void
-plugin_set_compat (unsigned i)
-{
-  create_options.compat_v2 = i == 0;
-}
-
-static void
 plugin_set_preallocation (unsigned i)
 {
   prealloc = i == 0 ? PREALLOC_OFF : i == 1 ? PREALLOC_METADATA
                                             : PREALLOC_FULL;
-}
-
-static void
-plugin_set_locking (unsigned i)
-{
-  glue_file_options.locking = i == 0 ? FILEIO_LOCKING_ON
-    : i == 1 ? FILEIO_LOCKING_OFF : FILEIO_LOCKING_AUTO;
 }
 
 static void
@@ -109,17 +92,6 @@ plugin_config_create (const char *key, const char *value)
   return 0;
 }
 
-static int
-plugin_config_size (const char *key, const char *value)
-{
-  uint64_t size;
-
-  if (glue_parse_size (key, value, true, &size) == -1)
-    return -1;
-  create_size = size;
-  return 0;
-}
-
 #define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
 
 /* The plugin's own keys (glue.c has those the filter takes too). */
@@ -131,18 +103,10 @@ static const struct glue_option plugin_options[] = {
   { "data-file", GLUE_PATH, .dest = &data_file },
   { "backing", GLUE_FN, .fn = plugin_config_backing },
   { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
-  { "locking", GLUE_WORD, .words = WORDS ("on", "off", "auto"),
-    .set = plugin_set_locking },
   { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
   { "create", GLUE_FN, .fn = plugin_config_create },
-  { "size", GLUE_FN, true, .fn = plugin_config_size },
-  { "cluster-size", GLUE_SIZE, true, .dest = &create_options.cluster_size },
-  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
-    .set = plugin_set_compat },
-  { "extended-l2", GLUE_BOOL, true, .dest = &create_options.extended_l2 },
-  { "lazy-refcounts", GLUE_BOOL, true,
-    .dest = &create_options.lazy_refcounts },
+  { "size", GLUE_FN, true, .fn = glue_config_create_size },
   { "preallocation", GLUE_WORD, true,
     .words = WORDS ("off", "metadata", "full"),
     .set = plugin_set_preallocation },
@@ -155,6 +119,8 @@ plugin_config (const char *key, const char *value)
   int r = glue_config (key, value);
 
   if (r == 0)
+    r = glue_config_create (key, value);
+  if (r == 0)
     r = glue_config_table (plugin_options,
                            sizeof plugin_options / sizeof *plugin_options,
                            key, value, &o);
@@ -163,10 +129,10 @@ plugin_config (const char *key, const char *value)
     return -1;
   }
   /* backing=FILE only describes an image to make; backing=none not. */
-  if (r == 1 && o && !create_only_key &&
+  if (r == 1 && o && !glue.create.first_key &&
       (o->create_only ||
        (o->fn == plugin_config_backing && strcmp (value, "none") != 0)))
-    create_only_key = o->key;
+    glue.create.first_key = o->key;
   return r == 1 ? 0 : -1;
 }
 
@@ -177,15 +143,15 @@ plugin_config_complete (void)
     nbdkit_error ("you must supply the file=<FILENAME> parameter");
     return -1;
   }
-  if (create == CREATE_NO && create_only_key) {
+  if (create == CREATE_NO && glue.create.first_key) {
     nbdkit_error ("%s= describes an image to make: it needs create=true "
-                  "(or create=if-missing)%s", create_only_key,
-                  strcmp (create_only_key, "backing") == 0 ?
+                  "(or create=if-missing)%s", glue.create.first_key,
+                  strcmp (glue.create.first_key, "backing") == 0 ?
                   "; to serve an image without its backing file, use "
                   "backing=none" : "");
     return -1;
   }
-  if (create != CREATE_NO && create_size == -1 && !create_backing) {
+  if (create != CREATE_NO && glue.create.size == -1 && !create_backing) {
     nbdkit_error ("create=true needs size= (or backing= to take its size)");
     return -1;
   }
@@ -225,21 +191,21 @@ plugin_probe_backing (void)
     goto out;
   }
   if (io->ops->pread (io, magic, 4, 0) == 0 && memcmp (magic, "QFI\xfb", 4) == 0) {
-    create_options.backing_format = "qcow2";
+    glue.create.opts.backing_format = "qcow2";
     b = qcow2_open (&glue_env, io, path ? path : create_backing, &probe);
     if (!b)
       goto out;
-    if (create_size == -1)
-      create_size = qcow2_get_size (b);
+    if (glue.create.size == -1)
+      glue.create.size = qcow2_get_size (b);
     qcow2_close (b);
   }
   else {
-    create_options.backing_format = "raw";
-    if (create_size == -1)
-      create_size = io->ops->size (io);
+    glue.create.opts.backing_format = "raw";
+    if (glue.create.size == -1)
+      glue.create.size = io->ops->size (io);
     io->ops->close (io);
   }
-  r = create_size >= 0 ? 0 : -1;
+  r = glue.create.size >= 0 ? 0 : -1;
  out:
   free (path);
   return r;
@@ -271,13 +237,13 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
   if (create_backing && plugin_probe_backing () == -1)
     return -1;
   /* Whole sectors, as qemu-img rounds it. */
-  if (create_size > INT64_MAX - 511) {
-    nbdkit_error ("size %" PRId64 " is too large", create_size);
+  if (glue.create.size > INT64_MAX - 511) {
+    nbdkit_error ("size %" PRId64 " is too large", glue.create.size);
     return -1;
   }
-  create_options.size = (create_size + 511) & ~INT64_C (511);
-  create_options.backing = create_backing;
-  if (qcow2_create_check (&glue_env, &create_options) < 0)
+  glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
+  glue.create.opts.backing = create_backing;
+  if (qcow2_create_check (&glue_env, &glue.create.opts) < 0)
     return -1;
 
   /* Locked for writing before anything is written, and served through
@@ -299,7 +265,7 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
     return -1;
   }
   *made = existed ? MADE_IN_EMPTY_FILE : MADE_NEW_FILE;
-  if (qcow2_create (&glue_env, io, &create_options) < 0) {
+  if (qcow2_create (&glue_env, io, &glue.create.opts) < 0) {
     io->ops->close (io);
     return -1;
   }
@@ -328,7 +294,6 @@ plugin_create_undo (enum create_made made)
   "                                preallocation=).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
   "readonly=true                   Open the image read-only.\n" \
-  "locking=on|off|auto             QEMU's image locks (default auto).\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
   GLUE_CONFIG_HELP
