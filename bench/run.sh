@@ -38,12 +38,15 @@
 #                          plugin with OPTS (comma-separated) added, e.g.
 #                          'serial:io-threads=0', to compare changes
 #                          in the same run; plugin=PATH among OPTS serves
-#                          with another build of the plugin
+#                          with another build of the plugin; as-filter
+#                          serves with the qcow2 filter over nbdkit's file
+#                          plugin instead (e.g. 'filter:as-filter')
 
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 plugin=$top/plugins/qcow2/.libs/nbdkit-qcow2-plugin.so
+filter=$top/filters/qcow2/.libs/nbdkit-qcow2-filter.so
 mkimage=$top/bench/mkimage.sh
 
 # Debian's nbdkit and python3 (with the nbd module), not pyenv's.
@@ -168,15 +171,24 @@ start ()
            --image-opts "$qopts") ;;
     raw) cmd=(nbdkit -f -U "$sock" file "file=$raw") ;;
     *)
-      local v o opts=() so=$plugin
+      local v o opts=() so=$plugin as_filter=
       for v in ${BENCH_VARIANTS:-}; do
         [ "${v%%:*}" = "$server" ] || continue
         v=${v#*:}
         for o in ${v//,/ }; do
-          case $o in plugin=*) so=${o#plugin=} ;; *) opts+=("$o") ;; esac
+          case $o in
+            plugin=*) so=${o#plugin=} ;;
+            as-filter) as_filter=1 ;;
+            *) opts+=("$o") ;;
+          esac
         done
       done
-      cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts "${opts[@]}") ;;
+      if [ -n "$as_filter" ]; then
+        cmd=(nbdkit -f -U "$sock" "--filter=$filter" file "file=$qcow2"
+             $ours_opts "${opts[@]}")
+      else
+        cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts "${opts[@]}")
+      fi ;;
   esac
   server_cmd="${cmd[*]}"
   rm -f "$sock"

@@ -21,6 +21,11 @@
  */
 #define GLUE_IO_THREADS 4
 #define GLUE_IO_THREADS_MAX 64
+/* The filter's default: below it may be a network, where a request
+ * costs a round trip, and a 1 MiB read of 64 KiB clusters scattered is
+ * 16 pieces, all issued at once by the requester and 15 more threads.
+ */
+#define GLUE_IO_THREADS_FILTER 16
 
 /* The image create= makes: size= and the options that only describe
  * it (those both modules take).

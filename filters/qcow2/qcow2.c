@@ -243,6 +243,12 @@ static const struct glue_option filter_options[] = {
 };
 
 static void
+qcow2_filter_load (void)
+{
+  glue.engine.io_threads = GLUE_IO_THREADS_FILTER;
+}
+
+static void
 qcow2_filter_unload (void)
 {
   glue_unload ();
@@ -716,6 +722,7 @@ qcow2_filter_extents (nbdkit_next *next, void *handle, uint32_t count,
 static struct nbdkit_filter filter = {
   .name              = "qcow2",
   .longname          = "nbdkit qcow2 filter",
+  .load              = qcow2_filter_load,
   .unload            = qcow2_filter_unload,
   .config            = qcow2_filter_config,
   .config_complete   = qcow2_filter_config_complete,
