@@ -66,7 +66,7 @@ info_has "$img" 'backing file: base.qcow2'
 info_has "$img" 'backing file format: qcow2'
 qemu-io -f qcow2 -c 'read -P 5 2M 1M' "$img" >/dev/null || fail "backing data not shown"
 qemu-img create -q -f raw "$tmp/base.raw" 20M
-write_some "$img" backing=base.raw size=40M
+write_some "$img" backing=base.raw backing-fmt=raw size=40M
 info_has "$img" 'backing file format: raw'
 info_has "$img" 'virtual size: 40 MiB'
 
@@ -100,14 +100,14 @@ rm -f "$img"
 # Every option checked before the file is touched: nothing left behind.
 for opts in "cluster-size=3000" "extended-l2=on cluster-size=4K" \
             "compat=0.10 lazy-refcounts=on" "size=1T cluster-size=512" \
-            "backing=missing.qcow2" "data-file=$tmp/data.raw"; do
+            "backing=missing.qcow2" "data-file=$tmp/data.raw compat=0.10" \
+            "backing=base.raw"; do
   # shellcheck disable=SC2086
   expect_refused '.' qcow2 "$img" create=true size=1M $opts
   [ ! -e "$img" ] || fail "create=true $opts left $img behind"
   [ ! -e "$tmp/data.raw" ] || fail "create=true $opts made the data file"
 done
-expect_refused 'external data file.*qemu-img create' qcow2 "$img" \
-  create=true size=1M data-file=$tmp/data.raw
+expect_refused 'backing-fmt=raw' qcow2 "$img" create=true backing=base.raw
 # A failure after the image is written (preallocation past the file
 # size limit): the new file removed, an empty file left empty.
 (trap '' XFSZ; ulimit -f 4096
@@ -120,6 +120,12 @@ expect_refused 'external data file.*qemu-img create' qcow2 "$img" \
    preallocation=full)
 [ -e "$img" ] && [ ! -s "$img" ] || fail "a failed create=true did not leave the empty $img empty"
 rm -f "$img"
+# The same with an external data file: both removed.
+(trap '' XFSZ; ulimit -f 4096
+ expect_refused 'File too large' qcow2 "$img" create=true size=64M \
+   data-file="$tmp/data.raw" preallocation=full)
+[ ! -e "$img" ] && [ ! -e "$tmp/data.raw" ] ||
+  fail "a failed create=true left $img or its data file behind"
 
 # create=if-missing: made the first time, served as it is after (what a
 # service unit that restarts needs), even if the options differ.

@@ -192,6 +192,8 @@ static const struct glue_option glue_options[] = {
   { "io-threads", GLUE_FN, .fn = glue_config_io_threads },
   { "l2-cache-size", GLUE_SIZE, .dest = &glue.engine.l2_cache_size },
   { "l2-slice-size", GLUE_SIZE, .dest = &glue.engine.l2_slice_size },
+  /* QEMU's name for it. */
+  { "l2-cache-entry-size", GLUE_SIZE, .dest = &glue.engine.l2_slice_size },
   { "locking", GLUE_WORD, .words = WORDS ("on", "off", "auto"),
     .set = glue_set_locking },
 };
@@ -217,13 +219,36 @@ glue_config_create_size (const char *key, const char *value)
   return 0;
 }
 
+static void
+glue_set_compression_type (unsigned i)
+{
+  glue.create.opts.zstd = i == 1;
+}
+
+static int
+glue_config_refcount_bits (const char *key, const char *value)
+{
+  return nbdkit_parse_unsigned (key, value, &glue.create.opts.refcount_bits);
+}
+
+/* Each with qemu-img's spelling too (-o cluster_size=...). */
 static const struct glue_option glue_create_options[] = {
   { "cluster-size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
+  { "cluster_size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
   { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
     .set = glue_set_compat },
   { "extended-l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2 },
+  { "extended_l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2 },
   { "lazy-refcounts", GLUE_BOOL, true,
     .dest = &glue.create.opts.lazy_refcounts },
+  { "lazy_refcounts", GLUE_BOOL, true,
+    .dest = &glue.create.opts.lazy_refcounts },
+  { "refcount-bits", GLUE_FN, true, .fn = glue_config_refcount_bits },
+  { "refcount_bits", GLUE_FN, true, .fn = glue_config_refcount_bits },
+  { "compression-type", GLUE_WORD, true, .words = WORDS ("zlib", "zstd"),
+    .set = glue_set_compression_type },
+  { "compression_type", GLUE_WORD, true, .words = WORDS ("zlib", "zstd"),
+    .set = glue_set_compression_type },
 };
 
 int

@@ -16,7 +16,14 @@
 #include "internal.h"
 
 #define CREATE_V3_HEADER 112    /* with the compression type, padded */
-#define CREATE_REFCOUNT_ORDER 4 /* 16-bit refcounts, QEMU's default */
+#define CREATE_REFCOUNT_BITS 16 /* QEMU's default */
+
+static uint32_t
+create_refcount_order (const struct qcow2_create_options *o)
+{
+  return __builtin_ctz (o->refcount_bits ? o->refcount_bits
+                                         : CREATE_REFCOUNT_BITS);
+}
 
 static int
 create_put_ext (uint8_t *buf, uint64_t *off, uint64_t limit, uint32_t type,
@@ -52,11 +59,19 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
   be64_put (buf + 48, cs);              /* refcount table: cluster 1 */
   be32_put (buf + 56, reftable_clusters);
   if (v3) {
-    be64_put (buf + 72, o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0);
+    be64_put (buf + 72, (o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0) |
+              (o->zstd ? QCOW2_INCOMPAT_COMPRESSION : 0) |
+              (o->data_file ? QCOW2_INCOMPAT_DATA_FILE : 0));
     be64_put (buf + 80, o->lazy_refcounts ? QCOW2_COMPAT_LAZY_REFCOUNTS : 0);
-    be32_put (buf + 96, CREATE_REFCOUNT_ORDER);
+    be64_put (buf + 88, o->data_file_raw ? QCOW2_AUTOCLEAR_DATA_RAW : 0);
+    be32_put (buf + 96, create_refcount_order (o));
     be32_put (buf + 100, CREATE_V3_HEADER);
+    buf[104] = o->zstd ? QCOW2_COMPRESSION_ZSTD : QCOW2_COMPRESSION_DEFLATE;
   }
+  if (o->data_file &&
+      (r = create_put_ext (buf, &off, cs, QCOW2_EXT_DATA_FILE, o->data_file,
+                           strlen (o->data_file))) < 0)
+    return r;
   if (o->backing && o->backing_format &&
       (r = create_put_ext (buf, &off, cs, QCOW2_EXT_BACKING_FORMAT,
                            o->backing_format,
@@ -82,6 +97,8 @@ create_header_bytes (const struct qcow2_create_options *o)
 
   if (o->backing && o->backing_format)
     off += 8 + ((strlen (o->backing_format) + 7) & ~(size_t) 7);
+  if (o->data_file)
+    off += 8 + ((strlen (o->data_file) + 7) & ~(size_t) 7);
   off += 8;
   if (o->backing)
     off += strlen (o->backing);
@@ -111,16 +128,42 @@ qcow2_create_check (const struct qcow2_env *env,
     env_err (env, "lazy refcounts need compat=1.1");
     return -EINVAL;
   }
+  if (o->refcount_bits && (!is_power_of_2 (o->refcount_bits) ||
+                           o->refcount_bits > 64)) {
+    env_err (env, "refcount-bits %u must be a power of two from 1 to 64",
+             o->refcount_bits);
+    return -EINVAL;
+  }
+  if (o->compat_v2 && o->refcount_bits &&
+      o->refcount_bits != CREATE_REFCOUNT_BITS) {
+    env_err (env, "refcount widths other than 16 bits need compat=1.1");
+    return -EINVAL;
+  }
+  if (o->compat_v2 && (o->zstd || o->data_file)) {
+    env_err (env, "%s needs compat=1.1", o->zstd ? "compression-type=zstd"
+             : "an external data file");
+    return -EINVAL;
+  }
+  if (o->data_file_raw && !o->data_file) {
+    env_err (env, "data-file-raw needs data-file");
+    return -EINVAL;
+  }
+  if (o->data_file && o->backing && o->data_file_raw) {
+    env_err (env, "a raw external data file cannot have a backing file");
+    return -EINVAL;
+  }
   if (div_round_up (div_round_up (o->size, cs), l2_entries) * 8 >
       QCOW2_MAX_L1_BYTES) {
     env_err (env, "size %" PRIu64 " is too large for %" PRIu64 "-byte "
              "clusters", o->size, cs);
     return -EFBIG;
   }
-  if (o->backing && (strlen (o->backing) > QCOW2_MAX_BACKING_NAME ||
-                     create_header_bytes (o) > cs)) {
-    env_err (env, "the backing file name \"%s\" does not fit in the header "
-             "of %" PRIu64 "-byte clusters", o->backing, cs);
+  if ((o->backing && strlen (o->backing) > QCOW2_MAX_BACKING_NAME) ||
+      create_header_bytes (o) > cs) {
+    env_err (env, "the file names (backing \"%s\", data file \"%s\") do "
+             "not fit in the header of %" PRIu64 "-byte clusters",
+             o->backing ? o->backing : "", o->data_file ? o->data_file : "",
+             cs);
     return -ENAMETOOLONG;
   }
   return 0;
@@ -133,7 +176,8 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
   uint64_t cs = o->cluster_size ? o->cluster_size : 65536;
   uint32_t cluster_bits = __builtin_ctzll (cs);
   uint64_t l2_entries = cs / (o->extended_l2 ? 16 : 8);
-  uint64_t per_block = cs * 8 >> CREATE_REFCOUNT_ORDER;
+  uint32_t refcount_order = create_refcount_order (o);
+  uint64_t per_block = cs * 8 >> refcount_order;
   uint64_t l1_size, l1_clusters, blocks = 1, tclusters = 1, total;
   uint8_t *area;
   int r;
@@ -166,7 +210,7 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
     be64_put (area + cs + i * 8, (1 + tclusters + i) * cs);
   for (uint64_t c = 0; c < total; c++)
     refcount_entry_set (area + (1 + tclusters + c / per_block) * cs,
-                        CREATE_REFCOUNT_ORDER, c % per_block, 1);
+                        refcount_order, c % per_block, 1);
 
   r = io->ops->pwrite (io, area, total * cs, 0);
   if (r == 0)

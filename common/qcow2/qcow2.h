@@ -77,6 +77,10 @@ struct qcow2_create_options {
   bool lazy_refcounts;
   const char *backing;          /* backing file name, or NULL */
   const char *backing_format;   /* "qcow2" or "raw", or NULL */
+  unsigned refcount_bits;       /* 1 to 64, a power of two; 0 = 16 */
+  bool zstd;                    /* compression type zstd, else zlib */
+  const char *data_file;        /* external data file name, or NULL */
+  bool data_file_raw;           /* it is a raw image of the disk */
 };
 extern int qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
                          const struct qcow2_create_options *opts);

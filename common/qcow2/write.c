@@ -696,6 +696,7 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
 int
 qcow2_preallocate (struct qcow2_image *img, bool full)
 {
+  bool external = img->data_io != img->io;
   uint64_t cs = img->geo.cluster_size;
   uint8_t *zeros = NULL;
   int r;
@@ -717,11 +718,13 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
     if (s.normal || s.compressed)
       continue;
-    if ((r = alloc_clusters (img, 1, &host, &zeroed)) < 0)
+    if (external)
+      host = off;               /* external data files map 1:1 */
+    else if ((r = alloc_clusters (img, 1, &host, &zeroed)) < 0)
       break;
     if (full)
       r = io_write_data (img, zeros, cs, host);
-    else
+    else if (!external)
       io_note_end (img, host + cs);
     if (r < 0 ||
         (r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
@@ -733,8 +736,10 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
   /* The file covers every cluster, as after qemu-img's preallocation;
    * unwritten clusters stay holes.
    */
-  if (r == 0 && !full)
+  if (r == 0 && !full && !external)
     r = io_write_meta (img, "", 1, img->file_size - 1, "end of file", 0);
+  else if (r == 0 && !full && img->size > 0)
+    r = io_write_data (img, "", 1, img->size - 1);
   if (r == 0)
     r = flush_locked (img);
   image_unlock (img);

@@ -29,7 +29,9 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
 
 static char *filename;
+/* data-file=: absolute (opened), and as given (recorded by create=). */
 static char *data_file;
+static char *data_file_name;
 static struct qcow2_image *image;
 
 /* create=true or create=if-missing: make the image at get_ready. */
@@ -45,6 +47,7 @@ plugin_unload (void)
                   "be durable", filename);
   free (filename);
   free (data_file);
+  free (data_file_name);
   glue_unload ();
   free (create_backing);
 }
@@ -78,6 +81,22 @@ plugin_config_backing (const char *key, const char *value)
 }
 
 static int
+plugin_config_data_file (const char *key, const char *value)
+{
+  free (data_file);
+  free (data_file_name);
+  data_file = nbdkit_absolute_path (value);
+  data_file_name = strdup (value);
+  return data_file && data_file_name ? 0 : -1;
+}
+
+static void
+plugin_set_backing_format (unsigned i)
+{
+  glue.create.opts.backing_format = i == 0 ? "qcow2" : "raw";
+}
+
+static int
 plugin_config_create (const char *key, const char *value)
 {
   bool yes;
@@ -100,8 +119,19 @@ static const struct glue_option plugin_options[] = {
    * resolve against the image's folder.
    */
   { "file", GLUE_PATH, .dest = &filename },
-  { "data-file", GLUE_PATH, .dest = &data_file },
+  { "data-file", GLUE_FN, .fn = plugin_config_data_file },
+  { "data_file", GLUE_FN, .fn = plugin_config_data_file },
   { "backing", GLUE_FN, .fn = plugin_config_backing },
+  /* qemu-img's spellings of the options of an image to create. */
+  { "backing_file", GLUE_FN, .fn = plugin_config_backing },
+  { "backing-fmt", GLUE_WORD, true, .words = WORDS ("qcow2", "raw"),
+    .set = plugin_set_backing_format },
+  { "backing_fmt", GLUE_WORD, true, .words = WORDS ("qcow2", "raw"),
+    .set = plugin_set_backing_format },
+  { "data-file-raw", GLUE_BOOL, true,
+    .dest = &glue.create.opts.data_file_raw },
+  { "data_file_raw", GLUE_BOOL, true,
+    .dest = &glue.create.opts.data_file_raw },
   { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
   { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
@@ -155,12 +185,15 @@ plugin_config_complete (void)
     nbdkit_error ("create=true needs size= (or backing= to take its size)");
     return -1;
   }
-  if (create != CREATE_NO && data_file) {
-    nbdkit_error ("create=true cannot make an image with an external data "
-                  "file: make it with \"qemu-img create -f qcow2 -o "
-                  "data_file=FILE\", then serve it");
+  if (create != CREATE_NO && glue.create.opts.backing_format &&
+      !create_backing) {
+    nbdkit_error ("backing-fmt= names the format of backing=FILE, which "
+                  "is not given");
     return -1;
   }
+  /* QEMU maps a raw data file by metadata preallocation. */
+  if (glue.create.opts.data_file_raw && prealloc == PREALLOC_OFF)
+    prealloc = PREALLOC_METADATA;
   glue.engine.data_file = data_file;
   glue_config_complete ();
   return 0;
@@ -190,8 +223,22 @@ plugin_probe_backing (void)
                   errstr (errno));
     goto out;
   }
-  if (io->ops->pread (io, magic, 4, 0) == 0 && memcmp (magic, "QFI\xfb", 4) == 0) {
-    glue.create.opts.backing_format = "qcow2";
+  if (!glue.create.opts.backing_format) {
+    if (io->ops->pread (io, magic, 4, 0) == 0 &&
+        memcmp (magic, "QFI\xfb", 4) == 0)
+      glue.create.opts.backing_format = "qcow2";
+    else {
+      /* A raw file could hold anything, even a qcow2 header later:
+       * QEMU made the format of a backing file mandatory for that.
+       */
+      nbdkit_error ("backing file %s is not a qcow2 image: if it is a raw "
+                    "image, say so with backing-fmt=raw (qemu-img create "
+                    "-F raw)", path ? path : create_backing);
+      io->ops->close (io);
+      goto out;
+    }
+  }
+  if (strcmp (glue.create.opts.backing_format, "qcow2") == 0) {
     b = qcow2_open (&glue_env, io, path ? path : create_backing, &probe);
     if (!b)
       goto out;
@@ -200,7 +247,6 @@ plugin_probe_backing (void)
     qcow2_close (b);
   }
   else {
-    glue.create.opts.backing_format = "raw";
     if (glue.create.size == -1)
       glue.create.size = io->ops->size (io);
     io->ops->close (io);
@@ -211,8 +257,39 @@ plugin_probe_backing (void)
   return r;
 }
 
-/* What plugin_create did to the file system, undone if serving fails. */
+/* What plugin_create did to the file system, undone if serving fails:
+ * to the image (returned), and to its external data file.
+ */
 enum create_made { MADE_NOTHING, MADE_NEW_FILE, MADE_IN_EMPTY_FILE };
+static enum create_made data_file_made;
+
+/* fileio_create, and the error said if it fails. */
+static struct qcow2_io *
+plugin_create_file (const char *path, enum create_made *made)
+{
+  struct stat st;
+  bool existed = stat (path, &st) == 0;
+  struct qcow2_io *io;
+  char *why;
+
+  io = fileio_create (path, &glue_file_options, &why);
+  if (!io) {
+    int e = errno;
+
+    if (!existed && e != EEXIST)
+      unlink (path);                    /* made, then not opened */
+    if (e == EEXIST)
+      nbdkit_error ("create: %s already exists and is not empty: remove it, "
+                    "drop create=true, or use create=if-missing", path);
+    else
+      nbdkit_error ("create: %s: %s", path, why ? why : errstr (e));
+    free (why);
+    errno = e;
+    return NULL;
+  }
+  *made = existed ? MADE_IN_EMPTY_FILE : MADE_NEW_FILE;
+  return io;
+}
 
 /* Everything is checked before the file is touched; then the image is
  * written into a new file, or an empty one (create=if-missing leaves a
@@ -224,7 +301,6 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
   struct qcow2_io *io;
   struct stat st;
   bool existed;
-  char *why;
 
   *iop = NULL;
   *made = MADE_NOTHING;
@@ -243,28 +319,26 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
   }
   glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
   glue.create.opts.backing = create_backing;
+  glue.create.opts.data_file = data_file_name;
   if (qcow2_create_check (&glue_env, &glue.create.opts) < 0)
     return -1;
 
+  /* The data file first, closed again: the engine opens it (and
+   * locks it) with the image.
+   */
+  if (data_file) {
+    struct qcow2_io *dio = plugin_create_file (data_file, &data_file_made);
+
+    if (!dio)
+      return -1;
+    dio->ops->close (dio);
+  }
   /* Locked for writing before anything is written, and served through
    * the same open file (a second one would meet its own locks).
    */
-  io = fileio_create (filename, &glue_file_options, &why);
-  if (!io) {
-    int e = errno;
-
-    if (!existed && e != EEXIST)
-      unlink (filename);                /* made, then not opened */
-    errno = e;
-    if (errno == EEXIST)
-      nbdkit_error ("create: %s already exists and is not empty: remove it, "
-                    "drop create=true, or use create=if-missing", filename);
-    else
-      nbdkit_error ("create: %s: %s", filename, why ? why : errstr (errno));
-    free (why);
+  io = plugin_create_file (filename, made);
+  if (!io)
     return -1;
-  }
-  *made = existed ? MADE_IN_EMPTY_FILE : MADE_NEW_FILE;
   if (qcow2_create (&glue_env, io, &glue.create.opts) < 0) {
     io->ops->close (io);
     return -1;
@@ -277,12 +351,20 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
  * closed by then, so no write follows).
  */
 static void
+plugin_create_undo_file (const char *path, enum create_made made)
+{
+  if ((made == MADE_NEW_FILE && unlink (path) == -1) ||
+      (made == MADE_IN_EMPTY_FILE && truncate (path, 0) == -1))
+    nbdkit_error ("create: removing what was made of %s: %s", path,
+                  errstr (errno));
+}
+
+static void
 plugin_create_undo (enum create_made made)
 {
-  if ((made == MADE_NEW_FILE && unlink (filename) == -1) ||
-      (made == MADE_IN_EMPTY_FILE && truncate (filename, 0) == -1))
-    nbdkit_error ("create: removing what was made of %s: %s", filename,
-                  errstr (errno));
+  plugin_create_undo_file (filename, made);
+  plugin_create_undo_file (data_file, data_file_made);
+  data_file_made = MADE_NOTHING;
 }
 
 #define plugin_config_help \
