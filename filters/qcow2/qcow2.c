@@ -49,11 +49,11 @@ static unsigned backing_chain_len;
  */
 static char *below_file;
 static unsigned below_file_count;
+static bool below_file_is_image;
+static struct qcow2_io *below_file_lock;
 
 /* create=true: format the plugin's export (if empty) at open. */
 static bool create;
-static bool below_file_is_image;
-static struct qcow2_io *below_file_lock;
 
 /* The context into the plugin, shared by all connections, and what the
  * engine made of it.  Set at after_fork, fixed until cleanup.
