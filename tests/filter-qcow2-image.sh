@@ -22,7 +22,7 @@ qemu-img convert -f qcow2 -O raw -l s1 "$img" "$tmp/want-s1.raw"
 read_as ()
 {
   local name="$1"; shift
-  timeout "${TEST_TIMEOUT:-120}" nbdkit -U - "$@" --run \
+  timeout -k 10 "${TEST_TIMEOUT:-120}" nbdkit -U - "$@" --run \
     "nbdcopy \"\$uri\" '$tmp/$name.raw' && nbdinfo --map \"\$uri\" > '$tmp/$name.map'" ||
     fail "nbdkit $*"
 }
