@@ -70,7 +70,10 @@ glue_parse_word (const char *key, const char *value,
   return -1;
 }
 
-int
+/* key=value by the table t of n rows: 1 if done, 0 if the table has no
+ * such key, -1 on error (said, naming the key).  *row: the row used.
+ */
+static int
 glue_config_table (const struct glue_option *t, size_t n, const char *key,
                    const char *value, const struct glue_option **row)
 {
@@ -252,25 +255,25 @@ static const struct glue_option glue_create_options[] = {
 };
 
 int
-glue_config_create (const char *key, const char *value)
+glue_config (const struct glue_option *t, size_t n, const char *key,
+             const char *value, const struct glue_option **row)
 {
   const struct glue_option *o = NULL;
-  int r = glue_config_table (glue_create_options,
-                             sizeof glue_create_options
-                             / sizeof *glue_create_options,
-                             key, value, &o);
+  int r = glue_config_table (glue_options,
+                             sizeof glue_options / sizeof *glue_options,
+                             key, value, NULL);
 
-  if (r == 1 && !glue.create.first_key)
+  if (r == 0)
+    r = glue_config_table (glue_create_options,
+                           sizeof glue_create_options
+                           / sizeof *glue_create_options, key, value, &o);
+  if (r == 0)
+    r = glue_config_table (t, n, key, value, &o);
+  if (r == 1 && o && o->create_only && !glue.create.first_key)
     glue.create.first_key = o->key;
+  if (row)
+    *row = o;
   return r;
-}
-
-int
-glue_config (const char *key, const char *value)
-{
-  return glue_config_table (glue_options,
-                            sizeof glue_options / sizeof *glue_options,
-                            key, value, NULL);
 }
 
 void

@@ -70,18 +70,17 @@ struct glue_option {
   int (*fn) (const char *key, const char *value);
 };
 
-/* key=value by the table t of n rows: 1 if done, 0 if the table has no
- * such key, -1 on error (said, naming the key).  *row: the row used.
+/* A key of the options both modules take (glue.c's tables: the
+ * engine's, and those describing an image to create), else of the
+ * module's own table t of n rows: 1 if done, 0 if no table has the
+ * key, -1 on error (said, naming the key); *row (if row is not NULL):
+ * the row used, or NULL.  The first key
+ * given that only describes an image to create (a row marked
+ * create_only) is noted in glue.create.first_key.
  */
-extern int glue_config_table (const struct glue_option *t, size_t n,
-                              const char *key, const char *value,
-                              const struct glue_option **row);
-/* The keys both modules take; as glue_config_table. */
-extern int glue_config (const char *key, const char *value);
-/* The keys that describe an image to create; as glue_config_table,
- * noting the first in glue.create.first_key.
- */
-extern int glue_config_create (const char *key, const char *value);
+extern int glue_config (const struct glue_option *t, size_t n,
+                        const char *key, const char *value,
+                        const struct glue_option **row);
 /* The virtual size of an image to create, as a row's fn: the plugin
  * calls it size=, the filter virtual-size= (plugins take size=).
  */

@@ -265,17 +265,10 @@ static int
 qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                      const char *key, const char *value)
 {
-  const struct glue_option *o = NULL;
-  int r = glue_config (key, value);
+  int r = glue_config (filter_options,
+                       sizeof filter_options / sizeof *filter_options,
+                       key, value, NULL);
 
-  if (r == 0)
-    r = glue_config_create (key, value);
-  if (r == 0)
-    r = glue_config_table (filter_options,
-                           sizeof filter_options / sizeof *filter_options,
-                           key, value, &o);
-  if (r == 1 && o && o->create_only && !glue.create.first_key)
-    glue.create.first_key = o->key;
   if (r == 0 && strcmp (key, "file") == 0) {
     free (below_file);
     below_file = nbdkit_absolute_path (value);

@@ -145,23 +145,17 @@ static const struct glue_option plugin_options[] = {
 static int
 plugin_config (const char *key, const char *value)
 {
-  const struct glue_option *o = NULL;
-  int r = glue_config (key, value);
-
-  if (r == 0)
-    r = glue_config_create (key, value);
-  if (r == 0)
-    r = glue_config_table (plugin_options,
-                           sizeof plugin_options / sizeof *plugin_options,
-                           key, value, &o);
+  const struct glue_option *o;
+  int r = glue_config (plugin_options,
+                       sizeof plugin_options / sizeof *plugin_options,
+                       key, value, &o);
   if (r == 0) {
     nbdkit_error ("unknown parameter '%s'", key);
     return -1;
   }
   /* backing=FILE only describes an image to make; backing=none not. */
   if (r == 1 && o && !glue.create.first_key &&
-      (o->create_only ||
-       (o->fn == plugin_config_backing && strcmp (value, "none") != 0)))
+      o->fn == plugin_config_backing && strcmp (value, "none") != 0)
     glue.create.first_key = o->key;
   return r == 1 ? 0 : -1;
 }
