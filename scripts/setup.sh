@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential nbdkit nbdkit-plugin-dev libnbd-bin libnbd-dev
-          python3-libnbd qemu-utils zlib1g-dev libzstd-dev autoconf automake
+          python3-libnbd qemu-utils zlib1g-dev libzstd-dev nettle-dev autoconf automake
           libtool pkg-config fio perl strace xz-utils
           # a local sshd for the qcow2 filter over the ssh plugin
           openssh-server openssh-client

@@ -69,7 +69,7 @@ grep -qF "img.qcow2: not locked (locking=off)" "$tmp/v.log" ||
 # --dump-plugin: the plugin's keys.
 nbdkit --dump-plugin qcow2 > "$tmp/dump" || fail "--dump-plugin"
 for key in qcow2_zlib=yes qcow2_zstd=yes qcow2_versions=2,3 \
-           qcow2_encryption=no qcow2_io_threads_max=64; do
+           qcow2_encryption=luks qcow2_io_threads_max=64; do
   grep -qx "$key" "$tmp/dump" || fail "--dump-plugin lacks $key"
 done
 grep -qE '^qcow2_features=.*backing.*create-if-missing' "$tmp/dump" ||

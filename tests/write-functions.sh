@@ -51,6 +51,18 @@ serve_rw ()
   return $r
 }
 
+# qsrc IMG: set qsrc to the qemu-img arguments that open IMG (qcow2),
+# with the password QEMU_SECRET when that is set (LUKS images).
+qsrc ()
+{
+  if [ -n "${QEMU_SECRET:-}" ]; then
+    qsrc=(--object "secret,id=sec0,data=$QEMU_SECRET" --image-opts
+          "driver=qcow2,file.filename=$1,encrypt.key-secret=sec0")
+  else
+    qsrc=(-f qcow2 "$1")
+  fi
+}
+
 # image_info IMG: set img_cluster, img_size, img_backing (full path, or
 # empty) and img_backing_fmt from qemu-img info.
 image_info ()
@@ -88,8 +100,9 @@ print(f & 1, (f >> 1) & 1)
 # server exited.
 check_written ()
 {
-  local img="$1" r=0 flags
-  qemu-img check -f qcow2 "$img" > "$tmp/check.out" 2>&1 || r=$?
+  local img="$1" r=0 flags qsrc
+  qsrc "$img"
+  qemu-img check "${qsrc[@]}" > "$tmp/check.out" 2>&1 || r=$?
   if [ "$r" -ne 0 ]; then
     cat "$tmp/check.out" >&2
     fail "qemu-img check $img exited with $r (2: corrupt, 3: leaks)"
@@ -109,7 +122,8 @@ check_written ()
 diffwrite ()
 {
   local img="$1"; shift
-  local dargs=() pargs=() cmd
+  local dargs=() pargs=() cmd qsrc
+  qsrc "$img"
   while [ $# -gt 0 ]; do
     if [ "$1" = -- ]; then shift; pargs=("$@"); break; fi
     dargs+=("$1"); shift
@@ -117,7 +131,7 @@ diffwrite ()
   image_info "$img"
   rm -f "$tmp/dw-start.raw" "$tmp/dw-final.raw" "$tmp/dw-after.raw" \
         "$tmp/dw-backing.raw"
-  qemu-img convert -f qcow2 -O raw "$img" "$tmp/dw-start.raw" ||
+  qemu-img convert "${qsrc[@]}" -O raw "$tmp/dw-start.raw" ||
     fail "qemu-img convert $img"
   dargs=(--cluster-size "$img_cluster" "${dargs[@]}")
   if [ -n "$img_backing" ]; then
@@ -139,7 +153,7 @@ diffwrite ()
   serve_rw "$img" "$cmd" "${pargs[@]}" ||
     fail "diffwrite on $img: ${dargs[*]} (server: $write_server ${pargs[*]})"
   check_written "$img"
-  qemu-img convert -f qcow2 -O raw "$img" "$tmp/dw-after.raw" ||
+  qemu-img convert "${qsrc[@]}" -O raw "$tmp/dw-after.raw" ||
     fail "qemu-img convert $img after writing"
   cmp "$tmp/dw-final.raw" "$tmp/dw-after.raw" ||
     fail "$img after the server exited differs from what it served last"

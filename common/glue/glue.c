@@ -182,6 +182,18 @@ glue_config_overlap_structure (const char *key, const char *value)
 
 #define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
 
+int
+glue_config_password (const char *key, const char *value)
+{
+  char *pw;
+
+  if (nbdkit_read_password (value, &pw) == -1)
+    return -1;
+  glue_forget_password ();
+  glue.password = pw;
+  return 0;
+}
+
 static const struct glue_option glue_options[] = {
   { "snapshot", GLUE_STRING, .dest = &glue.snapshot },
   { "discard", GLUE_WORD, .words = WORDS ("unmap", "ignore"),
@@ -200,6 +212,37 @@ static const struct glue_option glue_options[] = {
   { "locking", GLUE_WORD, .words = WORDS ("on", "off", "auto"),
     .set = glue_set_locking },
 };
+
+static void
+glue_set_encrypt_format (unsigned i)
+{
+  glue.create.opts.luks = &glue.create.luks;
+}
+
+/* encrypt-* keys but the format: strings, and the PBKDF2 time. */
+static int
+glue_config_encrypt (const char *key, const char *value)
+{
+  const char *name = key + strlen ("encrypt-");
+  struct qcow2_luks_options *l = &glue.create.luks;
+  const char **dest =
+    strcmp (name, "cipher-alg") == 0 ? &l->cipher_alg :
+    strcmp (name, "cipher-mode") == 0 ? &l->cipher_mode :
+    strcmp (name, "ivgen-alg") == 0 ? &l->ivgen_alg :
+    strcmp (name, "ivgen-hash-alg") == 0 ? &l->ivgen_hash_alg :
+    strcmp (name, "hash-alg") == 0 ? &l->hash_alg : NULL;
+  char *copy;
+
+  if (strcmp (name, "iter-time") == 0)
+    return nbdkit_parse_uint64_t (key, value, &l->iter_time);
+  if (!dest || !(copy = strdup (value))) {
+    nbdkit_error ("%s: %s", key, dest ? "out of memory" : "unknown key");
+    return -1;
+  }
+  free ((char *) *dest);
+  *dest = copy;
+  return 0;
+}
 
 static void
 glue_set_compat (unsigned i)
@@ -252,6 +295,14 @@ static const struct glue_option glue_create_options[] = {
     .set = glue_set_compression_type },
   { "compression_type", GLUE_WORD, true, .words = WORDS ("zlib", "zstd"),
     .set = glue_set_compression_type },
+  { "encrypt-format", GLUE_WORD, true, .words = WORDS ("luks"),
+    .set = glue_set_encrypt_format },
+  { "encrypt-cipher-alg", GLUE_FN, true, .fn = glue_config_encrypt },
+  { "encrypt-cipher-mode", GLUE_FN, true, .fn = glue_config_encrypt },
+  { "encrypt-ivgen-alg", GLUE_FN, true, .fn = glue_config_encrypt },
+  { "encrypt-ivgen-hash-alg", GLUE_FN, true, .fn = glue_config_encrypt },
+  { "encrypt-hash-alg", GLUE_FN, true, .fn = glue_config_encrypt },
+  { "encrypt-iter-time", GLUE_FN, true, .fn = glue_config_encrypt },
 };
 
 int
@@ -259,7 +310,16 @@ glue_config (const struct glue_option *t, size_t n, const char *key,
              const char *value, const struct glue_option **row)
 {
   const struct glue_option *o = NULL;
-  int r = glue_config_table (glue_options,
+  char dashed[64];
+  int r;
+
+  /* qemu-img's encrypt.NAME, as encrypt-NAME. */
+  if (strncmp (key, "encrypt.", 8) == 0 && strlen (key) < sizeof dashed) {
+    strcpy (dashed, key);
+    dashed[7] = '-';
+    key = dashed;
+  }
+  r = glue_config_table (glue_options,
                              sizeof glue_options / sizeof *glue_options,
                              key, value, NULL);
 
@@ -276,9 +336,20 @@ glue_config (const struct glue_option *t, size_t n, const char *key,
   return r;
 }
 
-void
+int
 glue_config_complete (void)
 {
+  const struct qcow2_luks_options *l = &glue.create.luks;
+
+  if (!glue.create.opts.luks &&
+      (l->cipher_alg || l->cipher_mode || l->ivgen_alg || l->ivgen_hash_alg ||
+       l->hash_alg || l->iter_time)) {
+    nbdkit_error ("the encrypt-* keys describe encryption: they need "
+                  "encrypt-format=luks");
+    return -1;
+  }
+  glue.engine.password = glue.password;
+  glue.create.luks.password = glue.password;
   glue.engine.snapshot = glue.snapshot;
   if (glue.overlap_on | glue.overlap_off) {
     if (!glue.engine.overlap_set)
@@ -287,11 +358,31 @@ glue_config_complete (void)
       (glue.engine.overlap_mask | glue.overlap_on) & ~glue.overlap_off;
     glue.engine.overlap_set = true;
   }
+  return 0;
+}
+
+void
+glue_forget_password (void)
+{
+  if (glue.password) {
+    explicit_bzero (glue.password, strlen (glue.password));
+    free (glue.password);
+    glue.password = NULL;
+    glue.engine.password = glue.create.luks.password = NULL;
+  }
 }
 
 void
 glue_unload (void)
 {
+  struct qcow2_luks_options *l = &glue.create.luks;
+
+  glue_forget_password ();
+  free ((char *) l->cipher_alg);
+  free ((char *) l->cipher_mode);
+  free ((char *) l->ivgen_alg);
+  free ((char *) l->ivgen_hash_alg);
+  free ((char *) l->hash_alg);
   free (glue.snapshot);
 }
 

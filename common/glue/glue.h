@@ -32,6 +32,8 @@
  */
 struct glue_create {
   struct qcow2_create_options opts;
+  /* encrypt-format=luks points opts.luks here; the strings malloc'd. */
+  struct qcow2_luks_options luks;
   int64_t size;                 /* -1: not given */
   const char *first_key;        /* the first such key given, or NULL */
 };
@@ -40,6 +42,7 @@ struct glue_create {
 struct glue_state {
   struct qcow2_options engine;
   char *snapshot;
+  char *password;               /* password=, wiped at unload */
   bool repair_leaks;            /* repair=leaks: before serving */
   /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
    * overriding the former whatever their order, as in QEMU.
@@ -85,9 +88,16 @@ extern int glue_config (const struct glue_option *t, size_t n,
  * calls it size=, the filter virtual-size= (plugins take size=).
  */
 extern int glue_config_create_size (const char *key, const char *value);
-/* After the last key: glue.engine complete. */
-extern void glue_config_complete (void);
+/* The password of LUKS images, as a row's fn: SECRET, -, +FILE or
+ * -FD, as nbdkit reads passwords.  The plugin calls it password=, the
+ * filter qcow2-password= (plugins below take password=).
+ */
+extern int glue_config_password (const char *key, const char *value);
+/* After the last key: glue.engine complete; -1 on error (said). */
+extern int glue_config_complete (void);
 extern void glue_unload (void);
+/* Wipe password= from memory (once the image is open, or at unload). */
+extern void glue_forget_password (void);
 
 /* Parsers that name the option in their errors. */
 extern int glue_parse_size (const char *key, const char *value, bool zero_ok,

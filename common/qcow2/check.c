@@ -206,6 +206,10 @@ check_walk_refs (struct qcow2_image *img, bool with_refcounts,
       (r = fn (img, opaque, h->snapshots_offset, img->snapshot_table_bytes,
                "snapshot table")) < 0)
     return r;
+  if (h->crypt_method == QCOW2_CRYPT_LUKS &&
+      (r = fn (img, opaque, h->crypto_offset, h->crypto_length,
+               "encryption header")) < 0)
+    return r;
   for (uint32_t i = 0; i < img->nb_snapshots; i++)
     if ((r = check_walk_snapshot (img, &img->snapshots[i], fn, opaque)) < 0)
       return r;

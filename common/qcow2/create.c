@@ -44,7 +44,8 @@ create_put_ext (uint8_t *buf, uint64_t *off, uint64_t limit, uint32_t type,
 static int
 create_header (const struct qcow2_create_options *o, uint8_t *buf,
                uint64_t cs, uint32_t cluster_bits, uint32_t l1_size,
-               uint64_t reftable_clusters, uint64_t l1_offset)
+               uint64_t reftable_clusters, uint64_t l1_offset,
+               uint64_t crypto_offset, uint64_t crypto_len)
 {
   bool v3 = !o->compat_v2;
   uint64_t off = v3 ? CREATE_V3_HEADER : QCOW2_V2_HEADER_SIZE;
@@ -67,6 +68,16 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
     be32_put (buf + 96, create_refcount_order (o));
     be32_put (buf + 100, CREATE_V3_HEADER);
     buf[104] = o->zstd ? QCOW2_COMPRESSION_ZSTD : QCOW2_COMPRESSION_DEFLATE;
+  }
+  if (o->luks) {
+    uint8_t ext[16];
+
+    be32_put (buf + 32, QCOW2_CRYPT_LUKS);
+    be64_put (ext, crypto_offset);
+    be64_put (ext + 8, crypto_len);
+    if ((r = create_put_ext (buf, &off, cs, QCOW2_EXT_CRYPTO, ext,
+                             sizeof ext)) < 0)
+      return r;
   }
   if (o->data_file &&
       (r = create_put_ext (buf, &off, cs, QCOW2_EXT_DATA_FILE, o->data_file,
@@ -99,6 +110,8 @@ create_header_bytes (const struct qcow2_create_options *o)
     off += 8 + ((strlen (o->backing_format) + 7) & ~(size_t) 7);
   if (o->data_file)
     off += 8 + ((strlen (o->data_file) + 7) & ~(size_t) 7);
+  if (o->luks)
+    off += 8 + 16;
   off += 8;
   if (o->backing)
     off += strlen (o->backing);
@@ -112,6 +125,8 @@ qcow2_create_check (const struct qcow2_env *env,
   uint64_t cs = o->cluster_size ? o->cluster_size : 65536;
   uint32_t cluster_bits = __builtin_ctzll (cs);
   uint64_t l2_entries = cs / (o->extended_l2 ? 16 : 8);
+  uint64_t crypto_len;
+  int r;
 
   if (!is_power_of_2 (cs) || cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
@@ -152,6 +167,13 @@ qcow2_create_check (const struct qcow2_env *env,
     env_err (env, "a raw external data file cannot have a backing file");
     return -EINVAL;
   }
+  if (o->luks && o->data_file_raw) {
+    env_err (env, "an encrypted image's data file cannot be raw: "
+             "encrypted data is not an image of the disk");
+    return -EINVAL;
+  }
+  if (o->luks && (r = luks_format_check (env, o->luks, &crypto_len)) < 0)
+    return r;
   if (div_round_up (div_round_up (o->size, cs), l2_entries) * 8 >
       QCOW2_MAX_L1_BYTES) {
     env_err (env, "size %" PRIu64 " is too large for %" PRIu64 "-byte "
@@ -179,19 +201,23 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
   uint32_t refcount_order = create_refcount_order (o);
   uint64_t per_block = cs * 8 >> refcount_order;
   uint64_t l1_size, l1_clusters, blocks = 1, tclusters = 1, total;
+  uint64_t crypto_len = 0, crypto_clusters = 0;
   uint8_t *area;
   int r;
 
   if ((r = qcow2_create_check (env, o)) < 0)
     return r;
+  if (o->luks && (r = luks_format_check (env, o->luks, &crypto_len)) < 0)
+    return r;
+  crypto_clusters = div_round_up (crypto_len, cs);
   l1_size = div_round_up (div_round_up (o->size, cs), l2_entries);
   l1_clusters = MAX (div_round_up (l1_size * 8, cs), 1);
 
-  /* Header, refcount table, refcount blocks, L1: the blocks count them
-   * all, and the table holds the blocks.
+  /* Header, refcount table, refcount blocks, L1, the LUKS header: the
+   * blocks count them all, and the table holds the blocks.
    */
   for (;;) {
-    total = 1 + tclusters + blocks + l1_clusters;
+    total = 1 + tclusters + blocks + l1_clusters + crypto_clusters;
     uint64_t b = div_round_up (total, per_block);
     uint64_t t = div_round_up (b * 8, cs);
     if (b == blocks && t == tclusters)
@@ -204,8 +230,16 @@ qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
   if (!area)
     return -ENOMEM;
   r = create_header (o, area, cs, cluster_bits, l1_size, tclusters,
-                     (1 + tclusters + blocks) * cs);
+                     (1 + tclusters + blocks) * cs,
+                     (1 + tclusters + blocks + l1_clusters) * cs, crypto_len);
   assert (r == 0);              /* qcow2_create_check: the name fits */
+  if (o->luks &&
+      (r = luks_format (env, o->luks,
+                        area + (1 + tclusters + blocks + l1_clusters) * cs,
+                        crypto_len)) < 0) {
+    free (area);
+    return r;
+  }
   for (uint64_t i = 0; i < blocks; i++)
     be64_put (area + cs + i * 8, (1 + tclusters + i) * cs);
   for (uint64_t c = 0; c < total; c++)

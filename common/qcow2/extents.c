@@ -110,7 +110,7 @@ extent_walk_data (struct qcow2_image *img, const struct qcow2_run *run,
     return r;
   if (!prealloc)
     return extent_emit (m, offset, run->length, 0);
-  return extent_walk_file (img, img->data_io, run->host_offset, offset,
+  return extent_walk_file (img, img->guest_io, run->host_offset, offset,
                            run->length, QCOW2_EXTENT_ZERO, m);
 }
 

@@ -148,6 +148,16 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
       if (!h->data_file)
         return -errno;
       break;
+    case QCOW2_EXT_CRYPTO:
+      if (len < 16) {
+        qcow2_err (img, "encryption header extension at offset %#" PRIx64
+                   " is too short (%" PRIu32 " bytes)", off - 8, len);
+        return -EINVAL;
+      }
+      h->has_crypto_ext = true;
+      h->crypto_offset = be64_get (data);
+      h->crypto_length = be64_get (data + 8);
+      break;
     case QCOW2_EXT_BITMAPS:
       if (len < 24) {
         qcow2_err (img, "bitmaps header extension at offset %#" PRIx64
@@ -283,6 +293,17 @@ header_check_tables (struct qcow2_image *img)
       return r;
   }
 
+  if (h->crypt_method == QCOW2_CRYPT_LUKS) {
+    if (!h->has_crypto_ext) {
+      qcow2_err (img, "image is LUKS-encrypted (crypt_method 2) but has no "
+                 "encryption header extension (%#x)", QCOW2_EXT_CRYPTO);
+      return -EINVAL;
+    }
+    r = header_check_table (img, "encryption header", h->crypto_offset,
+                            h->crypto_length, h->header_length);
+    if (r < 0)
+      return r;
+  }
   if (h->has_bitmaps_ext && h->nb_bitmaps) {
     r = header_check_table (img, "bitmap directory",
                             h->bitmap_directory_offset,
@@ -358,10 +379,19 @@ header_read (struct qcow2_image *img)
   img->geo.cluster_bits = h->cluster_bits;
   img->geo.cluster_size = UINT64_C (1) << h->cluster_bits;
 
-  if (h->crypt_method != 0) {
-    qcow2_err (img, "image is encrypted (crypt_method %" PRIu32 " at header "
-               "offset %d): encrypted images are not supported",
-               h->crypt_method, HDR_CRYPT);
+  if (h->crypt_method == QCOW2_CRYPT_AES) {
+    qcow2_err (img, "image is encrypted with QEMU's legacy AES method "
+               "(crypt_method 1 at header offset %d), which is not "
+               "supported: convert it to LUKS with \"qemu-img convert "
+               "--object secret,id=s0,data=PASSWORD --image-opts "
+               "driver=qcow2,file.filename=IMAGE,encrypt.key-secret=s0 "
+               "-O qcow2 -o encrypt.format=luks,encrypt.key-secret=s0 "
+               "NEW.qcow2\"", HDR_CRYPT);
+    return -ENOTSUP;
+  }
+  if (h->crypt_method != 0 && h->crypt_method != QCOW2_CRYPT_LUKS) {
+    qcow2_err (img, "unknown encryption method %" PRIu32 " (crypt_method "
+               "at header offset %d)", h->crypt_method, HDR_CRYPT);
     return -ENOTSUP;
   }
 

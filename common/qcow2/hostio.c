@@ -141,7 +141,7 @@ int
 io_write_checked (struct qcow2_image *img, const void *buf, uint64_t len,
                   uint64_t offset)
 {
-  int r = img->data_io->ops->pwrite (img->data_io, buf, len, offset);
+  int r = img->guest_io->ops->pwrite (img->guest_io, buf, len, offset);
 
   return r < 0 ? io_data_error (img, len, offset, r) : 0;
 }

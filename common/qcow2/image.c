@@ -46,6 +46,9 @@ image_free (struct qcow2_image *img)
   cache_destroy (img->caches.l2);
   cache_destroy (img->caches.refcount);
   overlap_map_destroy (img->overlap);
+  if (img->guest_io && img->guest_io != img->data_io)
+    img->guest_io->ops->close (img->guest_io);
+  luks_close (img->luks);
   if (img->data_io && img->data_io != img->io)
     img->data_io->ops->close (img->data_io);
   if (img->io)
@@ -96,6 +99,8 @@ image_check_tables_apart (struct qcow2_image *img)
     { "refcount table", h->refcount_table_offset,
       (uint64_t) h->refcount_table_clusters << img->geo.cluster_bits },
     { "snapshot table", h->snapshots_offset, img->snapshot_table_bytes },
+    { "encryption header", h->crypto_offset,
+      h->crypt_method == QCOW2_CRYPT_LUKS ? h->crypto_length : 0 },
   };
   const size_t n = sizeof t / sizeof t[0];
 
@@ -152,6 +157,32 @@ image_describe (const struct qcow2_image *img,
              img->writable ? "read-write" : "read-only");
 }
 
+/* An encrypted image's guest data goes through the layer that
+ * encrypts it, keyed by the password.
+ */
+static int
+image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
+{
+  int r;
+
+  img->guest_io = img->data_io;
+  if (img->h.crypt_method != QCOW2_CRYPT_LUKS)
+    return 0;
+  if (img->data_file_raw) {
+    qcow2_err (img, "the image is LUKS-encrypted but says its external data "
+               "file is raw (autoclear bit 1): encrypted data is not a raw "
+               "image of the disk");
+    return -EINVAL;
+  }
+  if ((r = luks_open (img, opts->password, &img->luks)) < 0)
+    return r;
+  if (!(img->guest_io = crypt_io_new (img->data_io, img->luks))) {
+    img->guest_io = img->data_io;
+    return -ENOMEM;
+  }
+  return 0;
+}
+
 static int
 image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
                   const char **chain, unsigned depth)
@@ -161,6 +192,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if ((r = header_read (img)) < 0)
     return r;
   if ((r = data_file_open (img, opts)) < 0)
+    return r;
+  if ((r = image_open_crypto (img, opts)) < 0)
     return r;
   if ((r = refcount_load_table (img)) < 0)
     return r;

@@ -64,6 +64,11 @@
 #define QCOW2_OFFSET_MASK        0x00fffffffffffe00ULL
 #define QCOW2_SUBCLUSTERS        32
 
+#define QCOW2_CRYPT_AES          1
+#define QCOW2_CRYPT_LUKS         2
+#define QCOW2_CRYPT_SECTOR       512
+#define QCOW2_MAX_CRYPTO_HEADER  (32u << 20)
+
 #define QCOW2_COMPRESSION_DEFLATE 0
 #define QCOW2_COMPRESSION_ZSTD    1
 
@@ -97,6 +102,8 @@ struct qcow2_header {
   uint64_t bitmap_directory_size;
   uint64_t bitmap_directory_offset;
   uint64_t bitmaps_field_offset;        /* where that offset is stored */
+  bool has_crypto_ext;
+  uint64_t crypto_offset, crypto_length;        /* the LUKS header */
 };
 
 /* One internal snapshot, from the snapshot table. */
@@ -150,6 +157,7 @@ struct bitmap_entry {
 };
 
 struct meta_cache;
+struct luks_key;
 struct overlap_map;
 struct io_pool;
 struct qcow2_bitmaps;
@@ -250,6 +258,11 @@ struct qcow2_image {
 
   struct qcow2_io *data_io;     /* == io unless an external data file */
   bool data_file_raw;
+  /* Where guest data is read and written: data_io, or, if the image is
+   * encrypted, the layer over it that encrypts (cryptio.c) with luks.
+   */
+  struct qcow2_io *guest_io;
+  struct luks_key *luks;
 
   uint64_t *l1;                 /* L1 of what is served, in host order */
   uint32_t l1_size;
@@ -461,6 +474,25 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
                                              const struct qcow2_options *opts,
                                              const char **chain,
                                              unsigned depth);
+
+/* luks.c: LUKS1 headers and the data cipher. */
+extern int luks_open (struct qcow2_image *img, const char *password,
+                      struct luks_key **key);
+extern void luks_close (struct luks_key *key);
+extern void luks_crypt (const struct luks_key *key, bool encrypt,
+                        uint64_t sector, uint8_t *buf, size_t len);
+/* The bytes the header and its key slots take (*len), or an error. */
+extern int luks_format_check (const struct qcow2_env *env,
+                              const struct qcow2_luks_options *o,
+                              uint64_t *len);
+/* Write a new header with key slot 0 for o->password into area. */
+extern int luks_format (const struct qcow2_env *env,
+                        const struct qcow2_luks_options *o, uint8_t *area,
+                        uint64_t len);
+
+/* cryptio.c */
+extern struct qcow2_io *crypt_io_new (struct qcow2_io *below,
+                                      const struct luks_key *key);
 
 /* header.c */
 extern int header_read (struct qcow2_image *img);

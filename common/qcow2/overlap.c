@@ -36,6 +36,8 @@ static const struct {
   [QCOW2_OL_INACTIVE_L2_BIT] = { "inactive L2 table", "inactive-l2" },
   [QCOW2_OL_BITMAP_DIRECTORY_BIT] = { "bitmap directory",
                                       "bitmap-directory" },
+  [QCOW2_OL_CRYPTO_HEADER_BIT] = { "encryption header (LUKS)",
+                                   "crypto-header" },
 };
 
 const char *
@@ -67,7 +69,8 @@ overlap_add (struct qcow2_image *img, uint64_t offset, uint64_t len,
  * whatever the refcounts say.
  */
 #define OVERLAP_FIXED (OL (MAIN_HEADER) | OL (ACTIVE_L1) | \
-                       OL (REFCOUNT_TABLE) | OL (SNAPSHOT_TABLE))
+                       OL (REFCOUNT_TABLE) | OL (SNAPSHOT_TABLE) | \
+                       OL (CRYPTO_HEADER))
 
 /* Clusters freed: whatever metadata they held is gone, except for the
  * structures the header locates.  (In a corrupt image a cluster of the
@@ -279,7 +282,10 @@ overlap_build (struct qcow2_image *img)
       (img->nb_snapshots &&
        (r = overlap_add_found (img, h->snapshots_offset,
                                img->snapshot_table_bytes,
-                               QCOW2_OL_SNAPSHOT_TABLE_BIT)) < 0))
+                               QCOW2_OL_SNAPSHOT_TABLE_BIT)) < 0) ||
+      (h->crypt_method == QCOW2_CRYPT_LUKS &&
+       (r = overlap_add_found (img, h->crypto_offset, h->crypto_length,
+                               QCOW2_OL_CRYPTO_HEADER_BIT)) < 0))
     return r;
   for (uint64_t i = 0; i < img->reftable_size; i++) {
     uint64_t b = img->reftable[i] & ~UINT64_C (511);

@@ -26,6 +26,7 @@ enum {
   QCOW2_OL_INACTIVE_L1_BIT,
   QCOW2_OL_INACTIVE_L2_BIT,
   QCOW2_OL_BITMAP_DIRECTORY_BIT,
+  QCOW2_OL_CRYPTO_HEADER_BIT,
   QCOW2_OL_MAX_BITS
 };
 #define QCOW2_OL_ALL ((UINT32_C (1) << QCOW2_OL_MAX_BITS) - 1)
@@ -33,7 +34,8 @@ enum {
   ((UINT32_C (1) << QCOW2_OL_MAIN_HEADER_BIT) | \
    (UINT32_C (1) << QCOW2_OL_ACTIVE_L1_BIT) | \
    (UINT32_C (1) << QCOW2_OL_REFCOUNT_TABLE_BIT) | \
-   (UINT32_C (1) << QCOW2_OL_SNAPSHOT_TABLE_BIT))
+   (UINT32_C (1) << QCOW2_OL_SNAPSHOT_TABLE_BIT) | \
+   (UINT32_C (1) << QCOW2_OL_CRYPTO_HEADER_BIT))
 #define QCOW2_OL_CACHED \
   (QCOW2_OL_ALL & ~(UINT32_C (1) << QCOW2_OL_INACTIVE_L2_BIT))
 
@@ -66,6 +68,21 @@ struct qcow2_options {
    * to several (0: the requesting thread reads them in turn).
    */
   unsigned io_threads;
+  /* The password of LUKS-encrypted images (every layer), or NULL. */
+  const char *password;
+};
+
+/* LUKS encryption of a new image: qemu-img's encrypt.* options (NULL
+ * or 0: QEMU's defaults, aes-256 xts plain64 sha256, 2000 ms).
+ */
+struct qcow2_luks_options {
+  const char *password;
+  const char *cipher_alg;       /* aes-256, serpent-128, ... */
+  const char *cipher_mode;      /* xts, cbc, ecb, ctr */
+  const char *ivgen_alg;        /* plain, plain64, essiv */
+  const char *ivgen_hash_alg;
+  const char *hash_alg;         /* of PBKDF2 and the key split */
+  uint64_t iter_time;           /* ms of PBKDF2 to open a key slot */
 };
 
 /* Write a new, empty image into io (which should be empty). */
@@ -81,6 +98,7 @@ struct qcow2_create_options {
   bool zstd;                    /* compression type zstd, else zlib */
   const char *data_file;        /* external data file name, or NULL */
   bool data_file_raw;           /* it is a raw image of the disk */
+  const struct qcow2_luks_options *luks;        /* encrypted, or NULL */
 };
 extern int qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
                          const struct qcow2_create_options *opts);

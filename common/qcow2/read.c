@@ -128,7 +128,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
       if (r < 0)
         return r;
       pieces[batch.n++] = (struct pool_piece) {
-        .io = img->data_io, .buf = buf + pos, .len = runs[i].length,
+        .io = img->guest_io, .buf = buf + pos, .len = runs[i].length,
         .offset = runs[i].host_offset,
       };
     }

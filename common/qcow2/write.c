@@ -330,6 +330,8 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    */
   if (zeroed)
     io_note_end (img, target + cs);
+  /* But not in an encrypted image, where zeros decrypt to noise. */
+  zeroed = zeroed && !img->luks;
   /* Only the client's data where nothing around it needs writing: no
    * head or tail, or zeros over a new cluster that reads as zeros.
    */
@@ -473,9 +475,9 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   cache_mark_dirty (img->caches.l2, slice);
   flush_mark_changed (img);
   /* As in write_allocating: zeros over zeros need no ordering, in
-   * clusters the file durably covers.
+   * clusters the file durably covers (and not encrypted).
    */
-  if (!zeroed || !old_zero || target + (k - 1) * cs >= img->host.durable_end)
+  if (!zeroed || img->luks || !old_zero || target + (k - 1) * cs >= img->host.durable_end)
     flush_mark_dependency (img);
   *done = k * cs;
   for (uint64_t i = 0; i < k; i++)
@@ -570,7 +572,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
       break;
     else
       pieces[(*n)++] = (struct pool_piece) {
-        .io = img->data_io, .buf = (void *) (data + *len), .len = more,
+        .io = img->guest_io, .buf = (void *) (data + *len), .len = more,
         .offset = host, .write = true,
       };
     *len += more;
@@ -661,7 +663,7 @@ write_piece (struct qcow2_image *img, const struct write_request *req,
                            &in_place);
   if (r == 0 && in_place > 0) {
     /* Releases hold data_lock exclusively: the runs stay ours. */
-    if (batch.n > 1 && !img->data_io->serial_writes)
+    if (batch.n > 1 && !img->guest_io->serial_writes)
       pool = pool_get (img);
     image_unlock (img);
     *n = in_place;
@@ -703,6 +705,8 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
 
   if ((r = write_check (img, 0, 0)) < 0)
     return r;
+  /* Encrypted, an unwritten cluster would read as noise. */
+  full = full || img->luks;
   if (full && !(zeros = calloc (1, cs)))
     return -ENOMEM;
   image_lock (img);

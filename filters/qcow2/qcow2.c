@@ -240,6 +240,7 @@ static const struct glue_option filter_options[] = {
   { "backing-dir", GLUE_PATH, .dest = &backing_dir },
   { "create", GLUE_BOOL, .dest = &create },
   { "virtual-size", GLUE_FN, true, .fn = glue_config_create_size },
+  { "qcow2-password", GLUE_FN, .fn = glue_config_password },
 };
 
 static void
@@ -283,7 +284,8 @@ static int
 qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                               nbdkit_backend *nxdata)
 {
-  glue_config_complete ();
+  if (glue_config_complete () == -1)
+    return -1;
   if (!create && glue.create.first_key) {
     nbdkit_error ("%s= describes an image to make: it needs create=true",
                   glue.create.first_key);
@@ -316,6 +318,7 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   "                                lazy-refcounts=.\n" \
   "backing-dir=<DIR>               Where relative backing file names are\n" \
   "                                (default: the current directory).\n" \
+  "qcow2-password=<PASSWORD>|-|+FILE|-FD  The password of a LUKS image.\n" \
   GLUE_CONFIG_HELP
 
 static int

@@ -119,6 +119,7 @@ static const struct glue_option plugin_options[] = {
    * resolve against the image's folder.
    */
   { "file", GLUE_PATH, .dest = &filename },
+  { "password", GLUE_FN, .fn = glue_config_password },
   { "data-file", GLUE_FN, .fn = plugin_config_data_file },
   { "data_file", GLUE_FN, .fn = plugin_config_data_file },
   { "backing", GLUE_FN, .fn = plugin_config_backing },
@@ -189,8 +190,7 @@ plugin_config_complete (void)
   if (glue.create.opts.data_file_raw && prealloc == PREALLOC_OFF)
     prealloc = PREALLOC_METADATA;
   glue.engine.data_file = data_file;
-  glue_config_complete ();
-  return 0;
+  return glue_config_complete ();
 }
 
 /* The backing file of an image being created: its format and, unless
@@ -370,6 +370,7 @@ plugin_create_undo (enum create_made made)
   "                                preallocation=).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
   "readonly=true                   Open the image read-only.\n" \
+  "password=<PASSWORD>|-|+FILE|-FD The password of a LUKS-encrypted image.\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
   GLUE_CONFIG_HELP
@@ -657,7 +658,7 @@ plugin_dump_plugin (void)
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
           "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
-  printf ("qcow2_encryption=no\n");
+  printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=no\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
 }

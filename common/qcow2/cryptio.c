@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The guest data of an encrypted image: a struct qcow2_io over the
+ * file that holds the data (the image, or its external data file) that
+ * encrypts what is written and decrypts what is read, in 512-byte
+ * sectors numbered by host offset, as QEMU does.  The data paths use it
+ * as they use the file, so no plaintext reaches the file.
+ *
+ * It has no punch and no hole: a hole reads as zeros, which decrypt to
+ * noise, so zeroing writes encrypted zeros and extents never report
+ * the file's holes.
+ *
+ * A write never changes the caller's buffer: it encrypts a copy.  A
+ * write that starts or ends inside a sector first reads and decrypts
+ * that sector, holding a lock for it, so that two requests writing
+ * different bytes of one sector (byte-granular clients do) both land.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CRYPT_LOCKS 64                  /* sector locks, by sector number */
+
+struct crypt_io {
+  struct qcow2_io io;
+  struct qcow2_io *below;               /* not owned */
+  const struct luks_key *key;           /* not owned */
+  pthread_mutex_t locks[CRYPT_LOCKS];
+};
+
+static struct crypt_io *
+crypt_io_of (struct qcow2_io *io)
+{
+  return (struct crypt_io *) io;
+}
+
+static int
+crypt_io_pread (struct qcow2_io *io, void *buf, size_t count,
+                uint64_t offset)
+{
+  struct crypt_io *c = crypt_io_of (io);
+  uint64_t start = offset & ~(uint64_t) (QCOW2_CRYPT_SECTOR - 1);
+  uint64_t end = (offset + count + QCOW2_CRYPT_SECTOR - 1)
+    & ~(uint64_t) (QCOW2_CRYPT_SECTOR - 1);
+  uint8_t *tmp;
+  int r;
+
+  if (start == offset && end == offset + count) {
+    if ((r = c->below->ops->pread (c->below, buf, count, offset)) == 0)
+      luks_crypt (c->key, false, offset / QCOW2_CRYPT_SECTOR, buf, count);
+    return r;
+  }
+  if (!(tmp = malloc (end - start)))
+    return -ENOMEM;
+  if ((r = c->below->ops->pread (c->below, tmp, end - start, start)) == 0) {
+    luks_crypt (c->key, false, start / QCOW2_CRYPT_SECTOR, tmp, end - start);
+    memcpy (buf, tmp + (offset - start), count);
+  }
+  explicit_bzero (tmp, end - start);
+  free (tmp);
+  return r;
+}
+
+/* Read and decrypt the sector at offset into buf. */
+static int
+crypt_io_read_sector (struct crypt_io *c, uint8_t *buf, uint64_t offset)
+{
+  int r = c->below->ops->pread (c->below, buf, QCOW2_CRYPT_SECTOR, offset);
+
+  if (r == 0)
+    luks_crypt (c->key, false, offset / QCOW2_CRYPT_SECTOR, buf,
+                QCOW2_CRYPT_SECTOR);
+  return r;
+}
+
+static int
+crypt_io_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+                 uint64_t offset)
+{
+  struct crypt_io *c = crypt_io_of (io);
+  const uint64_t ss = QCOW2_CRYPT_SECTOR;
+  uint64_t start = offset & ~(ss - 1);
+  uint64_t end = (offset + count + ss - 1) & ~(ss - 1);
+  uint64_t len = end - start;
+  bool head = start != offset, tail = end != offset + count;
+  unsigned lo = (start / ss) % CRYPT_LOCKS;
+  unsigned hi = ((end - ss) / ss) % CRYPT_LOCKS;
+  uint8_t *tmp = malloc (len);
+  int r = 0;
+
+  if (!tmp)
+    return -ENOMEM;
+  if (hi < lo) {
+    unsigned t = lo;
+    lo = hi;
+    hi = t;
+  }
+  if (head || tail) {
+    pthread_mutex_lock (&c->locks[lo]);
+    if (hi != lo)
+      pthread_mutex_lock (&c->locks[hi]);
+  }
+  if (head)
+    r = crypt_io_read_sector (c, tmp, start);
+  if (r == 0 && tail && (!head || len > ss))
+    r = crypt_io_read_sector (c, tmp + len - ss, end - ss);
+  if (r == 0) {
+    memcpy (tmp + (offset - start), buf, count);
+    luks_crypt (c->key, true, start / ss, tmp, len);
+    r = c->below->ops->pwrite (c->below, tmp, len, start);
+  }
+  if (head || tail) {
+    if (hi != lo)
+      pthread_mutex_unlock (&c->locks[hi]);
+    pthread_mutex_unlock (&c->locks[lo]);
+  }
+  free (tmp);
+  return r;
+}
+
+static int
+crypt_io_flush (struct qcow2_io *io)
+{
+  struct crypt_io *c = crypt_io_of (io);
+  return c->below->ops->flush (c->below);
+}
+
+static int64_t
+crypt_io_size (struct qcow2_io *io)
+{
+  struct crypt_io *c = crypt_io_of (io);
+  return c->below->ops->size (c->below);
+}
+
+static void
+crypt_io_close (struct qcow2_io *io)
+{
+  struct crypt_io *c = crypt_io_of (io);
+
+  for (unsigned i = 0; i < CRYPT_LOCKS; i++)
+    pthread_mutex_destroy (&c->locks[i]);
+  free (c);
+}
+
+static const struct qcow2_io_ops crypt_io_ops = {
+  .pread = crypt_io_pread,
+  .pwrite = crypt_io_pwrite,
+  .flush = crypt_io_flush,
+  .size = crypt_io_size,
+  .close = crypt_io_close,
+};
+
+struct qcow2_io *
+crypt_io_new (struct qcow2_io *below, const struct luks_key *key)
+{
+  struct crypt_io *c = calloc (1, sizeof *c);
+
+  if (!c)
+    return NULL;
+  c->io.ops = &crypt_io_ops;
+  c->io.serial_writes = below->serial_writes;
+  c->below = below;
+  c->key = key;
+  for (unsigned i = 0; i < CRYPT_LOCKS; i++)
+    pthread_mutex_init (&c->locks[i], NULL);
+  return &c->io;
+}
