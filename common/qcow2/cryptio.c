@@ -13,6 +13,10 @@
  * write that starts or ends inside a sector first reads and decrypts
  * that sector, holding a lock for it, so that two requests writing
  * different bytes of one sector (byte-granular clients do) both land.
+ * A read that starts or ends inside a sector holds the same lock, so
+ * that it never decrypts a sector half rewritten by such a write (a
+ * request that covers a whole sector overlaps any other that touches
+ * it, and then NBD promises nothing).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,6 +40,34 @@ crypt_io_of (struct qcow2_io *io)
   return (struct crypt_io *) io;
 }
 
+/* The sectors of [start, end) a request covers in part: the locks of
+ * the first and the last, taken in order (one if they share it).
+ */
+struct crypt_io_ends {
+  unsigned lo, hi;
+};
+
+static struct crypt_io_ends
+crypt_io_lock_ends (struct crypt_io *c, uint64_t start, uint64_t end)
+{
+  unsigned a = (start / QCOW2_CRYPT_SECTOR) % CRYPT_LOCKS;
+  unsigned b = ((end - QCOW2_CRYPT_SECTOR) / QCOW2_CRYPT_SECTOR) % CRYPT_LOCKS;
+  struct crypt_io_ends e = { MIN (a, b), MAX (a, b) };
+
+  pthread_mutex_lock (&c->locks[e.lo]);
+  if (e.hi != e.lo)
+    pthread_mutex_lock (&c->locks[e.hi]);
+  return e;
+}
+
+static void
+crypt_io_unlock_ends (struct crypt_io *c, struct crypt_io_ends e)
+{
+  if (e.hi != e.lo)
+    pthread_mutex_unlock (&c->locks[e.hi]);
+  pthread_mutex_unlock (&c->locks[e.lo]);
+}
+
 static int
 crypt_io_pread (struct qcow2_io *io, void *buf, size_t count,
                 uint64_t offset)
@@ -44,6 +76,7 @@ crypt_io_pread (struct qcow2_io *io, void *buf, size_t count,
   uint64_t start = offset & ~(uint64_t) (QCOW2_CRYPT_SECTOR - 1);
   uint64_t end = (offset + count + QCOW2_CRYPT_SECTOR - 1)
     & ~(uint64_t) (QCOW2_CRYPT_SECTOR - 1);
+  struct crypt_io_ends e;
   uint8_t *tmp;
   int r;
 
@@ -54,11 +87,13 @@ crypt_io_pread (struct qcow2_io *io, void *buf, size_t count,
   }
   if (!(tmp = malloc (end - start)))
     return -ENOMEM;
-  if ((r = c->below->ops->pread (c->below, tmp, end - start, start)) == 0) {
+  e = crypt_io_lock_ends (c, start, end);
+  r = c->below->ops->pread (c->below, tmp, end - start, start);
+  crypt_io_unlock_ends (c, e);
+  if (r == 0) {
     luks_crypt (c->key, false, start / QCOW2_CRYPT_SECTOR, tmp, end - start);
     memcpy (buf, tmp + (offset - start), count);
   }
-  explicit_bzero (tmp, end - start);
   free (tmp);
   return r;
 }
@@ -85,23 +120,14 @@ crypt_io_pwrite (struct qcow2_io *io, const void *buf, size_t count,
   uint64_t end = (offset + count + ss - 1) & ~(ss - 1);
   uint64_t len = end - start;
   bool head = start != offset, tail = end != offset + count;
-  unsigned lo = (start / ss) % CRYPT_LOCKS;
-  unsigned hi = ((end - ss) / ss) % CRYPT_LOCKS;
+  struct crypt_io_ends e = { 0, 0 };
   uint8_t *tmp = malloc (len);
   int r = 0;
 
   if (!tmp)
     return -ENOMEM;
-  if (hi < lo) {
-    unsigned t = lo;
-    lo = hi;
-    hi = t;
-  }
-  if (head || tail) {
-    pthread_mutex_lock (&c->locks[lo]);
-    if (hi != lo)
-      pthread_mutex_lock (&c->locks[hi]);
-  }
+  if (head || tail)
+    e = crypt_io_lock_ends (c, start, end);
   if (head)
     r = crypt_io_read_sector (c, tmp, start);
   if (r == 0 && tail && (!head || len > ss))
@@ -111,11 +137,8 @@ crypt_io_pwrite (struct qcow2_io *io, const void *buf, size_t count,
     luks_crypt (c->key, true, start / ss, tmp, len);
     r = c->below->ops->pwrite (c->below, tmp, len, start);
   }
-  if (head || tail) {
-    if (hi != lo)
-      pthread_mutex_unlock (&c->locks[hi]);
-    pthread_mutex_unlock (&c->locks[lo]);
-  }
+  if (head || tail)
+    crypt_io_unlock_ends (c, e);
   free (tmp);
   return r;
 }
