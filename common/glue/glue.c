@@ -194,6 +194,14 @@ glue_config_password (const char *key, const char *value)
   return 0;
 }
 
+/* compress=off|on|zlib|zstd: on is the image's compression type. */
+static void
+glue_set_compress (unsigned i)
+{
+  glue.engine.compress = i > 0;
+  glue.engine.compress_type = i >= 2 ? (int) i - 2 : -1;
+}
+
 static const struct glue_option glue_options[] = {
   { "snapshot", GLUE_STRING, .dest = &glue.snapshot },
   { "discard", GLUE_WORD, .words = WORDS ("unmap", "ignore"),
@@ -211,6 +219,8 @@ static const struct glue_option glue_options[] = {
   { "l2-cache-entry-size", GLUE_SIZE, .dest = &glue.engine.l2_slice_size },
   { "locking", GLUE_WORD, .words = WORDS ("on", "off", "auto"),
     .set = glue_set_locking },
+  { "compress", GLUE_WORD, .words = WORDS ("off", "on", "zlib", "zstd"),
+    .set = glue_set_compress },
 };
 
 static void
@@ -269,6 +279,7 @@ static void
 glue_set_compression_type (unsigned i)
 {
   glue.create.opts.zstd = i == 1;
+  glue.create.compression_type_set = true;
 }
 
 static int
@@ -347,6 +358,16 @@ glue_config_complete (void)
     nbdkit_error ("the encrypt-* keys describe encryption: they need "
                   "encrypt-format=luks");
     return -1;
+  }
+  /* A new image compresses as compress= says. */
+  if (glue.engine.compress && glue.engine.compress_type >= 0) {
+    bool zstd = glue.engine.compress_type == QCOW2_COMPRESS_ZSTD;
+    if (glue.create.compression_type_set && glue.create.opts.zstd != zstd) {
+      nbdkit_error ("compress=%s and compression-type=%s disagree",
+                    zstd ? "zstd" : "zlib", zstd ? "zlib" : "zstd");
+      return -1;
+    }
+    glue.create.opts.zstd = zstd;
   }
   glue.engine.password = glue.password;
   glue.create.luks.password = glue.password;

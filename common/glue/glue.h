@@ -34,6 +34,7 @@ struct glue_create {
   struct qcow2_create_options opts;
   /* encrypt-format=luks points opts.luks here; the strings malloc'd. */
   struct qcow2_luks_options luks;
+  bool compression_type_set;    /* compression-type= given */
   int64_t size;                 /* -1: not given */
   const char *first_key;        /* the first such key given, or NULL */
 };
@@ -136,6 +137,7 @@ extern bool glue_server_readonly (void);
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
   "io-threads=<N>                  Threads reading or writing the pieces of a\n" \
   "                                fragmented request at once (default 4, 0: none).\n" \
-  "locking=auto|on|off             QEMU's image locks on local files (auto)."
+  "locking=auto|on|off             QEMU's image locks on local files (auto).\n" \
+  "compress=off|on|zlib|zstd       Store whole new clusters compressed (off)."
 
 #endif /* QCOW2_GLUE_H */

@@ -471,6 +471,44 @@ alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
   return 0;
 }
 
+int
+alloc_bytes (struct qcow2_image *img, uint64_t len, uint64_t *host)
+{
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t off = img->alloc.free_byte_offset, fresh = UINT64_MAX, rc;
+  int r;
+
+  ASSERT_LOCKED (img);
+  assert (len > 0 && len <= cs);
+  /* Not past what the refcount width counts (1-bit refcounts). */
+  if (off && ((r = refcount_read (img, off >> img->geo.cluster_bits, &rc)) < 0
+              || rc >= refcount_max (img)))
+    off = 0;
+  if (!off || cs - (off & (cs - 1)) < len) {
+    uint64_t c;
+    bool zeroed;
+
+    if ((r = alloc_clusters (img, 1, &c, &zeroed)) < 0)
+      return r;
+    if (zeroed)
+      io_note_end (img, c + cs);
+    /* Straddle into it if it follows the cluster being filled. */
+    if (!off || ((off + cs - 1) & ~(cs - 1)) != c)
+      off = c;
+    fresh = c >> img->geo.cluster_bits;
+  }
+  /* A reference from each cluster the bytes touch (the new one has
+   * its first already).
+   */
+  for (uint64_t c = off >> img->geo.cluster_bits;
+       c <= (off + len - 1) >> img->geo.cluster_bits; c++)
+    if (c != fresh && (r = refcount_update (img, c, 1, NULL)) < 0)
+      return r;
+  img->alloc.free_byte_offset = (off + len) & (cs - 1) ? off + len : 0;
+  *host = off;
+  return 0;
+}
+
 /* Clusters [c, c+n) have no reference left: they may be allocated
  * again.  Punched as one range: on a file system of 4 KiB blocks, a
  * punch of one 512-byte cluster would free nothing.
@@ -482,6 +520,10 @@ alloc_released (struct qcow2_image *img, uint64_t c, uint64_t n)
   uint64_t len = n << img->geo.cluster_bits;
 
   img->alloc.free_hint = MIN (img->alloc.free_hint, c);
+  /* Compressed clusters are not packed into a cluster freed. */
+  if (img->alloc.free_byte_offset >= offset &&
+      img->alloc.free_byte_offset < offset + len)
+    img->alloc.free_byte_offset = 0;
   cache_forget (img->caches.l2, offset, len);
   overlap_remove (img, offset, len);
   if (img->discard && img->io->ops->punch)

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Compressed clusters: deflate (raw, 4 KiB window, as QEMU writes it)
  * and zstd.  A compressed cluster always decompresses to exactly one
- * cluster; anything else is a bad descriptor or bad data.
+ * cluster; anything else is a bad descriptor or bad data.  Compressing
+ * a cluster for a write uses QEMU's settings, so that images come out
+ * the size qemu-img convert -c makes them.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -12,6 +14,7 @@
 
 #include <zlib.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "checked.h"
 #include "errstr.h"
@@ -24,11 +27,12 @@
  * when the thread ends.
  */
 struct compress_tls {
-  z_stream z;
-  bool z_ready;
+  z_stream z, zc;
+  bool z_ready, zc_ready;
   ZSTD_DCtx *zstd;
-  uint8_t *in, *cluster;
-  size_t in_cap, cluster_cap;
+  ZSTD_CCtx *zstd_c;
+  uint8_t *in, *cluster, *out;
+  size_t in_cap, cluster_cap, out_cap;
 };
 
 static pthread_key_t compress_key;
@@ -42,9 +46,13 @@ compress_tls_free (void *p)
 
   if (t->z_ready)
     inflateEnd (&t->z);
+  if (t->zc_ready)
+    deflateEnd (&t->zc);
   ZSTD_freeDCtx (t->zstd);
+  ZSTD_freeCCtx (t->zstd_c);
   free (t->in);
   free (t->cluster);
+  free (t->out);
   free (t);
 }
 
@@ -181,4 +189,68 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
   else if (r == 0 && out != buf)
     memcpy (buf, out + in_cluster, len);
   return r;
+}
+
+/* Deflate as QEMU does: level 6, raw, a 4 KiB window. */
+static ssize_t
+compress_deflate (struct compress_tls *t, uint8_t *out, size_t cap,
+                  const uint8_t *in, size_t len)
+{
+  z_stream *strm = &t->zc;
+  int r;
+
+  if (!t->zc_ready) {
+    memset (strm, 0, sizeof *strm);
+    if (deflateInit2 (strm, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -12, 9,
+                      Z_DEFAULT_STRATEGY) != Z_OK)
+      return -ENOMEM;
+    t->zc_ready = true;
+  }
+  else if (deflateReset (strm) != Z_OK)
+    return -EIO;
+  strm->next_in = (uint8_t *) in;
+  strm->avail_in = len;
+  strm->next_out = out;
+  strm->avail_out = cap;
+  r = deflate (strm, Z_FINISH);
+  if (r == Z_STREAM_END)
+    return cap - strm->avail_out;
+  return r == Z_OK || r == Z_BUF_ERROR ? -ENOSPC : -EIO;
+}
+
+/* zstd at its default level, one frame, as QEMU does. */
+static ssize_t
+compress_zstd (struct compress_tls *t, uint8_t *out, size_t cap,
+               const uint8_t *in, size_t len)
+{
+  ZSTD_inBuffer input = { in, len, 0 };
+  ZSTD_outBuffer output = { out, cap, 0 };
+  size_t r;
+
+  if (!t->zstd_c && !(t->zstd_c = ZSTD_createCCtx ()))
+    return -ENOMEM;
+  if (ZSTD_isError (ZSTD_CCtx_reset (t->zstd_c, ZSTD_reset_session_only)))
+    return -EIO;
+  r = ZSTD_compressStream2 (t->zstd_c, &output, &input, ZSTD_e_end);
+  if (ZSTD_isError (r))
+    return ZSTD_getErrorCode (r) == ZSTD_error_dstSize_tooSmall
+      ? -ENOSPC : -EIO;
+  return r == 0 ? (ssize_t) output.pos : -ENOSPC;
+}
+
+ssize_t
+compress_cluster (const struct qcow2_image *img, const uint8_t *cluster,
+                  const uint8_t **out)
+{
+  uint64_t cs = img->geo.cluster_size;
+  struct compress_tls *t = compress_tls_get ();
+  uint8_t *buf;
+
+  if (!t || !(buf = compress_buffer (&t->out, &t->out_cap, cs)))
+    return -ENOMEM;
+  *out = buf;
+  /* Less than a cluster, or it is not worth it. */
+  if (img->h.compression_type == QCOW2_COMPRESSION_ZSTD)
+    return compress_zstd (t, buf, cs - 1, cluster, cs);
+  return compress_deflate (t, buf, cs - 1, cluster, cs);
 }

@@ -183,6 +183,32 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
   return 0;
 }
 
+/* compress=: what QEMU's compress driver can do on this image. */
+static int
+image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
+{
+  static const char *const names[] = { "zlib", "zstd" };
+
+  if (img->luks || img->data_io != img->io) {
+    qcow2_err (img, "compress= cannot be used on %s: QEMU does not "
+               "compress its clusters either",
+               img->luks ? "an encrypted image" : "an image with an "
+               "external data file");
+    return -ENOTSUP;
+  }
+  if (opts->compress_type >= 0 &&
+      opts->compress_type != img->h.compression_type) {
+    qcow2_err (img, "compress=%s, but the image's compressed clusters are "
+               "%s (its compression type is set when it is made: "
+               "compression-type= with create=true)",
+               names[opts->compress_type & 1],
+               names[img->h.compression_type & 1]);
+    return -EINVAL;
+  }
+  img->compress = true;
+  return 0;
+}
+
 static int
 image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
                   const char **chain, unsigned depth)
@@ -216,6 +242,9 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if ((r = cache_setup (img, opts)) < 0)
     return r;
   img->writable = !opts->readonly && !opts->snapshot;
+  if (img->writable && opts->compress &&
+      (r = image_set_compress (img, opts)) < 0)
+    return r;
   img->discard = !opts->discard_ignore;
   img->lazy_refcounts = img->h.compatible_features
     & QCOW2_COMPAT_LAZY_REFCOUNTS;

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "qcow2.h"
 #include "checked.h"
@@ -234,6 +235,10 @@ struct image_alloc {
   bool reserve_next_durable;
   uint64_t allocated_since_flush;
   bool closing;                 /* no more reserve */
+  /* Where the next compressed cluster goes, packed after the last one
+   * in a cluster they share (0: start a new cluster).
+   */
+  uint64_t free_byte_offset;
   uint64_t *pending_free;       /* host offsets to decrement after flush */
   size_t pending_len, pending_cap;
   size_t pending_durable;       /* how many of them a flush made safe */
@@ -287,6 +292,7 @@ struct qcow2_image {
   bool writable;                /* opened for writing, not a snapshot */
   bool discard;                 /* trim frees clusters (discard=unmap) */
   bool write_started;           /* header prepared for the first write */
+  bool compress;                /* compress=: see qcow2_options */
   bool lazy_refcounts;
   struct image_dirty dirty;     /* flush.c */
   struct image_alloc alloc;     /* alloc.c */
@@ -426,6 +432,14 @@ image_unlock (struct qcow2_image *img)
   pthread_mutex_unlock (&img->lock);
 }
 
+/* The largest refcount the image's width holds. */
+static inline uint64_t
+refcount_max (const struct qcow2_image *img)
+{
+  return img->h.refcount_order == 6 ? UINT64_MAX
+    : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
+}
+
 /* Wait on cond, which releases the lock meanwhile. */
 static inline void
 image_wait (struct qcow2_image *img, pthread_cond_t *cond)
@@ -540,6 +554,13 @@ extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
 extern int compress_read (struct qcow2_image *img, uint64_t comp_offset,
                           uint64_t comp_size, uint64_t in_cluster,
                           uint64_t len, uint8_t *buf);
+/* Compress one cluster with the image's compression type: its length,
+ * the bytes in *out (this thread's, until its next call), or -ENOSPC
+ * if it does not come out smaller than a cluster.
+ */
+extern ssize_t compress_cluster (const struct qcow2_image *img,
+                                 const uint8_t *cluster,
+                                 const uint8_t **out);
 
 /* backing.c */
 extern int backing_open (struct qcow2_image *img,
@@ -573,6 +594,12 @@ extern int refcount_update (struct qcow2_image *img, uint64_t cluster,
 extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
 
 /* alloc.c */
+/* len bytes (at most a cluster) for a compressed cluster, at *host,
+ * packed after the previous one; each cluster they touch gains a
+ * reference.
+ */
+extern int alloc_bytes (struct qcow2_image *img, uint64_t len,
+                        uint64_t *host);
 extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
                            uint64_t *host_offset, bool *zeroed);
 extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,

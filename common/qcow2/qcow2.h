@@ -70,7 +70,15 @@ struct qcow2_options {
   unsigned io_threads;
   /* The password of LUKS-encrypted images (every layer), or NULL. */
   const char *password;
+  /* Whole-cluster writes to unallocated clusters are stored compressed
+   * (when that saves space), with compress_type (QCOW2_COMPRESS_ZLIB
+   * or _ZSTD; it must be the image's) or, if -1, the image's type.
+   */
+  bool compress;
+  int compress_type;
 };
+#define QCOW2_COMPRESS_ZLIB 0
+#define QCOW2_COMPRESS_ZSTD 1
 
 /* LUKS encryption of a new image: qemu-img's encrypt.* options (NULL
  * or 0: QEMU's defaults, aes-256 xts plain64 sha256, 2000 ms).

@@ -155,8 +155,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t idx = cluster >> per_block_bits;
   uint64_t index = cluster & ((UINT64_C (1) << per_block_bits) - 1);
-  uint64_t max = img->h.refcount_order == 6 ? UINT64_MAX
-    : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
+  uint64_t max = refcount_max (img);
   uint64_t value;
   uint8_t *block;
   int r;

@@ -486,6 +486,69 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   return 0;
 }
 
+/* Store the whole cluster at offset compressed, if it is not allocated
+ * (QEMU's compress driver never overwrites) and compresses to less
+ * than a cluster: *done is then the cluster's size, else 0 and nothing
+ * changed.  Called with the lock held; it is released while the
+ * cluster is compressed, the cluster claimed meanwhile.
+ */
+static int
+write_compressed (struct qcow2_image *img, const uint8_t *data,
+                  uint64_t offset, uint64_t *done)
+{
+  uint64_t cs = img->geo.cluster_size, idx, host, sectors;
+  uint64_t x = img->geo.compressed_offset_bits;
+  struct write_inflight w;
+  struct l2_state s;
+  const uint8_t *out;
+  uint8_t *slice;
+  ssize_t len;
+  int r;
+
+  *done = 0;
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+  if (s.normal || s.compressed || (s.bitmap & L2_ALL_ALLOC) ||
+      write_inflight_overlaps (img, offset, offset + cs))
+    return 0;
+
+  write_inflight_begin (img, &w, offset, offset + cs);
+  len = compress_cluster (img, data, &out);
+  write_inflight_end (img, &w);
+  if (len == -ENOSPC)
+    return 0;                   /* stored as it is */
+  if (len < 0)
+    return len;
+
+  /* The claim kept the entry as it was; the slice may be gone. */
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0 ||
+      (r = alloc_bytes (img, len, &host)) < 0)
+    return r;
+  if ((r = io_check_data (img, len, host)) == 0)
+    r = io_write_checked (img, out, len, host);
+  if (r < 0) {
+    /* Nothing points at the bytes: give their references back. */
+    for (uint64_t c = host >> img->geo.cluster_bits;
+         c <= (host + len - 1) >> img->geo.cluster_bits; c++)
+      refcount_update (img, c, -1, NULL);
+    img->alloc.free_byte_offset = 0;
+    return r;
+  }
+  io_note_end (img, host + len);
+  io_note_written (img, host + len);
+  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+    return r;
+  sectors = ((host + len - 1) >> 9) - (host >> 9);
+  write_encode (img, slice + idx * img->geo.l2_entry_size,
+                host | QCOW2_OFLAG_COMPRESSED | sectors << x, 0);
+  cache_mark_dirty (img->caches.l2, slice);
+  flush_mark_changed (img);
+  flush_mark_dependency (img);
+  *done = cs;
+  return write_release_old (img, &s, 0, 0);
+}
+
 /* Where an in-place write of [offset, offset+len) goes: returns 1 and
  * sets *host (0 is a valid offset in an external data file), or 0 if
  * the write must allocate.  The caller writes there.
@@ -669,7 +732,11 @@ write_piece (struct qcow2_image *img, const struct write_request *req,
     *n = in_place;
     return write_pieces (img, pool, &batch);
   }
-  if (r == 0 && (offset & (img->geo.cluster_size - 1)) == 0 &&
+  if (r == 0 && img->compress &&
+      (offset & (img->geo.cluster_size - 1)) == 0 &&
+      count >= img->geo.cluster_size)
+    r = write_compressed (img, p, offset, &done);
+  if (r == 0 && !done && (offset & (img->geo.cluster_size - 1)) == 0 &&
       count >= img->geo.cluster_size)
     r = write_allocating_run (img, p, offset, count, &done);
   if (done)

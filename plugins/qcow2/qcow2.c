@@ -659,7 +659,7 @@ plugin_dump_plugin (void)
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
           "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
   printf ("qcow2_encryption=luks\n");
-  printf ("qcow2_compressed_writes=no\n");
+  printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
 }
 
