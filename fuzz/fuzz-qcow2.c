@@ -17,7 +17,8 @@
  *   10-11 sequential read chunk: 64 KiB, 4.5 KiB, 1 MiB + 512, 777
  *   12    preallocate (small disks only), 13: full preallocation
  *   14-15 overlap guard: default, none, constant, all
- *   16-63 seed of the offsets and lengths of the other requests
+ *   16-63 seed of the offsets and lengths of the other requests; bit 16
+ *         also: compress=on (compressed writes)
  *
  * The image is opened as "dir/disk.qcow2" beside other files that it
  * may name as backing or external data file: "dir/base.raw" (a small
@@ -645,6 +646,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     .data_file = ctl & (1 << 9) ? "dir/data.raw" : NULL,
     .overlap_set = (ctl >> 14) & 3,
     .overlap_mask = overlap_masks[(ctl >> 14) & 3],
+    .compress = ctl & (1 << 16),
+    .compress_type = -1,
   };
   /* qcow2_open takes a reference; ours opens the result again. */
   fuzz_env_init (&fe, me);
