@@ -189,14 +189,28 @@ expect_refused ()
   }
 }
 
+# qsrc IMG: set qsrc to the qemu-img or qemu-io arguments that open
+# IMG (qcow2), with the password QEMU_SECRET when that is set (LUKS).
+qsrc ()
+{
+  if [ -n "${QEMU_SECRET:-}" ]; then
+    qsrc=(--object "secret,id=sec0,data=$QEMU_SECRET" --image-opts
+          "driver=qcow2,file.filename=$1,encrypt.key-secret=sec0")
+  else
+    qsrc=(-f qcow2 "$1")
+  fi
+}
+
 # qio IMG CMD...: run the qemu-io commands CMD... on IMG (format qcow2,
-# or $QIO_FMT), quietly; any failing command fails the test.
+# or $QIO_FMT; see qsrc for QEMU_SECRET), quietly; any failing command
+# fails the test.
 qio ()
 {
   local img="$1"; shift
-  local args=() c
+  local args=() c qsrc
   for c in "$@"; do args+=(-c "$c"); done
-  qemu-io -f "${QIO_FMT:-qcow2}" "${args[@]}" "$img" > "$tmp/qio.out" 2>&1 || {
+  if [ -n "${QIO_FMT:-}" ]; then qsrc=(-f "$QIO_FMT" "$img"); else qsrc "$img"; fi
+  qemu-io "${qsrc[@]}" "${args[@]}" > "$tmp/qio.out" 2>&1 || {
     cat "$tmp/qio.out" >&2
     fail "qemu-io on $img: $*"
   }

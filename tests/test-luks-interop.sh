@@ -39,24 +39,6 @@ qemu_luks ()
   fail "qemu-img create -o $3"
 }
 
-# qio_luks IMG CMD...: qemu-io commands on an encrypted image.
-qio_luks ()
-{
-  local img="$1"; shift
-  local args=() c
-  for c in "$@"; do args+=(-c "$c"); done
-  qemu-io --object "secret,id=sec0,data=$pw" --image-opts \
-    "driver=qcow2,file.filename=$img,encrypt.key-secret=sec0" \
-    "${args[@]}" > "$tmp/qio.out" 2>&1 || {
-    cat "$tmp/qio.out" >&2
-    fail "qemu-io $img: $*"
-  }
-  ! grep -Eq "Pattern verification failed|error|failed" "$tmp/qio.out" || {
-    cat "$tmp/qio.out" >&2
-    fail "qemu-io $img: $*"
-  }
-}
-
 # no_plaintext IMG: the marker is nowhere in the file.
 no_plaintext ()
 {
@@ -75,7 +57,7 @@ setup ()
   # Made by QEMU, written by both.
   img=$tmp/q$n.qcow2
   qemu_luks "$img" $((4 * M)) "cluster_size=64k${qopts:+,$qopts}"
-  qio_luks "$img" "write -P 0x5a 0 100k" "write -P 0x11 $((M + 7)) 70000" \
+  qio "$img" "write -P 0x5a 0 100k" "write -P 0x11 $((M + 7)) 70000" \
                   "write -z $((2 * M)) 64k" "write -P 0x22 $((4 * M - 4096)) 4096"
   nbdkit -U - qcow2 "file=$img" "password=$pw" --run '
     /usr/bin/python3 -c "
@@ -89,7 +71,7 @@ h.pwrite(sys.argv[2].encode() * 64, 3 << 20)
 h.flush()
 " "$uri" '"$marker" ||
     fail "reading or writing the QEMU-made image ($qopts)"
-  qio_luks "$img" "read -P 0x5a 0 100k" "read -P 0 $((2 * M)) 64k"
+  qio "$img" "read -P 0x5a 0 100k" "read -P 0 $((2 * M)) 64k"
   no_plaintext "$img"
   diffwrite "$img" --seed $((700 + n)) --ops 600 --connections 2 --inflight 8 \
     -- "password=$pw"
@@ -106,7 +88,7 @@ h.pwrite(sys.argv[2].encode() * 64, 2 << 20)
 h.flush()
 " "$uri" '"$marker" || fail "create=true encrypt-format=luks $*"
   no_plaintext "$img"
-  qio_luks "$img" "read -P 0x33 777 12345" "read -P 0 0 777" \
+  qio "$img" "read -P 0x33 777 12345" "read -P 0 0 777" \
                   "read -P 0 $((777 + 12345)) 100000" \
                   "write -P 0x44 $((3 * M + 5)) 9000"
   QEMU_SECRET=$pw check_written "$img"
@@ -159,7 +141,7 @@ setup "encrypt.cipher-alg=serpent-128,encrypt.cipher-mode=ctr" \
 # Extended L2 entries and 512-byte clusters, QEMU-made.
 img=$tmp/extl2.qcow2
 qemu_luks "$img" $((8 * M)) "extended_l2=on,cluster_size=32k"
-qio_luks "$img" "write -P 0x66 1000 50000"
+qio "$img" "write -P 0x66 1000 50000"
 diffwrite "$img" --seed 790 --ops 800 --connections 2 --inflight 8 \
   -- "password=$pw"
 img=$tmp/small.qcow2
@@ -171,7 +153,7 @@ diffwrite "$img" --seed 791 --ops 800 --connections 2 --inflight 8 \
 # every layer), and our writes copying up from it.
 base=$tmp/base.qcow2 img=$tmp/over.qcow2
 qemu_luks "$base" $((4 * M)) "cluster_size=4k"
-qio_luks "$base" "write -P 0x77 0 3M"
+qio "$base" "write -P 0x77 0 3M"
 qemu-img create -q -f qcow2 -b "$base" -F qcow2 "$img"
 sum=$(md5sum < "$base")
 nbdkit -U - qcow2 "file=$img" "password=$pw" --run '

@@ -76,6 +76,12 @@ printf 'XUKS' | dd of="$tmp/bad.qcow2" bs=1 seek="$crypto_off" conv=notrunc stat
 expect_refused "encryption header at $(printf '%#x' "$crypto_off") is not a LUKS1 header" \
   qcow2 "file=$tmp/bad.qcow2" password=other
 cp "$img" "$tmp/bad.qcow2"
+# the cipher mode field (header offset 40): "gcm-plain64"
+printf 'gcm-plain64\0' |
+  dd of="$tmp/bad.qcow2" bs=1 seek=$((crypto_off + 40)) conv=notrunc status=none
+expect_refused "LUKS header: cipher mode \"gcm-plain64\", hash \"sha256\": the cipher mode \(ecb, cbc, xts, ctr are\) not supported" \
+  qcow2 "file=$tmp/bad.qcow2" password=other
+cp "$img" "$tmp/bad.qcow2"
 # slot 3's stripes (header 208 + 3 * 48 + 44), 4000 -> 4001
 printf '\x00\x00\x0f\xa1' |
   dd of="$tmp/bad.qcow2" bs=1 seek=$((crypto_off + 208 + 3 * 48 + 44)) conv=notrunc status=none
@@ -106,10 +112,13 @@ expect_refused "XTS needs a cipher with 16-byte blocks" \
 expect_refused "encrypt-cipher-alg=aes-512 is not supported" \
   qcow2 "file=$tmp/n5.qcow2" create=true size=1M encrypt-format=luks \
   password=x encrypt-cipher-alg=aes-512
+expect_refused "encryption aes-256-gcm-plain64, hash sha256: the cipher mode \(ecb, cbc, xts, ctr are\) not supported" \
+  qcow2 "file=$tmp/n7.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-cipher-mode=gcm
 expect_refused "encrypted image's data file cannot be raw" \
   qcow2 "file=$tmp/n6.qcow2" create=true size=1M encrypt-format=luks \
   password=x data-file="$tmp/n6.data" data-file-raw=true
-for f in n1 n2 n3 n4 n5 n6; do
+for f in n1 n2 n3 n4 n5 n6 n7; do
   [ ! -e "$tmp/$f.qcow2" ] || fail "a refused create left $f.qcow2 behind"
 done
 

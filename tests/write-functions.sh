@@ -51,18 +51,6 @@ serve_rw ()
   return $r
 }
 
-# qsrc IMG: set qsrc to the qemu-img arguments that open IMG (qcow2),
-# with the password QEMU_SECRET when that is set (LUKS images).
-qsrc ()
-{
-  if [ -n "${QEMU_SECRET:-}" ]; then
-    qsrc=(--object "secret,id=sec0,data=$QEMU_SECRET" --image-opts
-          "driver=qcow2,file.filename=$1,encrypt.key-secret=sec0")
-  else
-    qsrc=(-f qcow2 "$1")
-  fi
-}
-
 # image_info IMG: set img_cluster, img_size, img_backing (full path, or
 # empty) and img_backing_fmt from qemu-img info.
 image_info ()

@@ -164,6 +164,32 @@ luks_check_setup (struct luks_setup *s)
   return NULL;
 }
 
+/* The mode, the IV generator (with its hash, for ESSIV) and the hash
+ * of a setup, by name: NULL, or what is not supported, and the names
+ * that are.
+ */
+static const char *
+luks_lookup (struct luks_setup *s, const char *mode, const char *ivgen,
+             const char *ivhash, const char *hash)
+{
+  int m = luks_find_name (luks_modes, 4, mode);
+  int g = luks_find_name (luks_ivgens, 3, ivgen);
+
+  if (m < 0)
+    return "the cipher mode (ecb, cbc, xts, ctr are)";
+  if (g < 0)
+    return "the IV generator (plain, plain64, essiv are)";
+  s->mode = m;
+  s->ivgen = g;
+  /* A hash with plain or plain64 is ignored, as by dm-crypt. */
+  if (ivhash && g == IV_ESSIV && !(s->ivhash = luks_find_hash (ivhash)))
+    return "the IV hash";
+  if (!(s->hash = luks_find_hash (hash)))
+    return "the hash (md5, sha1, sha224, sha256, sha384, sha512, ripemd160 "
+      "are)";
+  return NULL;
+}
+
 static void
 luks_key_free (struct luks_key *k)
 {
@@ -400,7 +426,6 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
   char name[LUKS_NAME_LEN + 1], mode[LUKS_NAME_LEN + 1];
   char hash[LUKS_NAME_LEN + 1], *ivgen, *ivhash;
   const char *why;
-  int i;
 
   luks_field (name, hdr, LH_CIPHER_NAME);
   luks_field (mode, hdr, LH_CIPHER_MODE);
@@ -417,21 +442,10 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
   *ivgen++ = '\0';
   if ((ivhash = strchr (ivgen, ':')))
     *ivhash++ = '\0';
-  if ((i = luks_find_name (luks_modes, 4, mode)) < 0) {
-    qcow2_err (img, "LUKS header: cipher mode \"%s\" is not supported "
-               "(ecb, cbc, xts, ctr are)", mode);
-    return -ENOTSUP;
-  }
-  s->mode = i;
-  if ((i = luks_find_name (luks_ivgens, 3, ivgen)) < 0) {
-    qcow2_err (img, "LUKS header: IV generator \"%s\" is not supported "
-               "(plain, plain64, essiv are)", ivgen);
-    return -ENOTSUP;
-  }
-  s->ivgen = i;
-  /* A hash with plain or plain64 is ignored, as by dm-crypt. */
-  if (ivhash && s->ivgen == IV_ESSIV && !(s->ivhash = luks_find_hash (ivhash))) {
-    qcow2_err (img, "LUKS header: IV hash \"%s\" is not supported", ivhash);
+  if ((why = luks_lookup (s, mode, ivgen, ivhash, hash))) {
+    qcow2_err (img, "LUKS header: cipher mode \"%s-%s%s%s\", hash \"%s\": "
+               "%s not supported", mode, ivgen, ivhash ? ":" : "",
+               ivhash ? ivhash : "", hash, why);
     return -ENOTSUP;
   }
   if (s->key_bytes == 0 || s->key_bytes > LUKS_MAX_KEY ||
@@ -440,10 +454,6 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
                                       ? s->key_bytes / 2 : s->key_bytes))) {
     qcow2_err (img, "LUKS header: cipher \"%s\" with %" PRIu32 "-byte keys "
                "in mode %s is not supported", name, s->key_bytes, mode);
-    return -ENOTSUP;
-  }
-  if (!(s->hash = luks_find_hash (hash))) {
-    qcow2_err (img, "LUKS header: hash \"%s\" is not supported", hash);
     return -ENOTSUP;
   }
   if ((why = luks_check_setup (s))) {
@@ -645,7 +655,6 @@ luks_setup_from (const struct qcow2_env *env,
   const char *ivgen = o->ivgen_alg ? o->ivgen_alg : "plain64";
   const char *hash = o->hash_alg ? o->hash_alg : "sha256";
   const char *why;
-  int i;
 
   memset (s, 0, sizeof *s);
   for (size_t j = 0; j < N_CIPHERS; j++)
@@ -657,28 +666,17 @@ luks_setup_from (const struct qcow2_env *env,
              "are)", alg);
     return -ENOTSUP;
   }
-  if ((i = luks_find_name (luks_modes, 4, mode)) < 0) {
-    env_err (env, "encrypt-cipher-mode=%s is not supported (ecb, cbc, xts, "
-             "ctr are)", mode);
+  if ((why = luks_lookup (s, mode, ivgen, o->ivgen_hash_alg ? o->ivgen_hash_alg
+                          : "sha256", hash))) {
+    env_err (env, "encryption %s-%s-%s, hash %s: %s not supported", alg, mode,
+             ivgen, hash, why);
     return -ENOTSUP;
   }
-  s->mode = i;
-  if ((i = luks_find_name (luks_ivgens, 3, ivgen)) < 0) {
-    env_err (env, "encrypt-ivgen-alg=%s is not supported (plain, plain64, "
-             "essiv are)", ivgen);
-    return -ENOTSUP;
-  }
-  s->ivgen = i;
-  if (o->ivgen_hash_alg || s->ivgen == IV_ESSIV) {
-    const char *ih = o->ivgen_hash_alg ? o->ivgen_hash_alg : "sha256";
-    if (!(s->ivhash = luks_find_hash (ih))) {
-      env_err (env, "encrypt-ivgen-hash-alg=%s is not supported", ih);
-      return -ENOTSUP;
-    }
-  }
-  if (!(s->hash = luks_find_hash (hash))) {
-    env_err (env, "encrypt-hash-alg=%s is not supported (md5, sha1, sha224, "
-             "sha256, sha384, sha512, ripemd160 are)", hash);
+  /* Recorded with any IV generator, as qemu-img records it. */
+  if (o->ivgen_hash_alg && !s->ivhash &&
+      !(s->ivhash = luks_find_hash (o->ivgen_hash_alg))) {
+    env_err (env, "encrypt-ivgen-hash-alg=%s is not supported",
+             o->ivgen_hash_alg);
     return -ENOTSUP;
   }
   s->key_bytes = s->cipher->nc->key_size * (s->mode == MODE_XTS ? 2 : 1);
