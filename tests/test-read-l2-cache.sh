@@ -37,9 +37,16 @@ for opts in "" "l2-cache-size=64K" "l2-cache-size=64K l2-slice-size=512" \
 done
 for opts in "" "l2-cache-size=4K l2-slice-size=512" \
             "l2-cache-size=64K l2-slice-size=512" "l2-slice-size=4k" \
-            "l2-slice-size=64k" "l2-cache-size=64k" "l2-cache-size=1"; do
+            "l2-slice-size=64k" "l2-cache-size=64k" "l2-cache-size=1" \
+            "l2-cache-entry-size=1k"; do
   check_image "$img64k" $opts
 done
+
+# l2-cache-entry-size is QEMU's name for the slice size.
+nbdkit -v -U - qcow2 "file=$img64k" l2-cache-entry-size=1k l2-cache-size=64k \
+  --run true 2> "$tmp/alias.log" || fail "l2-cache-entry-size=1k"
+grep -q 'L2 cache 64 slices of 1024 bytes' "$tmp/alias.log" ||
+  fail "l2-cache-entry-size=1k: $(grep 'L2 cache' "$tmp/alias.log")"
 
 # Bad values: nbdkit refuses to start and says which option is wrong.
 expect_refused 'l2-slice-size' qcow2 "file=$img64k" l2-slice-size=3000
@@ -47,6 +54,7 @@ expect_refused 'l2-slice-size' qcow2 "file=$img64k" l2-slice-size=128k
 expect_refused 'l2-slice-size' qcow2 "file=$img4k" l2-slice-size=8k
 expect_refused 'l2-slice-size' qcow2 "file=$img64k" l2-slice-size=256
 expect_refused 'l2-slice-size' qcow2 "file=$img64k" l2-slice-size=0
+expect_refused 'l2-cache-entry-size' qcow2 "file=$img64k" l2-cache-entry-size=3000
 expect_refused 'l2-cache-size' qcow2 "file=$img64k" l2-cache-size=0
 expect_refused 'size|foo' qcow2 "file=$img64k" l2-cache-size=foo
 

@@ -508,7 +508,8 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
     slice = opts->l2_slice_size;
     if (!is_power_of_2 (slice) || slice < 512 ||
         slice > img->geo.cluster_size) {
-      qcow2_err (img, "l2-slice-size %" PRIu64 " must be a power of two "
+      qcow2_err (img, "l2-slice-size (l2-cache-entry-size) %" PRIu64
+                 " must be a power of two "
                  "from 512 to the cluster size (%" PRIu64 ")",
                  slice, img->geo.cluster_size);
       return -EINVAL;
