@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# LUKS: the ways of giving the password (password=SECRET, +FILE, -FD),
+# LUKS: the ways of giving the password (password=SECRET, +FILE, -FD,
+# and - typed on a terminal),
 # key slots other than the first (added and removed by qemu-img amend),
 # and every refusal with its message: no password, a wrong one, QEMU's
 # legacy AES method, a LUKS header or key slot that is corrupt, create
@@ -34,6 +35,41 @@ reads_42 "password=$pw"
 printf '%s' "$pw" > "$tmp/pw"
 reads_42 "password=+$tmp/pw"
 reads_42 password=-3 3< "$tmp/pw"
+
+# typed PASSWORD ARGS...: nbdkit ARGS on a terminal of its own (a
+# pseudo-terminal), PASSWORD typed when it asks; its output in
+# $tmp/typed.out, its exit status returned.
+typed ()
+{
+  /usr/bin/python3 - "$@" > "$tmp/typed.out" <<'EOF'
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp("timeout", ["timeout", "--foreground", "120", "nbdkit"] + sys.argv[2:])
+out, typed = b"", False
+while True:
+    try:
+        data = os.read(fd, 4096)
+    except OSError:              # the terminal closed: nbdkit exited
+        break
+    if not data:
+        break
+    out += data
+    if not typed and b"password:" in out.lower():
+        os.write(fd, sys.argv[1].encode() + b"\n")
+        typed = True
+sys.stdout.write(out.decode(errors="replace"))
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+EOF
+}
+typed "$pw" -U - qcow2 "file=$img" password=- --run '
+  nbdsh -u "$uri" -c "assert h.pread(65536, 0) == b\"\x42\" * 65536"' || {
+  cat "$tmp/typed.out"; fail "password=- typed on the terminal"; }
+! typed wrong -U - qcow2 "file=$img" password=- --run true ||
+  fail "a wrong password typed on the terminal was taken"
+grep -q "wrong password" "$tmp/typed.out" || {
+  cat "$tmp/typed.out"; fail "no 'wrong password' after a wrong one was typed"; }
 
 expect_refused "give its password with password=" qcow2 "file=$img"
 expect_refused "wrong password: it opens none of the image's 1 active" \
