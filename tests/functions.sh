@@ -215,3 +215,19 @@ qio ()
     fail "qemu-io on $img: $*"
   }
 }
+
+# qemu_img_pbkdf ARGS...: qemu-img ARGS, for commands that make LUKS
+# key slots.  QEMU times its first PBKDF2 iterations with getrusage and
+# fails ("Unable to get accurate CPU usage") when they take under a
+# millisecond, as they often do on a fast CPU: tried again, up to 60
+# times.  Any other failure prints qemu-img's message and returns 1.
+qemu_img_pbkdf ()
+{
+  local i
+  for i in $(seq 60); do
+    qemu-img "$@" 2> "$tmp/qemu-img.err" && return 0
+    grep -q "accurate CPU usage" "$tmp/qemu-img.err" || break
+  done
+  cat "$tmp/qemu-img.err" >&2
+  return 1
+}

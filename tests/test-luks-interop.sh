@@ -21,22 +21,12 @@ pw="correct horse battery staple"
 export QEMU_SECRET=$pw
 marker=PLAINTEXT-MARKER-0123456789abcdef
 
-# qemu_luks IMG SIZE OPTS: qemu-img create an encrypted image.  QEMU
-# times its first 32768 PBKDF2 iterations with getrusage, and fails
-# ("Unable to get accurate CPU usage") when they take under a
-# millisecond, as they often do with sha1 on a fast CPU: tried again.
+# qemu_luks IMG SIZE OPTS: qemu-img create an encrypted image.
 qemu_luks ()
 {
-  local i
-  for i in $(seq 60); do
-    rm -f "$1"
-    qemu-img create -q -f qcow2 --object "secret,id=sec0,data=$pw" \
-      -o "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10,$3" \
-      "$1" "$2" 2> "$tmp/create.err" && return 0
-    grep -q "accurate CPU usage" "$tmp/create.err" || break
-  done
-  cat "$tmp/create.err" >&2
-  fail "qemu-img create -o $3"
+  qemu_img_pbkdf create -q -f qcow2 --object "secret,id=sec0,data=$pw" \
+    -o "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10,$3" \
+    "$1" "$2" || fail "qemu-img create -o $3"
 }
 
 # no_plaintext IMG: the marker is nowhere in the file.

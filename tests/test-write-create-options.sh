@@ -47,23 +47,6 @@ print(json.dumps(info, sort_keys=True, indent=1))
 print(json.dumps(check, sort_keys=True, indent=1))'
 }
 
-# qemu_create OPTS: qemu-img create img.qcow2 in the current folder.
-# QEMU times its first PBKDF2 iterations of a LUKS header with
-# getrusage and fails ("Unable to get accurate CPU usage") when they
-# take under a millisecond, as they often do: tried again.
-qemu_create ()
-{
-  local i
-  for i in $(seq 60); do
-    rm -f img.qcow2
-    qemu-img create -q -f qcow2 "${secret[@]}" ${1:+-o "$1"} img.qcow2 $size \
-      2> "$tmp/create.err" && return 0
-    grep -q "accurate CPU usage" "$tmp/create.err" || break
-  done
-  cat "$tmp/create.err" >&2
-  return 1
-}
-
 # case QEMU-OPTS OUR-ARGS...: the same image both ways.
 n=0
 case_ ()
@@ -71,7 +54,9 @@ case_ ()
   qopts=$1; shift
   n=$((n + 1))
   rm -f "$tmp"/[qu]/img.qcow2 "$tmp"/[qu]/data.raw
-  (cd "$tmp/q" && qemu_create "$qopts") || fail "qemu-img create -o $qopts"
+  (cd "$tmp/q" && qemu_img_pbkdf create -q -f qcow2 "${secret[@]}" \
+                   ${qopts:+-o "$qopts"} img.qcow2 $size) ||
+    fail "qemu-img create -o $qopts"
   (cd "$tmp/u" && nbdkit -U - qcow2 img.qcow2 create=true "$@" --run true) ||
     fail "create=true $*"
   info_of "$tmp/q" > "$tmp/q.json"
