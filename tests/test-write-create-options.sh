@@ -18,17 +18,16 @@ cp "$tmp/q/base.raw" "$tmp/q/base.qcow2" "$tmp/u/"
 pw=secret-password
 secret=(--object "secret,id=sec0,data=$pw")
 
-# info_of DIR: qemu-img info and check of DIR/img.qcow2, as JSON without
+# info_of DIR [KEY]: qemu-img info and check of DIR/img.qcow2, as JSON without
 # what depends on the file system (disk size), the folder, or, in a
 # LUKS header, chance (the UUID) and the CPU's speed (PBKDF2
-# iterations).  Encrypted images are checked with the password.
+# iterations).  KEY (",encrypt.key-secret=sec0") opens an encrypted
+# image for the check.
 info_of ()
 {
-  local key=
-  case "$qopts" in *encrypt.format=luks*) key=,encrypt.key-secret=sec0 ;; esac
   (cd "$1" && qemu-img info --output=json img.qcow2 &&
    qemu-img check --output=json "${secret[@]}" --image-opts \
-     "driver=qcow2,file.filename=img.qcow2$key") |
+     "driver=qcow2,file.filename=img.qcow2${2:-}") |
     /usr/bin/python3 -c '
 import json, sys
 d = json.JSONDecoder()
@@ -51,7 +50,8 @@ print(json.dumps(check, sort_keys=True, indent=1))'
 n=0
 case_ ()
 {
-  qopts=$1; shift
+  local qopts=$1 key=; shift
+  case "$qopts" in *encrypt.format=luks*) key=,encrypt.key-secret=sec0 ;; esac
   n=$((n + 1))
   rm -f "$tmp"/[qu]/img.qcow2 "$tmp"/[qu]/data.raw
   (cd "$tmp/q" && qemu_img_pbkdf create -q -f qcow2 "${secret[@]}" \
@@ -59,8 +59,8 @@ case_ ()
     fail "qemu-img create -o $qopts"
   (cd "$tmp/u" && nbdkit -U - qcow2 img.qcow2 create=true "$@" --run true) ||
     fail "create=true $*"
-  info_of "$tmp/q" > "$tmp/q.json"
-  info_of "$tmp/u" > "$tmp/u.json"
+  info_of "$tmp/q" "$key" > "$tmp/q.json"
+  info_of "$tmp/u" "$key" > "$tmp/u.json"
   diff -u "$tmp/q.json" "$tmp/u.json" ||
     fail "qemu-img -o '$qopts' and create=true $* differ (above)"
 }
