@@ -430,7 +430,7 @@ alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
     return r;
   *has = rc > 0 && !alloc_in_reserve (img, c);
   if (!*has)
-    qcow2_err (img, "corrupt image: a reference to the cluster at host "
+    log_error (img, "corrupt image: a reference to the cluster at host "
                "offset %#" PRIx64 " is dropped, but the cluster is free "
                "(refcount %" PRIu64 "%s): left as is (qemu-img check -r all "
                "repairs the image)", c << img->geo.cluster_bits, rc,
@@ -652,7 +652,7 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
     nblocks = needed;
   }
   if (table_clusters * cs > QCOW2_MAX_REFTABLE_BYTES) {
-    qcow2_err (img, "the refcount table would exceed %u bytes",
+    log_error (img, "the refcount table would exceed %u bytes",
                QCOW2_MAX_REFTABLE_BYTES);
     return -EFBIG;
   }

@@ -38,7 +38,7 @@ backing_open_file (struct qcow2_image *img, const char *what,
   io = img->env->open (img->env->opaque, path, readonly, id);
   if (!io) {
     int e = errno;
-    qcow2_err (img, "cannot open %s \"%s\"%s: %s%s", what, path,
+    log_error (img, "cannot open %s \"%s\"%s: %s%s", what, path,
                readonly ? "" : " for writing", *id ? *id : errstr (e),
                e == ENOENT ? hint : "");
     free (*id);
@@ -55,7 +55,7 @@ backing_check_loop (struct qcow2_image *img, const char **chain,
 {
   for (unsigned i = 0; i <= depth; i++) {
     if (strcmp (chain[i], id) == 0) {
-      qcow2_err (img, "backing chain loops: backing file \"%s\" is already "
+      log_error (img, "backing chain loops: backing file \"%s\" is already "
                  "in the chain (layer %u)", path, i);
       return -ELOOP;
     }
@@ -81,17 +81,17 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   char *path, *id;
 
   if (strncmp (name, "json:", 5) == 0 || strstr (name, "://")) {
-    qcow2_err (img, "backing file \"%s\" is not a local file: only local "
+    log_error (img, "backing file \"%s\" is not a local file: only local "
                "backing files are supported", name);
     return -ENOTSUP;
   }
   if (format && strcmp (format, "qcow2") != 0 && strcmp (format, "raw") != 0) {
-    qcow2_err (img, "backing file \"%s\" has format \"%s\": only qcow2 and "
+    log_error (img, "backing file \"%s\" has format \"%s\": only qcow2 and "
                "raw backing files are supported", name, format);
     return -ENOTSUP;
   }
   if (depth + 1 > QCOW2_MAX_CHAIN_DEPTH) {
-    qcow2_err (img, "backing chain is deeper than %d images",
+    log_error (img, "backing chain is deeper than %d images",
                QCOW2_MAX_CHAIN_DEPTH);
     return -ELOOP;
   }
@@ -144,12 +144,12 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   img->data_io = img->io;
   if (!(img->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE)) {
     if (opts->data_file) {
-      qcow2_err (img, "data-file is set but the image has no external "
+      log_error (img, "data-file is set but the image has no external "
                  "data file");
       return -EINVAL;
     }
     if (img->data_file_raw) {
-      qcow2_err (img, "autoclear bit 1 (raw external data) is set but the "
+      log_error (img, "autoclear bit 1 (raw external data) is set but the "
                  "image has no external data file");
       return -EINVAL;
     }
@@ -160,7 +160,7 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   else if (img->h.data_file && img->h.data_file[0])
     path = backing_resolve (img->path, img->h.data_file);
   else {
-    qcow2_err (img, "image needs an external data file (incompatible "
+    log_error (img, "image needs an external data file (incompatible "
                "feature bit 2) but names none: give data-file=");
     return -EINVAL;
   }

@@ -62,13 +62,13 @@ bitmap_read (struct qcow2_image *img, void *buf, uint64_t len, uint64_t off,
   int r;
 
   if (range_exceeds (off, len, image_file_size (img))) {
-    qcow2_err (img, "corrupt image: %s at %#" PRIx64 " (%" PRIu64 " bytes) "
+    log_error (img, "corrupt image: %s at %#" PRIx64 " (%" PRIu64 " bytes) "
                "lies beyond the end of the file", what, off, len);
     return -EIO;
   }
   r = img->io->ops->pread (img->io, buf, len, off);
   if (r < 0) {
-    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, off,
+    log_error (img, "reading %s at %#" PRIx64 ": %s", what, off,
                errstr (-r));
     return io_errno (r);
   }
@@ -88,7 +88,7 @@ bitmap_read_directory (struct qcow2_image *img, uint8_t **dirp,
   *dirp = NULL;
   *entriesp = NULL;
   if (size > BITMAP_MAX_DIR) {
-    qcow2_err (img, "corrupt image: bitmap directory of %" PRIu64 " bytes",
+    log_error (img, "corrupt image: bitmap directory of %" PRIu64 " bytes",
                size);
     return -EIO;
   }
@@ -97,7 +97,7 @@ bitmap_read_directory (struct qcow2_image *img, uint8_t **dirp,
    */
   if (h->nb_bitmaps > BITMAP_MAX_COUNT ||
       (uint64_t) h->nb_bitmaps * BITMAP_ENTRY_FIXED > size) {
-    qcow2_err (img, "corrupt image: %" PRIu32 " bitmaps in a bitmap "
+    log_error (img, "corrupt image: %" PRIu32 " bitmaps in a bitmap "
                "directory of %" PRIu64 " bytes (bitmaps extension, header "
                "extension field nb_bitmaps)", h->nb_bitmaps, size);
     return -EIO;
@@ -135,7 +135,7 @@ bitmap_read_directory (struct qcow2_image *img, uint8_t **dirp,
     off = (off + 7) & ~UINT64_C (7);
   }
   if (r == -EIO)
-    qcow2_err (img, "corrupt image: bad bitmap directory");
+    log_error (img, "corrupt image: bad bitmap directory");
   if (r < 0) {
     free (dir);
     free (entries);
@@ -175,7 +175,7 @@ bitmap_check_entry (struct qcow2_image *img, const struct bitmap_entry *e)
     why = "has an invalid table";
   if (!why)
     return 0;
-  qcow2_err (img, "bitmap \"%.*s\" %s: it cannot be kept up to date, so the "
+  log_error (img, "bitmap \"%.*s\" %s: it cannot be kept up to date, so the "
              "image cannot be written (as in QEMU); serve it read-only",
              e->name_size, e->name, why);
   return -ENOTSUP;
@@ -209,7 +209,7 @@ bitmap_load (struct qcow2_image *img, struct bitmap_tracked *t)
     t->table[i] = entry;
     if ((entry & BME_TABLE_RESERVED) || (off && (entry & BME_TABLE_ALL_ONES)) ||
         (off & (cs - 1))) {
-      qcow2_err (img, "corrupt image: bitmap \"%.*s\": bad table entry %"
+      log_error (img, "corrupt image: bitmap \"%.*s\": bad table entry %"
                  PRIu32 " (%#" PRIx64 ")", e->name_size, e->name, i, entry);
       r = -EIO;
     }

@@ -241,7 +241,7 @@ cache_evict (struct qcow2_image *img, struct meta_cache *c, uint32_t *out)
     c->evictions++;
     cache_hash_remove (c, i);
     if (img->caches.debug && c->is_l2)
-      qcow2_dbg (img, "L2 cache evict: slice %#" PRIx64, c->e[i].key);
+      log_debug (img, "L2 cache evict: slice %#" PRIx64, c->e[i].key);
     c->e[i].key = NO_KEY;
   }
   *out = i;
@@ -275,7 +275,7 @@ cache_hit (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
 {
   c->hits++;
   if (img->caches.debug && c->is_l2)
-    qcow2_dbg (img, "L2 cache hit: slice %#" PRIx64, c->e[i].key);
+    log_debug (img, "L2 cache hit: slice %#" PRIx64, c->e[i].key);
   if (c->lru_head != i) {
     cache_lru_unlink (c, i);
     cache_lru_push_head (c, i);
@@ -300,7 +300,7 @@ cache_read_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i,
   int r = img->io->ops->pread (img->io, cache_data (c, i), c->entry_size,
                                host_offset);
   if (r < 0) {
-    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", c->what,
+    log_error (img, "reading %s at %#" PRIx64 ": %s", c->what,
                host_offset, errstr (-r));
     return io_errno (r);
   }
@@ -337,7 +337,7 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
   if ((r = cache_evict (img, c, &i)) < 0)
     return r;
   if (img->caches.debug && c->is_l2)
-    qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64, host_offset);
+    log_debug (img, "L2 cache miss: slice %#" PRIx64, host_offset);
   *data = cache_data (c, i);
   if (fresh)
     memset (*data, 0, c->entry_size);
@@ -385,7 +385,7 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
   if ((r = cache_evict (img, c, &i)) < 0)
     return r;
   if (img->caches.debug && c->is_l2)
-    qcow2_dbg (img, "L2 cache miss: slice %#" PRIx64 " (read unlocked)",
+    log_debug (img, "L2 cache miss: slice %#" PRIx64 " (read unlocked)",
                host_offset);
   cache_insert (c, i, host_offset);
   cache_lru_unlink (c, i);
@@ -508,7 +508,7 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
     slice = opts->l2_slice_size;
     if (!is_power_of_2 (slice) || slice < 512 ||
         slice > img->geo.cluster_size) {
-      qcow2_err (img, "l2-slice-size (l2-cache-entry-size) %" PRIu64
+      log_error (img, "l2-slice-size (l2-cache-entry-size) %" PRIu64
                  " must be a power of two "
                  "from 512 to the cluster size (%" PRIu64 ")",
                  slice, img->geo.cluster_size);
@@ -527,7 +527,7 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
                                       REFCOUNT_CACHE_BLOCKS);
   if (!img->caches.l2 || !img->caches.refcount) {
     int r = -errno;
-    qcow2_err (img, "cannot allocate the metadata caches (%" PRIu64
+    log_error (img, "cannot allocate the metadata caches (%" PRIu64
                " bytes of L2 cache): %s", size, errstr (-r));
     return r;
   }

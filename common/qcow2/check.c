@@ -72,13 +72,13 @@ check_read (struct qcow2_image *img, void *buf, uint64_t len, uint64_t off,
   int r;
 
   if (range_exceeds (off, len, img->file_size)) {
-    qcow2_err (img, "corrupt image: %s at %#" PRIx64 " (%" PRIu64 " bytes) "
+    log_error (img, "corrupt image: %s at %#" PRIx64 " (%" PRIu64 " bytes) "
                "lies beyond the end of the file", what, off, len);
     return -EIO;
   }
   r = img->io->ops->pread (img->io, buf, len, off);
   if (r < 0)
-    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, off,
+    log_error (img, "reading %s at %#" PRIx64 ": %s", what, off,
                errstr (-r));
   return r;
 }
@@ -144,7 +144,7 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
       continue;
     /* Before trusting the size with an allocation. */
     if (range_exceeds (toff, tbytes, img->file_size)) {
-      qcow2_err (img, "corrupt image: bitmap table at %#" PRIx64 " (%"
+      log_error (img, "corrupt image: bitmap table at %#" PRIx64 " (%"
                  PRIu64 " bytes) lies beyond the end of the file", toff,
                  tbytes);
       r = -EIO;
@@ -233,13 +233,13 @@ check_count (struct qcow2_image *img, void *opaque, uint64_t offset,
     return 0;
   last = (offset + len - 1) >> img->geo.cluster_bits;
   if (range_exceeds (offset, len, cc->n << img->geo.cluster_bits)) {
-    qcow2_err (img, "corrupt image: %s at %#" PRIx64 " lies beyond the end "
+    log_error (img, "corrupt image: %s at %#" PRIx64 " lies beyond the end "
                "of the file: cannot rebuild the refcounts", what, offset);
     return -EIO;
   }
   for (uint64_t c = first; c <= last; c++)
     if (++cc->counts[c] == 0) {
-      qcow2_err (img, "corrupt image: cluster %#" PRIx64 " is referenced "
+      log_error (img, "corrupt image: cluster %#" PRIx64 " is referenced "
                  "too often", c << img->geo.cluster_bits);
       return -EIO;
     }
@@ -328,7 +328,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
     if (!count)
       continue;
     if (count > max) {
-      qcow2_err (img, "cluster %#" PRIx64 " is referenced %" PRIu64 " times,"
+      log_error (img, "cluster %#" PRIx64 " is referenced %" PRIu64 " times,"
                  " more than %u-bit refcounts hold",
                  c << img->geo.cluster_bits, count,
                  1u << img->h.refcount_order);
@@ -392,7 +392,7 @@ check_ref (struct qcow2_image *img, void *opaque, uint64_t offset,
    */
   if (offset + len > file_size &&
       offset + len - file_size >= img->geo.cluster_size) {
-    qcow2_dbg (img, "check: %s at %#" PRIx64 " lies beyond the end of the "
+    log_debug (img, "check: %s at %#" PRIx64 " lies beyond the end of the "
                "file", what, offset);
     cr->res->corruptions++;
     return 0;
@@ -453,7 +453,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
     uint64_t hi = lo + (UINT64_C (1) << per_block_bits);
 
     if (has && !check_block_ok (img, idx)) {
-      qcow2_dbg (img, "check: refcount block %" PRIu64 " at %#" PRIx64
+      log_debug (img, "check: refcount block %" PRIu64 " at %#" PRIx64
                  " is misaligned or outside the file", idx,
                  img->reftable[idx]);
       res->corruptions++;
@@ -473,7 +473,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
       if (has)
         rc = refcount_entry_get (block, img->h.refcount_order, c - lo);
       if (rc < refs) {
-        qcow2_dbg (img, "check: cluster %#" PRIx64 " has refcount %" PRIu64
+        log_debug (img, "check: cluster %#" PRIx64 " has refcount %" PRIu64
                    " but %" PRIu64 " references", c << img->geo.cluster_bits,
                    rc, refs);
         res->corruptions++;
@@ -523,7 +523,7 @@ check_copied (struct qcow2_image *img, bool fix,
       flush_mark_dependency (img);
     }
     if ((rc == 1) != !!(img->l1[i] & QCOW2_OFLAG_COPIED)) {
-      qcow2_dbg (img, "check: L1 entry %" PRIu32 " %#" PRIx64 ": COPIED "
+      log_debug (img, "check: L1 entry %" PRIu32 " %#" PRIx64 ": COPIED "
                  "but refcount %" PRIu64, i, img->l1[i], rc);
       res->corruptions++;
     }
@@ -554,7 +554,7 @@ check_copied (struct qcow2_image *img, bool fix,
           flush_mark_changed (img);
         }
         if ((rc == 1) != !!(entry & QCOW2_OFLAG_COPIED)) {
-          qcow2_dbg (img, "check: L2 entry %#" PRIx64 ": COPIED but "
+          log_debug (img, "check: L2 entry %#" PRIx64 ": COPIED but "
                      "refcount %" PRIu64, entry, rc);
           res->corruptions++;
         }
@@ -589,8 +589,8 @@ check_run (struct qcow2_image *img, bool fix_leaks,
     goto out;
   if (fix_leaks && img->dirty.changed) {
     if (res->leaks_fixed)
-      qcow2_notice (img, "%" PRIu64 " leaked clusters reclaimed",
-                    res->leaks_fixed);
+      log_notice (img, "%" PRIu64 " leaked clusters reclaimed",
+                  res->leaks_fixed);
     r = flush_locked (img);
   }
  out:

@@ -31,7 +31,7 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
     return 0;
   if (offset & (img->geo.cluster_size - 1) ||
       range_exceeds (offset, bytes, img->file_size)) {
-    qcow2_err (img, "%s at %#" PRIx64 " (%" PRIu32 " entries) is misaligned "
+    log_error (img, "%s at %#" PRIx64 " (%" PRIu32 " entries) is misaligned "
                "or beyond the end of the file", what, offset, size);
     return -EINVAL;
   }
@@ -43,7 +43,7 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
   }
   r = img->io->ops->pread (img->io, buf, bytes, offset);
   if (r < 0) {
-    qcow2_err (img, "reading %s at %#" PRIx64 ": %s", what, offset,
+    log_error (img, "reading %s at %#" PRIx64 ": %s", what, offset,
                errstr (-r));
     free (buf);
     return r;
@@ -58,7 +58,7 @@ static int
 cluster_corrupt (struct qcow2_image *img, const char *what, uint64_t value,
                  uint64_t guest)
 {
-  qcow2_err (img, "corrupt image: %s %#" PRIx64 " (mapping guest offset %#"
+  log_error (img, "corrupt image: %s %#" PRIx64 " (mapping guest offset %#"
              PRIx64 ")", what, value, guest);
   return -EIO;
 }
@@ -238,7 +238,7 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
   uint64_t cluster = host_offset & ~(img->geo.cluster_size - 1);
 
   if (img->data_io == img->io && cluster >= file_size) {
-    qcow2_err (img, "corrupt image: data at host offset %#" PRIx64
+    log_error (img, "corrupt image: data at host offset %#" PRIx64
                " (%" PRIu64 " bytes) lies beyond the end of the file (%"
                PRIu64 " bytes)", host_offset, len, file_size);
     return -EIO;

@@ -156,7 +156,7 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
   if (!t)
     return -ENOMEM;
   if (comp_offset >= file_size) {
-    qcow2_err (img, "corrupt image: compressed cluster at host offset %#"
+    log_error (img, "corrupt image: compressed cluster at host offset %#"
                PRIx64 " lies beyond the end of the file (%" PRIu64 " bytes)",
                comp_offset, file_size);
     return -EIO;
@@ -172,7 +172,7 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
     return -ENOMEM;
   r = img->io->ops->pread (img->io, in, comp_size, comp_offset);
   if (r < 0) {
-    qcow2_err (img, "reading compressed cluster at %#" PRIx64 ": %s",
+    log_error (img, "reading compressed cluster at %#" PRIx64 ": %s",
                comp_offset, errstr (-r));
     return io_errno (r);
   }
@@ -181,7 +181,7 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
   else
     r = compress_inflate (t, out, cs, in, comp_size);
   if (r == -EIO)
-    qcow2_err (img, "corrupt image: compressed cluster at host offset %#"
+    log_error (img, "corrupt image: compressed cluster at host offset %#"
                PRIx64 " (%" PRIu64 " bytes, %s) does not decompress to one "
                "cluster", comp_offset, comp_size,
                img->h.compression_type == QCOW2_COMPRESSION_ZSTD

@@ -73,7 +73,7 @@ extent_walk_file (struct qcow2_image *img, struct qcow2_io *io,
     uint64_t len;
     int r = io->ops->hole (io, host_offset, count, &hole, &len);
     if (r < 0) {
-      qcow2_err (img, "finding holes at %#" PRIx64 ": %s", host_offset,
+      log_error (img, "finding holes at %#" PRIx64 ": %s", host_offset,
                  errstr (-r));
       return r;
     }

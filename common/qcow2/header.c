@@ -43,13 +43,13 @@ header_check_table (struct qcow2_image *img, const char *what,
                     uint64_t offset, uint64_t bytes, uint64_t field)
 {
   if (offset & (img->geo.cluster_size - 1)) {
-    qcow2_err (img, "%s offset %#" PRIx64 " (header offset %" PRIu64 ") is not "
+    log_error (img, "%s offset %#" PRIx64 " (header offset %" PRIu64 ") is not "
                "aligned to the cluster size %" PRIu64,
                what, offset, field, img->geo.cluster_size);
     return -EINVAL;
   }
   if (bytes && range_exceeds (offset, bytes, img->file_size)) {
-    qcow2_err (img, "%s at %#" PRIx64 " (%" PRIu64 " bytes, header offset "
+    log_error (img, "%s at %#" PRIx64 " (%" PRIu64 " bytes, header offset "
                "%" PRIu64 ") lies beyond the end of the file (%" PRIu64 " bytes)",
                what, offset, bytes, field, img->file_size);
     return -EINVAL;
@@ -86,7 +86,7 @@ header_report_unknown (struct qcow2_image *img, uint64_t bits,
       break;
     n += r;
   }
-  qcow2_err (img, "image uses unsupported incompatible feature(s): %s "
+  log_error (img, "image uses unsupported incompatible feature(s): %s "
              "(incompatible_features %#" PRIx64 " at header offset %d)",
              msg, img->h.incompatible_features, HDR_INCOMPAT);
 }
@@ -113,7 +113,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
 
   while (off < end) {
     if (end - off < 8) {
-      qcow2_err (img, "header extension at offset %#" PRIx64 " is "
+      log_error (img, "header extension at offset %#" PRIx64 " is "
                  "truncated", off);
       return -EINVAL;
     }
@@ -123,7 +123,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
     if (type == QCOW2_EXT_END)
       return 0;
     if (len > end - off) {
-      qcow2_err (img, "header extension %#" PRIx32 " at offset %#" PRIx64
+      log_error (img, "header extension %#" PRIx32 " at offset %#" PRIx64
                  " is too large (%" PRIu32 " bytes, only %" PRIu64
                  " left before offset %#" PRIx64 ")",
                  type, off - 8, len, end - off, end);
@@ -150,7 +150,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
       break;
     case QCOW2_EXT_CRYPTO:
       if (len < 16) {
-        qcow2_err (img, "encryption header extension at offset %#" PRIx64
+        log_error (img, "encryption header extension at offset %#" PRIx64
                    " is too short (%" PRIu32 " bytes)", off - 8, len);
         return -EINVAL;
       }
@@ -160,7 +160,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
       break;
     case QCOW2_EXT_BITMAPS:
       if (len < 24) {
-        qcow2_err (img, "bitmaps header extension at offset %#" PRIx64
+        log_error (img, "bitmaps header extension at offset %#" PRIx64
                    " is too short (%" PRIu32 " bytes)", off - 8, len);
         return -EINVAL;
       }
@@ -196,19 +196,19 @@ header_check_v3 (struct qcow2_image *img, const uint8_t *buf)
   h->header_length = be32_get (buf + HDR_HEADER_LENGTH);
 
   if (h->header_length < HDR_V3_MIN) {
-    qcow2_err (img, "header_length %" PRIu32 " (header offset %d) is "
+    log_error (img, "header_length %" PRIu32 " (header offset %d) is "
                "shorter than the version 3 minimum of %d",
                h->header_length, HDR_HEADER_LENGTH, HDR_V3_MIN);
     return -EINVAL;
   }
   if (h->header_length > img->geo.cluster_size) {
-    qcow2_err (img, "header_length %" PRIu32 " (header offset %d) exceeds "
+    log_error (img, "header_length %" PRIu32 " (header offset %d) exceeds "
                "the cluster size %" PRIu64,
                h->header_length, HDR_HEADER_LENGTH, img->geo.cluster_size);
     return -EINVAL;
   }
   if (h->refcount_order > 6) {
-    qcow2_err (img, "refcount_order %" PRIu32 " (header offset %d) is out "
+    log_error (img, "refcount_order %" PRIu32 " (header offset %d) is out "
                "of range (0 to 6)", h->refcount_order, HDR_REFCOUNT_ORDER);
     return -EINVAL;
   }
@@ -222,12 +222,12 @@ header_check_compression (struct qcow2_image *img)
   bool bit = h->incompatible_features & QCOW2_INCOMPAT_COMPRESSION;
 
   if (h->compression_type > QCOW2_COMPRESSION_ZSTD) {
-    qcow2_err (img, "unknown compression type %u (header offset %d)",
+    log_error (img, "unknown compression type %u (header offset %d)",
                h->compression_type, HDR_COMPRESSION_TYPE);
     return -ENOTSUP;
   }
   if (bit != (h->compression_type != QCOW2_COMPRESSION_DEFLATE)) {
-    qcow2_err (img, "compression type %u (header offset %d) does not agree "
+    log_error (img, "compression type %u (header offset %d) does not agree "
                "with incompatible feature bit 3 (%s)", h->compression_type,
                HDR_COMPRESSION_TYPE, bit ? "set" : "clear");
     return -EINVAL;
@@ -246,13 +246,13 @@ header_check_tables (struct qcow2_image *img)
   l2_coverage = img->geo.cluster_size << img->geo.l2_bits;
   l1_needed = div_round_up (h->size, l2_coverage);
   if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES) {
-    qcow2_err (img, "l1_size %" PRIu32 " (header offset %d) is too large "
+    log_error (img, "l1_size %" PRIu32 " (header offset %d) is too large "
                "(at most %u entries)", h->l1_size, HDR_L1_SIZE,
                QCOW2_MAX_L1_BYTES / 8);
     return -EFBIG;
   }
   if (h->l1_size < l1_needed) {
-    qcow2_err (img, "L1 table is too small: l1_size %" PRIu32 " (header "
+    log_error (img, "L1 table is too small: l1_size %" PRIu32 " (header "
                "offset %d) but the virtual size %" PRIu64 " needs %" PRIu64
                " entries", h->l1_size, HDR_L1_SIZE, h->size, l1_needed);
     return -EINVAL;
@@ -263,14 +263,14 @@ header_check_tables (struct qcow2_image *img)
     return r;
 
   if (h->refcount_table_clusters == 0) {
-    qcow2_err (img, "refcount_table_clusters (header offset %d) is 0",
+    log_error (img, "refcount_table_clusters (header offset %d) is 0",
                HDR_REFTABLE_CLUSTERS);
     return -EINVAL;
   }
   if (mul_overflow_u64 (h->refcount_table_clusters, img->geo.cluster_size,
                         &bytes) ||
       bytes > QCOW2_MAX_REFTABLE_BYTES) {
-    qcow2_err (img, "refcount_table_clusters %" PRIu32 " (header offset %d)"
+    log_error (img, "refcount_table_clusters %" PRIu32 " (header offset %d)"
                " is too large", h->refcount_table_clusters,
                HDR_REFTABLE_CLUSTERS);
     return -EFBIG;
@@ -281,7 +281,7 @@ header_check_tables (struct qcow2_image *img)
     return r;
 
   if (h->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
-    qcow2_err (img, "nb_snapshots %" PRIu32 " (header offset %d) is too "
+    log_error (img, "nb_snapshots %" PRIu32 " (header offset %d) is too "
                "large (at most %d)", h->nb_snapshots, HDR_NB_SNAPSHOTS,
                QCOW2_MAX_SNAPSHOTS);
     return -EFBIG;
@@ -295,7 +295,7 @@ header_check_tables (struct qcow2_image *img)
 
   if (h->crypt_method == QCOW2_CRYPT_LUKS) {
     if (!h->has_crypto_ext) {
-      qcow2_err (img, "image is LUKS-encrypted (crypt_method 2) but has no "
+      log_error (img, "image is LUKS-encrypted (crypt_method 2) but has no "
                  "encryption header extension (%#x)", QCOW2_EXT_CRYPTO);
       return -EINVAL;
     }
@@ -327,32 +327,32 @@ header_read (struct qcow2_image *img)
   int r;
 
   if (img->file_size == 0) {
-    qcow2_err (img, "file is empty: not a qcow2 image");
+    log_error (img, "file is empty: not a qcow2 image");
     return -ENODATA;
   }
   if (img->file_size < QCOW2_V2_HEADER_SIZE) {
-    qcow2_err (img, "file is too small (%" PRIu64 " bytes) to be a qcow2 "
+    log_error (img, "file is too small (%" PRIu64 " bytes) to be a qcow2 "
                "image: truncated?", img->file_size);
     return -EINVAL;
   }
   r = img->io->ops->pread (img->io, fixed, sizeof fixed, 0);
   if (r < 0) {
-    qcow2_err (img, "reading the header: %s", errstr (-r));
+    log_error (img, "reading the header: %s", errstr (-r));
     return r;
   }
   if (be32_get (fixed + HDR_MAGIC) != QCOW2_MAGIC) {
-    qcow2_err (img, "not a qcow2 image (magic %#" PRIx32 " at offset 0, "
+    log_error (img, "not a qcow2 image (magic %#" PRIx32 " at offset 0, "
                "expected %#x)", be32_get (fixed), QCOW2_MAGIC);
     return -EMEDIUMTYPE;
   }
   h->version = be32_get (fixed + HDR_VERSION);
   if (h->version != 2 && h->version != 3) {
-    qcow2_err (img, "unsupported qcow2 version %" PRIu32 " (header offset "
+    log_error (img, "unsupported qcow2 version %" PRIu32 " (header offset "
                "%d)", h->version, HDR_VERSION);
     return -ENOTSUP;
   }
   if (h->version == 3 && img->file_size < HDR_V3_MIN) {
-    qcow2_err (img, "file is too small (%" PRIu64 " bytes) for a version 3 "
+    log_error (img, "file is too small (%" PRIu64 " bytes) for a version 3 "
                "header: truncated?", img->file_size);
     return -EINVAL;
   }
@@ -371,7 +371,7 @@ header_read (struct qcow2_image *img)
 
   if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       h->cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
-    qcow2_err (img, "cluster_bits %" PRIu32 " (header offset %d) is out of "
+    log_error (img, "cluster_bits %" PRIu32 " (header offset %d) is out of "
                "range (%d to %d)", h->cluster_bits, HDR_CLUSTER_BITS,
                QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
     return -EINVAL;
@@ -380,7 +380,7 @@ header_read (struct qcow2_image *img)
   img->geo.cluster_size = UINT64_C (1) << h->cluster_bits;
 
   if (h->crypt_method == QCOW2_CRYPT_AES) {
-    qcow2_err (img, "image is encrypted with QEMU's legacy AES method "
+    log_error (img, "image is encrypted with QEMU's legacy AES method "
                "(crypt_method 1 at header offset %d), which is not "
                "supported: convert it to LUKS with \"qemu-img convert "
                "--object secret,id=s0,data=PASSWORD --image-opts "
@@ -390,7 +390,7 @@ header_read (struct qcow2_image *img)
     return -ENOTSUP;
   }
   if (h->crypt_method != 0 && h->crypt_method != QCOW2_CRYPT_LUKS) {
-    qcow2_err (img, "unknown encryption method %" PRIu32 " (crypt_method "
+    log_error (img, "unknown encryption method %" PRIu32 " (crypt_method "
                "at header offset %d)", h->crypt_method, HDR_CRYPT);
     return -ENOTSUP;
   }
@@ -409,7 +409,7 @@ header_read (struct qcow2_image *img)
   r = img->io->ops->pread (img->io, buf,
                            MIN (img->geo.cluster_size, img->file_size), 0);
   if (r < 0) {
-    qcow2_err (img, "reading the header cluster: %s", errstr (-r));
+    log_error (img, "reading the header cluster: %s", errstr (-r));
     goto out;
   }
   if (h->version == 3 && h->header_length > HDR_COMPRESSION_TYPE)
@@ -421,7 +421,7 @@ header_read (struct qcow2_image *img)
         h->backing_file_offset < h->header_length ||
         range_exceeds (h->backing_file_offset, h->backing_file_size,
                        img->geo.cluster_size)) {
-      qcow2_err (img, "backing file name at offset %#" PRIx64 " (%" PRIu32
+      log_error (img, "backing file name at offset %#" PRIx64 " (%" PRIu32
                  " bytes, header offsets %d and %d) does not fit in the "
                  "first cluster after the header", h->backing_file_offset,
                  h->backing_file_size, HDR_BACKING_OFFSET, HDR_BACKING_SIZE);
@@ -469,7 +469,7 @@ header_read (struct qcow2_image *img)
   img->data_file_raw = h->autoclear_features & QCOW2_AUTOCLEAR_DATA_RAW;
   if (img->geo.extended_l2 && img->geo.cluster_bits < 14) {
     /* Subclusters would be smaller than a sector. */
-    qcow2_err (img, "extended L2 entries need clusters of at least 16 KiB "
+    log_error (img, "extended L2 entries need clusters of at least 16 KiB "
                "(cluster_bits is %" PRIu32 ")", img->geo.cluster_bits);
     r = -EINVAL;
     goto out;

@@ -65,7 +65,7 @@ io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
     return r;                   /* the guard said why */
   r = img->io->ops->pwrite (img->io, buf, len, offset);
   if (r < 0) {
-    qcow2_err (img, "writing %s at %#" PRIx64 ": %s", what, offset,
+    log_error (img, "writing %s at %#" PRIx64 ": %s", what, offset,
                errstr (-r));
     return io_errno (r);
   }
@@ -85,7 +85,7 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
                uint64_t offset, const char *what, uint32_t may_touch)
 {
   if (image_is_corrupt (img)) {
-    qcow2_err (img, "not writing %s at %#" PRIx64 ": the image is marked "
+    log_error (img, "not writing %s at %#" PRIx64 ": the image is marked "
                "corrupt", what, offset);
     return -EIO;
   }
@@ -111,7 +111,7 @@ io_extend (struct qcow2_image *img, uint64_t end)
   if (r == 0)
     r = img->io->ops->pwrite (img->io, "", 1, end - 1);
   if (r < 0)
-    qcow2_dbg (img, "extending the file to %" PRIu64 " bytes: %s", end,
+    log_debug (img, "extending the file to %" PRIu64 " bytes: %s", end,
                errstr (-r));
   else
     io_note_written (img, end);
@@ -131,7 +131,7 @@ io_check_data (struct qcow2_image *img, uint64_t len, uint64_t offset)
 int
 io_data_error (struct qcow2_image *img, uint64_t len, uint64_t offset, int r)
 {
-  qcow2_err (img, "writing %" PRIu64 " bytes of data at host offset %#"
+  log_error (img, "writing %" PRIu64 " bytes of data at host offset %#"
              PRIx64 ": %s", len, offset, errstr (-r));
   return io_errno (r);
 }
@@ -214,20 +214,20 @@ io_flush (struct qcow2_image *img)
 
   ASSERT_LOCKED (img);
   if (img->host.flush_failed) {
-    qcow2_err (img, "an earlier flush failed: what was written since the "
+    log_error (img, "an earlier flush failed: what was written since the "
                "flush before it may be lost, so no flush can succeed until "
                "the image is opened again");
     return -EIO;
   }
   if (img->data_io != img->io &&
       (r = img->data_io->ops->flush (img->data_io)) < 0) {
-    qcow2_err (img, "flushing the external data file: %s", errstr (-r));
+    log_error (img, "flushing the external data file: %s", errstr (-r));
     io_flush_failed (img);
     return io_errno (r);
   }
   r = img->io->ops->flush (img->io);
   if (r < 0) {
-    qcow2_err (img, "flushing: %s", errstr (-r));
+    log_error (img, "flushing: %s", errstr (-r));
     io_flush_failed (img);
     return io_errno (r);
   }

@@ -76,7 +76,7 @@ image_probe_format (struct qcow2_image *img, const char **format)
   if (img->file_size >= sizeof magic) {
     r = img->io->ops->pread (img->io, magic, sizeof magic, 0);
     if (r < 0) {
-      qcow2_err (img, "reading the first bytes to probe the format: %s",
+      log_error (img, "reading the first bytes to probe the format: %s",
                  errstr (-r));
       return r;
     }
@@ -114,7 +114,7 @@ image_check_tables_apart (struct qcow2_image *img)
       uint64_t b0 = t[j].off >> img->geo.cluster_bits;
       uint64_t b1 = (t[j].off + t[j].len - 1) >> img->geo.cluster_bits;
       if (a0 <= b1 && b0 <= a1) {
-        qcow2_err (img, "corrupt image: the %s (at %#" PRIx64 ") and the %s "
+        log_error (img, "corrupt image: the %s (at %#" PRIx64 ") and the %s "
                    "(at %#" PRIx64 ") overlap", t[i].what, t[i].off,
                    t[j].what, t[j].off);
         return -EINVAL;
@@ -143,7 +143,7 @@ image_describe (const struct qcow2_image *img,
     snprintf (data_file, sizeof data_file, "\"%s\"%s",
               opts->data_file ? opts->data_file : h->data_file,
               img->data_file_raw ? " (raw)" : "");
-  qcow2_dbg (img, "qcow2 v%" PRIu32 ", %" PRIu64 "-byte clusters, virtual "
+  log_debug (img, "qcow2 v%" PRIu32 ", %" PRIu64 "-byte clusters, virtual "
              "size %" PRIu64 ", %u-bit refcounts%s%s, %s compression, "
              "backing %s, data file %s, L2 cache %" PRIu32 " slices "
              "of %" PRIu64 " bytes, %s",
@@ -169,7 +169,7 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
   if (img->h.crypt_method != QCOW2_CRYPT_LUKS)
     return 0;
   if (img->data_file_raw) {
-    qcow2_err (img, "the image is LUKS-encrypted but says its external data "
+    log_error (img, "the image is LUKS-encrypted but says its external data "
                "file is raw (autoclear bit 1): encrypted data is not a raw "
                "image of the disk");
     return -EINVAL;
@@ -190,7 +190,7 @@ image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
   static const char *const names[] = { "zlib", "zstd" };
 
   if (img->luks || img->data_io != img->io) {
-    qcow2_err (img, "compress= cannot be used on %s: QEMU does not "
+    log_error (img, "compress= cannot be used on %s: QEMU does not "
                "compress its clusters either",
                img->luks ? "an encrypted image" : "an image with an "
                "external data file");
@@ -198,7 +198,7 @@ image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
   }
   if (opts->compress_type >= 0 &&
       opts->compress_type != img->h.compression_type) {
-    qcow2_err (img, "compress=%s, but the image's compressed clusters are "
+    log_error (img, "compress=%s, but the image's compressed clusters are "
                "%s (its compression type is set when it is made: "
                "compression-type= with create=true)",
                names[opts->compress_type & 1],
@@ -251,7 +251,7 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   img->overlap_mask = opts->overlap_set ? opts->overlap_mask
                                         : QCOW2_OL_CACHED;
   if (img->writable && (r = overlap_build (img)) < 0) {
-    qcow2_err (img, "cannot map the metadata for the overlap guard: %s",
+    log_error (img, "cannot map the metadata for the overlap guard: %s",
                errstr (-r));
     return r;
   }
@@ -299,7 +299,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   size = io->ops->size (io);
   if (size < 0) {
     r = (int) size;
-    qcow2_err (img, "cannot get the file size: %s", errstr (-r));
+    log_error (img, "cannot get the file size: %s", errstr (-r));
     goto err;
   }
   img->file_size = img->host.written_end = img->host.durable_end = size;
@@ -308,18 +308,18 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     goto err;
   if (strcmp (format, "raw") == 0) {
     if (opts->backing_chain_len > 0) {
-      qcow2_err (img, "raw, so it has no backing file: backing=%s cannot "
+      log_error (img, "raw, so it has no backing file: backing=%s cannot "
                  "follow it", opts->backing_chain[0]);
       r = -EINVAL;
       goto err;
     }
     img->raw = true;
     img->size = img->file_size;
-    qcow2_dbg (img, "raw, size %" PRIu64 ", read-only", img->size);
+    log_debug (img, "raw, size %" PRIu64 ", read-only", img->size);
     return img;
   }
   if (strcmp (format, "qcow2") != 0) {
-    qcow2_err (img, "unsupported format \"%s\" (qcow2 and raw are "
+    log_error (img, "unsupported format \"%s\" (qcow2 and raw are "
                "supported)", format);
     r = -ENOTSUP;
     goto err;
@@ -408,7 +408,7 @@ qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
   int r;
 
   if (range_exceeds (offset, count, img->size)) {
-    qcow2_err (img, "read of %" PRIu64 " bytes at %" PRIu64 " is beyond "
+    log_error (img, "read of %" PRIu64 " bytes at %" PRIu64 " is beyond "
                "the virtual size %" PRIu64, count, offset, img->size);
     return -EINVAL;
   }
@@ -423,7 +423,7 @@ qcow2_extents (struct qcow2_image *img, uint64_t offset, uint64_t count,
                bool req_one, qcow2_extent_fn add, void *opaque)
 {
   if (range_exceeds (offset, count, img->size)) {
-    qcow2_err (img, "extents of %" PRIu64 " bytes at %" PRIu64 " are "
+    log_error (img, "extents of %" PRIu64 " bytes at %" PRIu64 " are "
                "beyond the virtual size %" PRIu64, count, offset, img->size);
     return -EINVAL;
   }

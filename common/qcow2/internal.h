@@ -471,11 +471,11 @@ image_file_size (const struct qcow2_image *img)
 /* log.c: errors name the layer's file; notices are what the user must
  * hear that is not an error; debug messages are for -v.
  */
-extern void qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
+extern void log_error (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
-extern void qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
+extern void log_notice (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
-extern void qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
+extern void log_debug (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 extern void env_err (const struct qcow2_env *env, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));

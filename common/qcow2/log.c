@@ -40,7 +40,7 @@ env_err (const struct qcow2_env *env, const char *fmt, ...)
  * needs to know which layer is bad.
  */
 void
-qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
+log_error (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
@@ -49,7 +49,7 @@ qcow2_err (const struct qcow2_image *img, const char *fmt, ...)
 }
 
 void
-qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
+log_notice (const struct qcow2_image *img, const char *fmt, ...)
 {
   char msg[1024];
   va_list ap;
@@ -62,7 +62,7 @@ qcow2_notice (const struct qcow2_image *img, const char *fmt, ...)
 }
 
 void
-qcow2_dbg (const struct qcow2_image *img, const char *fmt, ...)
+log_debug (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);

@@ -435,7 +435,7 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
 
   /* mode-ivgen[:ivhash], as "xts-plain64" or "cbc-essiv:sha256" */
   if (!(ivgen = strchr (mode, '-'))) {
-    qcow2_err (img, "LUKS header: cipher mode \"%s\" is not MODE-IVGEN",
+    log_error (img, "LUKS header: cipher mode \"%s\" is not MODE-IVGEN",
                mode);
     return -EINVAL;
   }
@@ -443,7 +443,7 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
   if ((ivhash = strchr (ivgen, ':')))
     *ivhash++ = '\0';
   if ((why = luks_lookup (s, mode, ivgen, ivhash, hash))) {
-    qcow2_err (img, "LUKS header: cipher mode \"%s-%s%s%s\", hash \"%s\": "
+    log_error (img, "LUKS header: cipher mode \"%s-%s%s%s\", hash \"%s\": "
                "%s not supported", mode, ivgen, ivhash ? ":" : "",
                ivhash ? ivhash : "", hash, why);
     return -ENOTSUP;
@@ -452,12 +452,12 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
       (s->mode == MODE_XTS && s->key_bytes % 2) ||
       !(s->cipher = luks_find_cipher (name, s->mode == MODE_XTS
                                       ? s->key_bytes / 2 : s->key_bytes))) {
-    qcow2_err (img, "LUKS header: cipher \"%s\" with %" PRIu32 "-byte keys "
+    log_error (img, "LUKS header: cipher \"%s\" with %" PRIu32 "-byte keys "
                "in mode %s is not supported", name, s->key_bytes, mode);
     return -ENOTSUP;
   }
   if ((why = luks_check_setup (s))) {
-    qcow2_err (img, "LUKS header: %s-%s-%s: %s", name, mode, ivgen, why);
+    log_error (img, "LUKS header: %s-%s-%s: %s", name, mode, ivgen, why);
     return -ENOTSUP;
   }
   return 0;
@@ -513,7 +513,7 @@ luks_open (struct qcow2_image *img, const char *password,
 
   *keyp = NULL;
   if (len < LUKS_HEADER_SIZE || len > QCOW2_MAX_CRYPTO_HEADER) {
-    qcow2_err (img, "the encryption header (%" PRIu64 " bytes at %#" PRIx64
+    log_error (img, "the encryption header (%" PRIu64 " bytes at %#" PRIx64
                ") is too %s for a LUKS header", len, off,
                len < LUKS_HEADER_SIZE ? "small" : "large");
     return -EINVAL;
@@ -521,13 +521,13 @@ luks_open (struct qcow2_image *img, const char *password,
   if (!(area = malloc (len)))
     return -ENOMEM;
   if ((r = img->io->ops->pread (img->io, area, len, off)) < 0) {
-    qcow2_err (img, "reading the encryption header at %#" PRIx64 ": %s",
+    log_error (img, "reading the encryption header at %#" PRIx64 ": %s",
                off, errstr (-r));
     goto out;
   }
   if (memcmp (area, LUKS_MAGIC, 6) != 0 ||
       be16_get (area + LH_VERSION) != 1) {
-    qcow2_err (img, "the encryption header at %#" PRIx64 " is not a LUKS1 "
+    log_error (img, "the encryption header at %#" PRIx64 " is not a LUKS1 "
                "header (magic or version 1 missing)", off);
     r = -EINVAL;
     goto out;
@@ -535,14 +535,14 @@ luks_open (struct qcow2_image *img, const char *password,
   if ((r = luks_parse_setup (img, area, &s)) < 0)
     goto out;
   if (!password) {
-    qcow2_err (img, "the image is encrypted (LUKS, %s-%s): give its "
+    log_error (img, "the image is encrypted (LUKS, %s-%s): give its "
                "password with password=", s.cipher->alg,
                luks_modes[s.mode]);
     r = -EACCES;
     goto out;
   }
   if (be32_get (area + LH_MK_ITERS) == 0) {
-    qcow2_err (img, "LUKS header: the master key digest has 0 iterations");
+    log_error (img, "LUKS header: the master key digest has 0 iterations");
     r = -EINVAL;
     goto out;
   }
@@ -557,7 +557,7 @@ luks_open (struct qcow2_image *img, const char *password,
     active++;
     if (stripes != LUKS_STRIPES || be32_get (slot + LS_ITERS) == 0 ||
         range_exceeds (at, (uint64_t) s.key_bytes * LUKS_STRIPES, len)) {
-      qcow2_err (img, "LUKS key slot %u is corrupt: %" PRIu32 " stripes "
+      log_error (img, "LUKS key slot %u is corrupt: %" PRIu32 " stripes "
                  "(not %d), %" PRIu32 " iterations, key material at %#"
                  PRIx64 " (%" PRIu64 " bytes) in a header of %" PRIu64,
                  i, stripes, LUKS_STRIPES, be32_get (slot + LS_ITERS), at,
@@ -569,14 +569,14 @@ luks_open (struct qcow2_image *img, const char *password,
     if (r < 0)
       goto out;
     if (r == 1) {
-      qcow2_dbg (img, "LUKS %s-%s-%s, %s: key slot %u opened",
+      log_debug (img, "LUKS %s-%s-%s, %s: key slot %u opened",
                  s.cipher->alg, luks_modes[s.mode], luks_ivgens[s.ivgen],
                  s.hash->name, i);
       r = (*keyp = luks_key_new (&s, key)) ? 0 : -ENOMEM;
       goto out;
     }
   }
-  qcow2_err (img, "wrong password: it opens none of the image's %u active "
+  log_error (img, "wrong password: it opens none of the image's %u active "
              "LUKS key slots", active);
   r = -EACCES;
  out:

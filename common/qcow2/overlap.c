@@ -105,7 +105,7 @@ static void
 overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
              uint64_t offset, uint64_t len)
 {
-  qcow2_err (img, "overlap guard: a write of %" PRIu64 " bytes at host "
+  log_error (img, "overlap guard: a write of %" PRIu64 " bytes at host "
              "offset %#" PRIx64 " would overwrite the %s at %#" PRIx64 ": "
              "refused, and the image is marked corrupt",
              len, offset, overlap_name (bit), at);

@@ -197,7 +197,7 @@ pool_get (struct qcow2_image *img)
   if (!img->pool && img->io_threads > 0) {
     img->pool = pool_create (img->io_threads);
     if (!img->pool) {
-      qcow2_dbg (img, "cannot start %u I/O threads, doing runs in "
+      log_debug (img, "cannot start %u I/O threads, doing runs in "
                  "turn: %s", img->io_threads, errstr (errno));
       img->io_threads = 0;
     }

@@ -80,7 +80,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   if (img->raw) {
     int r = img->io->ops->pread (img->io, buf, count, offset);
     if (r < 0) {
-      qcow2_err (img, "reading %" PRIu64 " bytes at %#" PRIx64 ": %s",
+      log_error (img, "reading %" PRIu64 " bytes at %#" PRIx64 ": %s",
                  count, offset, errstr (-r));
       return io_errno (r);
     }
@@ -143,7 +143,7 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     for (size_t i = 0; i < batch.n; i++) {
       struct pool_piece *p = &pieces[i];
       if ((r2 = p->r) < 0) {
-        qcow2_err (img, "reading %zu bytes of data at host offset %#"
+        log_error (img, "reading %zu bytes of data at host offset %#"
                    PRIx64 ": %s", p->len, p->offset, errstr (-r2));
         return io_errno (r2);
       }

@@ -29,7 +29,7 @@ refcount_load_table (struct qcow2_image *img)
   }
   r = img->io->ops->pread (img->io, buf, n * 8, img->h.refcount_table_offset);
   if (r < 0) {
-    qcow2_err (img, "reading the refcount table at %#" PRIx64 ": %s",
+    log_error (img, "reading the refcount table at %#" PRIx64 ": %s",
                img->h.refcount_table_offset, errstr (-r));
     free (buf);
     return r;
@@ -90,7 +90,7 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
 
   if (offset & (img->geo.cluster_size - 1) ||
       range_exceeds (offset, img->geo.cluster_size, img->file_size)) {
-    qcow2_err (img, "corrupt image: refcount block offset %#" PRIx64
+    log_error (img, "corrupt image: refcount block offset %#" PRIx64
                " (refcount table entry %" PRIu64 ") is misaligned or beyond "
                "the end of the file", offset, idx);
     return -EIO;
@@ -121,7 +121,7 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
    * be missing in an image that is not corrupt (QEMU refuses too).
    */
   if (offset == 0) {
-    qcow2_err (img, "corrupt image: refcount table entry 0 is empty, so "
+    log_error (img, "corrupt image: refcount table entry 0 is empty, so "
                "the header's cluster has no refcount, and no refcount "
                "block can be made in its place: allocation refused");
     return -EIO;
@@ -164,7 +164,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   if (idx >= img->reftable_size ||
       (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
     if (delta < 0) {
-      qcow2_err (img, "corrupt image: freeing cluster %#" PRIx64 " which "
+      log_error (img, "corrupt image: freeing cluster %#" PRIx64 " which "
                  "has no refcount block", cluster << img->geo.cluster_bits);
       return -EIO;
     }
@@ -176,7 +176,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   value = refcount_entry_get (block, img->h.refcount_order, index);
   if ((delta < 0 && value < (uint64_t) -delta) ||
       (delta > 0 && max - value < (uint64_t) delta)) {
-    qcow2_err (img, "corrupt image: refcount of cluster %#" PRIx64 " would "
+    log_error (img, "corrupt image: refcount of cluster %#" PRIx64 " would "
                "go from %" PRIu64 " out of range by %" PRId64,
                cluster << img->geo.cluster_bits, value, delta);
     return -EIO;

@@ -38,14 +38,14 @@ snapshot_read_bytes (struct qcow2_image *img, uint32_t index, void *buf,
 
   if (range_exceeds (*off, len, img->file_size) ||
       *off + len - img->h.snapshots_offset > SNAPSHOT_MAX_TABLE) {
-    qcow2_err (img, "snapshot table entry %" PRIu32 " at %#" PRIx64 " runs "
+    log_error (img, "snapshot table entry %" PRIu32 " at %#" PRIx64 " runs "
                "beyond the end of the file or the %u byte table limit",
                index, *off, SNAPSHOT_MAX_TABLE);
     return -EINVAL;
   }
   r = img->io->ops->pread (img->io, buf, len, *off);
   if (r < 0) {
-    qcow2_err (img, "reading snapshot table at %#" PRIx64 ": %s", *off,
+    log_error (img, "reading snapshot table at %#" PRIx64 ": %s", *off,
                errstr (-r));
     return r;
   }
@@ -86,7 +86,7 @@ snapshot_read_entry (struct qcow2_image *img, uint32_t index, uint64_t *off,
   name_size = be16_get (fixed + 14);
   extra_size = be32_get (fixed + 36);
   if (extra_size > SNAPSHOT_MAX_EXTRA) {
-    qcow2_err (img, "snapshot table entry %" PRIu32 " at %#" PRIx64 " has "
+    log_error (img, "snapshot table entry %" PRIu32 " at %#" PRIx64 " has "
                "%" PRIu32 " bytes of extra data (at most %d)",
                index, start, extra_size, SNAPSHOT_MAX_EXTRA);
     return -EINVAL;
@@ -143,7 +143,7 @@ snapshot_select (struct qcow2_image *img, const char *which)
     if (strcmp (img->snapshots[i].name, which) == 0)
       sn = &img->snapshots[i];
   if (!sn) {
-    qcow2_err (img, "no snapshot with ID or name \"%s\" (the image has %"
+    log_error (img, "no snapshot with ID or name \"%s\" (the image has %"
                PRIu32 " snapshots)", which, img->nb_snapshots);
     return -ENOENT;
   }
@@ -152,7 +152,7 @@ snapshot_select (struct qcow2_image *img, const char *which)
   needed = div_round_up (sn->disk_size, span);
   if ((uint64_t) sn->l1_size * 8 > QCOW2_MAX_L1_BYTES ||
       sn->l1_size < needed) {
-    qcow2_err (img, "snapshot \"%s\": L1 size %" PRIu32 " does not fit its "
+    log_error (img, "snapshot \"%s\": L1 size %" PRIu32 " does not fit its "
                "disk size %" PRIu64, sn->id, sn->l1_size, sn->disk_size);
     return -EINVAL;
   }

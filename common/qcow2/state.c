@@ -38,22 +38,22 @@ int
 qcow2_check_writable (struct qcow2_image *img)
 {
   if (img->served_snapshot) {
-    qcow2_err (img, "snapshot \"%s\" is served read-only",
+    log_error (img, "snapshot \"%s\" is served read-only",
                img->served_snapshot->name);
     return -EROFS;
   }
   if (qcow2_is_corrupt (img)) {
-    qcow2_err (img, "image is marked corrupt (incompatible feature bit 1): "
+    log_error (img, "image is marked corrupt (incompatible feature bit 1): "
                "refusing write access; \"qemu-img check -r all\" repairs "
                "it, and nbdkit -r serves it read-only");
     return -EPERM;
   }
   if (!img->writable) {
-    qcow2_err (img, "image is opened read-only");
+    log_error (img, "image is opened read-only");
     return -EROFS;
   }
   if (img->overlap_conflict) {
-    qcow2_err (img, "corrupt image: %s: refusing write access",
+    log_error (img, "corrupt image: %s: refusing write access",
                img->overlap_conflict_msg);
     return -EPERM;
   }
@@ -98,8 +98,8 @@ state_begin_write (struct qcow2_image *img)
     image_clear_incompat (img, QCOW2_INCOMPAT_DIRTY);
     if ((r = io_write_features (img)) < 0 || (r = io_flush (img)) < 0)
       return r;
-    qcow2_notice (img, "the image was not closed cleanly (dirty bit set): "
-                  "refcounts rebuilt");
+    log_notice (img, "the image was not closed cleanly (dirty bit set): "
+                "refcounts rebuilt");
   }
   known = QCOW2_AUTOCLEAR_DATA_RAW |
     (h->has_bitmaps_ext ? QCOW2_AUTOCLEAR_BITMAPS : 0);

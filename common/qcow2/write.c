@@ -86,7 +86,7 @@ static int
 write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
 {
   if (host & (img->geo.cluster_size - 1)) {
-    qcow2_err (img, "corrupt image: unaligned data cluster offset %#" PRIx64
+    log_error (img, "corrupt image: unaligned data cluster offset %#" PRIx64
                " (guest offset %#" PRIx64 ")", host, guest);
     return -EIO;
   }
@@ -107,13 +107,13 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
                     uint64_t fresh, uint64_t fresh_len)
 {
   if (host >= image_file_size (img)) {
-    qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
+    log_error (img, "corrupt image: guest data at host offset %#" PRIx64
                " lies beyond the end of the file: its reference is left "
                "as is", host);
     return 0;
   }
   if (host < fresh + fresh_len && fresh < host + len) {
-    qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
+    log_error (img, "corrupt image: guest data at host offset %#" PRIx64
                " lies in a cluster whose refcount said it was free: its "
                "reference is left as is", host);
     return 0;
@@ -122,7 +122,7 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
        c <= (host + len - 1) >> img->geo.cluster_bits; c++) {
     unsigned type = overlap_map_type (img->overlap, c);
     if (type) {
-      qcow2_err (img, "corrupt image: guest data at host offset %#" PRIx64
+      log_error (img, "corrupt image: guest data at host offset %#" PRIx64
                  " lies on the %s: its reference is left as is", host,
                  overlap_name (type - 1));
       return 0;
@@ -588,7 +588,7 @@ write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
   if (!qcow2_can_write (img))
     return qcow2_check_writable (img) ? : -EROFS;
   if (range_exceeds (offset, count, img->size)) {
-    qcow2_err (img, "write of %" PRIu64 " bytes at %" PRIu64 " is beyond "
+    log_error (img, "write of %" PRIu64 " bytes at %" PRIu64 " is beyond "
                "the virtual size %" PRIu64, count, offset, img->size);
     return -ENOSPC;
   }
