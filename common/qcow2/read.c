@@ -73,82 +73,104 @@ read_other_runs (struct qcow2_image *img, uint8_t *buf,
   return 0;
 }
 
+/* A raw layer: no metadata, no lock. */
 static int
-read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
-             uint64_t offset, bool locked)
+read_raw (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+          uint64_t offset)
 {
-  if (img->raw) {
-    int r = img->io->ops->pread (img->io, buf, count, offset);
-    if (r < 0) {
-      log_error (img, "reading %" PRIu64 " bytes at %#" PRIx64 ": %s",
-                 count, offset, errstr (-r));
-      return io_errno (r);
-    }
-    return 0;
+  int r = img->io->ops->pread (img->io, buf, count, offset);
+
+  if (r < 0) {
+    log_error (img, "reading %" PRIu64 " bytes at %#" PRIx64 ": %s",
+               count, offset, errstr (-r));
+    return io_errno (r);
   }
+  return 0;
+}
+
+/* How many of the runs are data in the file. */
+static size_t
+read_data_runs (const struct qcow2_run *runs, size_t n)
+{
+  size_t data = 0;
+
+  for (size_t i = 0; i < n; i++)
+    data += runs[i].kind == RUN_DATA;
+  return data;
+}
+
+/* Read n runs mapped from offset into buf, by the pool if given and
+ * there is more than one piece of data to read.  Needs no lock.
+ */
+static int
+read_runs (struct qcow2_image *img, uint8_t *buf,
+           const struct qcow2_run *runs, size_t n, uint64_t offset,
+           struct io_pool *pool)
+{
+  struct pool_piece pieces[READ_BATCH];
+  struct iovec iov[READ_BATCH];
+  struct pool_batch batch = { .pieces = pieces, .n = 0 };
+  int r, r2;
+
+  assert (n <= READ_BATCH);
+  for (size_t i = 0, pos = 0; i < n; pos += runs[i++].length) {
+    if (runs[i].kind != RUN_DATA)
+      continue;
+    r = cluster_check_data_offset (img, runs[i].host_offset,
+                                   runs[i].length);
+    if (r < 0)
+      return r;
+    pieces[batch.n++] = (struct pool_piece) {
+      .io = img->guest_io, .buf = buf + pos, .len = runs[i].length,
+      .offset = runs[i].host_offset,
+    };
+  }
+
+  batch.n = pool_merge (pieces, batch.n, iov);
+  if (batch.n < 2)
+    pool = NULL;
+  /* The pool reads the data while this thread does the rest. */
+  pool_start (pool, &batch);
+  r = read_other_runs (img, buf, runs, n, offset);
+  pool_finish (pool, &batch);
+  for (size_t i = 0; i < batch.n; i++) {
+    struct pool_piece *p = &pieces[i];
+    if ((r2 = p->r) < 0) {
+      log_error (img, "reading %zu bytes of data at host offset %#"
+                 PRIx64 ": %s", p->len, p->offset, errstr (-r2));
+      return io_errno (r2);
+    }
+  }
+  return r;
+}
+
+int
+layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
+            uint64_t offset)
+{
+  if (img->raw)
+    return read_raw (img, buf, count, offset);
 
   while (count > 0) {
     struct qcow2_run runs[READ_BATCH];
-    struct pool_piece pieces[READ_BATCH];
-    struct iovec iov[READ_BATCH];
-    struct pool_batch batch = { .pieces = pieces, .n = 0 };
     struct io_pool *pool = NULL;
     uint64_t len = 0;
     size_t n = 0;
-    int r = 0, r2;
+    int r = 0;
 
-    if (!locked)
-      image_lock (img);
+    image_lock (img);
     /* Runs already mapped stay valid if the lock is released while
      * mapping the next: what a concurrent write changes, a read that
      * overlaps it may see either way.
      */
     while (n < READ_BATCH && len < count &&
-           (r = (locked ? cluster_map : cluster_map_may_unlock)
-                  (img, offset + len, count - len, &runs[n])) == 0)
+           (r = cluster_map_may_unlock (img, offset + len, count - len,
+                                        &runs[n])) == 0)
       len += runs[n++].length;
-    for (size_t i = 0; i < n; i++)
-      batch.n += runs[i].kind == RUN_DATA;
-    /* Under img->lock (a write's copy-on-write) the pieces are read in
-     * turn: the lock is not held while waiting for other threads.
-     */
-    if (r == 0 && !locked && batch.n > 1)
+    if (r == 0 && read_data_runs (runs, n) > 1)
       pool = pool_get (img);
-    if (!locked)
-      image_unlock (img);
-    if (r < 0)
-      return r;
-
-    batch.n = 0;
-    for (size_t i = 0, pos = 0; i < n; pos += runs[i++].length) {
-      if (runs[i].kind != RUN_DATA)
-        continue;
-      r = cluster_check_data_offset (img, runs[i].host_offset,
-                                     runs[i].length);
-      if (r < 0)
-        return r;
-      pieces[batch.n++] = (struct pool_piece) {
-        .io = img->guest_io, .buf = buf + pos, .len = runs[i].length,
-        .offset = runs[i].host_offset,
-      };
-    }
-
-    batch.n = pool_merge (pieces, batch.n, iov);
-    if (batch.n < 2)
-      pool = NULL;
-    /* The pool reads the data while this thread does the rest. */
-    pool_start (pool, &batch);
-    r = read_other_runs (img, buf, runs, n, offset);
-    pool_finish (pool, &batch);
-    for (size_t i = 0; i < batch.n; i++) {
-      struct pool_piece *p = &pieces[i];
-      if ((r2 = p->r) < 0) {
-        log_error (img, "reading %zu bytes of data at host offset %#"
-                   PRIx64 ": %s", p->len, p->offset, errstr (-r2));
-        return io_errno (r2);
-      }
-    }
-    if (r < 0)
+    image_unlock (img);
+    if (r < 0 || (r = read_runs (img, buf, runs, n, offset, pool)) < 0)
       return r;
     buf += len;
     offset += len;
@@ -157,20 +179,33 @@ read_common (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   return 0;
 }
 
-int
-layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
-            uint64_t offset)
-{
-  return read_common (img, buf, count, offset, false);
-}
-
 /* What the guest sees now, for copy-on-write: called with img->lock
- * held (backing layers take their own).
+ * held (backing layers take their own).  The pieces are read in turn:
+ * the lock is not held while waiting for other threads.
  */
 int
 read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
              uint64_t offset)
 {
   ASSERT_LOCKED (img);
-  return read_common (img, buf, count, offset, true);
+  if (img->raw)
+    return read_raw (img, buf, count, offset);
+
+  while (count > 0) {
+    struct qcow2_run runs[READ_BATCH];
+    uint64_t len = 0;
+    size_t n = 0;
+    int r = 0;
+
+    while (n < READ_BATCH && len < count &&
+           (r = cluster_map (img, offset + len, count - len,
+                             &runs[n])) == 0)
+      len += runs[n++].length;
+    if (r < 0 || (r = read_runs (img, buf, runs, n, offset, NULL)) < 0)
+      return r;
+    buf += len;
+    offset += len;
+    count -= len;
+  }
+  return 0;
 }
