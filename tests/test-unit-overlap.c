@@ -51,6 +51,8 @@ test_growing (unsigned seed)
   img.h.version = 2;            /* a hit marks it corrupt in memory only */
   img.overlap = m;
   img.overlap_mask = QCOW2_OL_ALL;
+  pthread_mutex_init (&img.lock.mutex, NULL);
+  image_lock (&img);            /* as the engine's callers hold it */
 
   /* Check a write, compare with the truth. */
 #define WRITE(first_, n_, ign_)                                         \
@@ -133,6 +135,8 @@ test_growing (unsigned seed)
   CHECK_EQ (mismatches, 0);
 #undef WRITE
 #undef MARK
+  image_unlock (&img);
+  pthread_mutex_destroy (&img.lock.mutex);
   overlap_map_destroy (m);
   free (truth);
 }

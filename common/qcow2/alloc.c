@@ -26,6 +26,7 @@
 static int
 alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
                  uint64_t *host_offset, uint64_t *len)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t start = img->alloc.free_hint, run = 0;
 
@@ -54,6 +55,7 @@ alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
  */
 static int
 alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   int made = 0;
@@ -146,6 +148,7 @@ alloc_runs_contain (const struct alloc_runs *runs, uint64_t c)
 
 static bool
 alloc_in_reserve (const struct qcow2_image *img, uint64_t c)
+  TSA_REQUIRES (img->lock)
 {
   return alloc_runs_contain (&img->alloc.reserve_cur, c) ||
     alloc_runs_contain (&img->alloc.reserve_next, c);
@@ -172,6 +175,7 @@ alloc_reserve_end (const struct qcow2_image *img)
 static bool
 alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
                     uint64_t *first, uint64_t *len)
+  TSA_REQUIRES (img->lock)
 {
   struct alloc_runs *cur = &img->alloc.reserve_cur;
 
@@ -206,6 +210,7 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
  */
 static uint64_t
 alloc_ahead (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t want = MAX (RESERVE_MIN, 2 * img->alloc.allocated_since_flush);
   uint64_t limit = MAX (RESERVE_LIMIT_BYTES >> img->geo.cluster_bits,
@@ -220,6 +225,7 @@ alloc_ahead (struct qcow2_image *img)
  */
 static int
 alloc_collect (struct qcow2_image *img, uint64_t n, struct alloc_runs *runs)
+  TSA_REQUIRES (img->lock)
 {
   struct alloc_runs found = { 0 };
   int r, made;
@@ -337,6 +343,7 @@ alloc_free_reserve (struct qcow2_image *img)
 static int
 alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
                uint64_t *host_offset, uint64_t *len, bool *zeroed)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t offset, first;
   int r;
@@ -422,6 +429,7 @@ alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
  */
 static int
 alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t rc;
   int r = refcount_read (img, c, &rc);

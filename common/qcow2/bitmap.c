@@ -308,6 +308,7 @@ bitmap_record (struct qcow2_image *img, uint64_t offset, uint64_t len)
  */
 static int
 bitmap_write_flags (struct qcow2_image *img, bool in_use)
+  TSA_REQUIRES (img->lock)
 {
   struct qcow2_bitmaps *b = img->bitmaps;
   int r;
@@ -348,6 +349,7 @@ bitmap_begin_write (struct qcow2_image *img)
  */
 static int
 bitmap_store_one (struct qcow2_image *img, struct bitmap_tracked *t)
+  TSA_REQUIRES (img->lock)
 {
   const struct bitmap_entry *e = t->e;
   uint64_t cs = img->geo.cluster_size;

@@ -214,6 +214,7 @@ cache_stats (const struct meta_cache *c, struct qcow2_cache_stats *stats)
 
 static int
 cache_write_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
+  TSA_REQUIRES (img->lock)
 {
   int r;
 
@@ -231,6 +232,7 @@ cache_write_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
 /* Take the least recently used entry, writing it back if dirty. */
 static int
 cache_evict (struct qcow2_image *img, struct meta_cache *c, uint32_t *out)
+  TSA_REQUIRES (img->lock)
 {
   uint32_t i = c->lru_tail;
   int r;
@@ -272,6 +274,7 @@ cache_drop_loading (struct meta_cache *c, uint32_t i)
 
 static void
 cache_hit (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
+  TSA_REQUIRES (img->lock)
 {
   c->hits++;
   if (img->caches.debug && c->is_l2)

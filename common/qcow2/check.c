@@ -27,6 +27,7 @@ typedef int (*check_ref_fn) (struct qcow2_image *img, void *opaque,
 static int
 check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
                check_ref_fn fn, void *opaque)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t slice_size = cache_entry_size (img->caches.l2);
   bool external = img->data_io != img->io;
@@ -87,6 +88,7 @@ check_read (struct qcow2_image *img, void *buf, uint64_t len, uint64_t off,
 static int
 check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
                      check_ref_fn fn, void *opaque)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t bytes = (uint64_t) sn->l1_size * 8;
   uint64_t *l1;
@@ -123,6 +125,7 @@ check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
  */
 static int
 check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
+  TSA_REQUIRES (img->lock)
 {
   const struct qcow2_header *h = &img->h;
   struct bitmap_entry *entries;
@@ -179,6 +182,7 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
 static int
 check_walk_refs (struct qcow2_image *img, bool with_refcounts,
                  check_ref_fn fn, void *opaque)
+  TSA_REQUIRES (img->lock)
 {
   const struct qcow2_header *h = &img->h;
   int r;
@@ -407,6 +411,7 @@ check_ref (struct qcow2_image *img, void *opaque, uint64_t offset,
 /* Whether reftable entry idx names a block that can be read. */
 static bool
 check_block_ok (struct qcow2_image *img, uint64_t idx)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t b = img->reftable[idx] & ~UINT64_C (511);
 
@@ -419,6 +424,7 @@ check_block_ok (struct qcow2_image *img, uint64_t idx)
  */
 static void
 check_count_pending (struct qcow2_image *img, struct check_refs *cr)
+  TSA_REQUIRES (img->lock)
 {
   const struct alloc_runs *runs[2] = { &img->alloc.reserve_cur,
                                        &img->alloc.reserve_next };
@@ -438,6 +444,7 @@ check_count_pending (struct qcow2_image *img, struct check_refs *cr)
  */
 static int
 check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t per_block_bits = img->geo.cluster_bits + 3 - img->h.refcount_order;
   uint64_t nidx = MAX (img->reftable_size,
@@ -501,6 +508,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
 static int
 check_copied (struct qcow2_image *img, bool fix,
               struct qcow2_check_result *res)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
   uint64_t slice_size = cache_entry_size (img->caches.l2);

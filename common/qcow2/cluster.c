@@ -125,6 +125,7 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
 static int
 cluster_map_common (struct qcow2_image *img, uint64_t offset,
                     uint64_t max_len, struct qcow2_run *run, bool unlocked)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
   uint64_t l2_span_bits = img->geo.cluster_bits + img->geo.l2_bits;
@@ -251,6 +252,7 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
  */
 static int
 cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t slice_size = cache_entry_size (img->caches.l2);
   uint8_t *buf = malloc (img->geo.cluster_size);

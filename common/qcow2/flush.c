@@ -28,6 +28,7 @@ static int
 flush_write_table (struct qcow2_image *img, const uint64_t *table,
                    uint64_t lo, uint64_t hi, uint64_t table_offset,
                    const char *what, uint32_t may_touch)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t n = hi - lo;
   uint8_t *buf = malloc (n * 8);
@@ -73,6 +74,7 @@ flush_l2_dependencies (struct qcow2_image *img)
 
 static int
 flush_tables (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
 {
   int r;
 

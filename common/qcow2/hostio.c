@@ -43,6 +43,7 @@ io_note_written (struct qcow2_image *img, uint64_t end)
 static int
 io_guard (struct qcow2_image *img, uint64_t offset, uint64_t len,
           uint32_t may_touch)
+  TSA_REQUIRES (img->lock)
 {
   int r = overlap_check (img, offset, len, may_touch);
 
@@ -56,6 +57,7 @@ static int
 io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
                          uint64_t len, uint64_t offset, const char *what,
                          uint32_t may_touch)
+  TSA_REQUIRES (img->lock)
 {
   int r;
 
@@ -201,6 +203,7 @@ io_write_features (struct qcow2_image *img)
  */
 static void
 io_flush_failed (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
 {
   img->host.flush_failed = true;
   io_mark_dirty (img);

@@ -61,7 +61,7 @@ image_free (struct qcow2_image *img)
   free (img->id);
   free (img->alloc.pending_free);
   alloc_free_reserve (img);
-  pthread_mutex_destroy (&img->lock);
+  pthread_mutex_destroy (&img->lock.mutex);
   pthread_rwlock_destroy (&img->data_lock);
   pthread_cond_destroy (&img->inflight_done);
   free (img);
@@ -209,9 +209,13 @@ image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
   return 0;
 }
 
+/* Called with the lock held, though the image is not shared yet: the
+ * state it sets up is the lock's to guard.
+ */
 static int
 image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
                   const char **chain, unsigned depth)
+  TSA_REQUIRES (img->lock)
 {
   int r;
 
@@ -283,7 +287,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     return NULL;
   }
   img->overlap = &overlap_map_empty;
-  pthread_mutex_init (&img->lock, NULL);
+  pthread_mutex_init (&img->lock.mutex, NULL);
   image_init_data_lock (img);
   pthread_cond_init (&img->inflight_done, NULL);
   img->env = env;
@@ -324,7 +328,9 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     r = -ENOTSUP;
     goto err;
   }
+  image_lock (img);
   r = image_open_qcow2 (img, opts, chain, depth);
+  image_unlock (img);
   if (r < 0)
     goto err;
   return img;

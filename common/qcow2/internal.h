@@ -28,6 +28,7 @@
 #include "checked.h"
 #include "io.h"
 #include "overlap-map.h"
+#include "tsa.h"
 
 #define QCOW2_MAGIC 0x514649fbU         /* "QFI\xfb" */
 #define QCOW2_V2_HEADER_SIZE 72
@@ -244,6 +245,13 @@ struct image_alloc {
   size_t pending_durable;       /* how many of them a flush made safe */
 };
 
+/* img->lock: a mutex that clang's thread-safety analysis knows as a
+ * capability (pthread_mutex_t itself cannot be marked).
+ */
+struct TSA_CAPABILITY ("mutex") image_mutex {
+  pthread_mutex_t mutex;
+};
+
 struct qcow2_image {
   const struct qcow2_env *env;
   char *path;                   /* as given; names resolve against it */
@@ -340,10 +348,23 @@ struct qcow2_image {
    * layer_extents).  "_may_unlock" functions may release and retake it
    * (a cache miss read unlocked): the caller re-checks what it looked
    * up before the call (an L1 entry, a run), as the function's comment
-   * says.  "_locked" names the variant, for a holder of the lock, of a
-   * function that otherwise takes it (read_locked, flush_locked).
+   * says.  "_unlocks" functions are called with it and return without
+   * it (the request loop's pieces).  "_locked" names the variant, for a
+   * holder of the lock, of a function that otherwise takes it
+   * (read_locked, flush_locked).
+   *
+   * Checked by clang (-Wthread-safety, see tsa.h; configure turns it
+   * on with clang, and CI builds with it): a function that needs the
+   * lock says TSA_REQUIRES (img->lock) after its parameters, in its
+   * declaration here or, if static, in its definition; one that takes
+   * it itself TSA_EXCLUDES; one that returns without it TSA_RELEASE.
+   * "_may_unlock" functions are TSA_REQUIRES: they hold it again when
+   * they return.  Functions that touch nothing the lock guards (codecs,
+   * data I/O at offsets looked up) carry nothing.  Fields cannot be
+   * marked (clang does not resolve a sibling member in C), so the
+   * analysis checks who calls what holding what, not each access.
    */
-  pthread_mutex_t lock;
+  struct image_mutex lock;
 #ifndef NDEBUG
   pthread_t lock_holder;        /* valid while lock_held */
   bool lock_held;
@@ -398,10 +419,14 @@ image_clear_incompat (struct qcow2_image *img, uint64_t bits)
                       __ATOMIC_RELAXED);
 }
 
+/* The lock's primitives, the only functions whose bodies the analysis
+ * does not check.
+ */
 static inline void
 image_lock (struct qcow2_image *img)
+  TSA_ACQUIRE (img->lock) TSA_NO_TSA
 {
-  pthread_mutex_lock (&img->lock);
+  pthread_mutex_lock (&img->lock.mutex);
 #ifndef NDEBUG
   img->lock_holder = pthread_self ();
   img->lock_held = true;
@@ -424,12 +449,25 @@ image_lock_held (const struct qcow2_image *img)
 
 static inline void
 image_unlock (struct qcow2_image *img)
+  TSA_RELEASE (img->lock) TSA_NO_TSA
 {
   ASSERT_LOCKED (img);
 #ifndef NDEBUG
   img->lock_held = false;
 #endif
-  pthread_mutex_unlock (&img->lock);
+  pthread_mutex_unlock (&img->lock.mutex);
+}
+
+/* After a call through a pointer to a function that released the lock
+ * (the analysis does not follow pointers): says so, and checks it.
+ */
+static inline void
+image_released (struct qcow2_image *img)
+  TSA_RELEASE (img->lock) TSA_NO_TSA
+{
+#ifndef NDEBUG
+  assert (!image_lock_held (img));
+#endif
 }
 
 /* The largest refcount the image's width holds. */
@@ -443,12 +481,13 @@ refcount_max (const struct qcow2_image *img)
 /* Wait on cond, which releases the lock meanwhile. */
 static inline void
 image_wait (struct qcow2_image *img, pthread_cond_t *cond)
+  TSA_REQUIRES (img->lock) TSA_NO_TSA
 {
   ASSERT_LOCKED (img);
 #ifndef NDEBUG
   img->lock_held = false;
 #endif
-  pthread_cond_wait (cond, &img->lock);
+  pthread_cond_wait (cond, &img->lock.mutex);
 #ifndef NDEBUG
   img->lock_holder = pthread_self ();
   img->lock_held = true;
@@ -518,14 +557,18 @@ extern struct meta_cache *cache_create (const char *what, bool is_l2,
                                         uint64_t entries);
 extern void cache_destroy (struct meta_cache *c);
 extern void cache_replace_refcount (struct qcow2_image *img,
-                                    struct meta_cache *c);
+                                    struct meta_cache *c)
+  TSA_REQUIRES (img->lock);
 extern int cache_get (struct qcow2_image *img, struct meta_cache *c,
-                      uint64_t host_offset, bool fresh, uint8_t **data);
+                      uint64_t host_offset, bool fresh, uint8_t **data)
+  TSA_REQUIRES (img->lock);
 extern int cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
                                  uint64_t host_offset, uint8_t **data,
-                                 bool *released);
+                                 bool *released)
+  TSA_REQUIRES (img->lock);
 extern void cache_mark_dirty (struct meta_cache *c, const uint8_t *data);
-extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c);
+extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c)
+  TSA_REQUIRES (img->lock);
 extern void cache_forget (struct meta_cache *c, uint64_t offset,
                           uint64_t len);
 extern uint32_t cache_entries (const struct meta_cache *c);
@@ -533,20 +576,25 @@ extern uint64_t cache_entry_size (const struct meta_cache *c);
 extern void cache_stats (const struct meta_cache *c,
                          struct qcow2_cache_stats *stats);
 extern int cache_setup (struct qcow2_image *img,
-                        const struct qcow2_options *opts);
+                        const struct qcow2_options *opts)
+  TSA_REQUIRES (img->lock);
 
 /* cluster.c */
 extern int l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
-                    const char *what);
+                    const char *what)
+  TSA_REQUIRES (img->lock);
 extern int cluster_map (struct qcow2_image *img, uint64_t offset,
-                        uint64_t max_len, struct qcow2_run *run);
+                        uint64_t max_len, struct qcow2_run *run)
+  TSA_REQUIRES (img->lock);
 extern int cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
-                                   uint64_t max_len, struct qcow2_run *run);
+                                   uint64_t max_len, struct qcow2_run *run)
+  TSA_REQUIRES (img->lock);
 extern int cluster_check_data_offset (struct qcow2_image *img,
                                       uint64_t host_offset, uint64_t len);
 extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
                              bool for_write, uint8_t **slice,
-                             uint64_t *index);
+                             uint64_t *index)
+  TSA_REQUIRES (img->lock);
 
 /* compress.c: bytes [in_cluster, in_cluster+len) of the compressed
  * cluster described by comp_offset and comp_size, into buf.
@@ -570,28 +618,36 @@ extern int data_file_open (struct qcow2_image *img,
                            const struct qcow2_options *opts);
 
 /* snapshot.c */
-extern int snapshot_read_table (struct qcow2_image *img);
-extern int snapshot_select (struct qcow2_image *img, const char *which);
+extern int snapshot_read_table (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern int snapshot_select (struct qcow2_image *img, const char *which)
+  TSA_REQUIRES (img->lock);
 extern void snapshot_free_table (struct qcow2_image *img);
 
 /* refcount.c */
-extern int refcount_load_table (struct qcow2_image *img);
+extern int refcount_load_table (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern uint64_t refcount_entry_get (const uint8_t *block, uint32_t order,
                                     uint64_t index);
 extern void refcount_entry_set (uint8_t *block, uint32_t order,
                                 uint64_t index, uint64_t value);
 extern int refcount_read (struct qcow2_image *img, uint64_t cluster,
-                          uint64_t *refcount);
+                          uint64_t *refcount)
+  TSA_REQUIRES (img->lock);
 extern int refcount_switch_table (struct qcow2_image *img,
                                   const uint8_t *area, uint64_t clusters,
                                   uint64_t start, uint64_t *table,
                                   uint64_t entries, uint64_t table_clusters,
-                                  const char *what);
+                                  const char *what)
+  TSA_REQUIRES (img->lock);
 extern int refcount_detect_metadata_prealloc (struct qcow2_image *img,
-                                              bool *prealloc);
+                                              bool *prealloc)
+  TSA_REQUIRES (img->lock);
 extern int refcount_update (struct qcow2_image *img, uint64_t cluster,
-                            int64_t delta, uint64_t *result);
-extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
+                            int64_t delta, uint64_t *result)
+  TSA_REQUIRES (img->lock);
+extern int refcount_new_block (struct qcow2_image *img, uint64_t idx)
+  TSA_REQUIRES (img->lock);
 
 /* alloc.c */
 /* len bytes (at most a cluster) for a compressed cluster, at *host,
@@ -599,27 +655,41 @@ extern int refcount_new_block (struct qcow2_image *img, uint64_t idx);
  * reference.
  */
 extern int alloc_bytes (struct qcow2_image *img, uint64_t len,
-                        uint64_t *host);
+                        uint64_t *host)
+  TSA_REQUIRES (img->lock);
 extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
-                           uint64_t *host_offset, bool *zeroed);
+                           uint64_t *host_offset, bool *zeroed)
+  TSA_REQUIRES (img->lock);
 extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,
                                 uint64_t max, uint64_t *host_offset,
-                                uint64_t *len, bool *zeroed);
+                                uint64_t *len, bool *zeroed)
+  TSA_REQUIRES (img->lock);
 extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
-                             uint64_t bytes);
+                             uint64_t bytes)
+  TSA_REQUIRES (img->lock);
 extern void alloc_released (struct qcow2_image *img, uint64_t c,
-                            uint64_t n);
-extern int alloc_apply_frees (struct qcow2_image *img, size_t n);
-extern void alloc_frees_durable (struct qcow2_image *img, size_t queued);
-extern void alloc_begin_close (struct qcow2_image *img);
-extern void alloc_forget_hint (struct qcow2_image *img);
+                            uint64_t n)
+  TSA_REQUIRES (img->lock);
+extern int alloc_apply_frees (struct qcow2_image *img, size_t n)
+  TSA_REQUIRES (img->lock);
+extern void alloc_frees_durable (struct qcow2_image *img, size_t queued)
+  TSA_REQUIRES (img->lock);
+extern void alloc_begin_close (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern void alloc_forget_hint (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern int alloc_grow_reftable (struct qcow2_image *img,
-                                uint64_t min_entries);
-extern int alloc_refill_reserve (struct qcow2_image *img);
-extern void alloc_reserve_durable (struct qcow2_image *img);
-extern int alloc_release_reserve (struct qcow2_image *img);
+                                uint64_t min_entries)
+  TSA_REQUIRES (img->lock);
+extern int alloc_refill_reserve (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern void alloc_reserve_durable (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern int alloc_release_reserve (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern void alloc_free_reserve (struct qcow2_image *img);
-extern uint64_t alloc_reserve_end (const struct qcow2_image *img);
+extern uint64_t alloc_reserve_end (const struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 
 /* write.c: the request loop of writes, zeroes and trims (see
  * write_request), and what zero.c shares of the write path.
@@ -634,14 +704,18 @@ struct write_request {
   uint64_t (*piece_len) (struct qcow2_image *img, uint64_t offset,
                          uint64_t count);
   /* Do the piece, called with img->lock held, returning with it
-   * released; *n is its length, which it may make longer (a run).
+   * released (TSA_RELEASE: the analysis does not follow the pointer,
+   * write_request says it with image_released); *n is its length,
+   * which it may make longer (a run).
    */
-  int (*piece) (struct qcow2_image *img, const struct write_request *req,
-                uint64_t offset, uint64_t count, uint64_t *n);
+  int (*piece_unlocks) (struct qcow2_image *img,
+                        const struct write_request *req,
+                        uint64_t offset, uint64_t count, uint64_t *n);
   const void *opaque;           /* the piece's own */
 };
 extern int write_request (struct qcow2_image *img,
-                          const struct write_request *req);
+                          const struct write_request *req)
+  TSA_EXCLUDES (img->lock);
 extern void write_decode (const struct qcow2_image *img, const uint8_t *p,
                           struct l2_state *s);
 extern void write_encode (const struct qcow2_image *img, uint8_t *p,
@@ -649,35 +723,52 @@ extern void write_encode (const struct qcow2_image *img, uint8_t *p,
 extern uint64_t write_unit_mask (const struct qcow2_image *img,
                                  uint64_t start, uint64_t end);
 extern int write_reads_zero (struct qcow2_image *img, uint64_t offset,
-                             uint64_t len, bool *zero);
+                             uint64_t len, bool *zero)
+  TSA_REQUIRES (img->lock);
 extern int write_release_old (struct qcow2_image *img,
                               const struct l2_state *s, uint64_t fresh,
-                              uint64_t fresh_len);
+                              uint64_t fresh_len)
+  TSA_REQUIRES (img->lock);
 extern int write_check (struct qcow2_image *img, uint64_t count,
                         uint64_t offset);
 extern int write_in_place_target (struct qcow2_image *img, uint64_t offset,
-                                  uint64_t len, uint64_t *host);
+                                  uint64_t len, uint64_t *host)
+  TSA_REQUIRES (img->lock);
 extern int write_allocating (struct qcow2_image *img, const uint8_t *data,
-                             uint64_t offset, uint64_t len, bool may_unlock);
+                             uint64_t offset, uint64_t len)
+  TSA_REQUIRES (img->lock);
+extern int write_allocating_may_unlock (struct qcow2_image *img,
+                                        const uint8_t *data,
+                                        uint64_t offset, uint64_t len)
+  TSA_REQUIRES (img->lock);
 
 /* hostio.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,
                           uint64_t len, uint64_t offset, const char *what,
-                          uint32_t may_touch);
-extern int io_flush (struct qcow2_image *img);
-extern void io_note_end (struct qcow2_image *img, uint64_t end);
-extern void io_note_written (struct qcow2_image *img, uint64_t end);
-extern void io_extend (struct qcow2_image *img, uint64_t end);
+                          uint32_t may_touch)
+  TSA_REQUIRES (img->lock);
+extern int io_flush (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern void io_note_end (struct qcow2_image *img, uint64_t end)
+  TSA_REQUIRES (img->lock);
+extern void io_note_written (struct qcow2_image *img, uint64_t end)
+  TSA_REQUIRES (img->lock);
+extern void io_extend (struct qcow2_image *img, uint64_t end)
+  TSA_REQUIRES (img->lock);
 extern int io_check_data (struct qcow2_image *img, uint64_t len,
-                          uint64_t offset);
+                          uint64_t offset)
+  TSA_REQUIRES (img->lock);
 extern int io_write_data (struct qcow2_image *img, const void *buf,
-                          uint64_t len, uint64_t offset);
+                          uint64_t len, uint64_t offset)
+  TSA_REQUIRES (img->lock);
 extern int io_data_error (struct qcow2_image *img, uint64_t len,
                           uint64_t offset, int r);
 extern int io_write_checked (struct qcow2_image *img, const void *buf,
                              uint64_t len, uint64_t offset);
-extern int io_write_features (struct qcow2_image *img);
-extern void io_mark_dirty (struct qcow2_image *img);
+extern int io_write_features (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern void io_mark_dirty (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 
 /* flush.c: the marks of what the next flush must write, inline (they
  * are single stores into img->dirty, made from every writing file).
@@ -735,27 +826,37 @@ flush_mark_reftable_dirty (struct qcow2_image *img, uint64_t index)
 }
 
 /* flush.c */
-extern int flush_l2_dependencies (struct qcow2_image *img);
-extern int flush_locked (struct qcow2_image *img);
+extern int flush_l2_dependencies (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern int flush_locked (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 
 /* state.c */
-extern int state_begin_write (struct qcow2_image *img);
-extern int state_close (struct qcow2_image *img);
+extern int state_begin_write (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern int state_close (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 
 /* overlap.c: the guard's policy, over the map of overlap-map.h. */
 #define OL(bit) (UINT32_C (1) << QCOW2_OL_##bit##_BIT)
 extern const char *overlap_name (unsigned bit);
 extern int overlap_add (struct qcow2_image *img, uint64_t offset,
-                        uint64_t len, unsigned bit);
+                        uint64_t len, unsigned bit)
+  TSA_REQUIRES (img->lock);
 extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
-                           uint64_t len);
+                           uint64_t len)
+  TSA_REQUIRES (img->lock);
 extern int overlap_add_found (struct qcow2_image *img, uint64_t offset,
-                              uint64_t len, unsigned bit);
+                              uint64_t len, unsigned bit)
+  TSA_REQUIRES (img->lock);
 extern int overlap_check (struct qcow2_image *img, uint64_t offset,
-                          uint64_t len, uint32_t ign);
-extern int overlap_build (struct qcow2_image *img);
+                          uint64_t len, uint32_t ign)
+  TSA_REQUIRES (img->lock);
+extern int overlap_build (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern int overlap_move_reftable (struct qcow2_image *img,
-                                  uint64_t old_offset, uint64_t old_clusters);
+                                  uint64_t old_offset, uint64_t old_clusters)
+  TSA_REQUIRES (img->lock);
 
 /* pool.c: reads or writes of one request's pieces by a pool of
  * threads.  The requester fills pieces and n, calls pool_start, may do
@@ -784,7 +885,8 @@ struct pool_batch {
   pthread_cond_t finished;
   struct pool_batch *prev, *next;
 };
-extern struct io_pool *pool_get (struct qcow2_image *img);
+extern struct io_pool *pool_get (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern size_t pool_merge (struct pool_piece *pieces, size_t n,
                           struct iovec *iov);
 extern void pool_destroy (struct io_pool *p);
@@ -793,28 +895,37 @@ extern void pool_finish (struct io_pool *p, struct pool_batch *b);
 
 /* bitmap.c */
 extern int bitmap_read_directory (struct qcow2_image *img, uint8_t **dir,
-                                  struct bitmap_entry **entries);
-extern int bitmap_open (struct qcow2_image *img);
+                                  struct bitmap_entry **entries)
+  TSA_REQUIRES (img->lock);
+extern int bitmap_open (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern void bitmap_free (struct qcow2_image *img);
 extern void bitmap_record (struct qcow2_image *img, uint64_t offset,
                            uint64_t len);
-extern int bitmap_begin_write (struct qcow2_image *img);
-extern int bitmap_store (struct qcow2_image *img);
+extern int bitmap_begin_write (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+extern int bitmap_store (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 
 /* check.c */
-extern int check_rebuild_refcounts (struct qcow2_image *img);
+extern int check_rebuild_refcounts (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern int check_run (struct qcow2_image *img, bool fix_leaks,
-                      struct qcow2_check_result *res);
+                      struct qcow2_check_result *res)
+  TSA_REQUIRES (img->lock);
 
 /* read.c */
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
-                       uint64_t offset);
+                       uint64_t offset)
+  TSA_EXCLUDES (img->lock);
 extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
-                        uint64_t offset);
+                        uint64_t offset)
+  TSA_REQUIRES (img->lock);
 
 /* extents.c */
 extern int layer_extents (struct qcow2_image *img, uint64_t offset,
                           uint64_t count, bool req_one,
-                          qcow2_extent_fn add, void *opaque);
+                          qcow2_extent_fn add, void *opaque)
+  TSA_EXCLUDES (img->lock);
 
 #endif /* QCOW2_INTERNAL_H */

@@ -49,6 +49,7 @@ overlap_name (unsigned bit)
 static int
 overlap_set_range (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    unsigned value)
+  TSA_REQUIRES (img->lock)
 {
   if (img->overlap == &overlap_map_empty || len == 0)
     return 0;
@@ -104,6 +105,7 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
 static void
 overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
              uint64_t offset, uint64_t len)
+  TSA_REQUIRES (img->lock)
 {
   log_error (img, "overlap guard: a write of %" PRIu64 " bytes at host "
              "offset %#" PRIx64 " would overwrite the %s at %#" PRIx64 ": "
@@ -118,6 +120,7 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
 static int __attribute__ ((noinline))
 overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
                    uint32_t checked)
+  TSA_REQUIRES (img->lock)
 {
   unsigned type;
   uint64_t c;
@@ -229,6 +232,7 @@ overlap_add_found (struct qcow2_image *img, uint64_t offset, uint64_t len,
 static int
 overlap_add_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t n,
                 unsigned bit)
+  TSA_REQUIRES (img->lock)
 {
   int r = 0;
 

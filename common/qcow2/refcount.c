@@ -85,6 +85,7 @@ refcount_entry_set (uint8_t *block, uint32_t order, uint64_t index,
  */
 static int
 refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t offset = img->reftable[idx] & REFTABLE_OFFSET_MASK;
 

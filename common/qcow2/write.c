@@ -105,6 +105,7 @@ write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
 static int
 write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
                     uint64_t fresh, uint64_t fresh_len)
+  TSA_REQUIRES (img->lock)
 {
   if (host >= image_file_size (img)) {
     log_error (img, "corrupt image: guest data at host offset %#" PRIx64
@@ -184,6 +185,7 @@ struct write_inflight {
 static bool
 write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
                          uint64_t end)
+  TSA_REQUIRES (img->lock)
 {
   for (const struct write_inflight *w = img->inflight; w; w = w->next)
     if (w->start < end && start < w->end)
@@ -196,196 +198,238 @@ write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
  */
 static void
 write_inflight_wait (struct qcow2_image *img, uint64_t start, uint64_t end)
+  TSA_REQUIRES (img->lock)
 {
   ASSERT_LOCKED (img);
   while (write_inflight_overlaps (img, start, end))
     image_wait (img, &img->inflight_done);
 }
 
-/* Claim guest [start, end) and release img->lock. */
+/* Claim guest [start, end); the caller then releases img->lock. */
 static void
-write_inflight_begin (struct qcow2_image *img, struct write_inflight *w,
+write_inflight_claim (struct qcow2_image *img, struct write_inflight *w,
                       uint64_t start, uint64_t end)
+  TSA_REQUIRES (img->lock)
 {
   w->start = start;
   w->end = end;
   w->next = img->inflight;
   img->inflight = w;
-  image_unlock (img);
 }
 
-/* Take img->lock again and give the range back. */
+/* Give the range back, with img->lock taken again. */
 static void
-write_inflight_end (struct qcow2_image *img, struct write_inflight *w)
+write_inflight_unclaim (struct qcow2_image *img, struct write_inflight *w)
+  TSA_REQUIRES (img->lock)
 {
   struct write_inflight **p;
 
-  image_lock (img);
   for (p = &img->inflight; *p != w; p = &(*p)->next)
-    ;
+    assert (*p);
   *p = w->next;
   pthread_cond_broadcast (&img->inflight_done);
 }
 
-/* Fill buf (guest [start, end) of the cluster at cstart) around the
- * client's data at [in, in+len): what the guest sees now, or zeros.
- * locked: img->lock is held.
+/* An allocating write of [offset, offset+len) within one cluster, as
+ * planned under the lock (write_alloc_plan).
+ */
+struct write_alloc {
+  uint64_t offset, len;
+  uint64_t cstart, in;          /* the cluster, and offset within it */
+  struct l2_state old;          /* its entry before */
+  bool reuse;                   /* written into its own cluster */
+  bool external;                /* an external data file, mapped 1:1 */
+  uint64_t target;              /* the host cluster written */
+  bool counted;                 /* target newly allocated */
+  bool zeroed;                  /* target is new and reads as zeros */
+  /* The part of the cluster the new entry makes valid, and whether the
+   * guest's data before and after the client's needs copying.
+   */
+  uint64_t start, end;
+  bool need_head, need_tail;
+  bool old_zero;                /* the client's range read as zeros */
+  /* Only the client's data is written: nothing around it needs it. */
+  bool simple;
+  uint64_t wstart, wend;        /* what is written, within the cluster */
+};
+
+/* Plan phase, under the lock: where the data goes, which part of the
+ * cluster is written, what must be copied, checked by the guard.  The
+ * cluster's L2 table must be writable.  A new cluster is counted (and
+ * given back by write_alloc_commit if the write fails).
  */
 static int
-write_fill_cow (struct qcow2_image *img, uint8_t *buf, uint64_t cstart,
-                uint64_t start, uint64_t end, uint64_t in, uint64_t len,
-                bool need_head, bool need_tail, bool locked)
-{
-  int (*read) (struct qcow2_image *, uint8_t *, uint64_t, uint64_t) =
-    locked ? read_locked : layer_read;
-  int r = 0;
-
-  if (need_head && need_tail && len <= COW_MERGE_GAP)
-    return read (img, buf, end - start, cstart + start);
-  if (need_head)
-    r = read (img, buf, in - start, cstart + start);
-  else
-    memset (buf, 0, in - start);
-  if (r == 0 && need_tail)
-    r = read (img, buf + (in + len - start), end - in - len,
-              cstart + in + len);
-  else if (r == 0)
-    memset (buf + (in + len - start), 0, end - in - len);
-  return r;
-}
-
-/* Write [offset, offset+len) within one cluster, allocating.  Called
- * with the lock held and the cluster's L2 table writable; with
- * may_unlock, the lock is released while the data is read (COW) and
- * written.
- */
-int
-write_allocating (struct qcow2_image *img, const uint8_t *data,
-                  uint64_t offset, uint64_t len, bool may_unlock)
+write_alloc_plan (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                  struct write_alloc *a)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
-  uint64_t cstart = offset & ~(cs - 1), in = offset - cstart;
-  bool external = img->data_io != img->io;
-  struct l2_state s;
-  uint8_t *slice, *tmp = NULL;
-  uint64_t idx, target, start, end, bitmap;
-  bool reuse, zeroed = false, need_head = false, need_tail = false;
-  bool old_zero, simple;
-  uint64_t wstart, wend;
-  struct write_inflight w;
+  uint8_t *slice;
+  uint64_t idx;
+  bool head_zero, tail_zero;
   int r;
 
   ASSERT_LOCKED (img);
+  assert (len > 0 && (offset & (cs - 1)) + len <= cs);
+  *a = (struct write_alloc) {
+    .offset = offset, .len = len,
+    .cstart = offset & ~(cs - 1), .in = offset & (cs - 1),
+    .external = img->data_io != img->io,
+  };
   if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+  write_decode (img, slice + idx * img->geo.l2_entry_size, &a->old);
 
-  /* Where the data goes, and which part of the cluster is written. */
-  reuse = s.normal && s.copied;
-  if (reuse && (r = write_check_host (img, s.host, offset)) < 0)
+  a->reuse = a->old.normal && a->old.copied;
+  if (a->reuse && (r = write_check_host (img, a->old.host, offset)) < 0)
     return r;
-  if (reuse)
-    target = s.host;
-  else if (external)
-    target = cstart;            /* external data files map 1:1 */
-  else if ((r = alloc_clusters (img, 1, &target, &zeroed)) < 0)
+  if (a->reuse)
+    a->target = a->old.host;
+  else if (a->external)
+    a->target = a->cstart;      /* external data files map 1:1 */
+  else if ((r = alloc_clusters (img, 1, &a->target, &a->zeroed)) < 0)
     return r;
-  if (img->geo.extended_l2 && (reuse || (!s.normal && !s.compressed))) {
-    start = in & ~(img->geo.subcluster_size - 1);
-    end = MIN (cs, (in + len + img->geo.subcluster_size - 1)
-               & ~(img->geo.subcluster_size - 1));
+  else
+    a->counted = true;
+  if (img->geo.extended_l2 &&
+      (a->reuse || (!a->old.normal && !a->old.compressed))) {
+    uint64_t sub = img->geo.subcluster_size;
+    a->start = a->in & ~(sub - 1);
+    a->end = MIN (cs, (a->in + len + sub - 1) & ~(sub - 1));
     /* An allocated subcluster holds the guest's data, which in-place
      * writes may be changing now: only the client's bytes go there.
      */
-    if (reuse && (s.bitmap >> (in >> img->geo.subcluster_bits) & 1))
-      start = in;
-    if (reuse &&
-        (s.bitmap >> ((in + len - 1) >> img->geo.subcluster_bits) & 1))
-      end = in + len;
+    if (a->reuse && (a->old.bitmap >> (a->in >> img->geo.subcluster_bits) & 1))
+      a->start = a->in;
+    if (a->reuse &&
+        (a->old.bitmap >> ((a->in + len - 1) >> img->geo.subcluster_bits)
+         & 1))
+      a->end = a->in + len;
   }
   else {
-    start = 0;
-    end = cs;
+    a->start = 0;
+    a->end = cs;
   }
   /* An external data file holds nothing past the end of the disk (a
    * raw one is as long as the disk).
    */
-  if (external)
-    end = MIN (end, img->size - cstart);
+  if (a->external)
+    a->end = MIN (a->end, img->size - a->cstart);
+  assert (a->start <= a->in && a->in + len <= a->end);
 
-  if (start < in &&
-      (r = write_reads_zero (img, cstart + start, in - start, &need_head)) < 0)
+  head_zero = tail_zero = true;
+  if (a->start < a->in &&
+      (r = write_reads_zero (img, a->cstart + a->start, a->in - a->start,
+                             &head_zero)) < 0)
     return r;
-  if (in + len < end &&
-      (r = write_reads_zero (img, cstart + in + len, end - in - len,
-                             &need_tail)) < 0)
+  if (a->in + len < a->end &&
+      (r = write_reads_zero (img, offset + len, a->end - a->in - len,
+                             &tail_zero)) < 0)
     return r;
-  need_head = start < in && !need_head;
-  need_tail = in + len < end && !need_tail;
-  if ((r = write_reads_zero (img, offset, len, &old_zero)) < 0)
+  a->need_head = !head_zero;
+  a->need_tail = !tail_zero;
+  if ((r = write_reads_zero (img, offset, len, &a->old_zero)) < 0)
     return r;
 
   /* The whole new cluster counts as part of the file from now on, even
    * where it is not written yet (it reads as zeros).
    */
-  if (zeroed)
-    io_note_end (img, target + cs);
+  if (a->zeroed)
+    io_note_end (img, a->target + cs);
   /* But not in an encrypted image, where zeros decrypt to noise. */
-  zeroed = zeroed && !img->luks;
+  a->zeroed = a->zeroed && !img->luks;
   /* Only the client's data where nothing around it needs writing: no
    * head or tail, or zeros over a new cluster that reads as zeros.
    */
-  simple = (start == in || (zeroed && !need_head)) &&
-    (end == in + len || (zeroed && !need_tail));
-  wstart = simple ? in : start;
-  wend = simple ? in + len : end;
-  r = io_check_data (img, wend - wstart, target + wstart);
-  if (r == 0) {
-    if (may_unlock)
-      write_inflight_begin (img, &w, cstart, cstart + cs);
-    if (simple)
-      r = io_write_checked (img, data, len, target + in);
-    else if (!(tmp = malloc (end - start)))
-      r = -ENOMEM;
-    else {
-      r = write_fill_cow (img, tmp, cstart, start, end, in, len,
-                          need_head, need_tail, !may_unlock);
-      if (r == 0) {
-        memcpy (tmp + in - start, data, len);
-        r = io_write_checked (img, tmp, end - start, target + start);
-      }
-      free (tmp);
-    }
-    if (may_unlock)
-      write_inflight_end (img, &w);
+  a->simple = (a->start == a->in || (a->zeroed && !a->need_head)) &&
+    (a->end == a->in + len || (a->zeroed && !a->need_tail));
+  a->wstart = a->simple ? a->in : a->start;
+  a->wend = a->simple ? a->in + len : a->end;
+  return io_check_data (img, a->wend - a->wstart, a->target + a->wstart);
+}
+
+/* Data phase: write the client's data with what the guest sees around
+ * it (read by read, as the caller holds the lock or not: read_locked,
+ * layer_read).  Touches nothing the lock guards, so that it may run
+ * without it.
+ */
+static int
+write_alloc_data (struct qcow2_image *img, const struct write_alloc *a,
+                  const uint8_t *data,
+                  int (*read) (struct qcow2_image *, uint8_t *, uint64_t,
+                               uint64_t))
+{
+  uint64_t gap = a->len;        /* between head and tail */
+  uint8_t *buf;
+  int r = 0;
+
+  if (a->simple)
+    return io_write_checked (img, data, a->len, a->target + a->in);
+  if (!(buf = malloc (a->end - a->start)))
+    return -ENOMEM;
+  if (a->need_head && a->need_tail && gap <= COW_MERGE_GAP)
+    r = read (img, buf, a->end - a->start, a->cstart + a->start);
+  else {
+    if (a->need_head)
+      r = read (img, buf, a->in - a->start, a->cstart + a->start);
+    else
+      memset (buf, 0, a->in - a->start);
+    if (r == 0 && a->need_tail)
+      r = read (img, buf + (a->in + a->len - a->start),
+                a->end - a->in - a->len, a->offset + a->len);
+    else if (r == 0)
+      memset (buf + (a->in + a->len - a->start), 0,
+              a->end - a->in - a->len);
   }
-  if (r == 0 && !external)
-    io_note_written (img, target + wend);
+  if (r == 0) {
+    memcpy (buf + a->in - a->start, data, a->len);
+    r = io_write_checked (img, buf, a->end - a->start,
+                          a->target + a->start);
+  }
+  free (buf);
+  return r;
+}
+
+/* Commit phase, under the lock: point the entry at the data written
+ * (r, the data phase's result, is 0), or give a new cluster back.
+ */
+static int
+write_alloc_commit (struct qcow2_image *img, const struct write_alloc *a,
+                    int r)
+  TSA_REQUIRES (img->lock)
+{
+  uint64_t cs = img->geo.cluster_size;
+  uint8_t *slice;
+  uint64_t idx, bitmap;
+
+  ASSERT_LOCKED (img);
+  if (r == 0 && !a->external)
+    io_note_written (img, a->target + a->wend);
   if (r < 0) {
     /* Nothing points at the new cluster yet: give it back (a full
      * disk must not leave a leak behind).
      */
-    if (!reuse && !external)
-      refcount_update (img, target >> img->geo.cluster_bits, -1, NULL);
+    if (a->counted)
+      refcount_update (img, a->target >> img->geo.cluster_bits, -1, NULL);
     return r;
   }
 
   /* Reading the old contents (or others, while the lock was released)
    * may have evicted the slice: look again.
    */
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice (img, a->offset, true, &slice, &idx)) < 0)
     return r;
   if (!img->geo.extended_l2)
     bitmap = 0;
-  else if (reuse || (!s.normal && !s.compressed)) {
-    uint64_t mask = write_unit_mask (img, start, end);
-    bitmap = ((s.bitmap & L2_ALL_ALLOC) | mask) |
-      ((s.bitmap >> 32) & ~mask) << 32;
+  else if (a->reuse || (!a->old.normal && !a->old.compressed)) {
+    uint64_t mask = write_unit_mask (img, a->start, a->end);
+    bitmap = ((a->old.bitmap & L2_ALL_ALLOC) | mask) |
+      ((a->old.bitmap >> 32) & ~mask) << 32;
   }
   else
     bitmap = L2_ALL_ALLOC;
   write_encode (img, slice + idx * img->geo.l2_entry_size,
-                target | QCOW2_OFLAG_COPIED, bitmap);
+                a->target | QCOW2_OFLAG_COPIED, bitmap);
   cache_mark_dirty (img->caches.l2, slice);
   flush_mark_changed (img);
   /* The data must be durable before the entry that makes it visible,
@@ -396,11 +440,51 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
    * file is corruption (the reserve and alloc_clusters extend the file
    * ahead, so that this rarely costs a flush).
    */
-  if (reuse || !zeroed || need_head || need_tail || !old_zero ||
-      target >= img->host.durable_end)
+  if (a->reuse || !a->zeroed || a->need_head || a->need_tail ||
+      !a->old_zero || a->target >= img->host.durable_end)
     flush_mark_dependency (img);
-  return reuse ? 0 : write_release_old (img, &s, external ? 0 : target,
-                                        external ? 0 : cs);
+  if (a->reuse)
+    return 0;
+  return write_release_old (img, &a->old, a->external ? 0 : a->target,
+                            a->external ? 0 : cs);
+}
+
+/* Write [offset, offset+len) within one cluster, allocating, with the
+ * lock held throughout.  The cluster's L2 table must be writable.
+ */
+int
+write_allocating (struct qcow2_image *img, const uint8_t *data,
+                  uint64_t offset, uint64_t len)
+{
+  struct write_alloc a;
+  int r = write_alloc_plan (img, offset, len, &a);
+
+  if (r == 0)
+    r = write_alloc_data (img, &a, data, read_locked);
+  return write_alloc_commit (img, &a, r);
+}
+
+/* As write_allocating, but the lock is released while the data is read
+ * (COW) and written, the cluster claimed meanwhile: the caller
+ * re-checks what it looked up before.
+ */
+int
+write_allocating_may_unlock (struct qcow2_image *img, const uint8_t *data,
+                             uint64_t offset, uint64_t len)
+{
+  struct write_alloc a;
+  struct write_inflight w;
+  int r = write_alloc_plan (img, offset, len, &a);
+
+  if (r == 0) {
+    write_inflight_claim (img, &w, a.cstart,
+                          a.cstart + img->geo.cluster_size);
+    image_unlock (img);
+    r = write_alloc_data (img, &a, data, layer_read);
+    image_lock (img);
+    write_inflight_unclaim (img, &w);
+  }
+  return write_alloc_commit (img, &a, r);
 }
 
 /* At most this many clusters are allocated and written together. */
@@ -416,6 +500,7 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
 static int
 write_allocating_run (struct qcow2_image *img, const uint8_t *data,
                       uint64_t offset, uint64_t count, uint64_t *done)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
   uint64_t slice_entries =
@@ -454,9 +539,11 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
    */
   io_note_end (img, target + k * cs);
   if ((r = io_check_data (img, k * cs, target)) == 0) {
-    write_inflight_begin (img, &w, offset, offset + k * cs);
+    write_inflight_claim (img, &w, offset, offset + k * cs);
+    image_unlock (img);
     r = io_write_checked (img, data, k * cs, target);
-    write_inflight_end (img, &w);
+    image_lock (img);
+    write_inflight_unclaim (img, &w);
   }
   if (r < 0) {
     for (uint64_t i = 0; i < k; i++)
@@ -495,6 +582,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
 static int
 write_compressed (struct qcow2_image *img, const uint8_t *data,
                   uint64_t offset, uint64_t *done)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size, idx, host, sectors;
   uint64_t x = img->geo.compressed_offset_bits;
@@ -513,9 +601,11 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
       write_inflight_overlaps (img, offset, offset + cs))
     return 0;
 
-  write_inflight_begin (img, &w, offset, offset + cs);
+  write_inflight_claim (img, &w, offset, offset + cs);
+  image_unlock (img);
   len = compress_cluster (img, data, &out);
-  write_inflight_end (img, &w);
+  image_lock (img);
+  write_inflight_unclaim (img, &w);
   if (len == -ENOSPC)
     return 0;                   /* stored as it is */
   if (len < 0)
@@ -612,6 +702,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
                      uint64_t offset, uint64_t count,
                      struct pool_piece *pieces, struct iovec *iov,
                      size_t *n, uint64_t *len)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
   int r;
@@ -683,8 +774,10 @@ write_request (struct qcow2_image *img, const struct write_request *req)
     image_lock (img);
     write_inflight_wait (img, offset, offset + n);
     r = state_begin_write (img);
-    if (r == 0)
-      r = req->piece (img, req, offset, count, &n);
+    if (r == 0) {
+      r = req->piece_unlocks (img, req, offset, count, &n);
+      image_released (img);
+    }
     else
       image_unlock (img);
     /* Every piece moves on, and stays within the request. */
@@ -711,8 +804,10 @@ write_piece_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
  * whole clusters, allocated.
  */
 static int
-write_piece (struct qcow2_image *img, const struct write_request *req,
-             uint64_t offset, uint64_t count, uint64_t *n)
+write_piece_unlocks (struct qcow2_image *img,
+                     const struct write_request *req,
+                     uint64_t offset, uint64_t count, uint64_t *n)
+  TSA_RELEASE (img->lock)
 {
   const uint8_t *p = (const uint8_t *) req->opaque + (offset - req->offset);
   struct pool_piece pieces[WRITE_BATCH];
@@ -742,7 +837,7 @@ write_piece (struct qcow2_image *img, const struct write_request *req,
   if (done)
     *n = done;
   else if (r == 0)
-    r = write_allocating (img, p, offset, *n, true);
+    r = write_allocating_may_unlock (img, p, offset, *n);
   image_unlock (img);
   return r;
 }
@@ -753,7 +848,8 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
 {
   const struct write_request req = {
     .offset = offset, .count = count, .record = true, .fua = fua,
-    .piece_len = write_piece_len, .piece = write_piece, .opaque = buf,
+    .piece_len = write_piece_len, .piece_unlocks = write_piece_unlocks,
+    .opaque = buf,
   };
   int r;
 

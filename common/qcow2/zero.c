@@ -46,6 +46,7 @@ zero_clear_external (struct qcow2_image *img, uint64_t host, uint64_t len,
 static int
 zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
               bool may_trim)
+  TSA_REQUIRES (img->lock)
 {
   bool backing_shows = img->backing && cstart < img->backing->size;
   bool v3 = img->h.version >= 3;
@@ -99,6 +100,7 @@ zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
 static int
 zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
             bool keep)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t in = offset & (img->geo.cluster_size - 1);
   uint64_t mask = write_unit_mask (img, in, in + len);
@@ -151,6 +153,7 @@ enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
 static int
 zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
            enum zero_how *how)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size, in = offset & (cs - 1);
   bool zero;
@@ -174,6 +177,7 @@ zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
 /* Zeros as data, through the write path. */
 static int
 zero_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
+  TSA_REQUIRES (img->lock)
 {
   uint8_t *zeros = calloc (1, n);
   uint64_t host;
@@ -185,7 +189,7 @@ zero_as_data (struct qcow2_image *img, uint64_t offset, uint64_t n)
   if (r == 1)
     r = io_write_data (img, zeros, n, host);
   else if (r == 0)
-    r = write_allocating (img, zeros, offset, n, false);
+    r = write_allocating (img, zeros, offset, n);
   free (zeros);
   return r;
 }
@@ -197,8 +201,10 @@ zero_piece_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
 }
 
 static int
-zero_do_piece (struct qcow2_image *img, const struct write_request *req,
-               uint64_t offset, uint64_t count, uint64_t *n)
+zero_piece_unlocks (struct qcow2_image *img,
+                    const struct write_request *req,
+                    uint64_t offset, uint64_t count, uint64_t *n)
+  TSA_RELEASE (img->lock)
 {
   bool may_trim = *(const bool *) req->opaque;
   enum zero_how how;
@@ -220,7 +226,7 @@ qcow2_zero (struct qcow2_image *img, uint64_t count, uint64_t offset,
 {
   const struct write_request req = {
     .offset = offset, .count = count, .record = true, .fua = fua,
-    .piece_len = zero_piece_len, .piece = zero_do_piece,
+    .piece_len = zero_piece_len, .piece_unlocks = zero_piece_unlocks,
     .opaque = &may_trim,
   };
   int r;
@@ -254,8 +260,10 @@ zero_cluster_len (struct qcow2_image *img, uint64_t offset, uint64_t count)
 }
 
 static int
-zero_trim_piece (struct qcow2_image *img, const struct write_request *req,
-                 uint64_t offset, uint64_t count, uint64_t *n)
+zero_trim_piece_unlocks (struct qcow2_image *img,
+                         const struct write_request *req,
+                         uint64_t offset, uint64_t count, uint64_t *n)
+  TSA_RELEASE (img->lock)
 {
   int r = zero_cluster (img, offset, true, true);
 
@@ -293,7 +301,8 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
   /* Whole clusters only. */
   const struct write_request req = {
     .offset = first, .count = end > first ? end - first : 0, .fua = fua,
-    .piece_len = zero_cluster_len, .piece = zero_trim_piece,
+    .piece_len = zero_cluster_len,
+    .piece_unlocks = zero_trim_piece_unlocks,
   };
   return write_request (img, &req);
 }
