@@ -366,7 +366,7 @@ struct qcow2_image {
    */
   struct image_mutex lock;
 #ifndef NDEBUG
-  pthread_t lock_holder;        /* valid while lock_held */
+  pthread_t lock_holder;        /* valid while lock_held; both atomic */
   bool lock_held;
 #endif
   pthread_rwlock_t data_lock;
@@ -422,25 +422,40 @@ image_clear_incompat (struct qcow2_image *img, uint64_t bits)
 /* The lock's primitives, the only functions whose bodies the analysis
  * does not check.
  */
+#ifndef NDEBUG
+/* The lock was just taken by this thread (see image_lock_held). */
+static inline void
+image_note_holder (struct qcow2_image *img)
+  TSA_NO_TSA
+{
+  __atomic_store_n (&img->lock_holder, pthread_self (), __ATOMIC_RELAXED);
+  __atomic_store_n (&img->lock_held, true, __ATOMIC_RELEASE);
+}
+#endif
+
 static inline void
 image_lock (struct qcow2_image *img)
   TSA_ACQUIRE (img->lock) TSA_NO_TSA
 {
   pthread_mutex_lock (&img->lock.mutex);
 #ifndef NDEBUG
-  img->lock_holder = pthread_self ();
-  img->lock_held = true;
+  image_note_holder (img);
 #endif
 }
 
 #ifndef NDEBUG
-/* Only ever asked by a thread about itself: true only if it holds the
- * lock, so it reads what it wrote.
+/* Only ever asked by a thread about itself.  Other threads write the
+ * two fields while it asks (image_released asks without the lock), so
+ * they are atomic: a holder is noted before held is set (release), so
+ * a thread that sees held set (acquire) sees that holder, never a
+ * stale one that names itself.
  */
 static inline bool
 image_lock_held (const struct qcow2_image *img)
 {
-  return img->lock_held && pthread_equal (img->lock_holder, pthread_self ());
+  return __atomic_load_n (&img->lock_held, __ATOMIC_ACQUIRE)
+    && pthread_equal (__atomic_load_n (&img->lock_holder, __ATOMIC_RELAXED),
+                      pthread_self ());
 }
 #define ASSERT_LOCKED(img) assert (image_lock_held (img))
 #else
@@ -453,7 +468,7 @@ image_unlock (struct qcow2_image *img)
 {
   ASSERT_LOCKED (img);
 #ifndef NDEBUG
-  img->lock_held = false;
+  __atomic_store_n (&img->lock_held, false, __ATOMIC_RELAXED);
 #endif
   pthread_mutex_unlock (&img->lock.mutex);
 }
@@ -485,12 +500,11 @@ image_wait (struct qcow2_image *img, pthread_cond_t *cond)
 {
   ASSERT_LOCKED (img);
 #ifndef NDEBUG
-  img->lock_held = false;
+  __atomic_store_n (&img->lock_held, false, __ATOMIC_RELAXED);
 #endif
   pthread_cond_wait (cond, &img->lock.mutex);
 #ifndef NDEBUG
-  img->lock_holder = pthread_self ();
-  img->lock_held = true;
+  image_note_holder (img);
 #endif
 }
 
