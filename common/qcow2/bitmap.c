@@ -307,7 +307,7 @@ bitmap_record (struct qcow2_image *img, uint64_t offset, uint64_t len)
  * clear in use, in place.
  */
 static int
-bitmap_write_flags (struct qcow2_image *img, bool in_use)
+bitmap_write_flags (struct qcow2_image *img, uint32_t set)
   TSA_REQUIRES (img->lock)
 {
   struct qcow2_bitmaps *b = img->bitmaps;
@@ -315,7 +315,7 @@ bitmap_write_flags (struct qcow2_image *img, bool in_use)
 
   for (uint32_t i = 0; i < b->nt; i++) {
     const struct bitmap_entry *e = b->t[i].e;
-    uint32_t flags = e->flags | (in_use ? BME_FLAG_IN_USE : 0);
+    uint32_t flags = e->flags | set;
     uint8_t *field = b->dir + e->pos + BME_FLAGS_FIELD;
 
     be32_put (field, flags);
@@ -337,7 +337,7 @@ bitmap_begin_write (struct qcow2_image *img)
 
   if (!img->bitmaps || img->bitmaps->marked)
     return 0;
-  if ((r = bitmap_write_flags (img, true)) < 0)
+  if ((r = bitmap_write_flags (img, BME_FLAG_IN_USE)) < 0)
     return r;
   img->bitmaps->marked = true;
   return 0;
@@ -409,7 +409,7 @@ bitmap_store (struct qcow2_image *img)
     if ((r = bitmap_store_one (img, &b->t[i])) < 0)
       return r;
   if ((r = flush_locked (img)) < 0 || (r = io_flush (img)) < 0 ||
-      (r = bitmap_write_flags (img, false)) < 0)
+      (r = bitmap_write_flags (img, 0)) < 0)
     return r;
   b->marked = false;
   return 0;

@@ -126,7 +126,7 @@ cache_data (const struct meta_cache *c, uint32_t i)
 }
 
 struct meta_cache *
-cache_create (const char *what, bool is_l2, uint64_t entry_size,
+cache_create (enum cache_kind kind, uint64_t entry_size,
               uint64_t entries)
 {
   struct meta_cache *c;
@@ -144,8 +144,8 @@ cache_create (const char *what, bool is_l2, uint64_t entry_size,
   if (!c)
     return NULL;
   pthread_cond_init (&c->loaded, NULL);
-  c->what = what;
-  c->is_l2 = is_l2;
+  c->is_l2 = kind == CACHE_L2;
+  c->what = c->is_l2 ? "L2 slice" : "refcount block";
   c->entry_size = entry_size;
   c->n = entries;
   c->e = calloc (entries, sizeof *c->e);
@@ -311,13 +311,12 @@ cache_read_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i,
 }
 
 /* Find the entry at host_offset (entry aligned, already checked to lie
- * in the file), reading it on a miss, or zero-filling it if fresh (a
- * newly allocated table).  *data stays valid until the lock is dropped
- * or the cache is used again.
+ * in the file), reading it on a miss, or zero-filling it if fresh.
  */
-int
-cache_get (struct qcow2_image *img, struct meta_cache *c,
-           uint64_t host_offset, bool fresh, uint8_t **data)
+static int
+cache_lookup (struct qcow2_image *img, struct meta_cache *c,
+              uint64_t host_offset, bool fresh, uint8_t **data)
+  TSA_REQUIRES (img->lock)
 {
   uint32_t i = cache_find (c, host_offset);
   int r;
@@ -352,7 +351,27 @@ cache_get (struct qcow2_image *img, struct meta_cache *c,
   return 0;
 }
 
-/* As cache_get (not fresh), for readers: a miss is read with img->lock
+/* The entry at host_offset, read on a miss.  *data stays valid until
+ * the lock is dropped or the cache is used again.
+ */
+int
+cache_get (struct qcow2_image *img, struct meta_cache *c,
+           uint64_t host_offset, uint8_t **data)
+{
+  return cache_lookup (img, c, host_offset, false, data);
+}
+
+/* As cache_get, for a newly allocated table: the entry is zeros,
+ * whatever the file holds there.
+ */
+int
+cache_get_new (struct qcow2_image *img, struct meta_cache *c,
+               uint64_t host_offset, uint8_t **data)
+{
+  return cache_lookup (img, c, host_offset, true, data);
+}
+
+/* As cache_get, for readers: a miss is read with img->lock
  * released, as is a wait for an entry another reader is loading.  Sets
  * *released if so: what the caller looked up under the lock before may
  * have changed.
@@ -382,7 +401,7 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
    * written back under the lock: then read under the lock too.
    */
   if (c->nloading >= c->n / 2 || c->e[c->lru_tail].dirty)
-    return cache_get (img, c, host_offset, false, data);
+    return cache_get (img, c, host_offset, data);
 
   c->misses++;
   if ((r = cache_evict (img, c, &i)) < 0)
@@ -523,11 +542,10 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
   else
     slice = MIN (CACHE_DEFAULT_SLICE, img->geo.cluster_size);
 
-  img->caches.l2 = cache_create ("L2 slice", true, slice,
-                             MAX (size / slice, CACHE_MIN_SLICES));
-  img->caches.refcount = cache_create ("refcount block", false,
-                                      img->geo.cluster_size,
-                                      REFCOUNT_CACHE_BLOCKS);
+  img->caches.l2 = cache_create (CACHE_L2, slice,
+                                 MAX (size / slice, CACHE_MIN_SLICES));
+  img->caches.refcount = cache_create (CACHE_REFCOUNT, img->geo.cluster_size,
+                                       REFCOUNT_CACHE_BLOCKS);
   if (!img->caches.l2 || !img->caches.refcount) {
     int r = -errno;
     log_error (img, "cannot allocate the metadata caches (%" PRIu64

@@ -41,7 +41,7 @@ check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
       return r;
     for (uint64_t off = 0; off < img->geo.cluster_size; off += slice_size) {
       uint8_t *slice;
-      if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
+      if ((r = cache_get (img, img->caches.l2, l2 + off, &slice)) < 0)
         return r;
       for (uint64_t e = 0; e < slice_size; e += img->geo.l2_entry_size) {
         uint64_t entry = be64_get (slice + e);
@@ -58,7 +58,7 @@ check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
         if (r < 0)
           return r;
         /* The slice may have been evicted by the callback: look again. */
-        if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
+        if ((r = cache_get (img, img->caches.l2, l2 + off, &slice)) < 0)
           return r;
       }
     }
@@ -175,16 +175,20 @@ check_walk_bitmaps (struct qcow2_image *img, check_ref_fn fn, void *opaque)
   return r;
 }
 
-/* Call fn for every range of the image file that the image uses; the
- * refcount structure itself only if with_refcounts (a rebuild replaces
- * it).
- */
+/* What check_walk_refs walks. */
+enum check_walk {
+  CHECK_WALK_ALL,
+  CHECK_WALK_BUT_REFCOUNTS,     /* for a rebuild, which replaces them */
+};
+
+/* Call fn for every range of the image file that the image uses. */
 static int
-check_walk_refs (struct qcow2_image *img, bool with_refcounts,
+check_walk_refs (struct qcow2_image *img, enum check_walk what,
                  check_ref_fn fn, void *opaque)
   TSA_REQUIRES (img->lock)
 {
   const struct qcow2_header *h = &img->h;
+  bool with_refcounts = what == CHECK_WALK_ALL;
   int r;
 
   if ((r = fn (img, opaque, 0, img->geo.cluster_size, "header")) < 0)
@@ -296,7 +300,8 @@ check_rebuild_refcounts (struct qcow2_image *img)
   cc.counts = calloc (cc.n, sizeof *cc.counts);
   if (!cc.counts)
     return -ENOMEM;
-  if ((r = check_walk_refs (img, false, check_count, &cc)) < 0)
+  r = check_walk_refs (img, CHECK_WALK_BUT_REFCOUNTS, check_count, &cc);
+  if (r < 0)
     goto out;
 
   /* Size the table and the blocks, which count themselves too. */
@@ -353,8 +358,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
   for (uint64_t i = 0; i < img->reftable_size; i++)
     if (img->reftable[i] & ~UINT64_C (511))
       overlap_remove (img, img->reftable[i] & ~UINT64_C (511), cs);
-  rc = cache_create ("refcount block", false, cs,
-                     cache_entries (img->caches.refcount));
+  rc = cache_create (CACHE_REFCOUNT, cs, cache_entries (img->caches.refcount));
   if (!rc) {
     r = -ENOMEM;
     goto out;
@@ -474,7 +478,7 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
       uint64_t rc = 0, refs = c < cr->n ? cr->counts[c] : 0;
       if (has && !block &&
           (r = cache_get (img, img->caches.refcount,
-                          img->reftable[idx] & ~UINT64_C (511), false,
+                          img->reftable[idx] & ~UINT64_C (511),
                           &block)) < 0)
         return r;
       if (has)
@@ -538,7 +542,7 @@ check_copied (struct qcow2_image *img, bool fix,
     for (uint64_t off = 0; off < cs; off += slice_size)
       for (uint64_t e = 0; e < slice_size; e += img->geo.l2_entry_size) {
         uint8_t *slice;
-        if ((r = cache_get (img, img->caches.l2, l2 + off, false, &slice)) < 0)
+        if ((r = cache_get (img, img->caches.l2, l2 + off, &slice)) < 0)
           return r;
         uint64_t entry = be64_get (slice + e);
         uint64_t host = entry & QCOW2_OFFSET_MASK;
@@ -552,7 +556,7 @@ check_copied (struct qcow2_image *img, bool fix,
           return r;
         if (fix && rc == 1 && !(entry & QCOW2_OFLAG_COPIED)) {
           /* The read may have evicted the slice. */
-          if ((r = cache_get (img, img->caches.l2, l2 + off, false,
+          if ((r = cache_get (img, img->caches.l2, l2 + off,
                               &slice)) < 0)
             return r;
           entry |= QCOW2_OFLAG_COPIED;
@@ -589,7 +593,7 @@ check_run (struct qcow2_image *img, bool fix_leaks,
   cr.counts = calloc (MAX (cr.n, 1), sizeof *cr.counts);
   if (!cr.counts)
     return -ENOMEM;
-  if ((r = check_walk_refs (img, true, check_ref, &cr)) < 0)
+  if ((r = check_walk_refs (img, CHECK_WALK_ALL, check_ref, &cr)) < 0)
     goto out;
   check_count_pending (img, &cr);
   if ((r = check_compare (img, &cr, fix_leaks)) < 0 ||

@@ -173,7 +173,7 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
   }
   else
     r = cache_get (img, img->caches.l2,
-                   l2_offset + first * img->geo.l2_entry_size, false, &slice);
+                   l2_offset + first * img->geo.l2_entry_size, &slice);
   if (r < 0)
     return r;
 
@@ -263,7 +263,7 @@ cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
     return -ENOMEM;
   for (uint64_t off = 0; off < img->geo.cluster_size && r == 0;
        off += slice_size) {
-    r = cache_get (img, img->caches.l2, old + off, false, &slice);
+    r = cache_get (img, img->caches.l2, old + off, &slice);
     if (r == 0)
       memcpy (buf + off, slice, slice_size);
   }
@@ -274,81 +274,126 @@ cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
   return r;
 }
 
-/* The L2 slice mapping guest offset, and the index of its entry in the
- * slice.  For a write, an L2 table is allocated where there is none, and
- * a table shared with a snapshot is copied first (COW of metadata).
+/* The L1 index of guest offset and the L2 table it points at (0: none),
+ * checked to be aligned and inside the file.
  */
-int
-cluster_l2_slice (struct qcow2_image *img, uint64_t offset, bool for_write,
-                  uint8_t **slice, uint64_t *index)
+static int
+cluster_l2_table (struct qcow2_image *img, uint64_t offset,
+                  uint64_t *l1_index, uint64_t *l2_offset)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
-  uint64_t l1_index = offset >> (img->geo.cluster_bits + img->geo.l2_bits);
+
+  *l1_index = offset >> (img->geo.cluster_bits + img->geo.l2_bits);
+  if (*l1_index >= img->l1_size)
+    return cluster_corrupt (img, "guest offset beyond the L1 table at",
+                            offset, offset);
+  *l2_offset = img->l1[*l1_index] & QCOW2_OFFSET_MASK;
+  if (*l2_offset & (cs - 1))
+    return cluster_corrupt (img, "unaligned L2 table offset", *l2_offset,
+                            offset);
+  if (*l2_offset && range_exceeds (*l2_offset, cs, img->file_size))
+    return cluster_corrupt (img, "L2 table beyond the end of the file at",
+                            *l2_offset, offset);
+  return 0;
+}
+
+/* The slice of the L2 table at l2_offset that holds guest offset's
+ * entry, and the entry's index in it; zeros if fresh (a new table).
+ */
+static int
+cluster_l2_get (struct qcow2_image *img, uint64_t l2_offset,
+                uint64_t offset, bool fresh, uint8_t **slice,
+                uint64_t *index)
+  TSA_REQUIRES (img->lock)
+{
   uint64_t slice_size = cache_entry_size (img->caches.l2);
   uint64_t l2_index = (offset >> img->geo.cluster_bits)
     & ((UINT64_C (1) << img->geo.l2_bits) - 1);
   uint64_t in_table = l2_index * img->geo.l2_entry_size;
-  uint64_t l1e, l2_offset, new_offset;
+  uint64_t at = l2_offset + (in_table & ~(slice_size - 1));
+  int r;
+
+  assert (l2_offset && !(l2_offset & (img->geo.cluster_size - 1)));
+  r = fresh ? cache_get_new (img, img->caches.l2, at, slice)
+            : cache_get (img, img->caches.l2, at, slice);
+  if (r < 0)
+    return r;
+  *index = (in_table & (slice_size - 1)) / img->geo.l2_entry_size;
+  assert (*index < slice_size / img->geo.l2_entry_size);
+  return 0;
+}
+
+/* The L2 slice mapping guest offset, and the index of its entry in the
+ * slice; *slice is NULL if there is no L2 table.
+ */
+int
+cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
+                  uint8_t **slice, uint64_t *index)
+{
+  uint64_t l1_index, l2_offset;
+  int r;
+
+  ASSERT_LOCKED (img);
+  if ((r = cluster_l2_table (img, offset, &l1_index, &l2_offset)) < 0)
+    return r;
+  if (l2_offset == 0) {
+    *slice = NULL;
+    return 0;
+  }
+  return cluster_l2_get (img, l2_offset, offset, false, slice, index);
+}
+
+/* As cluster_l2_slice, for a write: an L2 table is allocated where there
+ * is none, and a table shared with a snapshot is copied first (COW of
+ * metadata).
+ */
+int
+cluster_l2_slice_writable (struct qcow2_image *img, uint64_t offset,
+                           uint8_t **slice, uint64_t *index)
+{
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t l1_index, l2_offset, new_offset;
   bool fresh = false, zeroed;
   int r;
 
   ASSERT_LOCKED (img);
-  if (l1_index >= img->l1_size)
-    return cluster_corrupt (img, "guest offset beyond the L1 table at",
-                            offset, offset);
-  l1e = img->l1[l1_index];
-  l2_offset = l1e & QCOW2_OFFSET_MASK;
-  if (l2_offset & (cs - 1))
-    return cluster_corrupt (img, "unaligned L2 table offset", l2_offset,
-                            offset);
-  if (l2_offset && range_exceeds (l2_offset, cs, img->file_size))
-    return cluster_corrupt (img, "L2 table beyond the end of the file at",
-                            l2_offset, offset);
+  if ((r = cluster_l2_table (img, offset, &l1_index, &l2_offset)) < 0)
+    return r;
+  if (l2_offset && (img->l1[l1_index] & QCOW2_OFLAG_COPIED))
+    return cluster_l2_get (img, l2_offset, offset, false, slice, index);
 
-  if (for_write && (l2_offset == 0 || !(l1e & QCOW2_OFLAG_COPIED))) {
-    r = alloc_clusters (img, 1, &new_offset, &zeroed);
-    if (r < 0)
-      return r;
-    if (l2_offset == 0) {
-      /* The table must read as zeros on disk before L1 points at it. */
-      uint8_t *zeros = calloc (1, cs);
-      if (!zeros)
-        return -ENOMEM;
-      r = io_write_meta (img, zeros, cs, new_offset, "new L2 table",
-                         OL (ACTIVE_L2));
-      free (zeros);
-      fresh = true;
-    }
-    else {
-      r = cluster_copy_l2 (img, l2_offset, new_offset);
-      if (r == 0)
-        r = alloc_free_later (img, l2_offset, cs);
-    }
-    if (r < 0) {
-      refcount_update (img, new_offset >> img->geo.cluster_bits, -1, NULL);
-      return r;
-    }
-    /* The map learns of the new table; a copied one stays in use by a
-     * snapshot.
-     */
-    if ((r = overlap_add (img, new_offset, cs, QCOW2_OL_ACTIVE_L2_BIT)) < 0 ||
-        (!fresh && (r = overlap_add (img, l2_offset, cs,
-                                     QCOW2_OL_INACTIVE_L2_BIT)) < 0))
-      return r;
-    img->l1[l1_index] = new_offset | QCOW2_OFLAG_COPIED;
-    flush_mark_l1_dirty (img, l1_index);
-    flush_mark_dependency (img);
-    l2_offset = new_offset;
-  }
-  else if (l2_offset == 0) {
-    *slice = NULL;
-    return 0;
-  }
-
-  r = cache_get (img, img->caches.l2,
-                 l2_offset + (in_table & ~(slice_size - 1)), fresh, slice);
+  r = alloc_clusters (img, 1, &new_offset, &zeroed);
   if (r < 0)
     return r;
-  *index = (in_table & (slice_size - 1)) / img->geo.l2_entry_size;
-  return 0;
+  if (l2_offset == 0) {
+    /* The table must read as zeros on disk before L1 points at it. */
+    uint8_t *zeros = calloc (1, cs);
+    if (!zeros)
+      return -ENOMEM;
+    r = io_write_meta (img, zeros, cs, new_offset, "new L2 table",
+                       OL (ACTIVE_L2));
+    free (zeros);
+    fresh = true;
+  }
+  else {
+    r = cluster_copy_l2 (img, l2_offset, new_offset);
+    if (r == 0)
+      r = alloc_free_later (img, l2_offset, cs);
+  }
+  if (r < 0) {
+    refcount_update (img, new_offset >> img->geo.cluster_bits, -1, NULL);
+    return r;
+  }
+  /* The map learns of the new table; a copied one stays in use by a
+   * snapshot.
+   */
+  if ((r = overlap_add (img, new_offset, cs, QCOW2_OL_ACTIVE_L2_BIT)) < 0 ||
+      (!fresh && (r = overlap_add (img, l2_offset, cs,
+                                   QCOW2_OL_INACTIVE_L2_BIT)) < 0))
+    return r;
+  img->l1[l1_index] = new_offset | QCOW2_OFLAG_COPIED;
+  flush_mark_l1_dirty (img, l1_index);
+  flush_mark_dependency (img);
+  return cluster_l2_get (img, new_offset, offset, fresh, slice, index);
 }

@@ -82,7 +82,7 @@ crypt_io_pread (struct qcow2_io *io, void *buf, size_t count,
 
   if (start == offset && end == offset + count) {
     if ((r = c->below->ops->pread (c->below, buf, count, offset)) == 0)
-      luks_crypt (c->key, false, offset / QCOW2_CRYPT_SECTOR, buf, count);
+      luks_decrypt (c->key, offset / QCOW2_CRYPT_SECTOR, buf, count);
     return r;
   }
   if (!(tmp = malloc (end - start)))
@@ -91,7 +91,7 @@ crypt_io_pread (struct qcow2_io *io, void *buf, size_t count,
   r = c->below->ops->pread (c->below, tmp, end - start, start);
   crypt_io_unlock_ends (c, e);
   if (r == 0) {
-    luks_crypt (c->key, false, start / QCOW2_CRYPT_SECTOR, tmp, end - start);
+    luks_decrypt (c->key, start / QCOW2_CRYPT_SECTOR, tmp, end - start);
     memcpy (buf, tmp + (offset - start), count);
   }
   free (tmp);
@@ -105,8 +105,8 @@ crypt_io_read_sector (struct crypt_io *c, uint8_t *buf, uint64_t offset)
   int r = c->below->ops->pread (c->below, buf, QCOW2_CRYPT_SECTOR, offset);
 
   if (r == 0)
-    luks_crypt (c->key, false, offset / QCOW2_CRYPT_SECTOR, buf,
-                QCOW2_CRYPT_SECTOR);
+    luks_decrypt (c->key, offset / QCOW2_CRYPT_SECTOR, buf,
+                  QCOW2_CRYPT_SECTOR);
   return r;
 }
 
@@ -134,7 +134,7 @@ crypt_io_pwrite (struct qcow2_io *io, const void *buf, size_t count,
     r = crypt_io_read_sector (c, tmp + len - ss, end - ss);
   if (r == 0) {
     memcpy (tmp + (offset - start), buf, count);
-    luks_crypt (c->key, true, start / ss, tmp, len);
+    luks_encrypt (c->key, start / ss, tmp, len);
     r = c->below->ops->pwrite (c->below, tmp, len, start);
   }
   if (head || tail)

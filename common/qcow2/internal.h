@@ -546,8 +546,11 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
 extern int luks_open (struct qcow2_image *img, const char *password,
                       struct luks_key **key);
 extern void luks_close (struct luks_key *key);
-extern void luks_crypt (const struct luks_key *key, bool encrypt,
-                        uint64_t sector, uint8_t *buf, size_t len);
+/* Encrypt or decrypt data in place, from sector on. */
+extern void luks_encrypt (const struct luks_key *key, uint64_t sector,
+                          uint8_t *buf, size_t len);
+extern void luks_decrypt (const struct luks_key *key, uint64_t sector,
+                          uint8_t *buf, size_t len);
 /* The bytes the header and its key slots take (*len), or an error. */
 extern int luks_format_check (const struct qcow2_env *env,
                               const struct qcow2_luks_options *o,
@@ -566,7 +569,8 @@ extern int header_read (struct qcow2_image *img);
 extern void header_free (struct qcow2_header *h);
 
 /* cache.c */
-extern struct meta_cache *cache_create (const char *what, bool is_l2,
+enum cache_kind { CACHE_L2, CACHE_REFCOUNT };
+extern struct meta_cache *cache_create (enum cache_kind kind,
                                         uint64_t entry_size,
                                         uint64_t entries);
 extern void cache_destroy (struct meta_cache *c);
@@ -574,7 +578,10 @@ extern void cache_replace_refcount (struct qcow2_image *img,
                                     struct meta_cache *c)
   TSA_REQUIRES (img->lock);
 extern int cache_get (struct qcow2_image *img, struct meta_cache *c,
-                      uint64_t host_offset, bool fresh, uint8_t **data)
+                      uint64_t host_offset, uint8_t **data)
+  TSA_REQUIRES (img->lock);
+extern int cache_get_new (struct qcow2_image *img, struct meta_cache *c,
+                          uint64_t host_offset, uint8_t **data)
   TSA_REQUIRES (img->lock);
 extern int cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
                                  uint64_t host_offset, uint8_t **data,
@@ -606,8 +613,11 @@ extern int cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
 extern int cluster_check_data_offset (struct qcow2_image *img,
                                       uint64_t host_offset, uint64_t len);
 extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
-                             bool for_write, uint8_t **slice,
-                             uint64_t *index)
+                             uint8_t **slice, uint64_t *index)
+  TSA_REQUIRES (img->lock);
+extern int cluster_l2_slice_writable (struct qcow2_image *img,
+                                      uint64_t offset, uint8_t **slice,
+                                      uint64_t *index)
   TSA_REQUIRES (img->lock);
 
 /* compress.c: bytes [in_cluster, in_cluster+len) of the compressed

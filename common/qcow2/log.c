@@ -7,8 +7,12 @@
 
 #include "internal.h"
 
+/* Format a message, prefixed if prefix is not NULL, for emit (one of
+ * env's callbacks, which may be NULL).
+ */
 static void __attribute__ ((format (printf, 4, 0)))
-log_vmsg (const struct qcow2_env *env, bool debug, const char *prefix,
+log_vmsg (const struct qcow2_env *env,
+          void (*emit) (void *opaque, const char *msg), const char *prefix,
           const char *fmt, va_list ap)
 {
   char msg[1024];
@@ -19,12 +23,8 @@ log_vmsg (const struct qcow2_env *env, bool debug, const char *prefix,
   if (n < 0 || (size_t) n >= sizeof msg)
     n = 0;
   vsnprintf (msg + n, sizeof msg - n, fmt, ap);
-  if (debug) {
-    if (env->debug)
-      env->debug (env->opaque, msg);
-  }
-  else if (env->error)
-    env->error (env->opaque, msg);
+  if (emit)
+    emit (env->opaque, msg);
 }
 
 void
@@ -32,7 +32,7 @@ env_err (const struct qcow2_env *env, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (env, false, NULL, fmt, ap);
+  log_vmsg (env, env->error, NULL, fmt, ap);
   va_end (ap);
 }
 
@@ -44,7 +44,7 @@ log_error (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (img->env, false, img->path, fmt, ap);
+  log_vmsg (img->env, img->env->error, img->path, fmt, ap);
   va_end (ap);
 }
 
@@ -66,6 +66,6 @@ log_debug (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (img->env, true, img->path, fmt, ap);
+  log_vmsg (img->env, img->env->debug, img->path, fmt, ap);
   va_end (ap);
 }

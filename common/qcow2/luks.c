@@ -277,7 +277,7 @@ luks_iv (const struct luks_key *k, uint64_t sector, uint8_t *iv)
  * sectors, but for a last part sector of whole cipher blocks (key
  * material).
  */
-void
+static void
 luks_crypt (const struct luks_key *k, bool encrypt, uint64_t sector,
             uint8_t *buf, size_t len)
 {
@@ -316,6 +316,20 @@ luks_crypt (const struct luks_key *k, bool encrypt, uint64_t sector,
     buf += n;
     len -= n;
   }
+}
+
+void
+luks_encrypt (const struct luks_key *k, uint64_t sector, uint8_t *buf,
+              size_t len)
+{
+  luks_crypt (k, true, sector, buf, len);
+}
+
+void
+luks_decrypt (const struct luks_key *k, uint64_t sector, uint8_t *buf,
+              size_t len)
+{
+  luks_crypt (k, false, sector, buf, len);
 }
 
 /* PBKDF2 with HMAC over any of the hashes. */
@@ -384,12 +398,18 @@ luks_diffuse (const struct nettle_hash *h, uint8_t *block, size_t len)
   return 0;
 }
 
-/* Merge the split key material into key (len bytes); with split_last,
- * instead make the last stripe so that the stripes merge into key.
+/* What luks_af does with the stripes. */
+enum luks_af_how {
+  LUKS_AF_MERGE,        /* merge the split key material into key */
+  LUKS_AF_SPLIT,        /* make the last stripe so that they merge into key */
+};
+
+/* The anti-forensic split of key (len bytes) into LUKS_STRIPES
+ * stripes, either way.
  */
 static int
 luks_af (const struct nettle_hash *h, uint8_t *stripes, size_t len,
-         uint8_t *key, bool split_last)
+         uint8_t *key, enum luks_af_how how)
 {
   uint8_t block[LUKS_MAX_KEY] = { 0 };
   uint8_t *last = stripes + (LUKS_STRIPES - 1) * len;
@@ -401,7 +421,7 @@ luks_af (const struct nettle_hash *h, uint8_t *stripes, size_t len,
     r = luks_diffuse (h, block, len);
   }
   for (size_t j = 0; r == 0 && j < len; j++) {
-    if (split_last)
+    if (how == LUKS_AF_SPLIT)
       last[j] = key[j] ^ block[j];
     else
       key[j] = last[j] ^ block[j];
@@ -486,8 +506,8 @@ luks_try_slot (const struct luks_setup *s, const uint8_t *hdr,
   if (r == 0 && !(k = luks_key_new (s, slot_key)))
     r = -ENOMEM;
   if (r == 0) {
-    luks_crypt (k, false, 0, split, len);
-    r = luks_af (s->hash, split, s->key_bytes, key, false);
+    luks_decrypt (k, 0, split, len);
+    r = luks_af (s->hash, split, s->key_bytes, key, LUKS_AF_MERGE);
   }
   if (r == 0)
     r = luks_pbkdf2 (s->hash, key, s->key_bytes, hdr + LH_MK_SALT,
@@ -800,9 +820,9 @@ luks_format (const struct qcow2_env *env, const struct qcow2_luks_options *o,
   }
   split = area + LUKS_KEY_SLOT_OFFSET;
   if ((r = luks_random (split, split_len - s.key_bytes)) < 0 ||
-      (r = luks_af (s.hash, split, s.key_bytes, key, true)) < 0)
+      (r = luks_af (s.hash, split, s.key_bytes, key, LUKS_AF_SPLIT)) < 0)
     goto out;
-  luks_crypt (k, true, 0, split, split_len);
+  luks_encrypt (k, 0, split, split_len);
  out:
   if (r < 0)
     env_err (env, "making the LUKS header: %s", errstr (-r));

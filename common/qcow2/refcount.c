@@ -96,7 +96,7 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
                "the end of the file", offset, idx);
     return -EIO;
   }
-  return cache_get (img, img->caches.refcount, offset, false, data);
+  return cache_get (img, img->caches.refcount, offset, data);
 }
 
 /* Make the refcount block for reftable entry idx.  No cluster in its
@@ -128,7 +128,7 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return -EIO;
   }
 
-  r = cache_get (img, img->caches.refcount, offset, true, &block);
+  r = cache_get_new (img, img->caches.refcount, offset, &block);
   if (r < 0)
     return r;
   refcount_entry_set (block, img->h.refcount_order, 0, 1);

@@ -276,7 +276,7 @@ write_alloc_plan (struct qcow2_image *img, uint64_t offset, uint64_t len,
     .cstart = offset & ~(cs - 1), .in = offset & (cs - 1),
     .external = img->data_io != img->io,
   };
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   write_decode (img, slice + idx * img->geo.l2_entry_size, &a->old);
 
@@ -417,7 +417,7 @@ write_alloc_commit (struct qcow2_image *img, const struct write_alloc *a,
   /* Reading the old contents (or others, while the lock was released)
    * may have evicted the slice: look again.
    */
-  if ((r = cluster_l2_slice (img, a->offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, a->offset, &slice, &idx)) < 0)
     return r;
   if (!img->geo.extended_l2)
     bitmap = 0;
@@ -515,7 +515,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   *done = 0;
   if (img->data_io != img->io)
     return 0;                   /* external data files map 1:1 */
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   for (k = 0; k < WRITE_RUN_MAX && k < count / cs &&
          idx + k < slice_entries; k++) {
@@ -553,7 +553,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   io_note_written (img, target + k * cs);
 
   /* Others, while the lock was released, may have evicted the slice. */
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   for (uint64_t i = 0; i < k; i++)
     write_encode (img, slice + (idx + i) * img->geo.l2_entry_size,
@@ -594,7 +594,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   int r;
 
   *done = 0;
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
   if (s.normal || s.compressed || (s.bitmap & L2_ALL_ALLOC) ||
@@ -612,7 +612,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
     return len;
 
   /* The claim kept the entry as it was; the slice may be gone. */
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0 ||
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0 ||
       (r = alloc_bytes (img, len, &host)) < 0)
     return r;
   if ((r = io_check_data (img, len, host)) == 0)
@@ -627,7 +627,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   }
   io_note_end (img, host + len);
   io_note_written (img, host + len);
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   sectors = ((host + len - 1) >> 9) - (host >> 9);
   write_encode (img, slice + idx * img->geo.l2_entry_size,
@@ -653,7 +653,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
   uint64_t idx;
   int r;
 
-  if ((r = cluster_l2_slice (img, offset, false, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice (img, offset, &slice, &idx)) < 0)
     return r;
   if (!slice)
     return 0;
@@ -880,7 +880,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     uint64_t idx, host;
     bool zeroed;
 
-    if ((r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
+    if ((r = cluster_l2_slice_writable (img, off, &slice, &idx)) < 0)
       break;
     write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
     if (s.normal || s.compressed)
@@ -894,7 +894,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     else if (!external)
       io_note_end (img, host + cs);
     if (r < 0 ||
-        (r = cluster_l2_slice (img, off, true, &slice, &idx)) < 0)
+        (r = cluster_l2_slice_writable (img, off, &slice, &idx)) < 0)
       break;
     write_encode (img, slice + idx * img->geo.l2_entry_size,
                   host | QCOW2_OFLAG_COPIED, L2_ALL_ALLOC);

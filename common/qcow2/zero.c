@@ -37,17 +37,24 @@ zero_clear_external (struct qcow2_image *img, uint64_t host, uint64_t len,
   return r;
 }
 
-/* Zero or trim one whole cluster through its L2 entry.  trim: free
- * the cluster, leaving it reading as zeros (qcow2_trim never frees on
- * v2 over a backing file); else make it read as zeros, keeping the
- * allocation unless may_trim.  Returns 1 if the cluster needs zeros
- * written as data instead (v2 over a backing file).
+/* What zero_cluster does to a cluster. */
+enum zero_cluster_how {
+  ZERO_CLUSTER_KEEP,    /* reads as zeros, keeping its allocation */
+  ZERO_CLUSTER_MAY_FREE, /* reads as zeros, freed or not (may_trim) */
+  ZERO_CLUSTER_TRIM,    /* freed: reads as zeros, or the backing file */
+};
+
+/* Zero or trim one whole cluster through its L2 entry (ZERO_CLUSTER_TRIM
+ * never frees on v2 over a backing file: qcow2_trim does nothing
+ * there).  Returns 1 if the cluster needs zeros written as data instead
+ * (v2 over a backing file).
  */
 static int
-zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
-              bool may_trim)
+zero_cluster (struct qcow2_image *img, uint64_t cstart,
+              enum zero_cluster_how how)
   TSA_REQUIRES (img->lock)
 {
+  bool trim = how == ZERO_CLUSTER_TRIM;
   bool backing_shows = img->backing && cstart < img->backing->size;
   bool v3 = img->h.version >= 3;
   struct l2_state s;
@@ -60,15 +67,15 @@ zero_cluster (struct qcow2_image *img, uint64_t cstart, bool trim,
   if (!v3 && !trim && backing_shows)
     return 1;
   /* Nothing to do where there is no L2 table and nothing shows. */
-  if ((r = cluster_l2_slice (img, cstart, false, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice (img, cstart, &slice, &idx)) < 0)
     return r;
   if (!slice && (trim ? !v3 || !backing_shows : !backing_shows))
     return 0;
-  if ((r = cluster_l2_slice (img, cstart, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, cstart, &slice, &idx)) < 0)
     return r;
   write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
 
-  keep = !trim && !may_trim && s.normal && s.copied && v3;
+  keep = how == ZERO_CLUSTER_KEEP && s.normal && s.copied && v3;
   if (keep) {
     entry = s.host | QCOW2_OFLAG_COPIED
       | (img->geo.extended_l2 ? 0 : QCOW2_OFLAG_ZERO);
@@ -110,7 +117,7 @@ zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
   int r;
 
   ASSERT_LOCKED (img);
-  if ((r = cluster_l2_slice (img, offset, true, &slice, &idx)) < 0)
+  if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
   if (s.compressed || (s.normal && !s.copied))
@@ -211,7 +218,8 @@ zero_piece_unlocks (struct qcow2_image *img,
   int r = zero_plan (img, offset, *n, &how);
 
   if (r == 0 && how == ZERO_METADATA)
-    r = zero_cluster (img, offset, false, may_trim);
+    r = zero_cluster (img, offset, may_trim ? ZERO_CLUSTER_MAY_FREE
+                                            : ZERO_CLUSTER_KEEP);
   else if (r == 0 && how == ZERO_UNITS)
     r = zero_units (img, offset, *n, !may_trim);
   if (r == 1 || (r == 0 && how == ZERO_DATA))
@@ -265,7 +273,7 @@ zero_trim_piece_unlocks (struct qcow2_image *img,
                          uint64_t offset, uint64_t count, uint64_t *n)
   TSA_RELEASE (img->lock)
 {
-  int r = zero_cluster (img, offset, true, true);
+  int r = zero_cluster (img, offset, ZERO_CLUSTER_TRIM);
 
   image_unlock (img);
   return r;
