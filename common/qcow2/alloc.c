@@ -629,8 +629,8 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
   uint64_t entries, table_clusters, start, nblocks = 0, needed;
   uint64_t old_offset = img->h.refcount_table_offset;
   uint64_t old_clusters = img->h.refcount_table_clusters;
-  uint64_t *table = NULL;
-  uint8_t *area = NULL;
+  CLEANUP_FREE uint64_t *table = NULL;
+  CLEANUP_FREE uint8_t *area = NULL;
   int r;
 
   entries = MAX (min_entries, img->reftable_size + img->reftable_size / 2);
@@ -669,10 +669,8 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
   uint64_t end = start + total;
   table = calloc (entries, sizeof *table);
   area = calloc (total, cs);
-  if (!table || !area) {
-    r = -ENOMEM;
-    goto out;
-  }
+  if (!table || !area)
+    return -ENOMEM;
   memcpy (table, img->reftable, img->reftable_size * sizeof *table);
 
   /* Place the new blocks after the table and count the area. */
@@ -688,7 +686,7 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
       refcount_entry_set (area + (blk - start) * cs, img->h.refcount_order,
                           c & ((UINT64_C (1) << per_block_bits) - 1), 1);
     else if ((r = refcount_update (img, c, 1, NULL)) < 0)
-      goto out;
+      return r;
   }
   for (uint64_t i = 0; i < entries; i++)
     be64_put (area + i * 8, table[i]);
@@ -697,8 +695,8 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
   if ((r = cache_writeback (img, img->caches.refcount)) < 0 ||
       (r = refcount_switch_table (img, area, total, start, table, entries,
                                   table_clusters, "new refcount table")) < 0)
-    goto out;
-  table = NULL;
+    return r;
+  table = NULL;                 /* the image's now */
   /* The header's switch is durable: nothing points at the old table,
    * so it is free at once (a free left for the next flush would leak
    * after a crash before it).
@@ -711,8 +709,5 @@ alloc_grow_reftable (struct qcow2_image *img, uint64_t min_entries)
     if (r == 0 && rc == 0)
       alloc_released (img, c, 1);
   }
- out:
-  free (table);
-  free (area);
   return r;
 }

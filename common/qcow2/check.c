@@ -91,8 +91,8 @@ check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
   TSA_REQUIRES (img->lock)
 {
   uint64_t bytes = (uint64_t) sn->l1_size * 8;
-  uint64_t *l1;
-  uint8_t *buf;
+  CLEANUP_FREE uint64_t *l1 = NULL;
+  CLEANUP_FREE uint8_t *buf = NULL;
   int r;
 
   if (bytes > QCOW2_MAX_L1_BYTES)
@@ -104,20 +104,14 @@ check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
     return r;
   l1 = malloc (bytes);
   buf = malloc (bytes);
-  if (!l1 || !buf) {
-    r = -ENOMEM;
-    goto out;
-  }
+  if (!l1 || !buf)
+    return -ENOMEM;
   r = check_read (img, buf, bytes, sn->l1_table_offset, "snapshot L1 table");
-  if (r == 0) {
-    for (uint32_t i = 0; i < sn->l1_size; i++)
-      l1[i] = be64_get (buf + (uint64_t) i * 8);
-    r = check_walk_l1 (img, l1, sn->l1_size, fn, opaque);
-  }
- out:
-  free (l1);
-  free (buf);
-  return r;
+  if (r < 0)
+    return r;
+  for (uint32_t i = 0; i < sn->l1_size; i++)
+    l1[i] = be64_get (buf + (uint64_t) i * 8);
+  return check_walk_l1 (img, l1, sn->l1_size, fn, opaque);
 }
 
 /* Persistent bitmaps, while the autoclear bit says they are valid: the
@@ -286,8 +280,9 @@ check_rebuild_refcounts (struct qcow2_image *img)
     : (UINT64_C (1) << (1u << img->h.refcount_order)) - 1;
   struct check_counts cc;
   uint64_t start, tclusters = 1, nblocks = 0, end, entries = 0;
-  uint8_t *area = NULL;
-  uint64_t *table = NULL;
+  CLEANUP_FREE uint32_t *counts = NULL;
+  CLEANUP_FREE uint8_t *area = NULL;
+  CLEANUP_FREE uint64_t *table = NULL;
   struct meta_cache *rc;
   int r;
 
@@ -297,12 +292,12 @@ check_rebuild_refcounts (struct qcow2_image *img)
   if ((r = cache_writeback (img, img->caches.l2)) < 0)
     return r;
   cc.n = div_round_up (img->file_size, cs);
-  cc.counts = calloc (cc.n, sizeof *cc.counts);
+  cc.counts = counts = calloc (cc.n, sizeof *cc.counts);
   if (!cc.counts)
     return -ENOMEM;
   r = check_walk_refs (img, CHECK_WALK_BUT_REFCOUNTS, check_count, &cc);
   if (r < 0)
-    goto out;
+    return r;
 
   /* Size the table and the blocks, which count themselves too. */
   start = cc.n;
@@ -317,17 +312,13 @@ check_rebuild_refcounts (struct qcow2_image *img)
     tclusters = entries / per_cluster;
     nblocks = needed;
   }
-  if (tclusters * cs > QCOW2_MAX_REFTABLE_BYTES) {
-    r = -EFBIG;
-    goto out;
-  }
+  if (tclusters * cs > QCOW2_MAX_REFTABLE_BYTES)
+    return -EFBIG;
 
   area = calloc (tclusters + nblocks, cs);
   table = calloc (entries, sizeof *table);
-  if (!area || !table) {
-    r = -ENOMEM;
-    goto out;
-  }
+  if (!area || !table)
+    return -ENOMEM;
   uint64_t b = 0;
   for (uint64_t idx = 0; idx < ((end - 1) >> per_block_bits) + 1; idx++)
     if (check_block_used (&cc, idx, per_block_bits, start))
@@ -341,8 +332,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
                  " more than %u-bit refcounts hold",
                  c << img->geo.cluster_bits, count,
                  1u << img->h.refcount_order);
-      r = -EIO;
-      goto out;
+      return -EIO;
     }
     uint64_t blk = (table[c >> per_block_bits] >> img->geo.cluster_bits)
       - start;
@@ -359,24 +349,18 @@ check_rebuild_refcounts (struct qcow2_image *img)
     if (img->reftable[i] & ~UINT64_C (511))
       overlap_remove (img, img->reftable[i] & ~UINT64_C (511), cs);
   rc = cache_create (CACHE_REFCOUNT, cs, cache_entries (img->caches.refcount));
-  if (!rc) {
-    r = -ENOMEM;
-    goto out;
-  }
+  if (!rc)
+    return -ENOMEM;
   r = refcount_switch_table (img, area, tclusters + nblocks, start, table,
                              entries, tclusters, "rebuilt refcount structure");
   if (r < 0) {
     cache_destroy (rc);
-    goto out;
+    return r;
   }
-  table = NULL;
+  table = NULL;                 /* the image's now */
   cache_replace_refcount (img, rc);
   alloc_forget_hint (img);
- out:
-  free (cc.counts);
-  free (area);
-  free (table);
-  return r;
+  return 0;
 }
 
 /* qemu-img check, on the image as the engine holds it. */
@@ -584,28 +568,27 @@ check_run (struct qcow2_image *img, bool fix_leaks,
            struct qcow2_check_result *res)
 {
   struct check_refs cr = { .res = res };
+  CLEANUP_FREE uint32_t *counts = NULL;
   int r;
 
   ASSERT_LOCKED (img);
   /* The reserve may lie past the end of the file. */
   cr.n = div_round_up (img->file_size, img->geo.cluster_size);
   cr.n = MAX (cr.n, alloc_reserve_end (img));
-  cr.counts = calloc (MAX (cr.n, 1), sizeof *cr.counts);
+  cr.counts = counts = calloc (MAX (cr.n, 1), sizeof *cr.counts);
   if (!cr.counts)
     return -ENOMEM;
   if ((r = check_walk_refs (img, CHECK_WALK_ALL, check_ref, &cr)) < 0)
-    goto out;
+    return r;
   check_count_pending (img, &cr);
   if ((r = check_compare (img, &cr, fix_leaks)) < 0 ||
       (r = check_copied (img, fix_leaks, res)) < 0)
-    goto out;
+    return r;
   if (fix_leaks && img->dirty.changed) {
     if (res->leaks_fixed)
       log_notice (img, "%" PRIu64 " leaked clusters reclaimed",
                   res->leaks_fixed);
-    r = flush_locked (img);
+    return flush_locked (img);
   }
- out:
-  free (cr.counts);
-  return r;
+  return 0;
 }

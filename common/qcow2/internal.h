@@ -26,6 +26,7 @@
 
 #include "qcow2.h"
 #include "checked.h"
+#include "cleanup.h"
 #include "io.h"
 #include "overlap-map.h"
 #include "tsa.h"
