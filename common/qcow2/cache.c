@@ -27,6 +27,18 @@
 #include "errstr.h"
 #include "internal.h"
 
+/* A pointer from cache_get is valid until the lock is dropped or the
+ * cache is used again: kept longer, it may point at another table's
+ * entry.  Under AddressSanitizer every entry's data is an allocation
+ * of its own, replaced whenever the entry is given up (evicted,
+ * forgotten), so that a stale pointer reads or writes freed memory and
+ * fails at once (tests, fuzzer, crash simulator) instead of changing
+ * the wrong table.  Elsewhere the entries are one array.
+ */
+#ifdef QCOW2_ASAN
+#define CACHE_RELOCATE 1
+#endif
+
 #define CACHE_DEFAULT_MAX (32u << 20)   /* QEMU's default cap on Linux */
 #define CACHE_DEFAULT_SLICE 4096
 #define CACHE_MIN_SLICES 2
@@ -49,7 +61,11 @@ struct meta_cache {
   uint64_t entry_size;
   uint32_t n;
   struct cache_entry *e;
+#ifdef CACHE_RELOCATE
+  uint8_t **data;               /* n entries, each its allocation */
+#else
   uint8_t *data;                /* n entries of entry_size bytes */
+#endif
   uint32_t *buckets;
   uint32_t bucket_mask;
   uint32_t lru_head, lru_tail;
@@ -122,7 +138,70 @@ cache_hash_remove (struct meta_cache *c, uint32_t i)
 static uint8_t *
 cache_data (const struct meta_cache *c, uint32_t i)
 {
+  assert (i < c->n);
+#ifdef CACHE_RELOCATE
+  return c->data[i];
+#else
   return c->data + (uint64_t) i * c->entry_size;
+#endif
+}
+
+/* The entry whose data starts at p; asserted to be one. */
+static uint32_t
+cache_index (const struct meta_cache *c, const uint8_t *p)
+{
+  uint32_t i;
+
+#ifdef CACHE_RELOCATE
+  for (i = 0; i < c->n && c->data[i] != p; i++)
+    ;
+#else
+  assert (p >= c->data && (uint64_t) (p - c->data) % c->entry_size == 0);
+  i = (uint64_t) (p - c->data) / c->entry_size;
+#endif
+  assert (i < c->n);
+  return i;
+}
+
+/* Entry i holds nothing any more: a pointer to its data is stale. */
+static void
+cache_retire (struct meta_cache *c, uint32_t i)
+{
+  c->e[i].key = NO_KEY;
+#ifdef CACHE_RELOCATE
+  uint8_t *fresh = malloc (c->entry_size);
+
+  /* Without memory, the entry keeps its data (unchecked, not wrong). */
+  if (fresh) {
+    free (c->data[i]);
+    c->data[i] = fresh;
+  }
+#endif
+}
+
+static int
+cache_alloc_data (struct meta_cache *c, uint64_t bytes)
+{
+#ifdef CACHE_RELOCATE
+  if (!(c->data = calloc (c->n, sizeof *c->data)))
+    return -1;
+  for (uint32_t i = 0; i < c->n; i++)
+    if (!(c->data[i] = malloc (c->entry_size)))
+      return -1;
+  return 0;
+#else
+  return (c->data = malloc (bytes)) ? 0 : -1;
+#endif
+}
+
+static void
+cache_free_data (struct meta_cache *c)
+{
+#ifdef CACHE_RELOCATE
+  for (uint32_t i = 0; c->data && i < c->n; i++)
+    free (c->data[i]);
+#endif
+  free (c->data);
 }
 
 struct meta_cache *
@@ -149,9 +228,8 @@ cache_create (enum cache_kind kind, uint64_t entry_size,
   c->entry_size = entry_size;
   c->n = entries;
   c->e = calloc (entries, sizeof *c->e);
-  c->data = malloc (bytes);
   c->buckets = malloc (nbuckets * sizeof *c->buckets);
-  if (!c->e || !c->data || !c->buckets) {
+  if (!c->e || cache_alloc_data (c, bytes) < 0 || !c->buckets) {
     cache_destroy (c);
     errno = ENOMEM;
     return NULL;
@@ -174,7 +252,7 @@ cache_destroy (struct meta_cache *c)
     return;
   pthread_cond_destroy (&c->loaded);
   free (c->e);
-  free (c->data);
+  cache_free_data (c);
   free (c->buckets);
   free (c);
 }
@@ -244,7 +322,7 @@ cache_evict (struct qcow2_image *img, struct meta_cache *c, uint32_t *out)
     cache_hash_remove (c, i);
     if (img->caches.debug && c->is_l2)
       log_debug (img, "L2 cache evict: slice %#" PRIx64, c->e[i].key);
-    c->e[i].key = NO_KEY;
+    cache_retire (c, i);
   }
   *out = i;
   return 0;
@@ -424,7 +502,7 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
     if (!c->e[i].stale)
       cache_hash_remove (c, i);
     c->e[i].stale = false;
-    c->e[i].key = NO_KEY;
+    cache_retire (c, i);
     cache_lru_push_tail (c, i);
     if (r < 0)
       return r;
@@ -437,10 +515,14 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
 
 /* Mark the entry holding data (a pointer from cache_get) dirty. */
 void
-cache_mark_dirty (struct meta_cache *c, const uint8_t *data)
+cache_mark_dirty (struct qcow2_image *img, struct meta_cache *c,
+                  const uint8_t *data)
 {
-  uint32_t i = (data - c->data) / c->entry_size;
+  uint32_t i = cache_index (c, data);
 
+  ASSERT_LOCKED (img);
+  /* A pointer from cache_get, still valid: its entry holds a table. */
+  assert (c->e[i].key != NO_KEY && !c->e[i].loading);
   if (!c->e[i].dirty) {
     c->e[i].dirty = true;
     c->ndirty++;
@@ -500,7 +582,7 @@ cache_forget (struct meta_cache *c, uint64_t offset, uint64_t len)
       c->ndirty--;
     }
     cache_hash_remove (c, i);
-    c->e[i].key = NO_KEY;
+    cache_retire (c, i);
     cache_lru_unlink (c, i);
     cache_lru_push_tail (c, i);
   }

@@ -545,7 +545,7 @@ check_copied (struct qcow2_image *img, bool fix,
             return r;
           entry |= QCOW2_OFLAG_COPIED;
           be64_put (slice + e, entry);
-          cache_mark_dirty (img->caches.l2, slice);
+          cache_mark_dirty (img, img->caches.l2, slice);
           flush_mark_dependency (img);
           flush_mark_changed (img);
         }

@@ -31,6 +31,15 @@
 #include "overlap-map.h"
 #include "tsa.h"
 
+/* Built with AddressSanitizer (gcc says so one way, clang another). */
+#if defined (__SANITIZE_ADDRESS__)
+#define QCOW2_ASAN 1
+#elif defined (__has_feature)
+#if __has_feature (address_sanitizer)
+#define QCOW2_ASAN 1
+#endif
+#endif
+
 #define QCOW2_MAGIC 0x514649fbU         /* "QFI\xfb" */
 #define QCOW2_V2_HEADER_SIZE 72
 #define QCOW2_MIN_CLUSTER_BITS 9
@@ -588,7 +597,9 @@ extern int cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
                                  uint64_t host_offset, uint8_t **data,
                                  bool *released)
   TSA_REQUIRES (img->lock);
-extern void cache_mark_dirty (struct meta_cache *c, const uint8_t *data);
+extern void cache_mark_dirty (struct qcow2_image *img, struct meta_cache *c,
+                              const uint8_t *data)
+  TSA_REQUIRES (img->lock);
 extern int cache_writeback (struct qcow2_image *img, struct meta_cache *c)
   TSA_REQUIRES (img->lock);
 extern void cache_forget (struct meta_cache *c, uint64_t offset,

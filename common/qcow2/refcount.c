@@ -184,7 +184,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   }
   value += delta;
   refcount_entry_set (block, img->h.refcount_order, index, value);
-  cache_mark_dirty (img->caches.refcount, block);
+  cache_mark_dirty (img, img->caches.refcount, block);
   flush_mark_changed (img);
   if (result)
     *result = value;

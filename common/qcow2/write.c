@@ -430,7 +430,7 @@ write_alloc_commit (struct qcow2_image *img, const struct write_alloc *a,
     bitmap = L2_ALL_ALLOC;
   write_encode (img, slice + idx * img->geo.l2_entry_size,
                 a->target | QCOW2_OFLAG_COPIED, bitmap);
-  cache_mark_dirty (img->caches.l2, slice);
+  cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   /* The data must be durable before the entry that makes it visible,
    * unless a crash between the two could only show zeros where zeros
@@ -559,7 +559,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
     write_encode (img, slice + (idx + i) * img->geo.l2_entry_size,
                   (target + i * cs) | QCOW2_OFLAG_COPIED,
                   img->geo.extended_l2 ? L2_ALL_ALLOC : 0);
-  cache_mark_dirty (img->caches.l2, slice);
+  cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   /* As in write_allocating: zeros over zeros need no ordering, in
    * clusters the file durably covers (and not encrypted).
@@ -632,7 +632,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   sectors = ((host + len - 1) >> 9) - (host >> 9);
   write_encode (img, slice + idx * img->geo.l2_entry_size,
                 host | QCOW2_OFLAG_COMPRESSED | sectors << x, 0);
-  cache_mark_dirty (img->caches.l2, slice);
+  cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   flush_mark_dependency (img);
   *done = cs;
@@ -898,7 +898,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
       break;
     write_encode (img, slice + idx * img->geo.l2_entry_size,
                   host | QCOW2_OFLAG_COPIED, L2_ALL_ALLOC);
-    cache_mark_dirty (img->caches.l2, slice);
+    cache_mark_dirty (img, img->caches.l2, slice);
   }
   /* The file covers every cluster, as after qemu-img's preallocation;
    * unwritten clusters stay holes.

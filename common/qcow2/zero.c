@@ -92,7 +92,7 @@ zero_cluster (struct qcow2_image *img, uint64_t cstart,
   if (entry == s.entry && bitmap == s.bitmap)
     return 0;
   write_encode (img, slice + idx * img->geo.l2_entry_size, entry, bitmap);
-  cache_mark_dirty (img->caches.l2, slice);
+  cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   if (img->data_io != img->io)
     return s.normal ? zero_clear_external (img, s.host, img->geo.cluster_size,
@@ -126,7 +126,7 @@ zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
   if (bitmap == s.bitmap)
     return 0;
   write_encode (img, slice + idx * img->geo.l2_entry_size, s.entry, bitmap);
-  cache_mark_dirty (img->caches.l2, slice);
+  cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   if (img->data_io != img->io && s.normal && img->data_file_raw)
     return zero_clear_external (img, s.host + in, len, keep);
