@@ -376,7 +376,7 @@ struct qcow2_image {
    */
   struct image_mutex lock;
 #ifndef NDEBUG
-  pthread_t lock_holder;        /* valid while lock_held; both atomic */
+  pthread_t lock_holder;        /* valid while lock_held */
   bool lock_held;
 #endif
   pthread_rwlock_t data_lock;
@@ -433,14 +433,37 @@ image_clear_incompat (struct qcow2_image *img, uint64_t bits)
  * does not check.
  */
 #ifndef NDEBUG
-/* The lock was just taken by this thread (see image_lock_held). */
+/* The holder, recorded in debug builds.  Atomic, so that a thread that
+ * does not hold the lock may ask too (image_released): lock_held is
+ * published after lock_holder, so a thread that sees it set by another
+ * sees that other's name, never its own.
+ */
 static inline void
 image_note_holder (struct qcow2_image *img)
-  TSA_NO_TSA
 {
   __atomic_store_n (&img->lock_holder, pthread_self (), __ATOMIC_RELAXED);
   __atomic_store_n (&img->lock_held, true, __ATOMIC_RELEASE);
 }
+
+static inline void
+image_note_released (struct qcow2_image *img)
+{
+  __atomic_store_n (&img->lock_held, false, __ATOMIC_RELAXED);
+}
+
+/* Whether this thread holds the lock. */
+static inline bool
+image_lock_held (const struct qcow2_image *img)
+{
+  return __atomic_load_n (&img->lock_held, __ATOMIC_ACQUIRE) &&
+    pthread_equal (__atomic_load_n (&img->lock_holder, __ATOMIC_RELAXED),
+                   pthread_self ());
+}
+#define ASSERT_LOCKED(img) assert (image_lock_held (img))
+#else
+#define image_note_holder(img) ((void) (img))
+#define image_note_released(img) ((void) (img))
+#define ASSERT_LOCKED(img) ((void) (img))
 #endif
 
 static inline void
@@ -448,38 +471,15 @@ image_lock (struct qcow2_image *img)
   TSA_ACQUIRE (img->lock) TSA_NO_TSA
 {
   pthread_mutex_lock (&img->lock.mutex);
-#ifndef NDEBUG
   image_note_holder (img);
-#endif
 }
-
-#ifndef NDEBUG
-/* Only ever asked by a thread about itself.  Other threads write the
- * two fields while it asks (image_released asks without the lock), so
- * they are atomic: a holder is noted before held is set (release), so
- * a thread that sees held set (acquire) sees that holder, never a
- * stale one that names itself.
- */
-static inline bool
-image_lock_held (const struct qcow2_image *img)
-{
-  return __atomic_load_n (&img->lock_held, __ATOMIC_ACQUIRE)
-    && pthread_equal (__atomic_load_n (&img->lock_holder, __ATOMIC_RELAXED),
-                      pthread_self ());
-}
-#define ASSERT_LOCKED(img) assert (image_lock_held (img))
-#else
-#define ASSERT_LOCKED(img) ((void) (img))
-#endif
 
 static inline void
 image_unlock (struct qcow2_image *img)
   TSA_RELEASE (img->lock) TSA_NO_TSA
 {
   ASSERT_LOCKED (img);
-#ifndef NDEBUG
-  __atomic_store_n (&img->lock_held, false, __ATOMIC_RELAXED);
-#endif
+  image_note_released (img);
   pthread_mutex_unlock (&img->lock.mutex);
 }
 
@@ -509,13 +509,9 @@ image_wait (struct qcow2_image *img, pthread_cond_t *cond)
   TSA_REQUIRES (img->lock) TSA_NO_TSA
 {
   ASSERT_LOCKED (img);
-#ifndef NDEBUG
-  __atomic_store_n (&img->lock_held, false, __ATOMIC_RELAXED);
-#endif
+  image_note_released (img);
   pthread_cond_wait (cond, &img->lock.mutex);
-#ifndef NDEBUG
   image_note_holder (img);
-#endif
 }
 
 static inline bool
