@@ -43,18 +43,18 @@ check_walk_l1 (struct qcow2_image *img, const uint64_t *l1, uint32_t l1_size,
       uint8_t *slice;
       if ((r = cache_get (img, img->caches.l2, l2 + off, &slice)) < 0)
         return r;
-      for (uint64_t e = 0; e < slice_size; e += img->geo.l2_entry_size) {
-        uint64_t entry = be64_get (slice + e);
-        uint64_t host = entry & QCOW2_OFFSET_MASK;
-        if (entry & QCOW2_OFLAG_COMPRESSED) {
-          uint64_t x = img->geo.compressed_offset_bits;
-          uint64_t coff = entry & ((UINT64_C (1) << x) - 1);
-          uint64_t sectors = (entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
-          r = fn (img, opaque, coff & ~UINT64_C (511), (sectors + 1) * 512,
+      for (uint64_t e = 0; e < slice_size / img->geo.l2_entry_size; e++) {
+        struct l2_state s;
+        l2_get (img, slice, e, &s);
+        if (s.compressed) {
+          uint64_t coff, clen;
+          l2_compressed_range (&img->geo, s.entry, &coff, &clen);
+          r = fn (img, opaque, coff & ~UINT64_C (511), (coff & 511) + clen,
                   "compressed cluster");
         }
-        else if (host && !external)
-          r = fn (img, opaque, host, img->geo.cluster_size, "data cluster");
+        else if (s.host && !external)
+          r = fn (img, opaque, s.host, img->geo.cluster_size,
+                  "data cluster");
         if (r < 0)
           return r;
         /* The slice may have been evicted by the callback: look again. */
@@ -524,13 +524,14 @@ check_copied (struct qcow2_image *img, bool fix,
       res->corruptions++;
     }
     for (uint64_t off = 0; off < cs; off += slice_size)
-      for (uint64_t e = 0; e < slice_size; e += img->geo.l2_entry_size) {
+      for (uint64_t e = 0; e < slice_size / img->geo.l2_entry_size; e++) {
+        struct l2_state s;
         uint8_t *slice;
         if ((r = cache_get (img, img->caches.l2, l2 + off, &slice)) < 0)
           return r;
-        uint64_t entry = be64_get (slice + e);
-        uint64_t host = entry & QCOW2_OFFSET_MASK;
-        if (entry & QCOW2_OFLAG_COMPRESSED || !host || external)
+        l2_get (img, slice, e, &s);
+        uint64_t entry = s.entry, host = s.host;
+        if (s.compressed || !host || external)
           continue;
         if (host & (cs - 1)) {
           res->corruptions++;
@@ -544,7 +545,7 @@ check_copied (struct qcow2_image *img, bool fix,
                               &slice)) < 0)
             return r;
           entry |= QCOW2_OFLAG_COPIED;
-          be64_put (slice + e, entry);
+          l2_set (img, slice, e, entry, s.bitmap);
           cache_mark_dirty (img, img->caches.l2, slice);
           flush_mark_dependency (img);
           flush_mark_changed (img);

@@ -65,38 +65,35 @@ cluster_corrupt (struct qcow2_image *img, const char *what, uint64_t value,
 
 /* Classify the (sub)cluster at guest offset pos from its L2 entry. */
 static int
-cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
+cluster_classify (struct qcow2_image *img, const struct l2_state *s,
                   uint64_t pos, struct qcow2_run *piece)
 {
   uint64_t in_cluster = pos & (img->geo.cluster_size - 1);
-  uint64_t host = entry & QCOW2_OFFSET_MASK;
-  bool external = img->data_io != img->io;
-  bool normal = host != 0 || (external && (entry & QCOW2_OFLAG_COPIED));
+  uint64_t host = s->host;
 
-  if (entry & QCOW2_OFLAG_COMPRESSED) {
-    if (external)
+  if (s->compressed) {
+    if (img->data_io != img->io)
       return cluster_corrupt (img, "compressed cluster in an image with an "
-                              "external data file, L2 entry", entry, pos);
-    uint64_t x = img->geo.compressed_offset_bits;
-    uint64_t sectors = (entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
+                              "external data file, L2 entry", s->entry, pos);
     piece->kind = RUN_COMPRESSED;
-    piece->comp_offset = entry & ((UINT64_C (1) << x) - 1);
-    piece->comp_size = (sectors + 1) * 512 - (piece->comp_offset & 511);
+    l2_compressed_range (&img->geo, s->entry, &piece->comp_offset,
+                         &piece->comp_size);
     return 0;
   }
 
   if (!img->geo.extended_l2) {
-    if (entry & QCOW2_OFLAG_ZERO)
+    if (s->zero_flag)
       piece->kind = RUN_ZERO;
     else
-      piece->kind = normal ? RUN_DATA : RUN_UNALLOCATED;
+      piece->kind = s->normal ? RUN_DATA : RUN_UNALLOCATED;
   }
   else {
     unsigned sc = in_cluster >> img->geo.subcluster_bits;
-    uint64_t alloc = bitmap & 0xffffffffU, zero = bitmap >> 32;
+    uint64_t alloc = s->bitmap & L2_ALL_ALLOC, zero = s->bitmap >> 32;
 
-    if ((normal && (alloc & zero)) || (!normal && alloc))
-      return cluster_corrupt (img, "invalid subcluster bitmap", bitmap, pos);
+    if ((s->normal && (alloc & zero)) || (!s->normal && alloc))
+      return cluster_corrupt (img, "invalid subcluster bitmap", s->bitmap,
+                              pos);
     if (zero & (UINT64_C (1) << sc))
       piece->kind = RUN_ZERO;
     else if (alloc & (UINT64_C (1) << sc))
@@ -112,7 +109,7 @@ cluster_classify (struct qcow2_image *img, uint64_t entry, uint64_t bitmap,
     return cluster_corrupt (img, "unaligned data cluster offset", host, pos);
   if (piece->kind == RUN_DATA) {
     piece->host_offset = host + in_cluster;
-    piece->copied = entry & QCOW2_OFLAG_COPIED;
+    piece->copied = s->copied;
   }
   return 0;
 }
@@ -180,13 +177,12 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
   for (pos = offset; pos < end; ) {
     uint64_t idx = (pos >> img->geo.cluster_bits)
       - (cluster - (l2_index - first));
-    const uint8_t *p = slice + idx * img->geo.l2_entry_size;
-    uint64_t entry = be64_get (p);
-    uint64_t bitmap = img->geo.extended_l2 ? be64_get (p + 8) : 0;
     struct qcow2_run piece = { .length = 0 };
+    struct l2_state s;
     uint64_t piece_end;
 
-    r = cluster_classify (img, entry, bitmap, pos, &piece);
+    l2_get (img, slice, idx, &s);
+    r = cluster_classify (img, &s, pos, &piece);
     if (r < 0)
       return r;
     if (piece.kind == RUN_COMPRESSED || !img->geo.extended_l2)

@@ -15,7 +15,6 @@
 #include "errstr.h"
 #include "internal.h"
 
-#define CREATE_V3_HEADER 112    /* with the compression type, padded */
 #define CREATE_REFCOUNT_BITS 16 /* QEMU's default */
 
 static uint32_t
@@ -48,31 +47,35 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
                uint64_t crypto_offset, uint64_t crypto_len)
 {
   bool v3 = !o->compat_v2;
-  uint64_t off = v3 ? CREATE_V3_HEADER : QCOW2_V2_HEADER_SIZE;
+  uint64_t off = v3 ? HDR_V3_SIZE : QCOW2_V2_HEADER_SIZE;
   int r;
 
-  be32_put (buf, QCOW2_MAGIC);
-  be32_put (buf + 4, v3 ? 3 : 2);
-  be32_put (buf + 20, cluster_bits);
-  be64_put (buf + 24, o->size);
-  be32_put (buf + 36, l1_size);
-  be64_put (buf + 40, l1_offset);
-  be64_put (buf + 48, cs);              /* refcount table: cluster 1 */
-  be32_put (buf + 56, reftable_clusters);
+  be32_put (buf + HDR_MAGIC, QCOW2_MAGIC);
+  be32_put (buf + HDR_VERSION, v3 ? 3 : 2);
+  be32_put (buf + HDR_CLUSTER_BITS, cluster_bits);
+  be64_put (buf + HDR_SIZE, o->size);
+  be32_put (buf + HDR_L1_SIZE, l1_size);
+  be64_put (buf + HDR_L1_OFFSET, l1_offset);
+  be64_put (buf + HDR_REFTABLE_OFFSET, cs);     /* cluster 1 */
+  be32_put (buf + HDR_REFTABLE_CLUSTERS, reftable_clusters);
   if (v3) {
-    be64_put (buf + 72, (o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0) |
+    be64_put (buf + HDR_INCOMPAT,
+              (o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0) |
               (o->zstd ? QCOW2_INCOMPAT_COMPRESSION : 0) |
               (o->data_file ? QCOW2_INCOMPAT_DATA_FILE : 0));
-    be64_put (buf + 80, o->lazy_refcounts ? QCOW2_COMPAT_LAZY_REFCOUNTS : 0);
-    be64_put (buf + 88, o->data_file_raw ? QCOW2_AUTOCLEAR_DATA_RAW : 0);
-    be32_put (buf + 96, create_refcount_order (o));
-    be32_put (buf + 100, CREATE_V3_HEADER);
-    buf[104] = o->zstd ? QCOW2_COMPRESSION_ZSTD : QCOW2_COMPRESSION_DEFLATE;
+    be64_put (buf + HDR_COMPAT,
+              o->lazy_refcounts ? QCOW2_COMPAT_LAZY_REFCOUNTS : 0);
+    be64_put (buf + HDR_AUTOCLEAR,
+              o->data_file_raw ? QCOW2_AUTOCLEAR_DATA_RAW : 0);
+    be32_put (buf + HDR_REFCOUNT_ORDER, create_refcount_order (o));
+    be32_put (buf + HDR_HEADER_LENGTH, HDR_V3_SIZE);
+    buf[HDR_COMPRESSION_TYPE] = o->zstd ? QCOW2_COMPRESSION_ZSTD
+                                        : QCOW2_COMPRESSION_DEFLATE;
   }
   if (o->luks) {
     uint8_t ext[16];
 
-    be32_put (buf + 32, QCOW2_CRYPT_LUKS);
+    be32_put (buf + HDR_CRYPT, QCOW2_CRYPT_LUKS);
     be64_put (ext, crypto_offset);
     be64_put (ext + 8, crypto_len);
     if ((r = create_put_ext (buf, &off, cs, QCOW2_EXT_CRYPTO, ext,
@@ -93,8 +96,8 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
     uint64_t len = strlen (o->backing);
     if (len > QCOW2_MAX_BACKING_NAME || off + len > cs)
       return -ENAMETOOLONG;
-    be64_put (buf + 8, off);
-    be32_put (buf + 16, len);
+    be64_put (buf + HDR_BACKING_OFFSET, off);
+    be32_put (buf + HDR_BACKING_SIZE, len);
     memcpy (buf + off, o->backing, len);
   }
   return 0;
@@ -104,7 +107,7 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
 static uint64_t
 create_header_bytes (const struct qcow2_create_options *o)
 {
-  uint64_t off = o->compat_v2 ? QCOW2_V2_HEADER_SIZE : CREATE_V3_HEADER;
+  uint64_t off = o->compat_v2 ? QCOW2_V2_HEADER_SIZE : HDR_V3_SIZE;
 
   if (o->backing && o->backing_format)
     off += 8 + ((strlen (o->backing_format) + 7) & ~(size_t) 7);

@@ -14,17 +14,21 @@
 #include "errstr.h"
 #include "internal.h"
 
-/* Byte offsets of the header fields (the spec's table). */
-enum {
-  HDR_MAGIC = 0, HDR_VERSION = 4, HDR_BACKING_OFFSET = 8,
-  HDR_BACKING_SIZE = 16, HDR_CLUSTER_BITS = 20, HDR_SIZE = 24,
-  HDR_CRYPT = 32, HDR_L1_SIZE = 36, HDR_L1_OFFSET = 40,
-  HDR_REFTABLE_OFFSET = 48, HDR_REFTABLE_CLUSTERS = 56,
-  HDR_NB_SNAPSHOTS = 60, HDR_SNAPSHOTS_OFFSET = 64,
-  HDR_INCOMPAT = 72, HDR_COMPAT = 80, HDR_AUTOCLEAR = 88,
-  HDR_REFCOUNT_ORDER = 96, HDR_HEADER_LENGTH = 100,
-  HDR_COMPRESSION_TYPE = 104, HDR_V3_MIN = 104,
-};
+int
+qcow2_probe (struct qcow2_io *io)
+{
+  uint8_t magic[4];
+  int64_t size = io->ops->size (io);
+  int r;
+
+  if (size < 0)
+    return size;
+  if ((uint64_t) size < sizeof magic)
+    return 0;
+  if ((r = io->ops->pread (io, magic, sizeof magic, HDR_MAGIC)) < 0)
+    return r;
+  return be32_get (magic) == QCOW2_MAGIC;
+}
 
 void
 header_free (struct qcow2_header *h)

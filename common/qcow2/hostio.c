@@ -15,9 +15,6 @@
 #include "errstr.h"
 #include "internal.h"
 
-#define HDR_INCOMPAT 72
-#define HDR_AUTOCLEAR 88
-
 void
 io_note_end (struct qcow2_image *img, uint64_t end)
 {

@@ -70,18 +70,14 @@ image_free (struct qcow2_image *img)
 static int
 image_probe_format (struct qcow2_image *img, const char **format)
 {
-  uint8_t magic[4] = { 0 };
-  int r;
+  int r = qcow2_probe (img->io);
 
-  if (img->file_size >= sizeof magic) {
-    r = img->io->ops->pread (img->io, magic, sizeof magic, 0);
-    if (r < 0) {
-      log_error (img, "reading the first bytes to probe the format: %s",
-                 errstr (-r));
-      return r;
-    }
+  if (r < 0) {
+    log_error (img, "reading the first bytes to probe the format: %s",
+               errstr (-r));
+    return r;
   }
-  *format = be32_get (magic) == QCOW2_MAGIC ? "qcow2" : "raw";
+  *format = r ? "qcow2" : "raw";
   return 0;
 }
 

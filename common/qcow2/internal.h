@@ -28,6 +28,7 @@
 #include "checked.h"
 #include "cleanup.h"
 #include "io.h"
+#include "format.h"
 #include "overlap-map.h"
 #include "tsa.h"
 
@@ -39,50 +40,6 @@
 #define QCOW2_ASAN 1
 #endif
 #endif
-
-#define QCOW2_MAGIC 0x514649fbU         /* "QFI\xfb" */
-#define QCOW2_V2_HEADER_SIZE 72
-#define QCOW2_MIN_CLUSTER_BITS 9
-#define QCOW2_MAX_CLUSTER_BITS 21
-#define QCOW2_MAX_L1_BYTES (32u << 20)  /* as QEMU's QCOW_MAX_L1_SIZE */
-#define QCOW2_MAX_REFTABLE_BYTES (8u << 20)
-#define QCOW2_MAX_SNAPSHOTS 65536
-#define QCOW2_MAX_BACKING_NAME 1023
-#define QCOW2_MAX_CHAIN_DEPTH 256
-
-/* Feature bits. */
-#define QCOW2_INCOMPAT_DIRTY         (1ULL << 0)
-#define QCOW2_INCOMPAT_CORRUPT       (1ULL << 1)
-#define QCOW2_INCOMPAT_DATA_FILE     (1ULL << 2)
-#define QCOW2_INCOMPAT_COMPRESSION   (1ULL << 3)
-#define QCOW2_INCOMPAT_EXTL2         (1ULL << 4)
-#define QCOW2_INCOMPAT_KNOWN         0x1fULL
-#define QCOW2_COMPAT_LAZY_REFCOUNTS  (1ULL << 0)
-#define QCOW2_AUTOCLEAR_BITMAPS      (1ULL << 0)
-#define QCOW2_AUTOCLEAR_DATA_RAW     (1ULL << 1)
-
-/* Header extension types. */
-#define QCOW2_EXT_END            0x00000000U
-#define QCOW2_EXT_BACKING_FORMAT 0xe2792acaU
-#define QCOW2_EXT_FEATURE_TABLE  0x6803f857U
-#define QCOW2_EXT_BITMAPS        0x23852875U
-#define QCOW2_EXT_CRYPTO         0x0537be77U
-#define QCOW2_EXT_DATA_FILE      0x44415441U
-
-/* Table entries. */
-#define QCOW2_OFLAG_COPIED       (1ULL << 63)
-#define QCOW2_OFLAG_COMPRESSED   (1ULL << 62)
-#define QCOW2_OFLAG_ZERO         (1ULL << 0)
-#define QCOW2_OFFSET_MASK        0x00fffffffffffe00ULL
-#define QCOW2_SUBCLUSTERS        32
-
-#define QCOW2_CRYPT_AES          1
-#define QCOW2_CRYPT_LUKS         2
-#define QCOW2_CRYPT_SECTOR       512
-#define QCOW2_MAX_CRYPTO_HEADER  (32u << 20)
-
-#define QCOW2_COMPRESSION_DEFLATE 0
-#define QCOW2_COMPRESSION_ZSTD    1
 
 /* The header as read from disk, fields in host order. */
 struct qcow2_header {
@@ -125,15 +82,6 @@ struct qcow2_snapshot {
   uint64_t disk_size;
   char *id;
   char *name;
-};
-
-/* An L2 entry decoded (write.c). */
-#define L2_ALL_ALLOC 0xffffffffULL
-#define L2_ALL_ZERO (0xffffffffULL << 32)
-struct l2_state {
-  uint64_t entry, bitmap;
-  uint64_t host;                /* host cluster, if normal */
-  bool compressed, normal, copied, zero_flag;
 };
 
 /* What a guest range maps to, as found in the L2 tables. */
@@ -190,18 +138,6 @@ struct alloc_runs {
  * changes them, besides image.c setting them up at open; the others
  * read them under img->lock, and change them through its functions.
  */
-
-/* header.c: the sizes the header gives, fixed at open. */
-struct image_geometry {
-  uint32_t cluster_bits;
-  uint64_t cluster_size;
-  bool extended_l2;
-  uint32_t l2_entry_size;       /* 8, or 16 with extended L2 */
-  uint32_t l2_bits;             /* log2 of entries per L2 table */
-  uint64_t subcluster_size;
-  uint32_t subcluster_bits;
-  uint32_t compressed_offset_bits;      /* "x" in the spec */
-};
 
 /* hostio.c: the file's ends and flushes. */
 struct image_host {
@@ -527,6 +463,22 @@ image_file_size (const struct qcow2_image *img)
   return __atomic_load_n (&img->file_size, __ATOMIC_RELAXED);
 }
 
+/* The L2 codec (format.h) on entry idx of one of img's slices. */
+static inline void
+l2_get (const struct qcow2_image *img, const uint8_t *slice, uint64_t idx,
+        struct l2_state *s)
+{
+  l2_decode (&img->geo, img->data_io != img->io,
+             slice + idx * img->geo.l2_entry_size, s);
+}
+
+static inline void
+l2_set (const struct qcow2_image *img, uint8_t *slice, uint64_t idx,
+        uint64_t entry, uint64_t bitmap)
+{
+  l2_encode (&img->geo, slice + idx * img->geo.l2_entry_size, entry, bitmap);
+}
+
 /* log.c: errors name the layer's file; notices are what the user must
  * hear that is not an error; debug messages are for -v.
  */
@@ -748,10 +700,6 @@ struct write_request {
 extern int write_request (struct qcow2_image *img,
                           const struct write_request *req)
   TSA_EXCLUDES (img->lock);
-extern void write_decode (const struct qcow2_image *img, const uint8_t *p,
-                          struct l2_state *s);
-extern void write_encode (const struct qcow2_image *img, uint8_t *p,
-                          uint64_t entry, uint64_t bitmap);
 extern uint64_t write_unit_mask (const struct qcow2_image *img,
                                  uint64_t start, uint64_t end);
 extern int write_reads_zero (struct qcow2_image *img, uint64_t offset,

@@ -44,23 +44,64 @@
 #define LUKS_MIN_ITERS 1000
 #define LUKS_MAX_KEY 64
 
-/* Field offsets in the header; a key slot is 48 bytes. */
-#define LH_VERSION 6
-#define LH_CIPHER_NAME 8
-#define LH_CIPHER_MODE 40
-#define LH_HASH_SPEC 72
-#define LH_PAYLOAD_OFFSET 104
-#define LH_KEY_BYTES 108
-#define LH_MK_DIGEST 112
-#define LH_MK_SALT 132
-#define LH_MK_ITERS 164
-#define LH_UUID 168
-#define LH_SLOT(i) (208 + (i) * 48)
-#define LS_ACTIVE 0
-#define LS_ITERS 4
-#define LS_SALT 8
-#define LS_KEY_OFFSET 40
-#define LS_STRIPES 44
+/* The LUKS1 header (the spec's "phdr"), big-endian on disk.  Never read
+ * or written as a struct: it names the offsets (LH_*, LS_*), which the
+ * code uses with be.h.
+ */
+struct luks_disk_slot {
+  uint32_t active;
+  uint32_t iterations;
+  uint8_t salt[LUKS_SALT_LEN];
+  uint32_t key_material_offset; /* in 512-byte sectors */
+  uint32_t stripes;
+} __attribute__ ((__packed__));
+
+struct luks_disk_header {
+  uint8_t magic[6];
+  uint16_t version;
+  char cipher_name[LUKS_NAME_LEN];
+  char cipher_mode[LUKS_NAME_LEN];
+  char hash_spec[LUKS_NAME_LEN];
+  uint32_t payload_offset;
+  uint32_t key_bytes;
+  uint8_t mk_digest[LUKS_DIGEST_LEN];
+  uint8_t mk_digest_salt[LUKS_SALT_LEN];
+  uint32_t mk_digest_iterations;
+  char uuid[LUKS_UUID_LEN];
+  struct luks_disk_slot slots[LUKS_SLOTS];
+} __attribute__ ((__packed__));
+
+#define LH_FIELD(f) offsetof (struct luks_disk_header, f)
+#define LH_VERSION LH_FIELD (version)
+#define LH_CIPHER_NAME LH_FIELD (cipher_name)
+#define LH_CIPHER_MODE LH_FIELD (cipher_mode)
+#define LH_HASH_SPEC LH_FIELD (hash_spec)
+#define LH_PAYLOAD_OFFSET LH_FIELD (payload_offset)
+#define LH_KEY_BYTES LH_FIELD (key_bytes)
+#define LH_MK_DIGEST LH_FIELD (mk_digest)
+#define LH_MK_SALT LH_FIELD (mk_digest_salt)
+#define LH_MK_ITERS LH_FIELD (mk_digest_iterations)
+#define LH_UUID LH_FIELD (uuid)
+#define LH_SLOT(i) (LH_FIELD (slots) + (i) * sizeof (struct luks_disk_slot))
+#define LS_FIELD(f) offsetof (struct luks_disk_slot, f)
+#define LS_ACTIVE LS_FIELD (active)
+#define LS_ITERS LS_FIELD (iterations)
+#define LS_SALT LS_FIELD (salt)
+#define LS_KEY_OFFSET LS_FIELD (key_material_offset)
+#define LS_STRIPES LS_FIELD (stripes)
+
+/* The offsets and sizes of the LUKS1 on-disk format specification. */
+_Static_assert (LH_VERSION == 6 && LH_CIPHER_NAME == 8 &&
+                LH_CIPHER_MODE == 40 && LH_HASH_SPEC == 72 &&
+                LH_PAYLOAD_OFFSET == 104 && LH_KEY_BYTES == 108 &&
+                LH_MK_DIGEST == 112 && LH_MK_SALT == 132 &&
+                LH_MK_ITERS == 164 && LH_UUID == 168 && LH_SLOT (0) == 208,
+                "LUKS1 header fields");
+_Static_assert (LS_ACTIVE == 0 && LS_ITERS == 4 && LS_SALT == 8 &&
+                LS_KEY_OFFSET == 40 && LS_STRIPES == 44 &&
+                sizeof (struct luks_disk_slot) == 48, "LUKS1 key slots");
+_Static_assert (sizeof (struct luks_disk_header) == LUKS_HEADER_SIZE,
+                "the LUKS1 header is 592 bytes");
 
 /* The block ciphers LUKS names, by name and key length. */
 struct luks_cipher {

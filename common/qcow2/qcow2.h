@@ -116,6 +116,12 @@ extern int qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
 extern int qcow2_create_check (const struct qcow2_env *env,
                                const struct qcow2_create_options *opts);
 
+/* Whether io holds a qcow2 image, by its first bytes (the magic): 1 if
+ * so, 0 if not (a raw image, or too short), -errno if they cannot be
+ * read.
+ */
+extern int qcow2_probe (struct qcow2_io *io);
+
 /* Open the image in io (named path, used to resolve relative names).
  * On success the image owns io.  On failure returns NULL and errno,
  * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is

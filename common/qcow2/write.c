@@ -22,31 +22,6 @@
 /* Head and tail closer than this are read in one request. */
 #define COW_MERGE_GAP (256u << 10)
 
-void
-write_decode (const struct qcow2_image *img, const uint8_t *p,
-              struct l2_state *s)
-{
-  bool external = img->data_io != img->io;
-
-  s->entry = be64_get (p);
-  s->bitmap = img->geo.extended_l2 ? be64_get (p + 8) : 0;
-  s->host = s->entry & QCOW2_OFFSET_MASK;
-  s->compressed = s->entry & QCOW2_OFLAG_COMPRESSED;
-  s->copied = s->entry & QCOW2_OFLAG_COPIED;
-  s->normal = !s->compressed &&
-    (s->host != 0 || (external && s->copied));
-  s->zero_flag = !img->geo.extended_l2 && (s->entry & QCOW2_OFLAG_ZERO);
-}
-
-void
-write_encode (const struct qcow2_image *img, uint8_t *p, uint64_t entry,
-              uint64_t bitmap)
-{
-  be64_put (p, entry);
-  if (img->geo.extended_l2)
-    be64_put (p + 8, bitmap);
-}
-
 /* Subcluster bits of [start, end) within a cluster. */
 uint64_t
 write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
@@ -138,11 +113,11 @@ write_release_old (struct qcow2_image *img, const struct l2_state *s,
                    uint64_t fresh, uint64_t fresh_len)
 {
   if (s->compressed) {
-    uint64_t x = img->geo.compressed_offset_bits;
-    uint64_t off = s->entry & ((UINT64_C (1) << x) - 1);
-    uint64_t sectors = (s->entry >> x) & ((UINT64_C (1) << (62 - x)) - 1);
+    uint64_t off, len;
+    l2_compressed_range (&img->geo, s->entry, &off, &len);
+    /* Whole sectors, as the entry counts them. */
     return write_release_data (img, off & ~UINT64_C (511),
-                               (sectors + 1) * 512, fresh, fresh_len);
+                               (off & 511) + len, fresh, fresh_len);
   }
   if (s->normal && img->data_io == img->io)
     return write_release_data (img, s->host, img->geo.cluster_size, fresh,
@@ -278,7 +253,7 @@ write_alloc_plan (struct qcow2_image *img, uint64_t offset, uint64_t len,
   };
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->geo.l2_entry_size, &a->old);
+  l2_get (img, slice, idx, &a->old);
 
   a->reuse = a->old.normal && a->old.copied;
   if (a->reuse && (r = write_check_host (img, a->old.host, offset)) < 0)
@@ -428,8 +403,7 @@ write_alloc_commit (struct qcow2_image *img, const struct write_alloc *a,
   }
   else
     bitmap = L2_ALL_ALLOC;
-  write_encode (img, slice + idx * img->geo.l2_entry_size,
-                a->target | QCOW2_OFLAG_COPIED, bitmap);
+  l2_set (img, slice, idx, a->target | QCOW2_OFLAG_COPIED, bitmap);
   cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   /* The data must be durable before the entry that makes it visible,
@@ -521,7 +495,7 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
          idx + k < slice_entries; k++) {
     if (write_inflight_overlaps (img, offset + k * cs, offset + (k + 1) * cs))
       break;                    /* another request allocates it */
-    write_decode (img, slice + (idx + k) * img->geo.l2_entry_size, &old[k]);
+    l2_get (img, slice, idx + k, &old[k]);
     if (old[k].normal && old[k].copied)
       break;                    /* written in place */
   }
@@ -556,9 +530,8 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
   for (uint64_t i = 0; i < k; i++)
-    write_encode (img, slice + (idx + i) * img->geo.l2_entry_size,
-                  (target + i * cs) | QCOW2_OFLAG_COPIED,
-                  img->geo.extended_l2 ? L2_ALL_ALLOC : 0);
+    l2_set (img, slice, idx + i, (target + i * cs) | QCOW2_OFLAG_COPIED,
+            img->geo.extended_l2 ? L2_ALL_ALLOC : 0);
   cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   /* As in write_allocating: zeros over zeros need no ordering, in
@@ -584,8 +557,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
                   uint64_t offset, uint64_t *done)
   TSA_REQUIRES (img->lock)
 {
-  uint64_t cs = img->geo.cluster_size, idx, host, sectors;
-  uint64_t x = img->geo.compressed_offset_bits;
+  uint64_t cs = img->geo.cluster_size, idx, host;
   struct write_inflight w;
   struct l2_state s;
   const uint8_t *out;
@@ -596,7 +568,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   *done = 0;
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+  l2_get (img, slice, idx, &s);
   if (s.normal || s.compressed || (s.bitmap & L2_ALL_ALLOC) ||
       write_inflight_overlaps (img, offset, offset + cs))
     return 0;
@@ -615,7 +587,13 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0 ||
       (r = alloc_bytes (img, len, &host)) < 0)
     return r;
-  if ((r = io_check_data (img, len, host)) == 0)
+  if (!l2_compressed_fits (&img->geo, host)) {
+    log_error (img, "cannot store a compressed cluster at host offset %#"
+               PRIx64 ": its L2 entry holds offsets below %#" PRIx64, host,
+               UINT64_C (1) << img->geo.compressed_offset_bits);
+    r = -EFBIG;
+  }
+  else if ((r = io_check_data (img, len, host)) == 0)
     r = io_write_checked (img, out, len, host);
   if (r < 0) {
     /* Nothing points at the bytes: give their references back. */
@@ -629,9 +607,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   io_note_written (img, host + len);
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
-  sectors = ((host + len - 1) >> 9) - (host >> 9);
-  write_encode (img, slice + idx * img->geo.l2_entry_size,
-                host | QCOW2_OFLAG_COMPRESSED | sectors << x, 0);
+  l2_set (img, slice, idx, l2_compressed_entry (&img->geo, host, len), 0);
   cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   flush_mark_dependency (img);
@@ -657,7 +633,7 @@ write_in_place_target (struct qcow2_image *img, uint64_t offset,
     return r;
   if (!slice)
     return 0;
-  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+  l2_get (img, slice, idx, &s);
   if (!s.normal || !s.copied || s.zero_flag)
     return 0;
   if (img->geo.extended_l2) {
@@ -882,7 +858,7 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
 
     if ((r = cluster_l2_slice_writable (img, off, &slice, &idx)) < 0)
       break;
-    write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+    l2_get (img, slice, idx, &s);
     if (s.normal || s.compressed)
       continue;
     if (external)
@@ -896,8 +872,8 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
     if (r < 0 ||
         (r = cluster_l2_slice_writable (img, off, &slice, &idx)) < 0)
       break;
-    write_encode (img, slice + idx * img->geo.l2_entry_size,
-                  host | QCOW2_OFLAG_COPIED, L2_ALL_ALLOC);
+    l2_set (img, slice, idx, host | QCOW2_OFLAG_COPIED,
+            img->geo.extended_l2 ? L2_ALL_ALLOC : 0);
     cache_mark_dirty (img, img->caches.l2, slice);
   }
   /* The file covers every cluster, as after qemu-img's preallocation;

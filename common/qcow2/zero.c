@@ -73,7 +73,7 @@ zero_cluster (struct qcow2_image *img, uint64_t cstart,
     return 0;
   if ((r = cluster_l2_slice_writable (img, cstart, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+  l2_get (img, slice, idx, &s);
 
   keep = how == ZERO_CLUSTER_KEEP && s.normal && s.copied && v3;
   if (keep) {
@@ -91,7 +91,7 @@ zero_cluster (struct qcow2_image *img, uint64_t cstart,
     bitmap = 0;
   if (entry == s.entry && bitmap == s.bitmap)
     return 0;
-  write_encode (img, slice + idx * img->geo.l2_entry_size, entry, bitmap);
+  l2_set (img, slice, idx, entry, bitmap);
   cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   if (img->data_io != img->io)
@@ -119,13 +119,13 @@ zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
   ASSERT_LOCKED (img);
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
-  write_decode (img, slice + idx * img->geo.l2_entry_size, &s);
+  l2_get (img, slice, idx, &s);
   if (s.compressed || (s.normal && !s.copied))
     return 1;
   bitmap = (s.bitmap & L2_ALL_ALLOC & ~mask) | ((s.bitmap >> 32) | mask) << 32;
   if (bitmap == s.bitmap)
     return 0;
-  write_encode (img, slice + idx * img->geo.l2_entry_size, s.entry, bitmap);
+  l2_set (img, slice, idx, s.entry, bitmap);
   cache_mark_dirty (img, img->caches.l2, slice);
   flush_mark_changed (img);
   if (img->data_io != img->io && s.normal && img->data_file_raw)

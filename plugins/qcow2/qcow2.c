@@ -204,7 +204,7 @@ plugin_probe_backing (void)
   struct qcow2_options probe = { .no_backing = true, .readonly = true };
   struct qcow2_image *b = NULL;
   struct qcow2_io *io;
-  char *path = NULL, magic[4] = "";
+  char *path = NULL;
   int r = -1;
 
   if (create_backing[0] != '/' && slash &&
@@ -218,8 +218,7 @@ plugin_probe_backing (void)
     goto out;
   }
   if (!glue.create.opts.backing_format) {
-    if (io->ops->pread (io, magic, 4, 0) == 0 &&
-        memcmp (magic, "QFI\xfb", 4) == 0)
+    if (qcow2_probe (io) == 1)
       glue.create.opts.backing_format = "qcow2";
     else {
       /* A raw file could hold anything, even a qcow2 header later:
