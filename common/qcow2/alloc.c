@@ -387,7 +387,8 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
   if ((r = alloc_counted (img, n, max, host_offset, len, zeroed)) < 0)
     return r;
   img->alloc.allocated_since_flush += *len;
-  img->dirty.l2_needs_sync_first |= !img->lazy_refcounts;
+  if (!img->lazy_refcounts)
+    flush_mark_dependency (img);
   /* Without the reserve (lazy refcounts), each new cluster past the
    * durable end of the file would cost a flush before its L2 entry
    * (see write_allocating): extend the file ahead, so that one flush
@@ -515,6 +516,21 @@ alloc_bytes (struct qcow2_image *img, uint64_t len, uint64_t *host)
   img->alloc.free_byte_offset = (off + len) & (cs - 1) ? off + len : 0;
   *host = off;
   return 0;
+}
+
+/* The bytes alloc_bytes gave at host were not written, and nothing
+ * points at them: their references go back, and the next compressed
+ * cluster starts a new cluster.
+ */
+void
+alloc_bytes_unused (struct qcow2_image *img, uint64_t host, uint64_t len)
+{
+  ASSERT_LOCKED (img);
+  assert (len > 0 && len <= img->geo.cluster_size);
+  for (uint64_t c = host >> img->geo.cluster_bits;
+       c <= (host + len - 1) >> img->geo.cluster_bits; c++)
+    refcount_update (img, c, -1, NULL);
+  img->alloc.free_byte_offset = 0;
 }
 
 /* Clusters [c, c+n) have no reference left: they may be allocated

@@ -641,6 +641,9 @@ extern int refcount_new_block (struct qcow2_image *img, uint64_t idx)
 extern int alloc_bytes (struct qcow2_image *img, uint64_t len,
                         uint64_t *host)
   TSA_REQUIRES (img->lock);
+extern void alloc_bytes_unused (struct qcow2_image *img, uint64_t host,
+                                uint64_t len)
+  TSA_REQUIRES (img->lock);
 extern int alloc_clusters (struct qcow2_image *img, uint64_t n,
                            uint64_t *host_offset, bool *zeroed)
   TSA_REQUIRES (img->lock);

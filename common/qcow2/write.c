@@ -596,11 +596,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
   else if ((r = io_check_data (img, len, host)) == 0)
     r = io_write_checked (img, out, len, host);
   if (r < 0) {
-    /* Nothing points at the bytes: give their references back. */
-    for (uint64_t c = host >> img->geo.cluster_bits;
-         c <= (host + len - 1) >> img->geo.cluster_bits; c++)
-      refcount_update (img, c, -1, NULL);
-    img->alloc.free_byte_offset = 0;
+    alloc_bytes_unused (img, host, len);
     return r;
   }
   io_note_end (img, host + len);
