@@ -319,15 +319,14 @@ header_check_tables (struct qcow2_image *img)
   return 0;
 }
 
-int
-header_read (struct qcow2_image *img)
+/* Reading: the fixed fields, checked; the cluster size, which the rest
+ * depends on.
+ */
+static int
+header_read_fields (struct qcow2_image *img)
 {
   struct qcow2_header *h = &img->h;
   uint8_t fixed[HDR_V3_MIN];
-  uint8_t *buf = NULL;
-  const uint8_t *feature_table = NULL;
-  uint32_t ft_len = 0;
-  uint64_t ext_start, ext_end;
   int r;
 
   if (img->file_size == 0) {
@@ -402,19 +401,27 @@ header_read (struct qcow2_image *img)
   if (h->version == 2) {
     h->refcount_order = 4;
     h->header_length = QCOW2_V2_HEADER_SIZE;
+    return 0;
   }
-  else if ((r = header_check_v3 (img, fixed)) < 0)
-    return r;
+  return header_check_v3 (img, fixed);
+}
 
-  /* The extensions and backing name live in the first cluster. */
-  buf = calloc (1, img->geo.cluster_size);
-  if (!buf)
-    return -errno;
+/* Names: what the rest of the header cluster (buf) says, the backing
+ * file's name and the extensions; *feature_table points into buf.
+ */
+static int
+header_read_names (struct qcow2_image *img, uint8_t *buf,
+                   const uint8_t **feature_table, uint32_t *ft_len)
+{
+  struct qcow2_header *h = &img->h;
+  uint64_t ext_start, ext_end;
+  int r;
+
   r = img->io->ops->pread (img->io, buf,
                            MIN (img->geo.cluster_size, img->file_size), 0);
   if (r < 0) {
     log_error (img, "reading the header cluster: %s", errstr (-r));
-    goto out;
+    return r;
   }
   if (h->version == 3 && h->header_length > HDR_COMPRESSION_TYPE)
     h->compression_type = buf[HDR_COMPRESSION_TYPE];
@@ -429,15 +436,12 @@ header_read (struct qcow2_image *img)
                  " bytes, header offsets %d and %d) does not fit in the "
                  "first cluster after the header", h->backing_file_offset,
                  h->backing_file_size, HDR_BACKING_OFFSET, HDR_BACKING_SIZE);
-      r = -EINVAL;
-      goto out;
+      return -EINVAL;
     }
     h->backing_file = header_strndup (buf + h->backing_file_offset,
                                       h->backing_file_size);
-    if (!h->backing_file) {
-      r = -errno;
-      goto out;
-    }
+    if (!h->backing_file)
+      return -errno;
   }
 
   ext_start = h->header_length;
@@ -447,40 +451,70 @@ header_read (struct qcow2_image *img)
   ext_end = h->backing_file_offset ? MIN (h->backing_file_offset,
                                           img->geo.cluster_size)
                                    : img->geo.cluster_size;
-  r = header_read_extensions (img, buf, ext_start, ext_end,
-                              &feature_table, &ft_len);
-  if (r < 0)
-    goto out;
+  return header_read_extensions (img, buf, ext_start, ext_end,
+                                 feature_table, ft_len);
+}
+
+/* Derived geometry: what the features make of the cluster size. */
+static int
+header_derive_geometry (struct qcow2_image *img,
+                        const uint8_t *feature_table, uint32_t ft_len)
+{
+  struct qcow2_header *h = &img->h;
+  struct image_geometry *geo = &img->geo;
+  int r;
 
   if (h->incompatible_features & ~QCOW2_INCOMPAT_KNOWN) {
     header_report_unknown (img, h->incompatible_features
                                 & ~QCOW2_INCOMPAT_KNOWN,
                            feature_table, ft_len);
-    r = -ENOTSUP;
-    goto out;
+    return -ENOTSUP;
   }
   if ((r = header_check_compression (img)) < 0)
-    goto out;
+    return r;
 
-  img->geo.extended_l2 = h->incompatible_features & QCOW2_INCOMPAT_EXTL2;
-  img->geo.l2_entry_size = img->geo.extended_l2 ? 16 : 8;
-  img->geo.l2_bits = img->geo.cluster_bits - (img->geo.extended_l2 ? 4 : 3);
-  img->geo.subcluster_size = img->geo.extended_l2
-    ? img->geo.cluster_size / QCOW2_SUBCLUSTERS : img->geo.cluster_size;
-  img->geo.subcluster_bits = img->geo.extended_l2
-    ? img->geo.cluster_bits - 5 : img->geo.cluster_bits;
-  img->geo.compressed_offset_bits = 62 - (img->geo.cluster_bits - 8);
+  geo->extended_l2 = h->incompatible_features & QCOW2_INCOMPAT_EXTL2;
+  geo->l2_entry_size = geo->extended_l2 ? 16 : 8;
+  geo->l2_bits = geo->cluster_bits - (geo->extended_l2 ? 4 : 3);
+  geo->subcluster_size = geo->extended_l2
+    ? geo->cluster_size / QCOW2_SUBCLUSTERS : geo->cluster_size;
+  geo->subcluster_bits = geo->extended_l2
+    ? geo->cluster_bits - 5 : geo->cluster_bits;
+  geo->compressed_offset_bits = 62 - (geo->cluster_bits - 8);
   img->data_file_raw = h->autoclear_features & QCOW2_AUTOCLEAR_DATA_RAW;
-  if (img->geo.extended_l2 && img->geo.cluster_bits < 14) {
+  if (geo->extended_l2 && geo->cluster_bits < 14) {
     /* Subclusters would be smaller than a sector. */
     log_error (img, "extended L2 entries need clusters of at least 16 KiB "
-               "(cluster_bits is %" PRIu32 ")", img->geo.cluster_bits);
-    r = -EINVAL;
-    goto out;
+               "(cluster_bits is %" PRIu32 ")", geo->cluster_bits);
+    return -EINVAL;
   }
+  /* What the rest of the engine relies on. */
+  assert (geo->cluster_size == UINT64_C (1) << geo->cluster_bits);
+  assert (geo->subcluster_size == UINT64_C (1) << geo->subcluster_bits);
+  assert (geo->subcluster_size >= 512);
+  assert ((UINT64_C (1) << geo->l2_bits) * geo->l2_entry_size ==
+          geo->cluster_size);
+  return 0;
+}
 
-  r = header_check_tables (img);
- out:
-  free (buf);
-  return r;
+/* Read and check the header: its fields, the names in its cluster,
+ * then the geometry they give and the tables they point at.
+ */
+int
+header_read (struct qcow2_image *img)
+{
+  CLEANUP_FREE uint8_t *buf = NULL;
+  const uint8_t *feature_table = NULL;
+  uint32_t ft_len = 0;
+  int r;
+
+  if ((r = header_read_fields (img)) < 0)
+    return r;
+  /* The extensions and backing name live in the first cluster. */
+  if (!(buf = calloc (1, img->geo.cluster_size)))
+    return -errno;
+  if ((r = header_read_names (img, buf, &feature_table, &ft_len)) < 0 ||
+      (r = header_derive_geometry (img, feature_table, ft_len)) < 0)
+    return r;
+  return header_check_tables (img);
 }
