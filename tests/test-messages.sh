@@ -74,6 +74,12 @@ for key in qcow2_zlib=yes qcow2_zstd=yes qcow2_versions=2,3 \
 done
 grep -qE '^qcow2_features=.*backing.*create-if-missing' "$tmp/dump" ||
   fail "--dump-plugin lacks the features"
+# What it reads and writes, as the build does: encrypted images too,
+# and compressed writes.
+grep -q '^qcow2_read=.*LUKS' "$tmp/dump" && grep -q '^qcow2_write=' "$tmp/dump" ||
+  fail "--dump-plugin lacks qcow2_read or qcow2_write"
+! grep -qE '^qcow2_(read|write)=.*(unencrypted|uncompressed)' "$tmp/dump" ||
+  fail "--dump-plugin says what the build does not: $(grep '^qcow2_[rw]' "$tmp/dump")"
 
 # Notices go through nbdkit's log: present by default, and gone with
 # --log=null (a notice written straight to stderr would remain).

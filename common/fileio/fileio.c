@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "fileio.h"
 
 /* O_DIRECT: each thread's aligned buffer, for requests that are not
@@ -601,7 +602,7 @@ fileio_lock (int fd, const char *path, bool readonly,
     if (mode == FILEIO_LOCKING_ON) {
       if (asprintf (why, "cannot lock it (%s): the file system does not "
                     "support OFD locks; locking=off opens it unlocked",
-                    strerror (-r)) == -1)
+                    errstr (-r)) == -1)
         *why = NULL;
       return r;
     }

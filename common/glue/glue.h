@@ -43,7 +43,7 @@ struct glue_create {
 struct glue_state {
   struct qcow2_options engine;
   char *snapshot;
-  char *password;               /* password=, wiped at unload */
+  char *password;               /* password=, wiped once the image is open */
   bool repair_leaks;            /* repair=leaks: before serving */
   /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
    * overriding the former whatever their order, as in QEMU.

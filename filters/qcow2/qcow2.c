@@ -19,6 +19,7 @@
 #include <nbdkit-filter.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "fileio.h"
 #include "glue.h"
 #include "qcow2.h"
@@ -221,13 +222,13 @@ qcow2_filter_backing (const char *key, const char *value)
   }
   chain = realloc (backing_chain, (backing_chain_len + 1) * sizeof *chain);
   if (!chain) {
-    nbdkit_error ("realloc: %m");
+    nbdkit_error ("realloc: %s", errstr (errno));
     return -1;
   }
   backing_chain = chain;
   chain[backing_chain_len] = strdup (value);
   if (!chain[backing_chain_len]) {
-    nbdkit_error ("strdup: %m");
+    nbdkit_error ("strdup: %s", errstr (errno));
     return -1;
   }
   backing_chain_len++;
@@ -379,7 +380,7 @@ qcow2_filter_lock_below (bool readonly)
   below_file_lock = fileio_open_with (below_file, readonly,
                                       &glue_file_options, &why);
   if (!below_file_lock) {
-    nbdkit_error ("%s: %s", below_file, why ? why : strerror (errno));
+    nbdkit_error ("%s: %s", below_file, why ? why : errstr (errno));
     free (why);
     return -1;
   }
@@ -398,12 +399,12 @@ qcow2_filter_create (struct qcow2_io *io)
   int r;
 
   if (!buf) {
-    nbdkit_error ("malloc: %m");
+    nbdkit_error ("malloc: %s", errstr (errno));
     return -1;
   }
   r = io->ops->pread (io, buf, len, 0);
   if (r < 0) {
-    nbdkit_error ("create: reading the plugin's export: %s", strerror (-r));
+    nbdkit_error ("create: reading the plugin's export: %s", errstr (-r));
     free (buf);
     return -1;
   }
@@ -439,7 +440,7 @@ qcow2_filter_name_files (char **image_path)
   else  /* an absolute path: it has a slash */
     dir = strndup (below_file, strrchr (below_file, '/') - below_file);
   if (!dir) {
-    nbdkit_error ("strdup: %m");
+    nbdkit_error ("strdup: %s", errstr (errno));
     return -1;
   }
   /* Names are dir + "/" + name, so the root folder is "". */
@@ -463,7 +464,7 @@ qcow2_filter_name_files (char **image_path)
     backing_chain[i] = path;
   }
   if (!*image_path) {
-    nbdkit_error ("asprintf: %m");
+    nbdkit_error ("asprintf: %s", errstr (errno));
     r = -1;
   }
   glue.engine.backing_chain = (const char *const *) backing_chain;
@@ -503,7 +504,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
     return -1;
   n = calloc (1, sizeof *n);
   if (!n) {
-    nbdkit_error ("calloc: %m");
+    nbdkit_error ("calloc: %s", errstr (errno));
     return -1;
   }
   n->io.ops = &nextio_ops;
@@ -527,6 +528,8 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   }
   image = qcow2_open (&glue_env, &n->io, path, &glue.engine);
   free (path);
+  /* The image and its backing files are open: their keys are made. */
+  glue_forget_password ();
   if (!image)
     return -1;
   if (glue.repair_leaks && glue_repair (image, "the image") == -1)

@@ -440,10 +440,14 @@ plugin_get_ready (void)
 {
   struct qcow2_io *io = NULL;
   enum create_made made = MADE_NOTHING;
+  int r;
 
   if (create != CREATE_NO && plugin_create (&io, &made) == -1)
     goto fail;
-  if (plugin_open_image (io) == -1)
+  r = plugin_open_image (io);
+  /* The image and its backing files are open: their keys are made. */
+  glue_forget_password ();
+  if (r == -1)
     goto fail;
   if (made != MADE_NOTHING && prealloc != PREALLOC_OFF &&
       qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
@@ -651,9 +655,10 @@ plugin_dump_plugin (void)
   printf ("qcow2_zlib=yes\n");
   printf ("qcow2_zstd=yes\n");
   printf ("qcow2_versions=2,3\n");
-  printf ("qcow2_read=all unencrypted images\n");
-  printf ("qcow2_write=all unencrypted images (new data uncompressed; "
-          "a snapshot= export is read-only)\n");
+  printf ("qcow2_read=all images qemu-img makes (LUKS-encrypted too, "
+          "not QEMU's legacy AES)\n");
+  printf ("qcow2_write=all images it reads (new clusters compressed "
+          "with compress=; a snapshot= export is read-only)\n");
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
           "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
