@@ -170,7 +170,11 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
                "image of the disk");
     return -EINVAL;
   }
-  if ((r = luks_open (img, opts->password, &img->luks)) < 0)
+  const struct luks_area where = {
+    .env = img->env, .name = img->path, .io = img->io,
+    .offset = img->h.crypto_offset, .length = img->h.crypto_length,
+  };
+  if ((r = luks_open (&where, opts->password, &img->luks)) < 0)
     return r;
   if (!(img->guest_io = crypt_io_new (img->data_io, img->luks))) {
     img->guest_io = img->data_io;

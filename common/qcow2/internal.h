@@ -490,6 +490,13 @@ extern void log_debug (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 extern void env_err (const struct qcow2_env *env, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+/* As log_error and log_debug, for a file that is not an image. */
+extern void log_named_error (const struct qcow2_env *env, const char *name,
+                             const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
+extern void log_named_debug (const struct qcow2_env *env, const char *name,
+                             const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
 
 /* image.c */
 extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
@@ -501,7 +508,17 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
                                              unsigned depth);
 
 /* luks.c: LUKS1 headers and the data cipher. */
-extern int luks_open (struct qcow2_image *img, const char *password,
+/* Where a LUKS header lies: length bytes at offset in io, in the file
+ * named name (for messages).  As QEMU's and nbdkit's LUKS code, luks.c
+ * knows no container format.
+ */
+struct luks_area {
+  const struct qcow2_env *env;
+  const char *name;
+  struct qcow2_io *io;
+  uint64_t offset, length;
+};
+extern int luks_open (const struct luks_area *where, const char *password,
                       struct luks_key **key);
 extern void luks_close (struct luks_key *key);
 /* Encrypt or decrypt data in place, from sector on. */

@@ -36,6 +36,26 @@ env_err (const struct qcow2_env *env, const char *fmt, ...)
   va_end (ap);
 }
 
+void
+log_named_error (const struct qcow2_env *env, const char *name,
+                 const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  log_vmsg (env, env->error, name, fmt, ap);
+  va_end (ap);
+}
+
+void
+log_named_debug (const struct qcow2_env *env, const char *name,
+                 const char *fmt, ...)
+{
+  va_list ap;
+  va_start (ap, fmt);
+  log_vmsg (env, env->debug, name, fmt, ap);
+  va_end (ap);
+}
+
 /* Errors name the file they are about: in a backing chain the user
  * needs to know which layer is bad.
  */

@@ -103,6 +103,12 @@ _Static_assert (LS_ACTIVE == 0 && LS_ITERS == 4 && LS_SALT == 8 &&
 _Static_assert (sizeof (struct luks_disk_header) == LUKS_HEADER_SIZE,
                 "the LUKS1 header is 592 bytes");
 
+/* Messages name the file the header is in. */
+#define luks_error(where, ...) \
+  log_named_error ((where)->env, (where)->name, __VA_ARGS__)
+#define luks_debug(where, ...) \
+  log_named_debug ((where)->env, (where)->name, __VA_ARGS__)
+
 /* The block ciphers LUKS names, by name and key length. */
 struct luks_cipher {
   const char *name;             /* in the header */
@@ -481,7 +487,7 @@ luks_field (char *dst, const uint8_t *hdr, unsigned at)
 
 /* The setup the header names; an error for what we cannot use. */
 static int
-luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
+luks_parse_setup (const struct luks_area *where, const uint8_t *hdr,
                   struct luks_setup *s)
 {
   char name[LUKS_NAME_LEN + 1], mode[LUKS_NAME_LEN + 1];
@@ -496,29 +502,29 @@ luks_parse_setup (struct qcow2_image *img, const uint8_t *hdr,
 
   /* mode-ivgen[:ivhash], as "xts-plain64" or "cbc-essiv:sha256" */
   if (!(ivgen = strchr (mode, '-'))) {
-    log_error (img, "LUKS header: cipher mode \"%s\" is not MODE-IVGEN",
-               mode);
+    luks_error (where, "LUKS header: cipher mode \"%s\" is not MODE-IVGEN",
+                mode);
     return -EINVAL;
   }
   *ivgen++ = '\0';
   if ((ivhash = strchr (ivgen, ':')))
     *ivhash++ = '\0';
   if ((why = luks_lookup (s, mode, ivgen, ivhash, hash))) {
-    log_error (img, "LUKS header: cipher mode \"%s-%s%s%s\", hash \"%s\": "
-               "%s not supported", mode, ivgen, ivhash ? ":" : "",
-               ivhash ? ivhash : "", hash, why);
+    luks_error (where, "LUKS header: cipher mode \"%s-%s%s%s\", hash \"%s\": "
+                "%s not supported", mode, ivgen, ivhash ? ":" : "",
+                ivhash ? ivhash : "", hash, why);
     return -ENOTSUP;
   }
   if (s->key_bytes == 0 || s->key_bytes > LUKS_MAX_KEY ||
       (s->mode == MODE_XTS && s->key_bytes % 2) ||
       !(s->cipher = luks_find_cipher (name, s->mode == MODE_XTS
                                       ? s->key_bytes / 2 : s->key_bytes))) {
-    log_error (img, "LUKS header: cipher \"%s\" with %" PRIu32 "-byte keys "
-               "in mode %s is not supported", name, s->key_bytes, mode);
+    luks_error (where, "LUKS header: cipher \"%s\" with %" PRIu32 "-byte keys "
+                "in mode %s is not supported", name, s->key_bytes, mode);
     return -ENOTSUP;
   }
   if ((why = luks_check_setup (s))) {
-    log_error (img, "LUKS header: %s-%s-%s: %s", name, mode, ivgen, why);
+    luks_error (where, "LUKS header: %s-%s-%s: %s", name, mode, ivgen, why);
     return -ENOTSUP;
   }
   return 0;
@@ -563,10 +569,10 @@ luks_try_slot (const struct luks_setup *s, const uint8_t *hdr,
 }
 
 int
-luks_open (struct qcow2_image *img, const char *password,
+luks_open (const struct luks_area *where, const char *password,
            struct luks_key **keyp)
 {
-  uint64_t off = img->h.crypto_offset, len = img->h.crypto_length;
+  uint64_t off = where->offset, len = where->length;
   uint8_t *area = NULL, key[LUKS_MAX_KEY];
   struct luks_setup s;
   unsigned active = 0;
@@ -574,36 +580,36 @@ luks_open (struct qcow2_image *img, const char *password,
 
   *keyp = NULL;
   if (len < LUKS_HEADER_SIZE || len > QCOW2_MAX_CRYPTO_HEADER) {
-    log_error (img, "the encryption header (%" PRIu64 " bytes at %#" PRIx64
-               ") is too %s for a LUKS header", len, off,
-               len < LUKS_HEADER_SIZE ? "small" : "large");
+    luks_error (where, "the encryption header (%" PRIu64 " bytes at %#" PRIx64
+                ") is too %s for a LUKS header", len, off,
+                len < LUKS_HEADER_SIZE ? "small" : "large");
     return -EINVAL;
   }
   if (!(area = malloc (len)))
     return -ENOMEM;
-  if ((r = img->io->ops->pread (img->io, area, len, off)) < 0) {
-    log_error (img, "reading the encryption header at %#" PRIx64 ": %s",
-               off, errstr (-r));
+  if ((r = where->io->ops->pread (where->io, area, len, off)) < 0) {
+    luks_error (where, "reading the encryption header at %#" PRIx64 ": %s",
+                off, errstr (-r));
     goto out;
   }
   if (memcmp (area, LUKS_MAGIC, 6) != 0 ||
       be16_get (area + LH_VERSION) != 1) {
-    log_error (img, "the encryption header at %#" PRIx64 " is not a LUKS1 "
-               "header (magic or version 1 missing)", off);
+    luks_error (where, "the encryption header at %#" PRIx64 " is not a LUKS1 "
+                "header (magic or version 1 missing)", off);
     r = -EINVAL;
     goto out;
   }
-  if ((r = luks_parse_setup (img, area, &s)) < 0)
+  if ((r = luks_parse_setup (where, area, &s)) < 0)
     goto out;
   if (!password) {
-    log_error (img, "the image is encrypted (LUKS, %s-%s): give its "
-               "password with password=", s.cipher->alg,
-               luks_modes[s.mode]);
+    luks_error (where, "the image is encrypted (LUKS, %s-%s): give its "
+                "password with password=", s.cipher->alg,
+                luks_modes[s.mode]);
     r = -EACCES;
     goto out;
   }
   if (be32_get (area + LH_MK_ITERS) == 0) {
-    log_error (img, "LUKS header: the master key digest has 0 iterations");
+    luks_error (where, "LUKS header: the master key digest has 0 iterations");
     r = -EINVAL;
     goto out;
   }
@@ -618,11 +624,11 @@ luks_open (struct qcow2_image *img, const char *password,
     active++;
     if (stripes != LUKS_STRIPES || be32_get (slot + LS_ITERS) == 0 ||
         range_exceeds (at, (uint64_t) s.key_bytes * LUKS_STRIPES, len)) {
-      log_error (img, "LUKS key slot %u is corrupt: %" PRIu32 " stripes "
-                 "(not %d), %" PRIu32 " iterations, key material at %#"
-                 PRIx64 " (%" PRIu64 " bytes) in a header of %" PRIu64,
-                 i, stripes, LUKS_STRIPES, be32_get (slot + LS_ITERS), at,
-                 (uint64_t) s.key_bytes * stripes, len);
+      luks_error (where, "LUKS key slot %u is corrupt: %" PRIu32 " stripes "
+                  "(not %d), %" PRIu32 " iterations, key material at %#"
+                  PRIx64 " (%" PRIu64 " bytes) in a header of %" PRIu64,
+                  i, stripes, LUKS_STRIPES, be32_get (slot + LS_ITERS), at,
+                  (uint64_t) s.key_bytes * stripes, len);
       r = -EINVAL;
       goto out;
     }
@@ -630,15 +636,15 @@ luks_open (struct qcow2_image *img, const char *password,
     if (r < 0)
       goto out;
     if (r == 1) {
-      log_debug (img, "LUKS %s-%s-%s, %s: key slot %u opened",
-                 s.cipher->alg, luks_modes[s.mode], luks_ivgens[s.ivgen],
-                 s.hash->name, i);
+      luks_debug (where, "LUKS %s-%s-%s, %s: key slot %u opened",
+                  s.cipher->alg, luks_modes[s.mode], luks_ivgens[s.ivgen],
+                  s.hash->name, i);
       r = (*keyp = luks_key_new (&s, key)) ? 0 : -ENOMEM;
       goto out;
     }
   }
-  log_error (img, "wrong password: it opens none of the image's %u active "
-             "LUKS key slots", active);
+  luks_error (where, "wrong password: it opens none of the image's %u active "
+              "LUKS key slots", active);
   r = -EACCES;
  out:
   explicit_bzero (key, sizeof key);
