@@ -689,7 +689,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (qcow2_can_write (img)) {
     if ((ctl & (1 << 12)) && vsize <= PREALLOC_MAX)
-      qcow2_preallocate (img, ctl & (1 << 13));
+      qcow2_preallocate (img, ctl & (1 << 13) ? QCOW2_PREALLOC_FULL
+                                              : QCOW2_PREALLOC_METADATA);
     /* The header was valid, so its cluster_bits field is. */
     uint32_t cluster_bits = (uint32_t) data[20] << 24 | data[21] << 16
       | data[22] << 8 | data[23];

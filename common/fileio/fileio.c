@@ -443,6 +443,15 @@ fileio_direct_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
   return r;
 }
 
+static int
+fileio_preallocate (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  /* posix_fallocate, unlike fallocate, also works (by writing zeros
+   * into the holes) where the file system cannot allocate.
+   */
+  return -posix_fallocate (fileio_fd (io), offset, count);
+}
+
 static int64_t
 fileio_size (struct qcow2_io *io)
 {
@@ -512,6 +521,7 @@ static const struct qcow2_io_ops fileio_ops = {
   .size = fileio_size,
   .hole = fileio_hole,
   .allocated = fileio_allocated,
+  .preallocate = fileio_preallocate,
   .close = fileio_close,
 };
 
@@ -525,6 +535,7 @@ static const struct qcow2_io_ops fileio_direct_ops = {
   .size = fileio_size,
   .hole = fileio_hole,
   .allocated = fileio_allocated,
+  .preallocate = fileio_preallocate,
   .close = fileio_close,
 };
 

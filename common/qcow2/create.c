@@ -175,6 +175,16 @@ qcow2_create_check (const struct qcow2_env *env,
              "encrypted data is not an image of the disk");
     return -EINVAL;
   }
+  /* Preallocated clusters would hide the backing file, but for the
+   * subclusters of extended L2 entries, which stay unallocated.
+   */
+  if (o->backing && o->preallocation != QCOW2_PREALLOC_OFF &&
+      !o->extended_l2) {
+    env_err (env, "a backing file and preallocation can only be used "
+             "together with extended-l2=on (as in qemu-img): the "
+             "preallocated clusters would hide the backing file's data");
+    return -EINVAL;
+  }
   if (o->luks && (r = luks_format_check (env, o->luks, &crypto_len)) < 0)
     return r;
   if (div_round_up (div_round_up (o->size, cs), l2_entries) * 8 >

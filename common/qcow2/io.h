@@ -49,6 +49,11 @@ struct qcow2_io_ops {
                bool *is_hole, uint64_t *len);
   /* Optional (may be NULL): bytes of storage actually allocated. */
   int64_t (*allocated) (struct qcow2_io *io);
+  /* Optional (may be NULL): give [offset, offset+count) space of its
+   * own without writing it (posix_fallocate), growing storage as
+   * needed; what was never written there still reads as zeros.
+   */
+  int (*preallocate) (struct qcow2_io *io, uint64_t offset, uint64_t count);
   void (*close) (struct qcow2_io *io);
 };
 

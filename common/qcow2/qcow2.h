@@ -93,6 +93,13 @@ struct qcow2_luks_options {
   uint64_t iter_time;           /* ms of PBKDF2 to open a key slot */
 };
 
+enum qcow2_preallocation {
+  QCOW2_PREALLOC_OFF,
+  QCOW2_PREALLOC_METADATA,
+  QCOW2_PREALLOC_FALLOC,
+  QCOW2_PREALLOC_FULL,
+};
+
 /* Write a new, empty image into io (which should be empty). */
 struct qcow2_create_options {
   uint64_t size;                /* virtual size */
@@ -107,6 +114,10 @@ struct qcow2_create_options {
   const char *data_file;        /* external data file name, or NULL */
   bool data_file_raw;           /* it is a raw image of the disk */
   const struct qcow2_luks_options *luks;        /* encrypted, or NULL */
+  /* Only checked here (qemu-img refuses a backing file with it but for
+   * extended L2): qcow2_preallocate does it once the image is open.
+   */
+  enum qcow2_preallocation preallocation;
 };
 extern int qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
                          const struct qcow2_create_options *opts);
@@ -161,10 +172,16 @@ extern int qcow2_trim (struct qcow2_image *img, uint64_t count,
                        uint64_t offset, bool fua);
 extern int qcow2_flush (struct qcow2_image *img);
 
-/* Allocate every cluster of the disk (preallocation=metadata), and with
- * full also write zeros to them.
+/* Allocate every cluster of the disk, as qemu-img's preallocation=:
+ * metadata maps them (the file covers them, with holes), falloc also
+ * gives them space of their own (io's preallocate), full writes zeros
+ * to them.  An encrypted image is made full whatever is asked (zeros
+ * not written decrypt to noise).  With extended L2 entries, the
+ * subclusters are left unallocated, as QEMU leaves them, so that a
+ * backing file shows through.
  */
-extern int qcow2_preallocate (struct qcow2_image *img, bool full);
+extern int qcow2_preallocate (struct qcow2_image *img,
+                              enum qcow2_preallocation mode);
 
 /* Whether writes are possible, trims free space, zeroing is cheap. */
 extern bool qcow2_can_write (const struct qcow2_image *img);

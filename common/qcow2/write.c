@@ -17,6 +17,7 @@
 
 #include "be.h"
 #include "checked.h"
+#include "errstr.h"
 #include "internal.h"
 
 /* Head and tail closer than this are read in one request. */
@@ -830,26 +831,74 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
   return write_request (img, &req);
 }
 
+/* Give [*start, *end) of io space of its own (falloc), and empty it. */
+static int
+write_falloc (struct qcow2_image *img, struct qcow2_io *io, uint64_t *start,
+              uint64_t *end)
+{
+  int r = *end > *start ? io->ops->preallocate (io, *start, *end - *start)
+                        : 0;
+
+  if (r < 0)
+    log_error (img, "preallocation=falloc of %" PRIu64 " bytes at %#" PRIx64
+               ": %s", *end - *start, *start, errstr (-r));
+  *start = *end = 0;
+  return r;
+}
+
+/* Make io end at end, as a hole (as QEMU's truncate leaves it): a byte
+ * written there, then its cluster punched.
+ */
+static int
+write_extend_hole (struct qcow2_image *img, struct qcow2_io *io, uint64_t end)
+  TSA_REQUIRES (img->lock)
+{
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t last = (end - 1) & ~(cs - 1);
+  int r = io == img->io
+    ? io_write_meta (img, "", 1, end - 1, "end of file", 0)
+    : io->ops->pwrite (io, "", 1, end - 1);
+
+  if (r < 0) {
+    if (io != img->io)
+      log_error (img, "extending the external data file to %" PRIu64
+                 " bytes: %s", end, errstr (-r));
+    return r;
+  }
+  if (io->ops->punch)
+    io->ops->punch (io, last, end - last);       /* only saves a block */
+  return 0;
+}
+
 int
-qcow2_preallocate (struct qcow2_image *img, bool full)
+qcow2_preallocate (struct qcow2_image *img, enum qcow2_preallocation mode)
 {
   bool external = img->data_io != img->io;
   uint64_t cs = img->geo.cluster_size;
+  uint64_t fa_start = 0, fa_end = 0;    /* a run of clusters to falloc */
   uint8_t *zeros = NULL;
   int r;
 
+  if (mode == QCOW2_PREALLOC_OFF)
+    return 0;
   if ((r = write_check (img, 0, 0)) < 0)
     return r;
   /* Encrypted, an unwritten cluster would read as noise. */
-  full = full || img->luks;
-  if (full && !(zeros = calloc (1, cs)))
+  if (img->luks)
+    mode = QCOW2_PREALLOC_FULL;
+  if (mode == QCOW2_PREALLOC_FALLOC && !img->data_io->ops->preallocate) {
+    log_error (img, "preallocation=falloc: this storage cannot allocate "
+               "space without writing it (preallocation=full can)");
+    return -EOPNOTSUPP;
+  }
+  if (mode == QCOW2_PREALLOC_FULL && !(zeros = calloc (1, cs)))
     return -ENOMEM;
   image_lock (img);
   r = state_begin_write (img);
   for (uint64_t off = 0; off < img->size && r == 0; off += cs) {
     struct l2_state s;
     uint8_t *slice;
-    uint64_t idx, host;
+    uint64_t idx, host, len = external ? MIN (cs, img->size - off) : cs;
     bool zeroed;
 
     if ((r = cluster_l2_slice_writable (img, off, &slice, &idx)) < 0)
@@ -861,24 +910,36 @@ qcow2_preallocate (struct qcow2_image *img, bool full)
       host = off;               /* external data files map 1:1 */
     else if ((r = alloc_clusters (img, 1, &host, &zeroed)) < 0)
       break;
-    if (full)
-      r = io_write_data (img, zeros, cs, host);
-    else if (!external)
-      io_note_end (img, host + cs);
+    else
+      io_note_end (img, host + cs);     /* the file covers it now */
+    if (mode == QCOW2_PREALLOC_FULL) {
+      r = io_write_data (img, zeros, len, host);
+      if (r == 0 && !external)
+        io_note_written (img, host + cs);
+    }
+    else if (mode == QCOW2_PREALLOC_FALLOC && host != fa_end)
+      r = write_falloc (img, img->data_io, &fa_start, &fa_end);
+    if (mode == QCOW2_PREALLOC_FALLOC && r == 0) {
+      fa_start = fa_end ? fa_start : host;
+      fa_end = host + len;
+    }
     if (r < 0 ||
         (r = cluster_l2_slice_writable (img, off, &slice, &idx)) < 0)
       break;
-    l2_set (img, slice, idx, host | QCOW2_OFLAG_COPIED,
-            img->geo.extended_l2 ? L2_ALL_ALLOC : 0);
+    /* With extended L2 entries, every subcluster stays unallocated:
+     * a backing file shows through, else zeros.
+     */
+    l2_set (img, slice, idx, host | QCOW2_OFLAG_COPIED, 0);
     cache_mark_dirty (img, img->caches.l2, slice);
   }
+  if (r == 0 && mode == QCOW2_PREALLOC_FALLOC)
+    r = write_falloc (img, img->data_io, &fa_start, &fa_end);
   /* The file covers every cluster, as after qemu-img's preallocation;
    * unwritten clusters stay holes.
    */
-  if (r == 0 && !full && !external)
-    r = io_write_meta (img, "", 1, img->file_size - 1, "end of file", 0);
-  else if (r == 0 && !full && img->size > 0)
-    r = io_write_data (img, "", 1, img->size - 1);
+  if (r == 0 && mode == QCOW2_PREALLOC_METADATA && img->size > 0)
+    r = write_extend_hole (img, img->data_io,
+                           external ? img->size : image_file_size (img));
   if (r == 0)
     r = flush_locked (img);
   image_unlock (img);

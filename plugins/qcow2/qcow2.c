@@ -37,7 +37,6 @@ static struct qcow2_image *image;
 /* create=true or create=if-missing: make the image at get_ready. */
 static enum { CREATE_NO, CREATE_YES, CREATE_IF_MISSING } create;
 static char *create_backing;
-static enum { PREALLOC_OFF, PREALLOC_METADATA, PREALLOC_FULL } prealloc;
 
 static void
 plugin_unload (void)
@@ -58,8 +57,7 @@ plugin_unload (void)
 static void
 plugin_set_preallocation (unsigned i)
 {
-  prealloc = i == 0 ? PREALLOC_OFF : i == 1 ? PREALLOC_METADATA
-                                            : PREALLOC_FULL;
+  glue.create.opts.preallocation = i;   /* in the enum's order */
 }
 
 static void
@@ -139,7 +137,7 @@ static const struct glue_option plugin_options[] = {
   { "create", GLUE_FN, .fn = plugin_config_create },
   { "size", GLUE_FN, true, .fn = glue_config_create_size },
   { "preallocation", GLUE_WORD, true,
-    .words = WORDS ("off", "metadata", "full"),
+    .words = WORDS ("off", "metadata", "falloc", "full"),
     .set = plugin_set_preallocation },
 };
 
@@ -187,8 +185,9 @@ plugin_config_complete (void)
     return -1;
   }
   /* QEMU maps a raw data file by metadata preallocation. */
-  if (glue.create.opts.data_file_raw && prealloc == PREALLOC_OFF)
-    prealloc = PREALLOC_METADATA;
+  if (glue.create.opts.data_file_raw &&
+      glue.create.opts.preallocation == QCOW2_PREALLOC_OFF)
+    glue.create.opts.preallocation = QCOW2_PREALLOC_METADATA;
   glue.engine.data_file = data_file;
   return glue_config_complete ();
 }
@@ -449,8 +448,8 @@ plugin_get_ready (void)
   glue_forget_password ();
   if (r == -1)
     goto fail;
-  if (made != MADE_NOTHING && prealloc != PREALLOC_OFF &&
-      qcow2_preallocate (image, prealloc == PREALLOC_FULL) < 0)
+  if (made != MADE_NOTHING &&
+      qcow2_preallocate (image, glue.create.opts.preallocation) < 0)
     goto fail;
   if (glue.repair_leaks && glue_repair (image, filename) == -1)
     goto fail;
