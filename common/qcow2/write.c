@@ -787,7 +787,8 @@ write_piece_unlocks (struct qcow2_image *img,
   struct iovec iov[WRITE_BATCH];
   struct pool_batch batch = { .pieces = pieces };
   struct io_pool *pool = NULL;
-  uint64_t in_place = 0, done = 0;
+  uint64_t cs = img->geo.cluster_size, in_place = 0, done = 0;
+  bool whole = (offset & (cs - 1)) == 0 && count >= cs;
   int r;
 
   r = write_in_place_runs (img, p, offset, count, pieces, iov, &batch.n,
@@ -800,12 +801,14 @@ write_piece_unlocks (struct qcow2_image *img,
     *n = in_place;
     return write_pieces (img, pool, &batch);
   }
-  if (r == 0 && img->compress &&
-      (offset & (img->geo.cluster_size - 1)) == 0 &&
-      count >= img->geo.cluster_size)
+  if (r == 0 && img->compress && whole) {
     r = write_compressed (img, p, offset, &done);
-  if (r == 0 && !done && (offset & (img->geo.cluster_size - 1)) == 0 &&
-      count >= img->geo.cluster_size)
+    /* Cluster by cluster, as qemu-img convert -c: the next cluster of
+     * the request may compress though this one did not.
+     */
+    count = cs;
+  }
+  if (r == 0 && !done && whole)
     r = write_allocating_run (img, p, offset, count, &done);
   if (done)
     *n = done;
