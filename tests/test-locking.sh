@@ -97,6 +97,31 @@ nbdkit -r -U - qcow2 top.qcow2 --run '
 ' > /dev/null || fail "two readers"
 kill $qpid; wait $qpid || :
 
+# A snapshot export is a reader, as qemu-nbd -l is: QEMU's readers,
+# qemu-nbd -l and another of ours (of another snapshot) share the
+# image, a writer does not; it opens the file read-only, saying only
+# that it serves read-only, and leaves the file as it was.
+qemu-img snapshot -c s1 top.qcow2
+qemu-img snapshot -c s2 top.qcow2
+sum=$(md5sum < top.qcow2)
+nbdkit -U - qcow2 top.qcow2 snapshot=s1 --run '
+  set -e
+  . "$tmp/refused.sh"
+  qemu-img info top.qcow2 > /dev/null
+  qemu-img check -q top.qcow2
+  qemu-io -r -f qcow2 -c "read 0 512" top.qcow2 > /dev/null
+  nbdkit -U - qcow2 top.qcow2 snapshot=s2 --run "nbdinfo --size \"\$uri\""
+  qemu-nbd -t -r -l s2 -k "$tmp/q.sock" -f qcow2 top.qcow2 & q=$!
+  for i in $(seq 50); do [ -S "$tmp/q.sock" ] && break; sleep 0.1; done
+  nbdinfo --size "nbd+unix:///?socket=$tmp/q.sock"
+  kill $q; wait $q || :
+  refused qemu-io -f qcow2 -c "write 0 512" top.qcow2
+  nbdinfo --can write "$uri" && exit 1 || :
+' > /dev/null 2> "$tmp/err" || { cat "$tmp/err"; fail "a snapshot export beside readers"; }
+[ "$(grep -v "served read-only: a snapshot is served" "$tmp/err")" = "" ] ||
+  fail "a snapshot export said: $(cat "$tmp/err")"
+[ "$(md5sum < top.qcow2)" = "$sum" ] || fail "a snapshot export changed the image"
+
 # 4. SIGKILL releases the locks.
 nbdkit -f -U "$tmp/k.sock" qcow2 top.qcow2 &
 kpid=$!

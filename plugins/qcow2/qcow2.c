@@ -396,7 +396,10 @@ plugin_open_image (struct qcow2_io *io)
   char *why = NULL;
   int e = 0;
 
-  glue.engine.readonly = asked_readonly;
+  /* A snapshot is served read-only: the file is opened so, and locked
+   * as a reader, as qemu-nbd -l does (the notice below says so).
+   */
+  glue.engine.readonly = asked_readonly || glue.engine.snapshot;
   if (!io && !glue.engine.readonly) {
     io = fileio_open_with (filename, false, &glue_file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
@@ -420,7 +423,7 @@ plugin_open_image (struct qcow2_io *io)
     return -1;
   }
   /* As QEMU refuses to open a corrupt image read-write. */
-  if (qcow2_is_corrupt (image) && !asked_readonly) {
+  if (qcow2_is_corrupt (image) && !asked_readonly && !glue.engine.snapshot) {
     qcow2_check_writable (image);       /* says why, and what to do */
     return -1;
   }
