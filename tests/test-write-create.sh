@@ -128,7 +128,8 @@ rm -f "$img"
   fail "a failed create=true left $img or its data file behind"
 
 # create=if-missing: made the first time, served as it is after (what a
-# service unit that restarts needs), even if the options differ.
+# service unit that restarts needs), if it is the image the options
+# describe.
 nbdkit -U - qcow2 "$img" create=if-missing size=8M --run 'nbdsh -u "$uri" -c "
 assert h.get_size() == 8 * 1024 * 1024
 h.pwrite(b\"\\x33\" * 4096, 4096)
@@ -137,11 +138,46 @@ h.flush()
 nbdkit -U - qcow2 "$img" create=if-missing size=8M --run 'nbdsh -u "$uri" -c "
 assert h.pread(4096, 4096) == b\"\\x33\" * 4096
 "' || fail "create=if-missing, second start: the data is not there"
-nbdkit -U - qcow2 "$img" create=if-missing size=1M cluster-size=4K \
-  --run 'nbdinfo --size "$uri"' > "$tmp/size" || fail "create=if-missing on an existing image"
+nbdkit -U - qcow2 "$img" create=if-missing size=8M cluster-size=64K \
+  compat=1.1 extended-l2=off lazy-refcounts=off refcount-bits=16 \
+  compression-type=zlib --run 'nbdinfo --size "$uri"' > "$tmp/size" ||
+  fail "create=if-missing with every format option the image has"
 [ "$(cat "$tmp/size")" = 8388608 ] || fail "create=if-missing changed the existing image"
+# An image that is not the one described is refused, saying what
+# differs, and left as it is.
+sum=$(md5sum < "$img")
+expect_refused "create=if-missing: .* exists, but it is not the image the options describe: its virtual size is 8388608 bytes, not size=1048576; its clusters are 65536 bytes, not cluster-size=4096" \
+  qcow2 "$img" create=if-missing size=1M cluster-size=4K
+expect_refused "it is not encrypted, but encrypt-format=luks is given" \
+  qcow2 "$img" create=if-missing size=8M encrypt-format=luks password=x
+expect_refused "it is version 3, not compat=0.10; its L2 entries are not extended, not extended-l2=on; lazy refcounts are off, not lazy-refcounts=on; its refcounts are 16 bits, not refcount-bits=8; its compression type is zlib, not compression-type=zstd" \
+  qcow2 "$img" create=if-missing size=8M compat=0.10 extended-l2=on \
+  lazy-refcounts=on refcount-bits=8 compression-type=zstd
+expect_refused 'its backing file is none, not backing=base.qcow2' \
+  qcow2 "$img" create=if-missing backing=base.qcow2
+[ "$(md5sum < "$img")" = "$sum" ] || fail "a refused create=if-missing changed the image"
 qemu-img check -q "$img" || fail "qemu-img check after create=if-missing"
 qio "$img" 'read -P 0x33 4096 4096'
+# Not a qcow2 image: left alone.
+head -c 4096 /dev/urandom > "$tmp/raw.img"
+cp "$tmp/raw.img" "$tmp/raw.copy"
+expect_refused 'create=if-missing: .* exists but is not a qcow2 image: it is left as it is' \
+  qcow2 "$tmp/raw.img" create=if-missing size=1M
+cmp "$tmp/raw.img" "$tmp/raw.copy" || fail "create=if-missing changed a file that is not qcow2"
+# An encrypted image described as such, and its password: served.
+rm -f "$tmp/enc.qcow2"
+for round in 1 2; do
+  nbdkit -U - qcow2 "$tmp/enc.qcow2" create=if-missing size=1M \
+    encrypt-format=luks password=pw encrypt-iter-time=10 --run true ||
+    fail "create=if-missing encrypt-format=luks, round $round"
+done
+# A password without encrypt-format= would make an unencrypted image:
+# refused, as qemu-img refuses it.
+for c in true if-missing; do
+  expect_refused "password= with create=$c needs encrypt-format=luks" \
+    qcow2 "$tmp/pw.qcow2" create=$c size=1M password=x
+  [ ! -e "$tmp/pw.qcow2" ] || fail "create=$c password= made an image"
+done
 expect_refused 'already exists and is not empty.*create=if-missing' \
   qcow2 "$img" create=true size=1M
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The nbdkit glue the qcow2 plugin and filter share (see glue.h). */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "checked.h"
 #include "fileio.h"
 #include "glue.h"
 
@@ -88,6 +90,8 @@ glue_config_table (const struct glue_option *t, size_t n, const char *key,
     *row = o;
   if (!o)
     return 0;
+  if (o->given)
+    *o->given = true;
   switch (o->kind) {
   case GLUE_PATH:
   case GLUE_STRING: {
@@ -293,13 +297,17 @@ static const struct glue_option glue_create_options[] = {
   { "cluster-size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
   { "cluster_size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
   { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
-    .set = glue_set_compat },
-  { "extended-l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2 },
-  { "extended_l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2 },
+    .set = glue_set_compat, .given = &glue.create.compat_set },
+  { "extended-l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2,
+    .given = &glue.create.extended_l2_set },
+  { "extended_l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2,
+    .given = &glue.create.extended_l2_set },
   { "lazy-refcounts", GLUE_BOOL, true,
-    .dest = &glue.create.opts.lazy_refcounts },
+    .dest = &glue.create.opts.lazy_refcounts,
+    .given = &glue.create.lazy_refcounts_set },
   { "lazy_refcounts", GLUE_BOOL, true,
-    .dest = &glue.create.opts.lazy_refcounts },
+    .dest = &glue.create.opts.lazy_refcounts,
+    .given = &glue.create.lazy_refcounts_set },
   { "refcount-bits", GLUE_FN, true, .fn = glue_config_refcount_bits },
   { "refcount_bits", GLUE_FN, true, .fn = glue_config_refcount_bits },
   { "compression-type", GLUE_WORD, true, .words = WORDS ("zlib", "zstd"),
@@ -345,6 +353,94 @@ glue_config (const struct glue_option *t, size_t n, const char *key,
   if (row)
     *row = o;
   return r;
+}
+
+/* Append ", what" to the list of differences in buf. */
+static void
+glue_differs (char *buf, size_t size, const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
+static void
+glue_differs (char *buf, size_t size, const char *fmt, ...)
+{
+  size_t n = strlen (buf);
+  va_list ap;
+
+  if (n + 2 >= size)
+    return;
+  if (n)
+    strcpy (buf + n, "; "), n += 2;
+  va_start (ap, fmt);
+  vsnprintf (buf + n, size - n, fmt, ap);
+  va_end (ap);
+}
+
+/* A yes-or-no option given (key=on or off) that the image contradicts:
+ * what it has, and what was asked.
+ */
+static void
+glue_differs_flag (char *buf, size_t size, bool given, bool have, bool want,
+                   const char *has_on, const char *has_off, const char *key,
+                   const char *on, const char *off)
+{
+  if (given && have != want)
+    glue_differs (buf, size, "%s, not %s=%s", have ? has_on : has_off, key,
+                  want ? on : off);
+}
+
+int
+glue_create_compare (struct qcow2_image *img, const char *name)
+{
+  const struct glue_create *c = &glue.create;
+  const struct qcow2_create_options *o = &c->opts;
+  struct qcow2_info i;
+  char why[1024] = "";
+
+  qcow2_get_info (img, &i);
+  /* Whole sectors, as create makes it (and QEMU serves it). */
+  if (c->size >= 0 && div_round_up (c->size, 512) !=
+      div_round_up (i.size, 512))
+    glue_differs (why, sizeof why, "its virtual size is %" PRIu64 " bytes, "
+                  "not size=%" PRId64, i.size, c->size);
+  if (!o->luks != !i.encrypted)
+    glue_differs (why, sizeof why, "it is %sencrypted%s", i.encrypted ? ""
+                  : "not ", i.encrypted ? ", but encrypt-format= is not "
+                  "given" : ", but encrypt-format=luks is given");
+  if (o->cluster_size && o->cluster_size != i.cluster_size)
+    glue_differs (why, sizeof why, "its clusters are %" PRIu64 " bytes, not "
+                  "cluster-size=%" PRIu64, i.cluster_size, o->cluster_size);
+  glue_differs_flag (why, sizeof why, c->compat_set, i.version == 2,
+                     o->compat_v2, "it is version 2", "it is version 3",
+                     "compat", "0.10", "1.1");
+  glue_differs_flag (why, sizeof why, c->extended_l2_set, i.extended_l2,
+                     o->extended_l2, "its L2 entries are extended",
+                     "its L2 entries are not extended", "extended-l2",
+                     "on", "off");
+  glue_differs_flag (why, sizeof why, c->lazy_refcounts_set,
+                     i.lazy_refcounts, o->lazy_refcounts,
+                     "lazy refcounts are on", "lazy refcounts are off",
+                     "lazy-refcounts", "on", "off");
+  if (o->refcount_bits && o->refcount_bits != i.refcount_bits)
+    glue_differs (why, sizeof why, "its refcounts are %u bits, not "
+                  "refcount-bits=%u", i.refcount_bits, o->refcount_bits);
+  glue_differs_flag (why, sizeof why, c->compression_type_set, i.zstd,
+                     o->zstd, "its compression type is zstd",
+                     "its compression type is zlib", "compression-type",
+                     "zstd", "zlib");
+  glue_differs_flag (why, sizeof why, c->data_file_raw_set, i.data_file_raw,
+                     o->data_file_raw, "its data file is raw",
+                     "its data file is not raw", "data-file-raw", "on",
+                     "off");
+  if (o->backing && (!i.backing || strcmp (i.backing, o->backing) != 0))
+    glue_differs (why, sizeof why, "its backing file is %s%s%s, not "
+                  "backing=%s", i.backing ? "\"" : "", i.backing ? i.backing
+                  : "none", i.backing ? "\"" : "", o->backing);
+  if (!why[0])
+    return 0;
+  nbdkit_error ("create=if-missing: %s exists, but it is not the image the "
+                "options describe: %s.  It is left as it is: drop the "
+                "options that differ to serve it, or remove it to make a "
+                "new one", name, why);
+  return -1;
 }
 
 int

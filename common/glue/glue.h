@@ -35,6 +35,8 @@ struct glue_create {
   /* encrypt-format=luks points opts.luks here; the strings malloc'd. */
   struct qcow2_luks_options luks;
   bool compression_type_set;    /* compression-type= given */
+  /* Given, though the default (create=if-missing compares them). */
+  bool compat_set, extended_l2_set, lazy_refcounts_set, data_file_raw_set;
   int64_t size;                 /* -1: not given */
   const char *first_key;        /* the first such key given, or NULL */
 };
@@ -69,6 +71,7 @@ struct glue_option {
   bool create_only;             /* describes the image create= makes */
   bool prefix;                  /* key is a prefix: overlap-check.NAME */
   void *dest;
+  bool *given;                  /* set when the key is given, or NULL */
   const char *const *words;     /* NULL-terminated */
   void (*set) (unsigned index);
   int (*fn) (const char *key, const char *value);
@@ -94,6 +97,11 @@ extern int glue_config_create_size (const char *key, const char *value);
  * filter qcow2-password= (plugins below take password=).
  */
 extern int glue_config_password (const char *key, const char *value);
+/* create=if-missing found the image name, opened as img: 0 if it is
+ * the image glue.create describes (size=, encryption and the format
+ * options given), else -1 with what differs said.
+ */
+extern int glue_create_compare (struct qcow2_image *img, const char *name);
 /* After the last key: glue.engine complete; -1 on error (said). */
 extern int glue_config_complete (void);
 extern void glue_unload (void);

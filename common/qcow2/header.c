@@ -518,3 +518,22 @@ header_read (struct qcow2_image *img)
     return r;
   return header_check_tables (img);
 }
+
+void
+qcow2_get_info (const struct qcow2_image *img, struct qcow2_info *info)
+{
+  const struct qcow2_header *h = &img->h;
+
+  *info = (struct qcow2_info) {
+    .size = h->size,
+    .cluster_size = img->geo.cluster_size,
+    .version = h->version,
+    .refcount_bits = 1u << h->refcount_order,
+    .extended_l2 = img->geo.extended_l2,
+    .lazy_refcounts = h->compatible_features & QCOW2_COMPAT_LAZY_REFCOUNTS,
+    .zstd = h->compression_type == QCOW2_COMPRESSION_ZSTD,
+    .encrypted = h->crypt_method != 0,
+    .data_file_raw = img->data_file_raw,
+    .backing = h->backing_file,
+  };
+}

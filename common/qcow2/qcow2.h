@@ -146,6 +146,20 @@ extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
  */
 extern int qcow2_close (struct qcow2_image *img);
 
+/* What the header of an open image says, in create's terms (for
+ * create=if-missing, which must find the image it would make).  The
+ * backing file name belongs to the image (NULL: none).
+ */
+struct qcow2_info {
+  uint64_t size;                /* the header's virtual size */
+  uint64_t cluster_size;
+  unsigned version, refcount_bits;
+  bool extended_l2, lazy_refcounts, zstd, encrypted, data_file_raw;
+  const char *backing;          /* the backing file name recorded */
+};
+extern void qcow2_get_info (const struct qcow2_image *img,
+                            struct qcow2_info *info);
+
 /* Virtual size of what is served (the snapshot's, if one was chosen). */
 extern uint64_t qcow2_get_size (const struct qcow2_image *img);
 

@@ -128,9 +128,11 @@ static const struct glue_option plugin_options[] = {
   { "backing_fmt", GLUE_WORD, true, .words = WORDS ("qcow2", "raw"),
     .set = plugin_set_backing_format },
   { "data-file-raw", GLUE_BOOL, true,
-    .dest = &glue.create.opts.data_file_raw },
+    .dest = &glue.create.opts.data_file_raw,
+    .given = &glue.create.data_file_raw_set },
   { "data_file_raw", GLUE_BOOL, true,
-    .dest = &glue.create.opts.data_file_raw },
+    .dest = &glue.create.opts.data_file_raw,
+    .given = &glue.create.data_file_raw_set },
   { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
   { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
@@ -176,6 +178,15 @@ plugin_config_complete (void)
   }
   if (create != CREATE_NO && glue.create.size == -1 && !create_backing) {
     nbdkit_error ("create=true needs size= (or backing= to take its size)");
+    return -1;
+  }
+  /* qemu-img refuses it too ("Parameter 'encrypt.format' is missing"):
+   * the password of an image made unencrypted would protect nothing.
+   */
+  if (create != CREATE_NO && glue.password && !glue.create.opts.luks) {
+    nbdkit_error ("password= with create=%s needs encrypt-format=luks: "
+                  "without it the image made is not encrypted",
+                  create == CREATE_YES ? "true" : "if-missing");
     return -1;
   }
   if (create != CREATE_NO && glue.create.opts.backing_format &&
@@ -298,8 +309,8 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
   *made = MADE_NOTHING;
   existed = stat (filename, &st) == 0;
   if (create == CREATE_IF_MISSING && existed && st.st_size > 0) {
-    nbdkit_debug ("create=if-missing: %s exists: served as it is",
-                  filename);
+    nbdkit_debug ("create=if-missing: %s exists: served as it is, if it "
+                  "is the image described", filename);
     return 0;
   }
   if (create_backing && plugin_probe_backing () == -1)
@@ -380,6 +391,9 @@ plugin_open_hint (int e)
   if (e == ENODATA)
     nbdkit_error ("%s is empty: to make a new image in it, add create=true "
                   "size=SIZE", filename);
+  else if (e == EMEDIUMTYPE && create == CREATE_IF_MISSING)
+    nbdkit_error ("create=if-missing: %s exists but is not a qcow2 image: "
+                  "it is left as it is", filename);
   else if (e == EMEDIUMTYPE)
     nbdkit_error ("if %s is a raw disk image, nbdkit's file plugin serves "
                   "it: nbdkit file %s", filename, filename);
@@ -450,6 +464,10 @@ plugin_get_ready (void)
   /* The image and its backing files are open: their keys are made. */
   glue_forget_password ();
   if (r == -1)
+    goto fail;
+  glue.create.opts.backing = create_backing;
+  if (create == CREATE_IF_MISSING && made == MADE_NOTHING &&
+      glue_create_compare (image, filename) == -1)
     goto fail;
   if (made != MADE_NOTHING &&
       qcow2_preallocate (image, glue.create.opts.preallocation) < 0)
