@@ -186,16 +186,83 @@ glue_config_overlap_structure (const char *key, const char *value)
 
 #define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
 
+/* Wipe and free a string holding a secret. */
+static void
+glue_wipe (const char *p)
+{
+  if (p) {
+    explicit_bzero ((char *) p, strlen (p));
+    free ((char *) p);
+  }
+}
+
+/* The whole of the file a +FILE password came from, if it holds more
+ * than nbdkit read (its first line, without the newline): NULL if not,
+ * or if it cannot be read (nbdkit's reading stands).
+ */
+static char *
+glue_read_whole_file (const char *path, const char *text)
+{
+  char buf[4096];
+  size_t n = 0;
+  FILE *fp = fopen (path, "r");
+  char *whole = NULL;
+
+  if (!fp)
+    return NULL;
+  n = fread (buf, 1, sizeof buf - 1, fp);
+  if (!ferror (fp) && feof (fp)) {
+    buf[n] = '\0';
+    if (strlen (buf) == n && strcmp (buf, text) != 0)
+      whole = strdup (buf);
+  }
+  fclose (fp);
+  explicit_bzero (buf, sizeof buf);
+  return whole;
+}
+
+/* Read a password (SECRET, -, +FILE or -FD) into layer i's. */
+static int
+glue_read_password (const char *value, unsigned i)
+{
+  struct qcow2_password *pw;
+  char *text, *whole = NULL;
+
+  if (nbdkit_read_password (value, &text) == -1)
+    return -1;
+  if (value[0] == '+')
+    whole = glue_read_whole_file (value + 1, text);
+  if (i >= glue.passwords_len) {
+    pw = realloc (glue.passwords, (i + 1) * sizeof *pw);
+    if (!pw) {
+      nbdkit_error ("%s: out of memory", value);
+      glue_wipe (text);
+      glue_wipe (whole);
+      return -1;
+    }
+    memset (pw + glue.passwords_len, 0,
+            (i + 1 - glue.passwords_len) * sizeof *pw);
+    glue.passwords = pw;
+    glue.passwords_len = i + 1;
+  }
+  pw = &glue.passwords[i];
+  glue_wipe (pw->text);
+  glue_wipe (pw->whole_file);
+  pw->text = text;
+  pw->whole_file = whole;
+  return 0;
+}
+
 int
 glue_config_password (const char *key, const char *value)
 {
-  char *pw;
+  return glue_read_password (value, 0);
+}
 
-  if (nbdkit_read_password (value, &pw) == -1)
-    return -1;
-  glue_forget_password ();
-  glue.password = pw;
-  return 0;
+int
+glue_config_backing_password (const char *key, const char *value)
+{
+  return glue_read_password (value, MAX (glue.passwords_len, 1));
 }
 
 /* compress=off|on|zlib|zstd: on is the image's compression type. */
@@ -465,8 +532,9 @@ glue_config_complete (void)
     }
     glue.create.opts.zstd = zstd;
   }
-  glue.engine.password = glue.password;
-  glue.create.luks.password = glue.password;
+  glue.engine.passwords = glue.passwords;
+  glue.engine.passwords_len = glue.passwords_len;
+  glue.create.luks.password = glue_password ();
   glue.engine.snapshot = glue.snapshot;
   if (glue.overlap_on | glue.overlap_off) {
     if (!glue.engine.overlap_set)
@@ -481,12 +549,16 @@ glue_config_complete (void)
 void
 glue_forget_password (void)
 {
-  if (glue.password) {
-    explicit_bzero (glue.password, strlen (glue.password));
-    free (glue.password);
-    glue.password = NULL;
-    glue.engine.password = glue.create.luks.password = NULL;
+  for (unsigned i = 0; i < glue.passwords_len; i++) {
+    glue_wipe (glue.passwords[i].text);
+    glue_wipe (glue.passwords[i].whole_file);
   }
+  free (glue.passwords);
+  glue.passwords = NULL;
+  glue.passwords_len = 0;
+  glue.engine.passwords = NULL;
+  glue.engine.passwords_len = 0;
+  glue.create.luks.password = NULL;
 }
 
 void

@@ -45,7 +45,12 @@ struct glue_create {
 struct glue_state {
   struct qcow2_options engine;
   char *snapshot;
-  char *password;               /* password=, wiped once the image is open */
+  /* password= (a NULL text if not given), then backing-password= in
+   * the order given: the engine's passwords, wiped once the image is
+   * open (or at unload).
+   */
+  struct qcow2_password *passwords;
+  unsigned passwords_len;
   bool repair_leaks;            /* repair=leaks: before serving */
   /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
    * overriding the former whatever their order, as in QEMU.
@@ -97,6 +102,17 @@ extern int glue_config_create_size (const char *key, const char *value);
  * filter qcow2-password= (plugins below take password=).
  */
 extern int glue_config_password (const char *key, const char *value);
+/* The password of the next backing layer (the first given is that of
+ * the image's backing file), as a row's fn: the plugin calls it
+ * backing-password=, the filter qcow2-backing-password=.
+ */
+extern int glue_config_backing_password (const char *key, const char *value);
+/* password= (of the image itself), or NULL. */
+static inline const char *
+glue_password (void)
+{
+  return glue.passwords_len ? glue.passwords[0].text : NULL;
+}
 /* create=if-missing found the image name, opened as img: 0 if it is
  * the image glue.create describes (size=, encryption and the format
  * options given), else -1 with what differs said.
@@ -105,7 +121,7 @@ extern int glue_create_compare (struct qcow2_image *img, const char *name);
 /* After the last key: glue.engine complete; -1 on error (said). */
 extern int glue_config_complete (void);
 extern void glue_unload (void);
-/* Wipe password= from memory (once the image is open, or at unload). */
+/* Wipe the passwords from memory (at unload). */
 extern void glue_forget_password (void);
 
 /* Parsers that name the option in their errors. */

@@ -75,7 +75,10 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
     .no_backing = opts->no_backing,
     .backing_chain = named ? opts->backing_chain + 1 : NULL,
     .backing_chain_len = named ? opts->backing_chain_len - 1 : 0,
-    .password = opts->password,
+    /* The next password, or the last one again. */
+    .passwords = opts->passwords_len > 1 ? opts->passwords + 1
+                                         : opts->passwords,
+    .passwords_len = opts->passwords_len - (opts->passwords_len > 1),
   };
   struct qcow2_io *io;
   char *path, *id;

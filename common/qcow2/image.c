@@ -174,7 +174,9 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
     .env = img->env, .name = img->path, .io = img->io,
     .offset = img->h.crypto_offset, .length = img->h.crypto_length,
   };
-  if ((r = luks_open (&where, opts->password, &img->luks)) < 0)
+  if ((r = luks_open (&where, opts->passwords_len && opts->passwords[0].text
+                                ? &opts->passwords[0] : NULL,
+                      &img->luks)) < 0)
     return r;
   if (!(img->guest_io = crypt_io_new (img->data_io, img->luks))) {
     img->guest_io = img->data_io;

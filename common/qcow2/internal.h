@@ -518,7 +518,9 @@ struct luks_area {
   struct qcow2_io *io;
   uint64_t offset, length;
 };
-extern int luks_open (const struct luks_area *where, const char *password,
+/* pw: NULL if the layer has none. */
+extern int luks_open (const struct luks_area *where,
+                      const struct qcow2_password *pw,
                       struct luks_key **key);
 extern void luks_close (struct luks_key *key);
 /* Encrypt or decrypt data in place, from sector on. */

@@ -568,14 +568,69 @@ luks_try_slot (const struct luks_setup *s, const uint8_t *hdr,
   return r;
 }
 
+/* Why key slot i cannot be used, or NULL: a slot QEMU would refuse
+ * (qcrypto_block_luks_check_header), or one PBKDF2 cannot run.
+ */
+static const char *
+luks_check_slot (const struct luks_setup *s, const uint8_t *area,
+                 uint64_t len, unsigned i, char *why, size_t size)
+{
+  const uint8_t *slot = area + LH_SLOT (i);
+  uint64_t at = (uint64_t) be32_get (slot + LS_KEY_OFFSET)
+    * QCOW2_CRYPT_SECTOR;
+  uint64_t bytes = (uint64_t) s->key_bytes * LUKS_STRIPES;
+  uint32_t stripes = be32_get (slot + LS_STRIPES);
+
+  if (stripes != LUKS_STRIPES)
+    snprintf (why, size, "%" PRIu32 " stripes, not %d", stripes,
+              LUKS_STRIPES);
+  else if (be32_get (slot + LS_ITERS) == 0)
+    snprintf (why, size, "0 PBKDF2 iterations");
+  else if (at < LUKS_KEY_SLOT_OFFSET)
+    snprintf (why, size, "its key material (at %#" PRIx64 ") overlaps the "
+              "LUKS header", at);
+  else if (range_exceeds (at, bytes, len))
+    snprintf (why, size, "its key material (%" PRIu64 " bytes at %#" PRIx64
+              ") lies outside the encryption header (%" PRIu64 " bytes)",
+              bytes, at, len);
+  else
+    return NULL;
+  return why;
+}
+
+/* Try password on every active key slot: 1 and key if one opens, 0
+ * if none, or -errno.
+ */
+static int
+luks_find_key (const struct luks_setup *s, const uint8_t *area,
+               const char *password, uint8_t *key, unsigned *slot)
+{
+  for (unsigned i = 0; i < LUKS_SLOTS; i++) {
+    const uint8_t *p = area + LH_SLOT (i);
+    int r;
+
+    if (be32_get (p + LS_ACTIVE) != LUKS_SLOT_ENABLED)
+      continue;
+    r = luks_try_slot (s, area, p, area + (uint64_t) be32_get (
+                         p + LS_KEY_OFFSET) * QCOW2_CRYPT_SECTOR,
+                       password, key);
+    if (r != 0) {
+      *slot = i;
+      return r;
+    }
+  }
+  return 0;
+}
+
 int
-luks_open (const struct luks_area *where, const char *password,
+luks_open (const struct luks_area *where, const struct qcow2_password *pw,
            struct luks_key **keyp)
 {
   uint64_t off = where->offset, len = where->length;
   uint8_t *area = NULL, key[LUKS_MAX_KEY];
   struct luks_setup s;
-  unsigned active = 0;
+  unsigned active = 0, slot = 0;
+  char why[160];
   int r;
 
   *keyp = NULL;
@@ -587,6 +642,7 @@ luks_open (const struct luks_area *where, const char *password,
   }
   if (!(area = malloc (len)))
     return -ENOMEM;
+  /* Past the end of the file it reads as zeros, as QEMU reads it. */
   if ((r = where->io->ops->pread (where->io, area, len, off)) < 0) {
     luks_error (where, "reading the encryption header at %#" PRIx64 ": %s",
                 off, errstr (-r));
@@ -601,7 +657,7 @@ luks_open (const struct luks_area *where, const char *password,
   }
   if ((r = luks_parse_setup (where, area, &s)) < 0)
     goto out;
-  if (!password) {
+  if (!pw) {
     luks_error (where, "the image is encrypted (LUKS, %s-%s): give its "
                 "password with password=", s.cipher->alg,
                 luks_modes[s.mode]);
@@ -614,38 +670,31 @@ luks_open (const struct luks_area *where, const char *password,
     goto out;
   }
   for (unsigned i = 0; i < LUKS_SLOTS; i++) {
-    const uint8_t *slot = area + LH_SLOT (i);
-    uint64_t at = (uint64_t) be32_get (slot + LS_KEY_OFFSET)
-      * QCOW2_CRYPT_SECTOR;
-    uint32_t stripes = be32_get (slot + LS_STRIPES);
-
-    if (be32_get (slot + LS_ACTIVE) != LUKS_SLOT_ENABLED)
+    if (be32_get (area + LH_SLOT (i) + LS_ACTIVE) != LUKS_SLOT_ENABLED)
       continue;
     active++;
-    if (stripes != LUKS_STRIPES || be32_get (slot + LS_ITERS) == 0 ||
-        range_exceeds (at, (uint64_t) s.key_bytes * LUKS_STRIPES, len)) {
-      luks_error (where, "LUKS key slot %u is corrupt: %" PRIu32 " stripes "
-                  "(not %d), %" PRIu32 " iterations, key material at %#"
-                  PRIx64 " (%" PRIu64 " bytes) in a header of %" PRIu64,
-                  i, stripes, LUKS_STRIPES, be32_get (slot + LS_ITERS), at,
-                  (uint64_t) s.key_bytes * stripes, len);
+    if (luks_check_slot (&s, area, len, i, why, sizeof why)) {
+      luks_error (where, "LUKS key slot %u is corrupt: %s", i, why);
       r = -EINVAL;
       goto out;
     }
-    r = luks_try_slot (&s, area, slot, area + at, password, key);
-    if (r < 0)
-      goto out;
-    if (r == 1) {
-      luks_debug (where, "LUKS %s-%s-%s, %s: key slot %u opened",
-                  s.cipher->alg, luks_modes[s.mode], luks_ivgens[s.ivgen],
-                  s.hash->name, i);
-      r = (*keyp = luks_key_new (&s, key)) ? 0 : -ENOMEM;
-      goto out;
-    }
   }
-  luks_error (where, "wrong password: it opens none of the image's %u active "
-              "LUKS key slots", active);
-  r = -EACCES;
+  r = luks_find_key (&s, area, pw->text, key, &slot);
+  if (r == 0 && pw->whole_file)
+    r = luks_find_key (&s, area, pw->whole_file, key, &slot);
+  if (r < 0)
+    goto out;
+  if (r == 0) {
+    luks_error (where, "wrong password: it opens none of the image's %u "
+                "active LUKS key slots%s", active, pw->whole_file ? " (nor "
+                "does the whole file it was read from, as QEMU reads a "
+                "secret file)" : "");
+    r = -EACCES;
+    goto out;
+  }
+  luks_debug (where, "LUKS %s-%s-%s, %s: key slot %u opened", s.cipher->alg,
+              luks_modes[s.mode], luks_ivgens[s.ivgen], s.hash->name, slot);
+  r = (*keyp = luks_key_new (&s, key)) ? 0 : -ENOMEM;
  out:
   explicit_bzero (key, sizeof key);
   free (area);

@@ -46,6 +46,16 @@ enum {
 extern int64_t qcow2_overlap_mode (const char *mode);
 extern int qcow2_overlap_structure (const char *name);
 
+/* A password as read (nbdkit reads a file's first line, without its
+ * newline), and, when it came from a file that holds more (QEMU's
+ * secret file= keeps a trailing newline), the whole file, tried if the
+ * first opens no key slot.
+ */
+struct qcow2_password {
+  const char *text;
+  const char *whole_file;       /* or NULL */
+};
+
 struct qcow2_options {
   uint64_t l2_cache_size;       /* bytes; 0 = cover the disk, up to a cap */
   uint64_t l2_slice_size;       /* bytes; 0 = default (see cache.c) */
@@ -68,8 +78,13 @@ struct qcow2_options {
    * to several (0: the requesting thread reads them in turn).
    */
   unsigned io_threads;
-  /* The password of LUKS-encrypted images (every layer), or NULL. */
-  const char *password;
+  /* The passwords of LUKS-encrypted layers: the image's, then those of
+   * its backing files in chain order; a layer past the last one given
+   * uses the last (so that one password serves a whole chain).  A
+   * password with no text: the layer has none.
+   */
+  const struct qcow2_password *passwords;
+  unsigned passwords_len;
   /* Whole-cluster writes to unallocated clusters are stored compressed
    * (when that saves space), with compress_type (QCOW2_COMPRESS_ZLIB
    * or _ZSTD; it must be the image's) or, if -1, the image's type.

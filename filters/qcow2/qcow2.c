@@ -242,6 +242,10 @@ static const struct glue_option filter_options[] = {
   { "create", GLUE_BOOL, .dest = &create },
   { "virtual-size", GLUE_FN, true, .fn = glue_config_create_size },
   { "qcow2-password", GLUE_FN, .fn = glue_config_password },
+  { "qcow2-passphrase", GLUE_FN, .fn = glue_config_password },
+  { "qcow2-backing-password", GLUE_FN, .fn = glue_config_backing_password },
+  { "qcow2-backing-passphrase", GLUE_FN,
+    .fn = glue_config_backing_password },
 };
 
 static void
@@ -319,7 +323,9 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   "                                lazy-refcounts=.\n" \
   "backing-dir=<DIR>               Where relative backing file names are\n" \
   "                                (default: the current directory).\n" \
-  "qcow2-password=<PASSWORD>|-|+FILE|-FD  The password of a LUKS image.\n" \
+  "qcow2-password=<PASSWORD>|-|+FILE|-FD  The password of a LUKS image\n" \
+  "                                (also qcow2-passphrase=).\n" \
+  "qcow2-backing-password=<PASSWORD>  That of the next backing file.\n" \
   GLUE_CONFIG_HELP
 
 static int

@@ -118,6 +118,10 @@ static const struct glue_option plugin_options[] = {
    */
   { "file", GLUE_PATH, .dest = &filename },
   { "password", GLUE_FN, .fn = glue_config_password },
+  /* nbdkit's luks filter calls it passphrase=. */
+  { "passphrase", GLUE_FN, .fn = glue_config_password },
+  { "backing-password", GLUE_FN, .fn = glue_config_backing_password },
+  { "backing-passphrase", GLUE_FN, .fn = glue_config_backing_password },
   { "data-file", GLUE_FN, .fn = plugin_config_data_file },
   { "data_file", GLUE_FN, .fn = plugin_config_data_file },
   { "backing", GLUE_FN, .fn = plugin_config_backing },
@@ -183,7 +187,7 @@ plugin_config_complete (void)
   /* qemu-img refuses it too ("Parameter 'encrypt.format' is missing"):
    * the password of an image made unencrypted would protect nothing.
    */
-  if (create != CREATE_NO && glue.password && !glue.create.opts.luks) {
+  if (create != CREATE_NO && glue_password () && !glue.create.opts.luks) {
     nbdkit_error ("password= with create=%s needs encrypt-format=luks: "
                   "without it the image made is not encrypted",
                   create == CREATE_YES ? "true" : "if-missing");
@@ -211,7 +215,13 @@ static int
 plugin_probe_backing (void)
 {
   const char *slash = strrchr (filename, '/');
-  struct qcow2_options probe = { .no_backing = true, .readonly = true };
+  /* An encrypted backing file opens with its own password. */
+  struct qcow2_options probe = {
+    .no_backing = true, .readonly = true,
+    .passwords = glue.engine.passwords_len > 1 ? glue.engine.passwords + 1
+                                               : glue.engine.passwords,
+    .passwords_len = glue.engine.passwords_len - (glue.engine.passwords_len > 1),
+  };
   struct qcow2_image *b = NULL;
   struct qcow2_io *io;
   char *path = NULL;
@@ -379,7 +389,9 @@ plugin_create_undo (enum create_made made)
   "                                preallocation=).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
   "readonly=true                   Open the image read-only.\n" \
-  "password=<PASSWORD>|-|+FILE|-FD The password of a LUKS-encrypted image.\n" \
+  "password=<PASSWORD>|-|+FILE|-FD The password of a LUKS-encrypted image\n" \
+  "                                (also passphrase=).\n" \
+  "backing-password=<PASSWORD>     That of the next backing file, if other.\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
   GLUE_CONFIG_HELP
