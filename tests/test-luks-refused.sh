@@ -115,8 +115,42 @@ cp "$img" "$tmp/bad.qcow2"
 # slot 3's stripes (header 208 + 3 * 48 + 44), 4000 -> 4001
 printf '\x00\x00\x0f\xa1' |
   dd of="$tmp/bad.qcow2" bs=1 seek=$((crypto_off + 208 + 3 * 48 + 44)) conv=notrunc status=none
-expect_refused "LUKS key slot 3 is corrupt: 4001 stripes" \
+expect_refused "LUKS key slot 3 is corrupt: 4001 stripes, not 4000$" \
   qcow2 "file=$tmp/bad.qcow2" password=other
+cp "$img" "$tmp/bad.qcow2"
+# slot 3's key material offset (header 208 + 3 * 48 + 40), in sectors:
+# far past the encryption header
+printf '\x00\x10\x00\x00' |
+  dd of="$tmp/bad.qcow2" bs=1 seek=$((crypto_off + 208 + 3 * 48 + 40)) conv=notrunc status=none
+expect_refused "LUKS key slot 3 is corrupt: its key material \(256000 bytes at 0x20000000\) lies outside the encryption header \([0-9]+ bytes\)$" \
+  qcow2 "file=$tmp/bad.qcow2" password=other
+qemu-io --object secret,id=sec1,data=other --image-opts \
+  "driver=qcow2,file.filename=$tmp/bad.qcow2,encrypt.key-secret=sec1" \
+  -c "read 0 512" > /dev/null 2>&1 && fail "qemu-io opens a key slot outside the header"
+# An encryption header extension whose length runs past the end of the
+# file: QEMU opens the image (it reads the LUKS header and key
+# material only), and so do we.
+cp "$img" "$tmp/long.qcow2"
+/usr/bin/python3 - "$tmp/long.qcow2" <<'EOF'
+import os, struct, sys
+f = open(sys.argv[1], "r+b")
+b = f.read(65536)
+off = struct.unpack(">I", b[100:104])[0]
+while True:
+    t, n = struct.unpack(">II", b[off:off + 8])
+    if t == 0x0537be77:
+        break
+    off += 8 + (n + 7) // 8 * 8
+f.seek(off + 16)
+f.write(struct.pack(">Q", os.path.getsize(sys.argv[1]) * 4))
+EOF
+qemu-io --object secret,id=sec1,data=other --image-opts \
+  "driver=qcow2,file.filename=$tmp/long.qcow2,encrypt.key-secret=sec1" \
+  -c "read -P 0x42 0 64k" > /dev/null ||
+  fail "qemu-io does not open an encryption header running past the file"
+nbdkit -U - -r qcow2 "file=$tmp/long.qcow2" password=other --run '
+  nbdsh -u "$uri" -c "assert h.pread(65536, 0) == b\"\x42\" * 65536"' ||
+  fail "an encryption header running past the end of the file"
 
 # QEMU's legacy AES (crypt_method 1), as an old qemu-img made it: a
 # plain image with the method set.
@@ -148,7 +182,17 @@ expect_refused "encryption aes-256-gcm-plain64, hash sha256: the cipher mode \(e
 expect_refused "encrypted image's data file cannot be raw" \
   qcow2 "file=$tmp/n6.qcow2" create=true size=1M encrypt-format=luks \
   password=x data-file="$tmp/n6.data" data-file-raw=true
-for f in n1 n2 n3 n4 n5 n6 n7; do
+# A PBKDF2 time that needs more iterations than a key slot counts:
+# refused at once, before the file is touched, as qemu-img refuses it
+# ("PBKDF iterations ... larger than 4294967295"), not run for hours.
+TEST_TIMEOUT=30 expect_refused \
+  "encrypt-iter-time=100000000000 would take [0-9]+ PBKDF2 iterations on this machine, more than a LUKS key slot counts \(4294967295\)" \
+  qcow2 "file=$tmp/n8.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-iter-time=100000000000
+TEST_TIMEOUT=30 expect_refused "would take over 18446744073709551615 PBKDF2 iterations" \
+  qcow2 "file=$tmp/n9.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-iter-time=18446744073709551615
+for f in n1 n2 n3 n4 n5 n6 n7 n8 n9; do
   [ ! -e "$tmp/$f.qcow2" ] || fail "a refused create left $f.qcow2 behind"
 done
 

@@ -42,6 +42,10 @@
 #define LUKS_SLOT_DISABLED 0x0000DEADU
 #define LUKS_KEY_SLOT_OFFSET 4096
 #define LUKS_MIN_ITERS 1000
+/* encrypt-iter-time= above which create's checks measure PBKDF2 (no
+ * machine counts 2^32 iterations in less).
+ */
+#define LUKS_ITER_TIME_CHECK 10000
 #define LUKS_MAX_KEY 64
 
 /* The LUKS1 header (the spec's "phdr"), big-endian on disk.  Never read
@@ -735,15 +739,18 @@ luks_cpu_ns (void)
 }
 
 /* PBKDF2 iterations that take iter_ms of this thread's CPU time, as
- * QEMU measures them, at least LUKS_MIN_ITERS.
+ * QEMU measures them, at least LUKS_MIN_ITERS; -ERANGE, said, if more
+ * than a key slot can count (qemu-img refuses them too, where it would
+ * otherwise run PBKDF2 for hours).
  */
 static int
-luks_count_iters (const struct nettle_hash *h, const uint8_t *pw,
-                  size_t pw_len, size_t out_len, uint64_t iter_ms,
-                  uint32_t divisor, uint32_t *iters)
+luks_count_iters (const struct qcow2_env *env, const struct nettle_hash *h,
+                  const uint8_t *pw, size_t pw_len, size_t out_len,
+                  uint64_t iter_ms, uint32_t divisor, uint32_t *iters)
 {
   uint8_t salt[LUKS_SALT_LEN] = { 0 }, out[LUKS_MAX_KEY];
-  uint64_t n = 1 << 10, ns;
+  uint64_t n = 1 << 10, ns, per_ms, total;
+  bool overflow;
   int r;
 
   for (;;) {
@@ -756,8 +763,16 @@ luks_count_iters (const struct nettle_hash *h, const uint8_t *pw,
     n *= 2;
   }
   explicit_bzero (out, sizeof out);
-  n = n * 1000000 / (ns ? ns : 1) * iter_ms / divisor;
-  *iters = n > UINT32_MAX ? UINT32_MAX : MAX (n, LUKS_MIN_ITERS);
+  per_ms = n * 1000000 / (ns ? ns : 1);
+  overflow = mul_overflow_u64 (per_ms, iter_ms, &total);
+  if (overflow || total / divisor > UINT32_MAX) {
+    env_err (env, "encrypt-iter-time=%" PRIu64 " would take %s%" PRIu64
+             " PBKDF2 iterations on this machine, more than a LUKS key "
+             "slot counts (%" PRIu32 ")", iter_ms, overflow ? "over " : "",
+             overflow ? UINT64_MAX : total / divisor, UINT32_MAX);
+    return -ERANGE;
+  }
+  *iters = MAX (total / divisor, LUKS_MIN_ITERS);
   return 0;
 }
 
@@ -834,6 +849,17 @@ luks_format_check (const struct qcow2_env *env,
     env_err (env, "encrypt-format=luks needs a password (password=)");
     return -EINVAL;
   }
+  /* A time long enough to need more iterations than a key slot counts
+   * is refused before anything is written: measured once here.
+   */
+  if (o->iter_time > LUKS_ITER_TIME_CHECK) {
+    uint32_t iters;
+    uint8_t key[LUKS_MAX_KEY] = { 0 };
+
+    if ((r = luks_count_iters (env, s.hash, key, s.key_bytes, s.key_bytes,
+                               o->iter_time, 1, &iters)) < 0)
+      return r;
+  }
   *len = (LUKS_KEY_SLOT_OFFSET / QCOW2_CRYPT_SECTOR +
           LUKS_SLOTS * luks_slot_sectors (&s)) * QCOW2_CRYPT_SECTOR;
   return 0;
@@ -885,8 +911,8 @@ luks_format (const struct qcow2_env *env, const struct qcow2_luks_options *o,
   /* The master key and its digest. */
   if ((r = luks_random (key, s.key_bytes)) < 0 ||
       (r = luks_random (area + LH_MK_SALT, LUKS_SALT_LEN)) < 0 ||
-      (r = luks_count_iters (s.hash, key, s.key_bytes, LUKS_DIGEST_LEN,
-                             iter_ms, 8, &iters)) < 0)
+      (r = luks_count_iters (env, s.hash, key, s.key_bytes,
+                             LUKS_DIGEST_LEN, iter_ms, 8, &iters)) < 0)
     goto out;
   be32_put (area + LH_MK_ITERS, iters);
   if ((r = luks_pbkdf2 (s.hash, key, s.key_bytes, area + LH_MK_SALT, iters,
@@ -903,8 +929,8 @@ luks_format (const struct qcow2_env *env, const struct qcow2_luks_options *o,
     be32_put (area + LH_SLOT (i) + LS_STRIPES, LUKS_STRIPES);
   }
   if ((r = luks_random (slot + LS_SALT, LUKS_SALT_LEN)) < 0 ||
-      (r = luks_count_iters (s.hash, pw, pw_len, s.key_bytes, iter_ms, 1,
-                             &iters)) < 0)
+      (r = luks_count_iters (env, s.hash, pw, pw_len, s.key_bytes, iter_ms,
+                             1, &iters)) < 0)
     goto out;
   be32_put (slot + LS_ITERS, iters);
   if ((r = luks_pbkdf2 (s.hash, pw, pw_len, slot + LS_SALT, iters, slot_key,
@@ -920,7 +946,7 @@ luks_format (const struct qcow2_env *env, const struct qcow2_luks_options *o,
     goto out;
   luks_encrypt (k, 0, split, split_len);
  out:
-  if (r < 0)
+  if (r < 0 && r != -ERANGE)           /* luks_count_iters said why */
     env_err (env, "making the LUKS header: %s", errstr (-r));
   luks_key_free (k);
   explicit_bzero (key, sizeof key);
