@@ -81,7 +81,9 @@ test_check (void)
 
 /* An image whose refcount table has no first block: an allocation must
  * fail (not loop making that block in the header's place, forever),
- * and the header stay as it was, whatever the overlap guard's mode.
+ * and mark the image corrupt, as QEMU does ("Preventing invalid
+ * allocation of refcount block at offset 0"), the header otherwise
+ * as it was, whatever the overlap guard's mode.
  */
 static void
 test_no_first_refblock (void)
@@ -109,7 +111,12 @@ test_no_first_refblock (void)
     if (CHECK (img != NULL)) {
       CHECK_INT (qcow2_write (img, buf, cs, 20 * cs, false), -EIO);
       CHECK (strstr (memenv_last_error (me), "refcount table entry 0"));
+      CHECK (strstr (memenv_last_error (me), "marked corrupt"));
+      CHECK (qcow2_is_corrupt (img));
+      CHECK_INT (qcow2_write (img, buf, cs, 30 * cs, false), -EPERM);
       CHECK_INT (io->ops->pread (io, head, cs, 0), 0);
+      CHECK_EQ (head[72 + 7], ib.buf[72 + 7] | 2);     /* corrupt bit */
+      head[72 + 7] = ib.buf[72 + 7];
       CHECK (memcmp (head, ib.buf, cs) == 0);
       qcow2_close (img);
       io->ops->close (io);

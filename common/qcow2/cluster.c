@@ -57,16 +57,17 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
 static int
 cluster_corrupt (struct qcow2_image *img, const char *what, uint64_t value,
                  uint64_t guest)
+  TSA_REQUIRES (img->lock)
 {
-  log_error (img, "corrupt image: %s %#" PRIx64 " (mapping guest offset %#"
-             PRIx64 ")", what, value, guest);
-  return -EIO;
+  return io_corrupt (img, "%s %#" PRIx64 " (mapping guest offset %#" PRIx64
+                     ")", what, value, guest);
 }
 
 /* Classify the (sub)cluster at guest offset pos from its L2 entry. */
 static int
 cluster_classify (struct qcow2_image *img, const struct l2_state *s,
                   uint64_t pos, struct qcow2_run *piece)
+  TSA_REQUIRES (img->lock)
 {
   uint64_t in_cluster = pos & (img->geo.cluster_size - 1);
   uint64_t host = s->host;
@@ -225,7 +226,7 @@ cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
 
 /* A data cluster in the image file itself must start inside the file;
  * whatever of it lies past the end reads as zeros, as in QEMU (a crash
- * may leave a new cluster's tail unwritten).
+ * may leave a new cluster's tail unwritten).  With img->lock or not.
  */
 int
 cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
@@ -234,12 +235,11 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
   uint64_t file_size = image_file_size (img);
   uint64_t cluster = host_offset & ~(img->geo.cluster_size - 1);
 
-  if (img->data_io == img->io && cluster >= file_size) {
-    log_error (img, "corrupt image: data at host offset %#" PRIx64
-               " (%" PRIu64 " bytes) lies beyond the end of the file (%"
-               PRIu64 " bytes)", host_offset, len, file_size);
-    return -EIO;
-  }
+  if (img->data_io == img->io && cluster >= file_size)
+    return io_corrupt_nolock (img, "data at host offset %#" PRIx64 " (%"
+                              PRIu64 " bytes) lies beyond the end of the "
+                              "file (%" PRIu64 " bytes)", host_offset, len,
+                              file_size);
   return 0;
 }
 

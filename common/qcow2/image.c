@@ -376,6 +376,7 @@ qcow2_close (struct qcow2_image *img)
   if (img->writable) {
     pthread_rwlock_wrlock (&img->data_lock);
     image_lock (img);
+    io_sync_corrupt (img);
     r = state_close (img);
     if (r < 0)
       io_mark_dirty (img);

@@ -149,6 +149,14 @@ struct image_host {
   uint64_t written_end, durable_end;
   uint64_t flushes;             /* host flushes issued (for tests) */
   bool flush_failed;            /* see io_flush_failed */
+  /* The corrupt bit was set without img->lock (io_corrupt_nolock):
+   * the header is written by the next io_sync_corrupt.  Atomic.
+   */
+  bool corrupt_unwritten;
+  /* io_write_corrupt is writing the mark: the guard refusing that write
+   * (another structure claims the header's cluster) ends there.
+   */
+  bool writing_corrupt;
 };
 
 /* cache.c: the metadata caches. */
@@ -352,10 +360,12 @@ image_incompat (const struct qcow2_image *img)
   return __atomic_load_n (&img->h.incompatible_features, __ATOMIC_RELAXED);
 }
 
-static inline void
+/* Returns the bits as they were. */
+static inline uint64_t
 image_set_incompat (struct qcow2_image *img, uint64_t bits)
 {
-  __atomic_fetch_or (&img->h.incompatible_features, bits, __ATOMIC_RELAXED);
+  return __atomic_fetch_or (&img->h.incompatible_features, bits,
+                            __ATOMIC_RELAXED);
 }
 
 static inline void
@@ -770,6 +780,20 @@ extern int io_write_checked (struct qcow2_image *img, const void *buf,
 extern int io_write_features (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 extern void io_mark_dirty (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
+/* A corruption found: said ("corrupt image: ..."), and, in an image
+ * opened for writing, the image marked corrupt on disk as QEMU's
+ * qcow2_signal_corruption marks it, so that nothing writes it again
+ * until it is repaired.  Returns -EIO.
+ */
+extern int io_corrupt (struct qcow2_image *img, const char *fmt, ...)
+  TSA_REQUIRES (img->lock) __attribute__ ((format (printf, 2, 3)));
+/* The same from code that may not hold img->lock: the mark is set at
+ * once, and written to the header by the next io_sync_corrupt.
+ */
+extern int io_corrupt_nolock (struct qcow2_image *img, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+extern void io_sync_corrupt (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 
 /* flush.c: the marks of what the next flush must write, inline (they

@@ -90,12 +90,10 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
   uint64_t offset = img->reftable[idx] & REFTABLE_OFFSET_MASK;
 
   if (offset & (img->geo.cluster_size - 1) ||
-      range_exceeds (offset, img->geo.cluster_size, img->file_size)) {
-    log_error (img, "corrupt image: refcount block offset %#" PRIx64
-               " (refcount table entry %" PRIu64 ") is misaligned or beyond "
-               "the end of the file", offset, idx);
-    return -EIO;
-  }
+      range_exceeds (offset, img->geo.cluster_size, img->file_size))
+    return io_corrupt (img, "refcount block offset %#" PRIx64 " (refcount "
+                       "table entry %" PRIu64 ") is misaligned or beyond "
+                       "the end of the file", offset, idx);
   return cache_get (img, img->caches.refcount, offset, data);
 }
 
@@ -121,12 +119,11 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
   /* The first block's place is the header's: its refcount block cannot
    * be missing in an image that is not corrupt (QEMU refuses too).
    */
-  if (offset == 0) {
-    log_error (img, "corrupt image: refcount table entry 0 is empty, so "
-               "the header's cluster has no refcount, and no refcount "
-               "block can be made in its place: allocation refused");
-    return -EIO;
-  }
+  if (offset == 0)
+    return io_corrupt (img, "refcount table entry 0 is empty, so the "
+                       "header's cluster has no refcount, and no refcount "
+                       "block can be made in its place: allocation "
+                       "refused");
 
   r = cache_get_new (img, img->caches.refcount, offset, &block);
   if (r < 0)
@@ -164,11 +161,10 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   ASSERT_LOCKED (img);
   if (idx >= img->reftable_size ||
       (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
-    if (delta < 0) {
-      log_error (img, "corrupt image: freeing cluster %#" PRIx64 " which "
-                 "has no refcount block", cluster << img->geo.cluster_bits);
-      return -EIO;
-    }
+    if (delta < 0)
+      return io_corrupt (img, "freeing cluster %#" PRIx64 " which has no "
+                         "refcount block",
+                         cluster << img->geo.cluster_bits);
     if ((r = refcount_new_block (img, idx)) < 0)
       return r;
   }
@@ -176,12 +172,10 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
     return r;
   value = refcount_entry_get (block, img->h.refcount_order, index);
   if ((delta < 0 && value < (uint64_t) -delta) ||
-      (delta > 0 && max - value < (uint64_t) delta)) {
-    log_error (img, "corrupt image: refcount of cluster %#" PRIx64 " would "
-               "go from %" PRIu64 " out of range by %" PRId64,
-               cluster << img->geo.cluster_bits, value, delta);
-    return -EIO;
-  }
+      (delta > 0 && max - value < (uint64_t) delta))
+    return io_corrupt (img, "refcount of cluster %#" PRIx64 " would go "
+                       "from %" PRIu64 " out of range by %" PRId64,
+                       cluster << img->geo.cluster_bits, value, delta);
   value += delta;
   refcount_entry_set (block, img->h.refcount_order, index, value);
   cache_mark_dirty (img, img->caches.refcount, block);

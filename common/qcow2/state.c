@@ -85,9 +85,10 @@ state_begin_write (struct qcow2_image *img)
 
   ASSERT_LOCKED (img);
   /* Every write, zero and trim passes here under img->lock, cluster by
-   * cluster: one the overlap guard marked corrupt since the request
-   * began goes no further.
+   * cluster: one the overlap guard (or any corruption found) marked
+   * corrupt since the request began goes no further.
    */
+  io_sync_corrupt (img);
   if (qcow2_is_corrupt (img))
     return qcow2_check_writable (img);
   if (img->write_started)

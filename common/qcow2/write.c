@@ -60,12 +60,11 @@ write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
  */
 static int
 write_check_host (struct qcow2_image *img, uint64_t host, uint64_t guest)
+  TSA_REQUIRES (img->lock)
 {
-  if (host & (img->geo.cluster_size - 1)) {
-    log_error (img, "corrupt image: unaligned data cluster offset %#" PRIx64
-               " (guest offset %#" PRIx64 ")", host, guest);
-    return -EIO;
-  }
+  if (host & (img->geo.cluster_size - 1))
+    return io_corrupt (img, "unaligned data cluster offset %#" PRIx64
+                       " (guest offset %#" PRIx64 ")", host, guest);
   return cluster_check_data_offset (img, host, img->geo.cluster_size);
 }
 
