@@ -20,6 +20,32 @@
  *   16-63 seed of the offsets and lengths of the other requests; bit 16
  *         also: compress=on (compressed writes)
  *
+ * Two other kinds of input, told by their first four bytes (which no
+ * qcow2 image has):
+ *
+ *   "\0TPL" T RECORDS...  the image is template T (mod 3) with patches:
+ *       the LUKS-encrypted images the harness makes at start-up, so
+ *       that the LUKS header, its key slots and the encryption header
+ *       extension are fuzzed without whole images of a megabyte or two
+ *       in the corpus.  A record: a flags byte (bit 0: the offset is
+ *       from the start of the LUKS header; bit 1: set the file's size
+ *       to the offset, modulo twice the template's), a 32-bit
+ *       little-endian offset (modulo the file's size), a length byte
+ *       and that many bytes, written there.  The templates: aes-256
+ *       xts-plain64 sha256 over 512-byte clusters; cast5-128
+ *       cbc-essiv:md5 sha1 over 4 KiB clusters;
+ *       serpent-128 ecb-plain sha512 with an external data file
+ *       ("data.raw"), its password "fuzz" followed by a newline (as
+ *       QEMU keeps it, from a secret file).
+ *   "\0CRT" BYTES...  create options (see fuzz_create): qcow2_create_check
+ *       on them, and if they pass and ask no encryption (counting
+ *       PBKDF2 iterations takes 50 ms), qcow2_create, then the new image
+ *       opened, preallocated as asked, written and read back, opened
+ *       again.
+ *
+ * Every image is opened with the password "fuzz" (and "fuzz\n", as
+ * from a secret file), allowing at most FUZZ_PBKDF2_MAX iterations.
+ *
  * The image is opened as "dir/disk.qcow2" beside other files that it
  * may name as backing or external data file: "dir/base.raw" (a small
  * raw file), "dir/base.qcow2" (a small valid qcow2 image backed by
@@ -56,6 +82,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "be.h"
 #include "memio.h"
 #include "qcow2.h"
 
@@ -72,6 +99,13 @@
 #define DATA_RAW_SIZE (64u << 10)
 #define BASE_QCOW2_SIZE (256u << 10)
 #define FILE_MAX (64u << 20)            /* largest file the storage holds */
+#define FUZZ_PBKDF2_MAX 20000           /* a few ms per key slot tried */
+#define TEMPLATES 3
+#define CREATE_MAX_SIZE (1u << 20)      /* virtual size of a new image */
+
+static const struct qcow2_password fuzz_password = {
+  .text = "fuzz", .whole_file = "fuzz\n",
+};
 
 static uint8_t base_raw[BASE_RAW_SIZE], data_raw[DATA_RAW_SIZE];
 static uint8_t *base_qcow2;
@@ -429,14 +463,15 @@ check_out_of_range (struct qcow2_image *img, uint64_t size, uint64_t *rng)
 }
 
 /* Bytes from off to write or zero: half the time inside one cluster,
- * where the result is checked, and never past the end.
+ * where the result is checked, at most max, and never past the end.
  */
 static uint64_t
 write_length (uint64_t *rng, uint64_t off, uint64_t max, uint64_t cluster,
               uint64_t size)
 {
+  uint64_t left = cluster - (off & (cluster - 1));
   uint64_t len = rng_below (rng, 2)
-    ? 1 + rng_below (rng, cluster - (off & (cluster - 1)))
+    ? 1 + rng_below (rng, left < max ? left : max)
     : rng_length (rng, max);
 
   return len < size - off ? len : size - off;
@@ -519,6 +554,9 @@ reopen (const struct qcow2_env *env, struct qcow2_io *io, uint64_t *rng)
   struct qcow2_options opts = {
     .readonly = true,
     .no_backing = rng_below (rng, 2),
+    .passwords = &fuzz_password,
+    .passwords_len = 1,
+    .max_pbkdf2_iterations = FUZZ_PBKDF2_MAX,
   };
   struct qcow2_image *img;
   struct seq sq = { .chunk = 64 << 10 };
@@ -591,12 +629,237 @@ make_base_files (void)
   memenv_free (me);
 }
 
+/* The LUKS templates of "\0TPL" inputs, and where their LUKS headers
+ * are.
+ */
+static struct {
+  uint8_t *buf;
+  size_t len;
+  uint64_t luks;
+} templates[TEMPLATES];
+
+/* The offset of the encryption header of the image in buf. */
+static uint64_t
+find_luks_header (const uint8_t *buf, size_t len)
+{
+  uint64_t off = be32_get (buf + 100);
+
+  while (off + 24 <= len) {
+    uint32_t type = be32_get (buf + off), n = be32_get (buf + off + 4);
+
+    if (type == 0x0537be77)
+      return be64_get (buf + off + 8);
+    if (type == 0)
+      break;
+    off += 8 + ((n + 7) & ~7u);
+  }
+  abort ();
+}
+
+/* Make template i with the engine, as make_base_files makes its file. */
+static void
+make_template (int i)
+{
+  static const struct qcow2_luks_options luks[TEMPLATES] = {
+    { .password = "fuzz", .iter_time = 1 },
+    { .password = "fuzz", .cipher_alg = "cast5-128", .cipher_mode = "cbc",
+      .ivgen_alg = "essiv", .ivgen_hash_alg = "md5", .hash_alg = "sha1",
+      .iter_time = 1 },
+    { .password = "fuzz\n", .cipher_alg = "serpent-128",
+      .cipher_mode = "ecb", .ivgen_alg = "plain", .hash_alg = "sha512",
+      .iter_time = 1 },
+  };
+  const struct qcow2_create_options co[TEMPLATES] = {
+    { .size = 64 << 10, .cluster_size = 512, .luks = &luks[0] },
+    { .size = 256 << 10, .cluster_size = 4096, .luks = &luks[1] },
+    { .size = DATA_RAW_SIZE, .cluster_size = 4096, .luks = &luks[2],
+      .data_file = "data.raw" },
+  };
+  const struct qcow2_options opts = {
+    .passwords = &fuzz_password, .passwords_len = 1,
+  };
+  struct memenv *me = memenv_new ();
+  struct qcow2_io *io = memio_new (NULL, 0);
+  struct qcow2_image *img;
+  uint8_t buf[1536];
+  const void *p;
+
+  fill_pattern (buf, sizeof buf, 0x44 + i);
+  if (!me || !io)
+    abort ();
+  add_file (me, "dir/data.raw", data_raw, sizeof data_raw);
+  img = qcow2_create (memenv_env (me), io, &co[i]) < 0 ? NULL
+    : qcow2_open (memenv_env (me), memio_ref (io), "dir/disk.qcow2", &opts);
+  if (!img ||
+      qcow2_write (img, buf, sizeof buf, 1024, false) < 0 ||
+      qcow2_write (img, buf, 700, 30000, false) < 0 ||
+      qcow2_zero (img, 4096, 8192, false, false, false) < 0 ||
+      qcow2_close (img) < 0) {
+    fprintf (stderr, "fuzz-qcow2: making LUKS template %d: %s\n", i,
+             memenv_last_error (me));
+    abort ();
+  }
+  p = memio_data (io, &templates[i].len);
+  templates[i].buf = malloc (templates[i].len);
+  if (!templates[i].buf)
+    abort ();
+  memcpy (templates[i].buf, p, templates[i].len);
+  templates[i].luks = find_luks_header (templates[i].buf, templates[i].len);
+  io->ops->close (io);
+  memenv_free (me);
+}
+
+/* The image of a "\0TPL" input (data, size: after the four bytes), in
+ * a new buffer (*len bytes).
+ */
+static uint8_t *
+template_image (const uint8_t *data, size_t size, size_t *len)
+{
+  const unsigned t = size ? data[0] % TEMPLATES : 0;
+  const size_t max = 2 * templates[t].len;
+  uint8_t *buf = calloc (1, max);
+  size_t i = 1;
+
+  if (!buf)
+    abort ();
+  memcpy (buf, templates[t].buf, templates[t].len);
+  *len = templates[t].len;
+  while (i + 6 <= size) {
+    uint8_t flags = data[i], n = data[i + 5];
+    uint64_t off = (uint64_t) data[i + 1] | (uint64_t) data[i + 2] << 8
+      | (uint64_t) data[i + 3] << 16 | (uint64_t) data[i + 4] << 24;
+
+    i += 6;
+    if (flags & 2) {
+      *len = off % max;
+      continue;
+    }
+    if (flags & 1)
+      off += templates[t].luks;
+    if (*len > 0)
+      for (size_t at = off % *len, k = 0; k < n && i + k < size &&
+             at + k < *len; k++)
+        buf[at + k] = data[i + k];
+    i += n;
+  }
+  return buf;
+}
+
+/* A byte of p (n bytes), or 0 past its end. */
+static uint8_t
+byte_at (const uint8_t *p, size_t n, size_t i)
+{
+  return i < n ? p[i] : 0;
+}
+
+/* One of the first n words, chosen by b; NULL as often as a word. */
+static const char *
+pick (const char *const *words, size_t n, uint8_t b)
+{
+  return b % (n + 1) < n ? words[b % (n + 1)] : NULL;
+}
+#define PICK(words, b) pick (words, sizeof words / sizeof *words, b)
+
+/* A "\0CRT" input: the create options of p (n bytes), checked, and an
+ * unencrypted image made with them, served and opened again.  Bytes:
+ *   0      cluster size: 1 << (b % 24)
+ *   1-3    virtual size, in units of 64 bytes (little-endian)
+ *   4      bit 0 compat=0.10, 1 extended L2, 2 lazy refcounts, 3 zstd,
+ *          4 data file "data.raw", 5 raw data file, 6 backing file,
+ *          7 encrypted
+ *   5      refcount width, as is (0: the default)
+ *   6      backing file: base.qcow2, base.raw, raw without its format,
+ *          a missing file, a name too long for the header
+ *   7      preallocation (mod 4)
+ *   8-12   LUKS: cipher, mode, IV generator, its hash, the hash (NULL
+ *          for some values: the default); bit 0 of byte 13: no password
+ */
+static void
+fuzz_create (const struct qcow2_env *env, struct memenv *me,
+             const uint8_t *p, size_t n, uint64_t *rng)
+{
+  static const char *const ciphers[] = {
+    "aes-128", "aes-192", "aes-256", "cast5-128", "serpent-128",
+    "serpent-192", "serpent-256", "twofish-128", "twofish-192",
+    "twofish-256", "aes-512", "des",
+  };
+  static const char *const modes[] = { "xts", "cbc", "ecb", "ctr", "gcm" };
+  static const char *const ivgens[] = { "plain", "plain64", "essiv", "lmk" };
+  static const char *const hashes[] = {
+    "sha256", "sha1", "sha224", "sha384", "sha512", "md5", "ripemd160",
+    "sha3-256",
+  };
+  static char long_name[1100];
+  const uint8_t flags = byte_at (p, n, 4), backing = byte_at (p, n, 6) % 5;
+  const struct qcow2_luks_options luks = {
+    .password = byte_at (p, n, 13) & 1 ? NULL : "fuzz",
+    .cipher_alg = PICK (ciphers, byte_at (p, n, 8)),
+    .cipher_mode = PICK (modes, byte_at (p, n, 9)),
+    .ivgen_alg = PICK (ivgens, byte_at (p, n, 10)),
+    .ivgen_hash_alg = PICK (hashes, byte_at (p, n, 11)),
+    .hash_alg = PICK (hashes, byte_at (p, n, 12)),
+  };
+  const char *const backing_names[] = {
+    "base.qcow2", "base.raw", "base.raw", "nosuch.qcow2", long_name,
+  };
+  const struct qcow2_create_options co = {
+    .cluster_size = UINT64_C (1) << (byte_at (p, n, 0) % 24),
+    .size = ((uint64_t) byte_at (p, n, 1) | byte_at (p, n, 2) << 8 |
+             (uint64_t) byte_at (p, n, 3) << 16) * 64,
+    .compat_v2 = flags & 1,
+    .extended_l2 = flags & 2,
+    .lazy_refcounts = flags & 4,
+    .zstd = flags & 8,
+    .data_file = flags & 16 ? "data.raw" : NULL,
+    .data_file_raw = flags & 32,
+    .backing = flags & 64 ? backing_names[backing] : NULL,
+    .backing_format = !(flags & 64) ? NULL : backing == 0 ? "qcow2"
+      : backing == 1 ? "raw" : NULL,
+    .refcount_bits = byte_at (p, n, 5),
+    .preallocation = byte_at (p, n, 7) % 4,
+    .luks = flags & 128 ? &luks : NULL,
+  };
+  const struct qcow2_options opts = {
+    .passwords = &fuzz_password, .passwords_len = 1,
+    .max_pbkdf2_iterations = FUZZ_PBKDF2_MAX,
+  };
+  struct qcow2_io *io;
+  struct qcow2_image *img;
+
+  memset (long_name, 'a', sizeof long_name - 1);
+  /* Encrypted, the check only: making the key slot takes 100 ms of
+   * PBKDF2 timing.
+   */
+  if (qcow2_create_check (env, &co) < 0 || co.luks)
+    return;
+  io = memio_new (NULL, 0);
+  if (!io || memenv_add (me, "dir/disk.qcow2", io) < 0)
+    abort ();
+  if (qcow2_create (env, io, &co) == 0 &&
+      (img = qcow2_open (env, capio_new (memio_ref (io)), "dir/disk.qcow2",
+                         &opts))) {
+    uint64_t vsize = qcow2_get_size (img);
+
+    check_state (img, vsize);
+    if (vsize <= CREATE_MAX_SIZE && qcow2_can_write (img)) {
+      qcow2_preallocate (img, co.preallocation);
+      do_writes (img, vsize, vsize, co.cluster_size, true, rng);
+      check_state (img, vsize);
+    }
+    qcow2_close (img);
+    reopen (env, io, rng);
+  }
+  io->ops->close (io);
+}
+
 int LLVMFuzzerInitialize (int *argc, char ***argv);
 
 int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
   make_base_files ();
+  for (int i = 0; i < TEMPLATES; i++)
+    make_template (i);
   return 0;
 }
 
@@ -613,6 +876,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     0, 0, QCOW2_OL_CONSTANT, QCOW2_OL_ALL
   };
   uint64_t ctl = 0, rng, vsize, near;
+  uint8_t *made = NULL;
   struct qcow2_options opts;
   struct memenv *me;
   struct fuzz_env fe;
@@ -628,12 +892,24 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   rng = ctl >> 16;
 
   me = memenv_new ();
-  io = memio_new (data, size);
-  if (!me || !io)
+  if (!me)
     abort ();
   add_file (me, "dir/base.raw", base_raw, sizeof base_raw);
   add_file (me, "dir/base.qcow2", base_qcow2, base_qcow2_len);
   add_file (me, "dir/data.raw", data_raw, sizeof data_raw);
+  fuzz_env_init (&fe, me);
+  if (size >= 4 && memcmp (data, "\0CRT", 4) == 0) {
+    fuzz_create (&fe.env, me, data + 4, size - 4, &rng);
+    memenv_free (me);
+    return 0;
+  }
+  if (size >= 4 && memcmp (data, "\0TPL", 4) == 0) {
+    made = template_image (data + 4, size - 4, &size);
+    data = made;
+  }
+  io = memio_new (data, size);
+  if (!io)
+    abort ();
   add_file (me, "dir/disk.qcow2", data, size);
 
   opts = (struct qcow2_options) {
@@ -648,9 +924,11 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     .overlap_mask = overlap_masks[(ctl >> 14) & 3],
     .compress = ctl & (1 << 16),
     .compress_type = -1,
+    .passwords = &fuzz_password,
+    .passwords_len = 1,
+    .max_pbkdf2_iterations = FUZZ_PBKDF2_MAX,
   };
   /* qcow2_open takes a reference; ours opens the result again. */
-  fuzz_env_init (&fe, me);
   img = qcow2_open (&fe.env, capio_new (memio_ref (io)), "dir/disk.qcow2",
                     &opts);
   if (!img)
@@ -727,5 +1005,6 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
  out:
   io->ops->close (io);
   memenv_free (me);
+  free (made);
   return 0;
 }

@@ -36,7 +36,7 @@ seed () {
   } > "$out/$2"
 }
 
-rm -f "$out"/*.qcow2
+rm -f "$out"/*.qcow2 "$out"/*.tpl "$out"/*.crt
 mkdir -p "$out"
 qemu-img create -q -f raw base.raw 192K
 
@@ -144,6 +144,77 @@ seed prealloc.qcow2 prealloc-512.qcow2 0
 
 create -o cluster_size=512 empty.qcow2 64K
 seed empty.qcow2 empty-512-prealloc.qcow2 $PREALLOC
+
+# Inputs of the other kinds (fuzz-qcow2.c): the harness's LUKS
+# templates with patches to their LUKS headers, key slots and
+# encryption header extension; create options.  Each with a control
+# word as seed () gives one.
+/usr/bin/python3 - "$out" <<'PYEOF'
+import os, struct, sys, zlib
+out = sys.argv[1]
+READONLY, PREALLOC, FULL = 1 << 5, 1 << 12, 1 << 13
+def write(name, body, ctl):
+    ctl |= (zlib.crc32(name.encode()) & 0xffffffff) << 16
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(body + struct.pack("<Q", ctl))
+def rec(off, data, luks=True):
+    return struct.pack("<BIB", 1 if luks else 0, off, len(data)) + data
+def truncate(size):
+    return struct.pack("<BIB", 2, size, 0)
+def tpl(name, t, records=b"", ctl=0):
+    write(name, b"\0TPL" + bytes([t]) + records, ctl)
+be32 = lambda v: struct.pack(">I", v)
+SLOT = lambda i, field: 208 + 48 * i + field
+tpl("luks-aes-xts-512.tpl", 0)
+tpl("luks-cast5-cbc-essiv-4k.tpl", 1)
+tpl("luks-serpent-ecb-datafile.tpl", 2)
+tpl("luks-aes-xts-512-readonly.tpl", 0, ctl=READONLY)
+tpl("luks-cast5-prealloc.tpl", 1, ctl=PREALLOC | FULL)
+tpl("luks-slot0-stripes.tpl", 0, rec(SLOT(0, 44), be32(4001)))
+tpl("luks-slot0-material-outside.tpl", 0, rec(SLOT(0, 40), be32(0x0fffffff)))
+tpl("luks-slot0-material-on-header.tpl", 1, rec(SLOT(0, 40), be32(1)))
+tpl("luks-slot0-iterations.tpl", 0, rec(SLOT(0, 4), be32(0xffffffff)))
+tpl("luks-mk-iterations-0.tpl", 2, rec(164, be32(0)))
+tpl("luks-slot1-active.tpl", 1, rec(SLOT(1, 0), be32(0x00AC71F3)))
+tpl("luks-mode.tpl", 0, rec(40, b"cbc-essiv:sha256\0"))
+tpl("luks-hash.tpl", 1, rec(72, b"ripemd160\0"))
+tpl("luks-cipher.tpl", 2, rec(8, b"twofish\0"))
+tpl("luks-key-bytes.tpl", 0, rec(108, be32(24)))
+tpl("luks-magic.tpl", 1, rec(0, b"LUKS\xba\xbf"))
+# The encryption header extension (the first, at 112: offset, length).
+tpl("luks-ext-length-past-eof.tpl", 0, rec(128, struct.pack(">Q", 1 << 22), False))
+tpl("luks-ext-offset.tpl", 1, rec(120, struct.pack(">Q", 4096 + 512), False))
+tpl("luks-truncated.tpl", 2, truncate(20000))
+tpl("luks-crypt-method.tpl", 0, rec(32, be32(1), False))
+
+# Create options: cluster size (log2), size / 64 (24-bit), flags,
+# refcount width, backing, preallocation, LUKS choices, no password.
+def crt(name, cbits, size, flags=0, rc=0, backing=0, prealloc=0,
+        luks=(0, 0, 0, 0, 0), nopw=0):
+    body = bytes([cbits]) + struct.pack("<I", size // 64)[:3] + \
+        bytes([flags, rc, backing, prealloc]) + bytes(luks) + bytes([nopw])
+    write(name, b"\0CRT" + body, 0)
+crt("create-64k.crt", 16, 1 << 20)
+crt("create-512-v2.crt", 9, 300 << 10, flags=1)
+crt("create-extl2-32k-prealloc.crt", 15, (1 << 20) - 512, flags=2, prealloc=1)
+crt("create-extl2-4k.crt", 12, 1 << 20, flags=2)
+crt("create-lazy-zstd-rc1.crt", 12, 512 << 10, flags=4 | 8, rc=1, prealloc=3)
+crt("create-rc3.crt", 12, 64 << 10, rc=3)
+crt("create-datafile-raw.crt", 12, 64 << 10, flags=16 | 32, prealloc=1)
+crt("create-datafile-falloc.crt", 12, 48 << 10, flags=16, prealloc=2)
+crt("create-backing-qcow2-extl2.crt", 14, 256 << 10, flags=2 | 64, prealloc=1)
+crt("create-backing-raw.crt", 9, 192 << 10, flags=64, backing=1)
+crt("create-backing-noformat.crt", 9, 192 << 10, flags=64, backing=2)
+crt("create-backing-prealloc.crt", 16, 256 << 10, flags=64, prealloc=3)
+crt("create-backing-long-name.crt", 9, 64 << 10, flags=64, backing=4)
+crt("create-cluster-3000.crt", 23, 1 << 20)
+crt("create-too-large.crt", 9, (1 << 24) * 64 - 64)
+crt("create-luks.crt", 16, 1 << 20, flags=128)
+crt("create-luks-cbc-essiv.crt", 16, 1 << 20, flags=128, luks=(3, 1, 2, 1, 5))
+crt("create-luks-bad.crt", 16, 1 << 20, flags=128, luks=(10, 4, 3, 7, 7))
+crt("create-luks-nopw.crt", 16, 1 << 20, flags=128, nopw=1)
+crt("create-luks-raw-datafile.crt", 12, 1 << 20, flags=128 | 16 | 32)
+PYEOF
 
 ls -l "$out"
 du -sh "$out"

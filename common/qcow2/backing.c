@@ -79,6 +79,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
     .passwords = opts->passwords_len > 1 ? opts->passwords + 1
                                          : opts->passwords,
     .passwords_len = opts->passwords_len - (opts->passwords_len > 1),
+    .max_pbkdf2_iterations = opts->max_pbkdf2_iterations,
   };
   struct qcow2_io *io;
   char *path, *id;

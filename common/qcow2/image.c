@@ -176,7 +176,7 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
   };
   if ((r = luks_open (&where, opts->passwords_len && opts->passwords[0].text
                                 ? &opts->passwords[0] : NULL,
-                      &img->luks)) < 0)
+                      opts->max_pbkdf2_iterations, &img->luks)) < 0)
     return r;
   if (!(img->guest_io = crypt_io_new (img->data_io, img->luks))) {
     img->guest_io = img->data_io;

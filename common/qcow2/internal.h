@@ -530,7 +530,7 @@ struct luks_area {
 };
 /* pw: NULL if the layer has none. */
 extern int luks_open (const struct luks_area *where,
-                      const struct qcow2_password *pw,
+                      const struct qcow2_password *pw, uint32_t max_iters,
                       struct luks_key **key);
 extern void luks_close (struct luks_key *key);
 /* Encrypt or decrypt data in place, from sector on. */

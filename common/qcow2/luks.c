@@ -577,7 +577,8 @@ luks_try_slot (const struct luks_setup *s, const uint8_t *hdr,
  */
 static const char *
 luks_check_slot (const struct luks_setup *s, const uint8_t *area,
-                 uint64_t len, unsigned i, char *why, size_t size)
+                 uint64_t len, unsigned i, uint32_t max_iters, char *why,
+                 size_t size)
 {
   const uint8_t *slot = area + LH_SLOT (i);
   uint64_t at = (uint64_t) be32_get (slot + LS_KEY_OFFSET)
@@ -590,6 +591,9 @@ luks_check_slot (const struct luks_setup *s, const uint8_t *area,
               LUKS_STRIPES);
   else if (be32_get (slot + LS_ITERS) == 0)
     snprintf (why, size, "0 PBKDF2 iterations");
+  else if (max_iters && be32_get (slot + LS_ITERS) > max_iters)
+    snprintf (why, size, "%" PRIu32 " PBKDF2 iterations, more than the %"
+              PRIu32 " allowed", be32_get (slot + LS_ITERS), max_iters);
   else if (at < LUKS_KEY_SLOT_OFFSET)
     snprintf (why, size, "its key material (at %#" PRIx64 ") overlaps the "
               "LUKS header", at);
@@ -628,7 +632,7 @@ luks_find_key (const struct luks_setup *s, const uint8_t *area,
 
 int
 luks_open (const struct luks_area *where, const struct qcow2_password *pw,
-           struct luks_key **keyp)
+           uint32_t max_iters, struct luks_key **keyp)
 {
   uint64_t off = where->offset, len = where->length;
   uint8_t *area = NULL, key[LUKS_MAX_KEY];
@@ -668,8 +672,11 @@ luks_open (const struct luks_area *where, const struct qcow2_password *pw,
     r = -EACCES;
     goto out;
   }
-  if (be32_get (area + LH_MK_ITERS) == 0) {
-    luks_error (where, "LUKS header: the master key digest has 0 iterations");
+  if (be32_get (area + LH_MK_ITERS) == 0 ||
+      (max_iters && be32_get (area + LH_MK_ITERS) > max_iters)) {
+    luks_error (where, "LUKS header: the master key digest has %" PRIu32
+                " PBKDF2 iterations%s", be32_get (area + LH_MK_ITERS),
+                max_iters ? ", outside those allowed" : "");
     r = -EINVAL;
     goto out;
   }
@@ -677,7 +684,7 @@ luks_open (const struct luks_area *where, const struct qcow2_password *pw,
     if (be32_get (area + LH_SLOT (i) + LS_ACTIVE) != LUKS_SLOT_ENABLED)
       continue;
     active++;
-    if (luks_check_slot (&s, area, len, i, why, sizeof why)) {
+    if (luks_check_slot (&s, area, len, i, max_iters, why, sizeof why)) {
       luks_error (where, "LUKS key slot %u is corrupt: %s", i, why);
       r = -EINVAL;
       goto out;

@@ -85,6 +85,12 @@ struct qcow2_options {
    */
   const struct qcow2_password *passwords;
   unsigned passwords_len;
+  /* Key slots (and master key digests) asking more PBKDF2 iterations
+   * are refused, not tried (0: no limit).  For whoever opens images
+   * that anyone may have made, and must bound the time that takes: the
+   * fuzzer.
+   */
+  uint32_t max_pbkdf2_iterations;
   /* Whole-cluster writes to unallocated clusters are stored compressed
    * (when that saves space), with compress_type (QCOW2_COMPRESS_ZLIB
    * or _ZSTD; it must be the image's) or, if -1, the image's type.
