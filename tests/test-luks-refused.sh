@@ -176,9 +176,21 @@ expect_refused "XTS needs a cipher with 16-byte blocks" \
 expect_refused "encrypt-cipher-alg=aes-512 is not supported" \
   qcow2 "file=$tmp/n5.qcow2" create=true size=1M encrypt-format=luks \
   password=x encrypt-cipher-alg=aes-512
-expect_refused "encryption aes-256-gcm-plain64, hash sha256: the cipher mode \(ecb, cbc, xts, ctr are\) not supported" \
+expect_refused "^nbdkit: error: encrypt-cipher-mode=gcm is not supported \(ecb, cbc, xts, ctr are\)$" \
   qcow2 "file=$tmp/n7.qcow2" create=true size=1M encrypt-format=luks \
   password=x encrypt-cipher-mode=gcm
+expect_refused "^nbdkit: error: encrypt-ivgen-alg=benbi is not supported \(plain, plain64, essiv are\)$" \
+  qcow2 "file=$tmp/n7.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-ivgen-alg=benbi
+expect_refused "^nbdkit: error: encrypt-hash-alg=md4 is not supported \(md5, sha1, sha224, sha256, sha384, sha512, ripemd160 are\)$" \
+  qcow2 "file=$tmp/n7.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-hash-alg=md4
+expect_refused "^nbdkit: error: encrypt-ivgen-hash-alg=crc32 is not supported \(md5, sha1, " \
+  qcow2 "file=$tmp/n7.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-ivgen-alg=essiv encrypt-ivgen-hash-alg=crc32
+expect_refused "^nbdkit: error: encrypt-ivgen-hash-alg=crc32 is not supported \(md5, sha1, " \
+  qcow2 "file=$tmp/n7.qcow2" create=true size=1M encrypt-format=luks \
+  password=x encrypt-ivgen-hash-alg=crc32
 expect_refused "encrypted image's data file cannot be raw" \
   qcow2 "file=$tmp/n6.qcow2" create=true size=1M encrypt-format=luks \
   password=x data-file="$tmp/n6.data" data-file-raw=true

@@ -93,6 +93,10 @@ struct qcow2_env {
    * (an image repaired, bitmaps dropped), about the file at path.
    */
   void (*notice) (void *opaque, const char *path, const char *msg);
+  /* The option that gives the password of encrypted images, named in
+   * messages (NULL: "password").
+   */
+  const char *password_key;
 };
 
 #endif /* QCOW2_IO_H */

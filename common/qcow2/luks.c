@@ -215,11 +215,33 @@ luks_check_setup (struct luks_setup *s)
   return NULL;
 }
 
-/* The mode, the IV generator (with its hash, for ESSIV) and the hash
- * of a setup, by name: NULL, or what is not supported, and the names
- * that are.
- */
 static const char *
+luks_password_key (const struct qcow2_env *env)
+{
+  return env->password_key ? env->password_key : "password";
+}
+
+/* The parts of a setup looked up by name: what each is, the create
+ * option that names it, and the names supported.
+ */
+struct luks_part {
+  const char *what, *option, *known;
+};
+#define LUKS_HASHES "md5, sha1, sha224, sha256, sha384, sha512, ripemd160"
+enum { PART_MODE, PART_IVGEN, PART_IVHASH, PART_HASH };
+static const struct luks_part luks_parts[] = {
+  [PART_MODE] = { "the cipher mode", "encrypt-cipher-mode",
+                  "ecb, cbc, xts, ctr" },
+  [PART_IVGEN] = { "the IV generator", "encrypt-ivgen-alg",
+                   "plain, plain64, essiv" },
+  [PART_IVHASH] = { "the IV hash", "encrypt-ivgen-hash-alg", LUKS_HASHES },
+  [PART_HASH] = { "the hash", "encrypt-hash-alg", LUKS_HASHES },
+};
+
+/* The mode, the IV generator (with its hash, for ESSIV) and the hash
+ * of a setup, by name: -1, or the part (PART_*) not supported.
+ */
+static int
 luks_lookup (struct luks_setup *s, const char *mode, const char *ivgen,
              const char *ivhash, const char *hash)
 {
@@ -227,18 +249,17 @@ luks_lookup (struct luks_setup *s, const char *mode, const char *ivgen,
   int g = luks_find_name (luks_ivgens, 3, ivgen);
 
   if (m < 0)
-    return "the cipher mode (ecb, cbc, xts, ctr are)";
+    return PART_MODE;
   if (g < 0)
-    return "the IV generator (plain, plain64, essiv are)";
+    return PART_IVGEN;
   s->mode = m;
   s->ivgen = g;
   /* A hash with plain or plain64 is ignored, as by dm-crypt. */
   if (ivhash && g == IV_ESSIV && !(s->ivhash = luks_find_hash (ivhash)))
-    return "the IV hash";
+    return PART_IVHASH;
   if (!(s->hash = luks_find_hash (hash)))
-    return "the hash (md5, sha1, sha224, sha256, sha384, sha512, ripemd160 "
-      "are)";
-  return NULL;
+    return PART_HASH;
+  return -1;
 }
 
 static void
@@ -497,6 +518,7 @@ luks_parse_setup (const struct luks_area *where, const uint8_t *hdr,
   char name[LUKS_NAME_LEN + 1], mode[LUKS_NAME_LEN + 1];
   char hash[LUKS_NAME_LEN + 1], *ivgen, *ivhash;
   const char *why;
+  int part;
 
   luks_field (name, hdr, LH_CIPHER_NAME);
   luks_field (mode, hdr, LH_CIPHER_MODE);
@@ -513,10 +535,11 @@ luks_parse_setup (const struct luks_area *where, const uint8_t *hdr,
   *ivgen++ = '\0';
   if ((ivhash = strchr (ivgen, ':')))
     *ivhash++ = '\0';
-  if ((why = luks_lookup (s, mode, ivgen, ivhash, hash))) {
+  if ((part = luks_lookup (s, mode, ivgen, ivhash, hash)) >= 0) {
     luks_error (where, "LUKS header: cipher mode \"%s-%s%s%s\", hash \"%s\": "
-                "%s not supported", mode, ivgen, ivhash ? ":" : "",
-                ivhash ? ivhash : "", hash, why);
+                "%s (%s are) not supported", mode, ivgen, ivhash ? ":" : "",
+                ivhash ? ivhash : "", hash, luks_parts[part].what,
+                luks_parts[part].known);
     return -ENOTSUP;
   }
   if (s->key_bytes == 0 || s->key_bytes > LUKS_MAX_KEY ||
@@ -667,8 +690,8 @@ luks_open (const struct luks_area *where, const struct qcow2_password *pw,
     goto out;
   if (!pw) {
     luks_error (where, "the image is encrypted (LUKS, %s-%s): give its "
-                "password with password=", s.cipher->alg,
-                luks_modes[s.mode]);
+                "password with %s=", s.cipher->alg, luks_modes[s.mode],
+                luks_password_key (where->env));
     r = -EACCES;
     goto out;
   }
@@ -792,7 +815,13 @@ luks_setup_from (const struct qcow2_env *env,
   const char *mode = o->cipher_mode ? o->cipher_mode : "xts";
   const char *ivgen = o->ivgen_alg ? o->ivgen_alg : "plain64";
   const char *hash = o->hash_alg ? o->hash_alg : "sha256";
+  const char *ivhash = o->ivgen_hash_alg ? o->ivgen_hash_alg : "sha256";
+  const char *value[] = {
+    [PART_MODE] = mode, [PART_IVGEN] = ivgen, [PART_IVHASH] = ivhash,
+    [PART_HASH] = hash,
+  };
   const char *why;
+  int part;
 
   memset (s, 0, sizeof *s);
   for (size_t j = 0; j < N_CIPHERS; j++)
@@ -804,17 +833,13 @@ luks_setup_from (const struct qcow2_env *env,
              "are)", alg);
     return -ENOTSUP;
   }
-  if ((why = luks_lookup (s, mode, ivgen, o->ivgen_hash_alg ? o->ivgen_hash_alg
-                          : "sha256", hash))) {
-    env_err (env, "encryption %s-%s-%s, hash %s: %s not supported", alg, mode,
-             ivgen, hash, why);
-    return -ENOTSUP;
-  }
-  /* Recorded with any IV generator, as qemu-img records it. */
-  if (o->ivgen_hash_alg && !s->ivhash &&
-      !(s->ivhash = luks_find_hash (o->ivgen_hash_alg))) {
-    env_err (env, "encrypt-ivgen-hash-alg=%s is not supported",
-             o->ivgen_hash_alg);
+  if ((part = luks_lookup (s, mode, ivgen, ivhash, hash)) < 0 &&
+      o->ivgen_hash_alg && !s->ivhash &&
+      !(s->ivhash = luks_find_hash (o->ivgen_hash_alg)))
+    part = PART_IVHASH;   /* recorded with any IV generator, as qemu-img */
+  if (part >= 0) {
+    env_err (env, "%s=%s is not supported (%s are)", luks_parts[part].option,
+             value[part], luks_parts[part].known);
     return -ENOTSUP;
   }
   s->key_bytes = s->cipher->nc->key_size * (s->mode == MODE_XTS ? 2 : 1);
@@ -853,7 +878,8 @@ luks_format_check (const struct qcow2_env *env,
   if ((r = luks_setup_from (env, o, &s)) < 0)
     return r;
   if (!o->password) {
-    env_err (env, "encrypt-format=luks needs a password (password=)");
+    env_err (env, "encrypt-format=luks needs a password (%s=)",
+             luks_password_key (env));
     return -EINVAL;
   }
   /* A time long enough to need more iterations than a key slot counts
