@@ -150,7 +150,7 @@ image_describe (const struct qcow2_image *img,
              h->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib",
              backing, data_file,
              cache_entries (img->caches.l2), cache_entry_size (img->caches.l2),
-             img->writable ? "read-write" : "read-only");
+             qcow2_can_write (img) ? "read-write" : "read-only");
 }
 
 /* An encrypted image's guest data goes through the layer that
