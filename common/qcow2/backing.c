@@ -12,16 +12,21 @@
 #include "errstr.h"
 #include "internal.h"
 
+/* A name the image records, resolved against its folder. */
 static char *
-backing_resolve (const char *image_path, const char *name)
+backing_resolve (const struct qcow2_image *img,
+                 const struct qcow2_options *opts, const char *name)
 {
-  const char *slash = strrchr (image_path, '/');
+  const char *dir = opts->names_dir ? opts->names_dir : img->path;
+  const char *end = opts->names_dir ? dir + strlen (dir)
+                                    : strrchr (img->path, '/');
   char *r;
 
-  if (name[0] == '/' || !slash)
+  if (name[0] == '/' || !end)
     return strdup (name);
-  if (asprintf (&r, "%.*s/%s", (int) (slash - image_path), image_path,
-                name) < 0)
+  while (opts->names_dir && end > dir && end[-1] == '/')
+    end--;                      /* "/" is "", as a name's prefix */
+  if (asprintf (&r, "%.*s/%s", (int) (end - dir), dir, name) < 0)
     return NULL;
   return r;
 }
@@ -100,7 +105,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
     return -ELOOP;
   }
 
-  path = named ? strdup (name) : backing_resolve (img->path, name);
+  path = named ? strdup (name) : backing_resolve (img, opts, name);
   if (!path)
     return -ENOMEM;
   if (img->env->identity) {
@@ -162,7 +167,7 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   if (opts->data_file)
     path = strdup (opts->data_file);
   else if (img->h.data_file && img->h.data_file[0])
-    path = backing_resolve (img->path, img->h.data_file);
+    path = backing_resolve (img, opts, img->h.data_file);
   else {
     log_error (img, "image needs an external data file (incompatible "
                "feature bit 2) but names none: give data-file=");

@@ -69,6 +69,10 @@ struct qcow2_options {
   unsigned backing_chain_len;
   const char *snapshot;         /* internal snapshot name or ID, or NULL */
   const char *data_file;        /* override the external data file name */
+  /* The folder where the image's relative backing and data file names
+   * are, when its path names no local file (NULL: the path's folder).
+   */
+  const char *names_dir;
   bool debug_cache;             /* debug messages for L2 cache hits/misses */
   bool readonly;                /* never write (io may be read-only) */
   bool discard_ignore;          /* trim does nothing (discard=ignore) */
