@@ -204,62 +204,119 @@ qcow2_create_check (const struct qcow2_env *env,
   return 0;
 }
 
-int
-qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
-              const struct qcow2_create_options *o)
+/* Where a new image's clusters go: header, refcount table, refcount
+ * blocks, L1, the LUKS header (as QEMU lays them out), and extra
+ * clusters after them (what preallocation adds) that the blocks count
+ * too.
+ */
+struct create_layout {
+  uint64_t cs, l1_size, l1_clusters, blocks, tclusters;
+  uint64_t crypto_len, crypto_clusters, total;
+};
+
+static void
+create_layout (const struct qcow2_create_options *o, uint64_t crypto_len,
+               uint64_t extra, struct create_layout *l)
 {
-  uint64_t cs = o->cluster_size ? o->cluster_size : 65536;
-  uint32_t cluster_bits = __builtin_ctzll (cs);
-  uint64_t l2_entries = cs / (o->extended_l2 ? 16 : 8);
-  uint32_t refcount_order = create_refcount_order (o);
-  uint64_t per_block = cs * 8 >> refcount_order;
-  uint64_t l1_size, l1_clusters, blocks = 1, tclusters = 1, total;
-  uint64_t crypto_len = 0, crypto_clusters = 0;
-  uint8_t *area;
+  uint64_t l2_entries;
+  uint64_t per_block;
+
+  l->cs = o->cluster_size ? o->cluster_size : 65536;
+  l2_entries = l->cs / (o->extended_l2 ? 16 : 8);
+  per_block = l->cs * 8 >> create_refcount_order (o);
+  l->crypto_len = crypto_len;
+  l->crypto_clusters = div_round_up (crypto_len, l->cs);
+  l->l1_size = div_round_up (div_round_up (o->size, l->cs), l2_entries);
+  l->l1_clusters = MAX (div_round_up (l->l1_size * 8, l->cs), 1);
+  l->blocks = l->tclusters = 1;
+  /* The blocks count every cluster, and the table holds the blocks. */
+  for (;;) {
+    l->total = 1 + l->tclusters + l->blocks + l->l1_clusters +
+      l->crypto_clusters + extra;
+    uint64_t b = div_round_up (l->total, per_block);
+    uint64_t t = div_round_up (b * 8, l->cs);
+    if (b == l->blocks && t == l->tclusters)
+      break;
+    l->blocks = b;
+    l->tclusters = t;
+  }
+  l->total -= extra;
+}
+
+/* The checks, and the layout of the new image: 0, or -errno said. */
+static int
+create_plan (const struct qcow2_env *env, const struct qcow2_create_options *o,
+             struct create_layout *l)
+{
+  uint64_t crypto_len = 0;
   int r;
 
   if ((r = qcow2_create_check (env, o)) < 0)
     return r;
   if (o->luks && (r = luks_format_check (env, o->luks, &crypto_len)) < 0)
     return r;
-  crypto_clusters = div_round_up (crypto_len, cs);
-  l1_size = div_round_up (div_round_up (o->size, cs), l2_entries);
-  l1_clusters = MAX (div_round_up (l1_size * 8, cs), 1);
+  create_layout (o, crypto_len, 0, l);
+  return 0;
+}
 
-  /* Header, refcount table, refcount blocks, L1, the LUKS header: the
-   * blocks count them all, and the table holds the blocks.
+int
+qcow2_create_bytes (const struct qcow2_env *env,
+                    const struct qcow2_create_options *o, bool preallocated,
+                    uint64_t *bytes)
+{
+  struct create_layout l;
+  uint64_t extra = 0;
+  int r;
+
+  if ((r = create_plan (env, o, &l)) < 0)
+    return r;
+  /* Preallocation: every L2 table, and every data cluster but in an
+   * external data file.
    */
-  for (;;) {
-    total = 1 + tclusters + blocks + l1_clusters + crypto_clusters;
-    uint64_t b = div_round_up (total, per_block);
-    uint64_t t = div_round_up (b * 8, cs);
-    if (b == blocks && t == tclusters)
-      break;
-    blocks = b;
-    tclusters = t;
+  if (preallocated) {
+    extra = l.l1_size + (o->data_file ? 0 : div_round_up (o->size, l.cs));
+    create_layout (o, l.crypto_len, extra, &l);
   }
+  *bytes = (l.total + extra) * l.cs;
+  return 0;
+}
 
-  area = calloc (total, cs);
+int
+qcow2_create (const struct qcow2_env *env, struct qcow2_io *io,
+              const struct qcow2_create_options *o)
+{
+  uint32_t refcount_order = create_refcount_order (o);
+  struct create_layout l;
+  uint64_t cs, per_block, meta;
+  uint8_t *area;
+  int r;
+
+  if ((r = create_plan (env, o, &l)) < 0)
+    return r;
+  cs = l.cs;
+  per_block = cs * 8 >> refcount_order;
+  meta = 1 + l.tclusters + l.blocks;
+
+  area = calloc (l.total, cs);
   if (!area)
     return -ENOMEM;
-  r = create_header (o, area, cs, cluster_bits, l1_size, tclusters,
-                     (1 + tclusters + blocks) * cs,
-                     (1 + tclusters + blocks + l1_clusters) * cs, crypto_len);
+  r = create_header (o, area, cs, __builtin_ctzll (cs), l.l1_size,
+                     l.tclusters, meta * cs, (meta + l.l1_clusters) * cs,
+                     l.crypto_len);
   assert (r == 0);              /* qcow2_create_check: the name fits */
   if (o->luks &&
-      (r = luks_format (env, o->luks,
-                        area + (1 + tclusters + blocks + l1_clusters) * cs,
-                        crypto_len)) < 0) {
+      (r = luks_format (env, o->luks, area + (meta + l.l1_clusters) * cs,
+                        l.crypto_len)) < 0) {
     free (area);
     return r;
   }
-  for (uint64_t i = 0; i < blocks; i++)
-    be64_put (area + cs + i * 8, (1 + tclusters + i) * cs);
-  for (uint64_t c = 0; c < total; c++)
-    refcount_entry_set (area + (1 + tclusters + c / per_block) * cs,
+  for (uint64_t i = 0; i < l.blocks; i++)
+    be64_put (area + cs + i * 8, (1 + l.tclusters + i) * cs);
+  for (uint64_t c = 0; c < l.total; c++)
+    refcount_entry_set (area + (1 + l.tclusters + c / per_block) * cs,
                         refcount_order, c % per_block, 1);
 
-  r = io->ops->pwrite (io, area, total * cs, 0);
+  r = io->ops->pwrite (io, area, l.total * cs, 0);
   if (r == 0)
     r = io->ops->flush (io);
   if (r < 0)

@@ -158,6 +158,15 @@ extern int qcow2_create_check (const struct qcow2_env *env,
  */
 extern int qcow2_probe (struct qcow2_io *io);
 
+/* The bytes of storage the image qcow2_create makes with opts takes
+ * (its metadata), or with preallocated, at least what qcow2_preallocate
+ * then adds (every L2 table, and every data cluster but in an external
+ * data file): 0, or -errno with the reason reported.
+ */
+extern int qcow2_create_bytes (const struct qcow2_env *env,
+                               const struct qcow2_create_options *opts,
+                               bool preallocated, uint64_t *bytes);
+
 /* Open the image in io (named path, used to resolve relative names).
  * On success the image owns io.  On failure returns NULL and errno,
  * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is
