@@ -3,8 +3,10 @@
 # What the plugin tells its user: every parse error names its option;
 # io-threads is capped; a missing backing file gets a hint; -v says,
 # layer by layer, what was opened and how it is locked; --dump-plugin
-# lists what this build can do; notices go through nbdkit's logging
-# (so --log=null silences them, as it does nbdkit's own messages).
+# lists what this build can do; notices go where nbdkit logs (so
+# --log=null silences them, as it does nbdkit's own messages), and say
+# "notice", not "error"; --help lists every option; a qemu-img -o list
+# is taken as options=.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdinfo
@@ -92,3 +94,66 @@ nbdkit --log=null -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
   > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=null"
 ! grep -q "served read-only" "$tmp/notice.log" ||
   fail "a notice bypassed nbdkit's logging"
+# A notice is not an error, and shows without -v.
+nbdkit -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export"
+grep -qE "^nbdkit: qcow2: notice: $img: served read-only: a snapshot is served$" \
+  "$tmp/notice.log" || fail "the notice: $(cat "$tmp/notice.log")"
+! grep -qi error "$tmp/notice.log" || fail "a notice said as an error"
+nbdkit --log=stderr -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=stderr"
+grep -q "notice: .*served read-only" "$tmp/notice.log" ||
+  fail "--log=stderr: no notice"
+nbdkit --log=syslog -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=syslog"
+! grep -q "served read-only" "$tmp/notice.log" ||
+  fail "--log=syslog: the notice went to stderr"
+
+# Parse errors say what was expected, naming the option, in one line.
+expect_refused '^nbdkit: error: encrypt-iter-time: expected milliseconds \(a whole number\), not "abc"$' \
+  qcow2 "$tmp/n.qcow2" create=true size=1M encrypt-format=luks password=x \
+  encrypt-iter-time=abc
+expect_refused '^nbdkit: error: refcount-bits: expected bits \(1, 2, 4, 8, 16, 32 or 64\) \(a whole number from 0 to 64\), not "sixteen"$' \
+  qcow2 "$tmp/n.qcow2" create=true size=1M refcount-bits=sixteen
+expect_refused '^nbdkit: error: io-threads: expected a number of threads \(a whole number from 0 to [0-9]+\), not "many"$' \
+  qcow2 "$img" io-threads=many
+[ "$(grep -c '^nbdkit:' "$tmp/refused.err")" -eq 1 ] || fail "not one line"
+
+# qemu-img's -o list: as options=, each key as if given alone (",," a
+# comma); pasted as one key's value, refused, naming options=.
+expect_refused '^nbdkit: error: cluster_size: "4K,lazy_refcounts=on" holds more options: a qemu-img -o list is given as options=cluster_size=4K,lazy_refcounts=on$' \
+  qcow2 "$tmp/n.qcow2" create=true size=1M cluster_size=4K,lazy_refcounts=on
+[ "$(grep -c '^nbdkit:' "$tmp/refused.err")" -eq 1 ] || fail "not one line"
+nbdkit -U - qcow2 "$tmp/o.qcow2" create=true \
+  options=size=2M,cluster_size=4K,lazy_refcounts=on,data_file="$tmp/d,,1.raw" \
+  --run 'nbdinfo --size "$uri"' > "$tmp/o.size" || fail "options="
+[ "$(cat "$tmp/o.size")" = 2097152 ] || fail "options=size=2M: $(cat "$tmp/o.size")"
+qemu-img info --output=json "$tmp/o.qcow2" > "$tmp/o.json"
+/usr/bin/python3 -c '
+import json, sys
+i = json.load(open(sys.argv[1]))
+s = i["format-specific"]["data"]
+assert i["cluster-size"] == 4096, i
+assert s["lazy-refcounts"], s
+assert s["data-file"] == sys.argv[2] + "/d,1.raw", s' "$tmp/o.json" "$tmp" ||
+  fail "options= made another image: $(cat "$tmp/o.json")"
+[ -f "$tmp/d,1.raw" ] || fail "options=data_file=d,,1.raw: no file d,1.raw"
+expect_refused '^nbdkit: error: options: nosuch is not an option of a new image' \
+  qcow2 "$tmp/n.qcow2" create=true options=size=1M,nosuch=1
+expect_refused '^nbdkit: error: options: encrypt.key-secret names a QEMU secret object: give the password itself with password=' \
+  qcow2 "$tmp/n.qcow2" create=true options=size=1M,encrypt.format=luks,encrypt.key-secret=sec0
+[ ! -e "$tmp/n.qcow2" ] || fail "a refused create left a file"
+
+# --help lists every option.
+nbdkit qcow2 --help > "$tmp/help"
+for key in file= backing=none data-file= password= cache= snapshot= \
+           readonly=true discard= repair=leaks compress= locking= \
+           overlap-check= l2-cache-size= l2-slice-size= io-threads= \
+           create= size= backing-fmt= data-file-raw= cluster-size= \
+           compat= extended-l2= lazy-refcounts= refcount-bits= \
+           compression-type= preallocation= encrypt-format=luks \
+           encrypt-cipher-alg= encrypt-cipher-mode= encrypt-ivgen-alg= \
+           encrypt-ivgen-hash-alg= encrypt-hash-alg= encrypt-iter-time= \
+           options=; do
+  grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
+done

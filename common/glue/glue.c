@@ -1,21 +1,45 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The nbdkit glue the qcow2 plugin and filter share (see glue.h). */
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
 #include "checked.h"
+#include "errstr.h"
 #include "fileio.h"
 #include "glue.h"
 
 struct glue_state glue = {
   .engine.io_threads = GLUE_IO_THREADS, .create.size = -1,
 };
+
+NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
+NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
+
+/* The module's name, and the process nbdkit loaded it in (a notice
+ * from another ran after nbdkit forked).
+ */
+static const char *module_name = "qcow2";
+static pid_t load_pid;
+
+void
+glue_load (const char *name, const char *password_key, unsigned io_threads)
+{
+  module_name = name;
+  glue_env.password_key = password_key;
+  glue.engine.io_threads = io_threads;
+  load_pid = getpid ();
+}
 
 int
 glue_parse_size (const char *key, const char *value, bool zero_ok,
@@ -50,6 +74,29 @@ glue_parse_bool (const char *key, const char *value, bool *out)
   return 0;
 }
 
+int
+glue_parse_number (const char *key, const char *value, const char *what,
+                   uint64_t max, uint64_t *out)
+{
+  char *end;
+  uint64_t n;
+
+  errno = 0;
+  n = strtoull (value, &end, 10);
+  if (!isdigit ((unsigned char) value[0]) || *end || errno == ERANGE ||
+      n > max) {
+    if (max == UINT64_MAX)
+      nbdkit_error ("%s: expected %s (a whole number), not \"%s\"",
+                    key, what, value);
+    else
+      nbdkit_error ("%s: expected %s (a whole number from 0 to %" PRIu64
+                    "), not \"%s\"", key, what, max, value);
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
 /* One of a few words: its index in words (NULL-terminated), or -1
  * with an error listing them.
  */
@@ -72,6 +119,21 @@ glue_parse_word (const char *key, const char *value,
   return -1;
 }
 
+/* Whether value goes on with ",KEY=" (a qemu-img -o list pasted as
+ * one key's value).
+ */
+static bool
+glue_holds_list (const char *value)
+{
+  for (const char *c = strchr (value, ','); c; c = strchr (c + 1, ',')) {
+    size_t n = strspn (c + 1, "abcdefghijklmnopqrstuvwxyz0123456789_.-");
+
+    if (n > 0 && c[1 + n] == '=')
+      return true;
+  }
+  return false;
+}
+
 /* key=value by the table t of n rows: 1 if done, 0 if the table has no
  * such key, -1 on error (said, naming the key).  *row: the row used.
  */
@@ -90,6 +152,13 @@ glue_config_table (const struct glue_option *t, size_t n, const char *key,
     *row = o;
   if (!o)
     return 0;
+  if (o->kind != GLUE_PATH && o->kind != GLUE_STRING &&
+      o->fn != glue_config_password && o->fn != glue_config_backing_password &&
+      glue_holds_list (value)) {
+    nbdkit_error ("%s: \"%s\" holds more options: a qemu-img -o list is "
+                  "given as options=%s=%s", key, value, key, value);
+    return -1;
+  }
   if (o->given)
     *o->given = true;
   switch (o->kind) {
@@ -150,14 +219,18 @@ glue_set_overlap_check (unsigned i)
 static int
 glue_config_io_threads (const char *key, const char *value)
 {
-  if (nbdkit_parse_unsigned (key, value, &glue.engine.io_threads) == -1)
+  uint64_t n;
+
+  if (glue_parse_number (key, value, "a number of threads", UINT32_MAX,
+                         &n) == -1)
     return -1;
-  if (glue.engine.io_threads > GLUE_IO_THREADS_MAX) {
-    nbdkit_error ("io-threads: at most %d, not %u (a few threads already "
-                  "keep a host file's queue full)", GLUE_IO_THREADS_MAX,
-                  glue.engine.io_threads);
+  if (n > GLUE_IO_THREADS_MAX) {
+    nbdkit_error ("io-threads: at most %d, not %" PRIu64 " (a few threads "
+                  "already keep a host file's queue full)",
+                  GLUE_IO_THREADS_MAX, n);
     return -1;
   }
+  glue.engine.io_threads = n;
   return 0;
 }
 
@@ -275,6 +348,7 @@ glue_set_compress (unsigned i)
 
 static const struct glue_option glue_options[] = {
   { "snapshot", GLUE_STRING, .dest = &glue.snapshot },
+  { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
   { "discard", GLUE_WORD, .words = WORDS ("unmap", "ignore"),
     .set = glue_set_discard },
   { "repair", GLUE_WORD, .words = WORDS ("leaks", "off"),
@@ -315,7 +389,8 @@ glue_config_encrypt (const char *key, const char *value)
   char *copy;
 
   if (strcmp (name, "iter-time") == 0)
-    return nbdkit_parse_uint64_t (key, value, &l->iter_time);
+    return glue_parse_number (key, value, "milliseconds", UINT64_MAX,
+                              &l->iter_time);
   if (!dest || !(copy = strdup (value))) {
     nbdkit_error ("%s: %s", key, dest ? "out of memory" : "unknown key");
     return -1;
@@ -356,7 +431,19 @@ glue_set_compression_type (unsigned i)
 static int
 glue_config_refcount_bits (const char *key, const char *value)
 {
-  return nbdkit_parse_unsigned (key, value, &glue.create.opts.refcount_bits);
+  uint64_t n;
+
+  if (glue_parse_number (key, value, "bits (1, 2, 4, 8, 16, 32 or 64)", 64,
+                         &n) == -1)
+    return -1;
+  glue.create.opts.refcount_bits = n;
+  return 0;
+}
+
+static void
+glue_set_preallocation (unsigned i)
+{
+  glue.create.opts.preallocation = i;   /* in the enum's order */
 }
 
 /* Each with qemu-img's spelling too (-o cluster_size=...). */
@@ -389,7 +476,67 @@ static const struct glue_option glue_create_options[] = {
   { "encrypt-ivgen-hash-alg", GLUE_FN, true, .fn = glue_config_encrypt },
   { "encrypt-hash-alg", GLUE_FN, true, .fn = glue_config_encrypt },
   { "encrypt-iter-time", GLUE_FN, true, .fn = glue_config_encrypt },
+  { "preallocation", GLUE_WORD, true,
+    .words = WORDS ("off", "metadata", "falloc", "full"),
+    .set = glue_set_preallocation },
 };
+
+/* options=LIST: each KEY=VALUE of a qemu-img -o list (",," is a
+ * comma; KEY alone is KEY=on, as QEMU reads it) as if given alone;
+ * size= is the new image's size, whatever the module calls it.
+ */
+static int
+glue_config_options (const struct glue_option *t, size_t n,
+                     const char *list)
+{
+  char *copy = malloc (strlen (list) + 1);
+  const char *p = list;
+  int r = 0;
+
+  if (!copy) {
+    nbdkit_error ("options: %s", errstr (errno));
+    return -1;
+  }
+  while (r == 0 && *p) {
+    char *q = copy, *value;
+
+    for (; *p && !(p[0] == ',' && p[1] != ','); p++) {
+      *q++ = *p;
+      if (p[0] == ',')
+        p++;                    /* ",," */
+    }
+    *q = '\0';
+    if (*p)
+      p++;
+    if (!copy[0])
+      continue;
+    value = strchr (copy, '=');
+    if (value)
+      *value++ = '\0';
+    if (strcmp (copy, "encrypt.key-secret") == 0) {
+      nbdkit_error ("options: encrypt.key-secret names a QEMU secret "
+                    "object: give the password itself with %s=",
+                    glue_env.password_key ? glue_env.password_key
+                                          : "password");
+      r = -1;
+    }
+    else if (strcmp (copy, "size") == 0) {
+      r = glue_config_create_size ("size", value ? value : "");
+      if (r == 0 && !glue.create.first_key)
+        glue.create.first_key = "size";
+    }
+    else if (strcmp (copy, "options") == 0 ||
+             (r = glue_config (t, n, copy, value ? value : "on", NULL)) == 0) {
+      nbdkit_error ("options: %s is not an option of a new image here "
+                    "(the man page lists them)", copy);
+      r = -1;
+    }
+    else
+      r = r == 1 ? 0 : -1;
+  }
+  free (copy);
+  return r;
+}
 
 int
 glue_config (const struct glue_option *t, size_t n, const char *key,
@@ -398,6 +545,12 @@ glue_config (const struct glue_option *t, size_t n, const char *key,
   const struct glue_option *o = NULL;
   char dashed[64];
   int r;
+
+  if (strcmp (key, "options") == 0) {
+    if (row)
+      *row = NULL;
+    return glue_config_options (t, n, value) == 0 ? 1 : -1;
+  }
 
   /* qemu-img's encrypt.NAME, as encrypt-NAME. */
   if (strncmp (key, "encrypt.", 8) == 0 && strlen (key) < sizeof dashed) {
@@ -587,10 +740,162 @@ glue_debug (void *opaque, const char *msg)
   nbdkit_debug ("%s", msg);
 }
 
+/* Each argument of nbdkit's command line in turn to fn, with the one
+ * after it (or NULL), up to "--" or until fn returns true: true if it
+ * did.
+ */
+static bool
+glue_cmdline (bool (*fn) (const char *arg, const char *next, void *opaque),
+              void *opaque)
+{
+  static char buf[16384];
+  static size_t n;
+  static bool read_once;
+
+  if (!read_once) {
+    FILE *fp = fopen ("/proc/self/cmdline", "r");
+
+    read_once = true;
+    if (fp) {
+      n = fread (buf, 1, sizeof buf - 1, fp);
+      fclose (fp);
+    }
+    buf[n] = '\0';
+  }
+  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
+    size_t next = i + strlen (buf + i) + 1;
+
+    if (strcmp (buf + i, "--") == 0)
+      break;
+    if (fn (buf + i, next < n ? buf + next : NULL, opaque))
+      return true;
+  }
+  return false;
+}
+
+/* --log=WHERE or --log WHERE (the last one counts). */
+static bool
+glue_cmdline_log (const char *arg, const char *next, void *opaque)
+{
+  const char **where = opaque;
+
+  if (strncmp (arg, "--log=", 6) == 0)
+    *where = arg + 6;
+  else if (strcmp (arg, "--log") == 0 && next)
+    *where = next;
+  return false;
+}
+
+/* Where nbdkit logs (main.c's log_to): "stderr", "syslog", "null" or
+ * a file's absolute path (nbdkit 1.34 and later).
+ */
+static const char *
+glue_log_destination (void)
+{
+  const char *where = "default";
+
+  glue_cmdline (glue_cmdline_log, &where);
+  if (strcmp (where, "default") == 0)
+    /* nbdkit logs to syslog once it forked into the background: a
+     * process other than the one that loaded us, but for the server
+     * --run forks, which stays in the foreground.
+     */
+    where = getpid () != load_pid && !glue_captive () ? "syslog" : "stderr";
+  return where;
+}
+
 void
 glue_notice (void *opaque, const char *path, const char *msg)
 {
-  nbdkit_error ("%s: %s", path, msg);
+  const char *where = glue_log_destination ();
+  FILE *fp = NULL;
+
+  if (strcmp (where, "null") == 0)
+    return;
+  if (strcmp (where, "syslog") == 0) {
+    syslog (LOG_DAEMON | LOG_NOTICE, "%s: notice: %s: %s", module_name, path,
+            msg);
+    return;
+  }
+  if (where[0] == '/' && !(fp = fopen (where, "a")))
+    return;
+  if (!fp)
+    fp = stderr;
+  flockfile (fp);
+  fprintf (fp, "nbdkit: %s: notice: %s: %s\n", module_name, path, msg);
+  funlockfile (fp);
+  if (fp != stderr)
+    fclose (fp);
+}
+
+void
+glue_noticef (const char *path, const char *fmt, ...)
+{
+  va_list ap;
+  char *msg;
+
+  va_start (ap, fmt);
+  if (vasprintf (&msg, fmt, ap) >= 0) {
+    glue_notice (NULL, path, msg);
+    free (msg);
+  }
+  va_end (ap);
+}
+
+int
+glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
+             const char *why)
+{
+  const char *reason;
+
+  if (qcow2_is_corrupt (img) && !asked_readonly && !glue.engine.snapshot) {
+    qcow2_check_writable (img);         /* says why, and what to do */
+    return -1;
+  }
+  if (why)
+    glue_noticef (name, "served read-only: %s", why);
+  else if (!asked_readonly && (reason = qcow2_readonly_reason (img)))
+    glue_noticef (name, "served read-only: %s", reason);
+  return 0;
+}
+
+void
+glue_close_stats (struct qcow2_image *img)
+{
+  struct qcow2_cache_stats st;
+
+  if (!qcow2_debug_cache)
+    return;
+  qcow2_cache_stats (img, &st);
+  nbdkit_debug ("L2 cache: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
+                " evictions (%" PRIu64 " slices of %" PRIu64 " bytes)",
+                st.hits, st.misses, st.evictions, st.slices, st.slice_size);
+}
+
+void
+glue_flushed (struct qcow2_image *img)
+{
+  if (qcow2_debug_flush)
+    nbdkit_debug ("flush: %" PRIu64 " host flushes so far",
+                  qcow2_host_flushes (img));
+}
+
+void
+glue_dump_plugin (void)
+{
+  printf ("qcow2_zlib=yes\n");
+  printf ("qcow2_zstd=yes\n");
+  printf ("qcow2_versions=2,3\n");
+  printf ("qcow2_read=all images qemu-img makes (LUKS-encrypted too, "
+          "not QEMU's legacy AES)\n");
+  printf ("qcow2_write=all images it reads (new clusters compressed "
+          "with compress=; a snapshot= export is read-only)\n");
+  printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
+          "persistent-bitmaps,snapshot-export,create,create-if-missing,"
+          "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
+  printf ("qcow2_encryption=luks\n");
+  printf ("qcow2_compressed_writes=zlib,zstd\n");
+  printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
 }
 
 /* Leaked clusters (a crash leaves some) are reclaimed, and a dirty
@@ -620,32 +925,43 @@ glue_repair (struct qcow2_image *img, const char *name)
   return 0;
 }
 
+static bool
+glue_cmdline_readonly (const char *a, const char *next, void *opaque)
+{
+  if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
+    return true;
+  /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
+  return a[0] == '-' && a[1] != '-' && a[1] &&
+    strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r');
+}
+
 bool
 glue_server_readonly (void)
 {
-  char buf[8192];
-  size_t n = 0;
-  bool ro = false;
-  FILE *fp = fopen ("/proc/self/cmdline", "r");
+  return glue_cmdline (glue_cmdline_readonly, NULL);
+}
 
-  if (!fp)
-    return false;
-  n = fread (buf, 1, sizeof buf - 1, fp);
-  fclose (fp);
-  buf[n] = '\0';
-  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
-    const char *a = buf + i;
+static bool
+glue_cmdline_dump (const char *a, const char *next, void *opaque)
+{
+  return strcmp (a, "--dump-plugin") == 0;
+}
 
-    if (strcmp (a, "--") == 0)
-      break;
-    if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
-      ro = true;
-    /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
-    else if (a[0] == '-' && a[1] != '-' && a[1] &&
-             strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r'))
-      ro = true;
-  }
-  return ro;
+bool
+glue_dump_asked (void)
+{
+  return glue_cmdline (glue_cmdline_dump, NULL);
+}
+
+bool
+glue_captive (void)
+{
+  char parent[64];
+  struct stat self, other;
+
+  snprintf (parent, sizeof parent, "/proc/%ld/exe", (long) getppid ());
+  return stat ("/proc/self/exe", &self) == 0 && stat (parent, &other) == 0 &&
+    self.st_dev == other.st_dev && self.st_ino == other.st_ino;
 }
 
 /* Files not locked where locking=auto finds no OFD locks. */
@@ -666,7 +982,7 @@ struct fileio_options glue_file_options = {
   .debug = glue_lock_debug,
 };
 
-const struct qcow2_env glue_env = {
+struct qcow2_env glue_env = {
   .opaque = &glue_file_options,
   .open = fileio_env_open,
   .identity = fileio_env_identity,

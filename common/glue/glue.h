@@ -88,7 +88,10 @@ struct glue_option {
  * key, -1 on error (said, naming the key); *row (if row is not NULL):
  * the row used, or NULL.  The first key
  * given that only describes an image to create (a row marked
- * create_only) is noted in glue.create.first_key.
+ * create_only) is noted in glue.create.first_key.  options=LIST takes
+ * a qemu-img -o list (KEY=VALUE,..., ",," a comma), each key as if
+ * given alone; a value that holds such a list is refused, naming
+ * options=.
  */
 extern int glue_config (const struct glue_option *t, size_t n,
                         const char *key, const char *value,
@@ -128,40 +131,90 @@ extern void glue_forget_password (void);
 extern int glue_parse_size (const char *key, const char *value, bool zero_ok,
                             uint64_t *out);
 extern int glue_parse_bool (const char *key, const char *value, bool *out);
+/* A number from 0 to max; what: what it counts, for the error. */
+extern int glue_parse_number (const char *key, const char *value,
+                              const char *what, uint64_t max, uint64_t *out);
 
-/* The engine's messages, to nbdkit's log; notices (not errors, but the
- * user must hear of them) as errors, since nbdkit gives modules no
- * level between debug (-v only) and error.
+/* The module's .load: name (for its messages), the option that gives
+ * the password, the default of io-threads.
+ */
+extern void glue_load (const char *name, const char *password_key,
+                       unsigned io_threads);
+
+/* The engine's messages, to nbdkit's log.  Notices (not errors, but
+ * the user must hear of them) go where nbdkit logs, with "notice"
+ * where nbdkit writes "error" (nbdkit, to 1.45, gives modules no level
+ * between debug, shown with -v only, and error): to stderr, syslog, a
+ * file or nowhere, as nbdkit's --log says, and as nbdkit decides when
+ * it is not given (syslog once nbdkit runs in the background).
  */
 extern void glue_error (void *opaque, const char *msg);
 extern void glue_debug (void *opaque, const char *msg);
 extern void glue_notice (void *opaque, const char *path, const char *msg);
+extern void glue_noticef (const char *path, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
 
 /* Local files (the plugin's image, every backing file): how they are
  * opened (locking=, cache=), and the engine's environment opening them.
  */
 extern struct fileio_options glue_file_options;
-extern const struct qcow2_env glue_env;
+extern struct qcow2_env glue_env;
+
+/* After the image named name opened: as QEMU, an image marked corrupt
+ * is refused unless read-only was asked (asked_readonly, or a snapshot
+ * served); an image
+ * served read-only unasked is said, with why (NULL: the engine's
+ * reason).  0, or -1 said.
+ */
+extern int glue_opened (struct qcow2_image *img, const char *name,
+                        bool asked_readonly, const char *why);
 
 /* repair=leaks on the image named name: 0, or -1 said. */
 extern int glue_repair (struct qcow2_image *img, const char *name);
 
-/* Whether nbdkit serves read-only (-r): nbdkit (up to 1.44) does not
- * tell modules before the first connection, so its command line says.
+/* -D qcow2.cache=1 and -D qcow2.flush=1 (each module has its own).
+ * glue_close_stats: the L2 cache's totals, at the end of a connection;
+ * glue_flushed: the host flushes so far, after a client's flush.
+ */
+extern int qcow2_debug_cache, qcow2_debug_flush;
+extern void glue_close_stats (struct qcow2_image *img);
+extern void glue_flushed (struct qcow2_image *img);
+
+/* nbdkit --dump-plugin: what this build reads and writes (qcow2_*). */
+extern void glue_dump_plugin (void);
+
+/* What nbdkit's command line says (nbdkit, up to 1.45, does not tell
+ * modules before the first connection): whether it serves read-only
+ * (-r), and whether it was asked to --dump-plugin.
  */
 extern bool glue_server_readonly (void);
+extern bool glue_dump_asked (void);
+/* Whether this process is the server that nbdkit --run forked for
+ * its command (its parent, running the command, is nbdkit too).
+ */
+extern bool glue_captive (void);
 
+/* --help: the options both modules take, but io-threads= (whose
+ * default differs) and the create options (in each module's order).
+ */
 #define GLUE_CONFIG_HELP \
   "snapshot=<NAME|ID>              Serve an internal snapshot (read-only).\n" \
+  "readonly=true                   Never write the image.\n" \
   "discard=unmap|ignore            Whether trim frees space (default unmap).\n" \
   "repair=leaks                    Reclaim leaked clusters before serving.\n" \
+  "compress=off|on|zlib|zstd       Store whole new clusters compressed (off).\n" \
+  "locking=auto|on|off             QEMU's image locks on local files (auto).\n" \
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
-  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
-  "io-threads=<N>                  Threads reading or writing the pieces of a\n" \
-  "                                fragmented request at once (default 4, 0: none).\n" \
-  "locking=auto|on|off             QEMU's image locks on local files (auto).\n" \
-  "compress=off|on|zlib|zstd       Store whole new clusters compressed (off)."
+  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n"
+#define GLUE_CREATE_HELP \
+  "  cluster-size=<SIZE> compat=0.10|1.1 extended-l2=on lazy-refcounts=on\n" \
+  "  refcount-bits=<N> compression-type=zlib|zstd\n" \
+  "  preallocation=off|metadata|falloc|full\n" \
+  "  encrypt-format=luks encrypt-cipher-alg=<ALG> encrypt-cipher-mode=<MODE>\n" \
+  "  encrypt-ivgen-alg=<ALG> encrypt-ivgen-hash-alg=<HASH>\n" \
+  "  encrypt-hash-alg=<HASH> encrypt-iter-time=<MS>\n" \
+  "  options=<KEY=VALUE,...>   the same as a qemu-img -o list.\n"
 
 #endif /* QCOW2_GLUE_H */

@@ -21,13 +21,6 @@
 #include "glue.h"
 #include "qcow2.h"
 
-/* -D qcow2.cache=1: L2 cache hits, misses and evictions. */
-NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
-
-/* -D qcow2.flush=1: host flushes issued, after each client flush. */
-NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
-
-
 static char *filename;
 /* data-file=: absolute (opened), and as given (recorded by create=). */
 static char *data_file;
@@ -37,6 +30,12 @@ static struct qcow2_image *image;
 /* create=true or create=if-missing: make the image at get_ready. */
 static enum { CREATE_NO, CREATE_YES, CREATE_IF_MISSING } create;
 static char *create_backing;
+
+static void
+plugin_load (void)
+{
+  glue_load ("qcow2", "password", GLUE_IO_THREADS);
+}
 
 static void
 plugin_unload (void)
@@ -51,15 +50,7 @@ plugin_unload (void)
   free (create_backing);
 }
 
-/* Setters of the options that are one of a few words (index in the
- * row's words).
- */
-static void
-plugin_set_preallocation (unsigned i)
-{
-  glue.create.opts.preallocation = i;   /* in the enum's order */
-}
-
+/* cache=none|writeback (index in the row's words). */
 static void
 plugin_set_cache (unsigned i)
 {
@@ -137,14 +128,10 @@ static const struct glue_option plugin_options[] = {
   { "data_file_raw", GLUE_BOOL, true,
     .dest = &glue.create.opts.data_file_raw,
     .given = &glue.create.data_file_raw_set },
-  { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
   { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
   { "create", GLUE_FN, .fn = plugin_config_create },
   { "size", GLUE_FN, true, .fn = glue_config_create_size },
-  { "preallocation", GLUE_WORD, true,
-    .words = WORDS ("off", "metadata", "falloc", "full"),
-    .set = plugin_set_preallocation },
 };
 
 static int
@@ -381,20 +368,21 @@ plugin_create_undo (enum create_made made)
 }
 
 #define plugin_config_help \
-  "file=<FILENAME>      (required) The qcow2 image to serve.\n" \
+  "[file=]<FILENAME>               (required) The qcow2 image to serve.\n" \
   "backing=none                    Serve the image without its backing file.\n" \
-  "create=true size=<SIZE>         Create the image (see the man page for\n" \
-  "                                backing=, cluster-size=, compat=,\n" \
-  "                                extended-l2=, lazy-refcounts=,\n" \
-  "                                preallocation=).\n" \
   "data-file=<FILENAME>            Override the external data file.\n" \
-  "readonly=true                   Open the image read-only.\n" \
   "password=<PASSWORD>|-|+FILE|-FD The password of a LUKS-encrypted image\n" \
   "                                (also passphrase=).\n" \
   "backing-password=<PASSWORD>     That of the next backing file, if other.\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
-  GLUE_CONFIG_HELP
+  GLUE_CONFIG_HELP \
+  "io-threads=<N>                  Threads doing the pieces of a fragmented\n" \
+  "                                request at once (default 4, 0: none).\n" \
+  "create=true|if-missing size=<SIZE>  Make the image first, with:\n" \
+  "  backing=<FILE> backing-fmt=qcow2|raw data-file=<FILE> data-file-raw=on\n" \
+  GLUE_CREATE_HELP \
+  "  (qemu-img's spellings too: cluster_size=, lazy_refcounts=, ...)"
 
 /* Hints for files that are not qcow2 images (qcow2_open's errno). */
 static void
@@ -418,7 +406,6 @@ static int
 plugin_open_image (struct qcow2_io *io)
 {
   bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
-  const char *reason;
   char *why = NULL;
   int e = 0;
 
@@ -448,19 +435,10 @@ plugin_open_image (struct qcow2_io *io)
     plugin_open_hint (errno);
     return -1;
   }
-  /* As QEMU refuses to open a corrupt image read-write. */
-  if (qcow2_is_corrupt (image) && !asked_readonly && !glue.engine.snapshot) {
-    qcow2_check_writable (image);       /* says why, and what to do */
-    return -1;
-  }
-  if (e)
-    glue_notice (NULL, filename, nbdkit_printf_intern (
-                     "served read-only: it cannot be opened for writing: %s",
-                     errstr (e)));
-  else if (!asked_readonly && (reason = qcow2_readonly_reason (image)))
-    glue_notice (NULL, filename, nbdkit_printf_intern (
-                     "served read-only: %s", reason));
-  return 0;
+  return glue_opened (image, filename, asked_readonly,
+                      e ? nbdkit_printf_intern ("it cannot be opened for "
+                                                "writing: %s", errstr (e))
+                        : NULL);
 }
 
 static int
@@ -504,15 +482,7 @@ plugin_open (int readonly)
 static void
 plugin_close (void *handle)
 {
-  struct qcow2_cache_stats st;
-
-  if (qcow2_debug_cache) {
-    qcow2_cache_stats (image, &st);
-    nbdkit_debug ("L2 cache: %" PRIu64 " hits, %" PRIu64 " misses, %"
-                  PRIu64 " evictions (%" PRIu64 " slices of %" PRIu64
-                  " bytes)", st.hits, st.misses, st.evictions, st.slices,
-                  st.slice_size);
-  }
+  glue_close_stats (image);
 }
 
 static int64_t
@@ -658,9 +628,7 @@ plugin_flush (void *handle, uint32_t flags)
 {
   int r = qcow2_flush (image);
 
-  if (qcow2_debug_flush)
-    nbdkit_debug ("flush: %" PRIu64 " host flushes so far",
-                  qcow2_host_flushes (image));
+  glue_flushed (image);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -680,37 +648,19 @@ plugin_extents (void *handle, uint32_t count, uint64_t offset,
   return r < 0 ? plugin_errno (r) : 0;
 }
 
-/* nbdkit --dump-plugin qcow2: what this build reads and writes. */
-static void
-plugin_dump_plugin (void)
-{
-  printf ("qcow2_zlib=yes\n");
-  printf ("qcow2_zstd=yes\n");
-  printf ("qcow2_versions=2,3\n");
-  printf ("qcow2_read=all images qemu-img makes (LUKS-encrypted too, "
-          "not QEMU's legacy AES)\n");
-  printf ("qcow2_write=all images it reads (new clusters compressed "
-          "with compress=; a snapshot= export is read-only)\n");
-  printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
-          "persistent-bitmaps,snapshot-export,create,create-if-missing,"
-          "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
-  printf ("qcow2_encryption=luks\n");
-  printf ("qcow2_compressed_writes=zlib,zstd\n");
-  printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
-}
-
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
 static struct nbdkit_plugin plugin = {
   .name              = "qcow2",
   .longname          = "nbdkit qcow2 plugin",
   .version           = PACKAGE_VERSION,
+  .load              = plugin_load,
   .unload            = plugin_unload,
   .config            = plugin_config,
   .config_complete   = plugin_config_complete,
   .config_help       = plugin_config_help,
   .magic_config_key  = "file",
-  .dump_plugin       = plugin_dump_plugin,
+  .dump_plugin       = glue_dump_plugin,
   .get_ready         = plugin_get_ready,
   .open              = plugin_open,
   .close             = plugin_close,
