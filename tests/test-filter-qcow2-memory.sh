@@ -53,7 +53,7 @@ nbdcopy "nbd+unix:///?socket=$sock" "$tmp/mem.qcow2"
 # Once formatted, not again.
 nbdkit -U - --filter=qcow2 nbd socket="$sock" create=true virtual-size=64M \
   --run true 2> "$tmp/again.log" || true
-grep -q "the plugin's export is not empty (data at offset 0)" "$tmp/again.log" ||
+grep -q "create=true: nbd socket=$sock is not empty (data at offset 0)" "$tmp/again.log" ||
   fail "create=true over an image: $(cat "$tmp/again.log")"
 kill "$(cat "$tmp/mem.pid")"
 qemu-img check -q "$tmp/mem.qcow2" || fail "qemu-img check of the image made in memory"

@@ -7,14 +7,18 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <nbdkit-filter.h>
 
@@ -23,6 +27,14 @@
 #include "fileio.h"
 #include "glue.h"
 #include "qcow2.h"
+
+/* nbdkit 1.35.9 gave filters a dump_plugin callback; before it, the
+ * filter's keys are printed at unload, which nbdkit --dump-plugin
+ * reaches right after printing the plugin's.
+ */
+#define HAVE_FILTER_DUMP_PLUGIN \
+  (NBDKIT_VERSION_MINOR > 35 || \
+   (NBDKIT_VERSION_MINOR == 35 && NBDKIT_VERSION_MICRO >= 9))
 
 /* The most the engine asks of the plugin in one call (its requests are
  * 32-bit).
@@ -53,15 +65,27 @@ static unsigned below_file_count;
 static bool below_file_is_image;
 static struct qcow2_io *below_file_lock;
 
+/* What names the image in messages otherwise: the plugin and the keys
+ * that say what it serves ("curl url=...", "ssh host=h path=/p",
+ * "memory export"), set at config_complete.  below_keys: those keys
+ * as given (URLs without their user and password).
+ */
+static char *image_name;
+static char *below_keys;
+
 /* create=true: format the plugin's export (if empty) at open. */
 static bool create;
+
+/* How often nbdkit loaded the filter: the same filter given twice is
+ * one shared object, loaded twice, whose state the two would share.
+ */
+static unsigned load_count;
 
 /* The context into the plugin, shared by all connections, and what the
  * engine made of it.  Set at after_fork, fixed until cleanup.
  */
 static nbdkit_next *below;
 static struct qcow2_image *image;
-static bool open_failed;
 
 /* When the plugin's thread model does not allow requests in parallel
  * (nbdkit tells get_ready), the engine's calls into it, which may come
@@ -251,12 +275,17 @@ static const struct glue_option filter_options[] = {
 static void
 qcow2_filter_load (void)
 {
-  glue.engine.io_threads = GLUE_IO_THREADS_FILTER;
+  glue_load ("qcow2", "qcow2-password", GLUE_IO_THREADS_FILTER);
+  load_count++;
 }
 
 static void
 qcow2_filter_unload (void)
 {
+#if !HAVE_FILTER_DUMP_PLUGIN
+  if (glue_dump_asked ())
+    glue_dump_plugin ();
+#endif
   glue_unload ();
   free (backing_dir);
   free (start_dir);
@@ -264,6 +293,40 @@ qcow2_filter_unload (void)
     free (backing_chain[i]);
   free (backing_chain);
   free (below_file);
+  free (below_keys);
+  free (image_name);
+}
+
+/* The keys of the plugin's that say what it serves, in messages. */
+static const char *const naming_keys[] = {
+  "file", "url", "uri", "host", "hostname", "port", "path", "socket",
+  "export",
+};
+
+/* key=value noted in below_keys; a URL's user and password left out. */
+static int
+qcow2_filter_note_key (const char *key, const char *value)
+{
+  const char *scheme = strstr (value, "://");
+  const char *at = scheme ? strchr (scheme + 3, '@') : NULL;
+  const char *slash = scheme ? strchr (scheme + 3, '/') : NULL;
+  char *keys;
+  int r;
+
+  if (at && (!slash || at < slash))
+    r = asprintf (&keys, "%s%s%s=%.*s%s", below_keys ? below_keys : "",
+                  below_keys ? " " : "", key, (int) (scheme + 3 - value),
+                  value, at + 1);
+  else
+    r = asprintf (&keys, "%s%s%s=%s", below_keys ? below_keys : "",
+                  below_keys ? " " : "", key, value);
+  if (r == -1) {
+    nbdkit_error ("asprintf: %s", errstr (errno));
+    return -1;
+  }
+  free (below_keys);
+  below_keys = keys;
+  return 0;
 }
 
 /* Our keys, and the plugin's (passed on). */
@@ -280,15 +343,61 @@ qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     below_file = nbdkit_absolute_path (value);
     below_file_count++;
   }
+  for (size_t i = 0; r == 0 && i < sizeof naming_keys / sizeof *naming_keys;
+       i++)
+    if (strcmp (key, naming_keys[i]) == 0 &&
+        qcow2_filter_note_key (key, value) == -1)
+      return -1;
   if (r == 0)
     return next (nxdata, key, value);
   return r == 1 ? 0 : -1;
+}
+
+/* The name of the plugin nbdkit loaded (nbdkit-NAME-plugin.so), into
+ * the buffer opaque points to.
+ */
+static int
+qcow2_filter_find_plugin (struct dl_phdr_info *info, size_t size,
+                          void *opaque)
+{
+  const char *base = strrchr (info->dlpi_name, '/');
+  char *name = opaque;
+  size_t len;
+
+  base = base ? base + 1 : info->dlpi_name;
+  len = strlen (base);
+  if (strncmp (base, "nbdkit-", 7) != 0 || len < 7 + 10 ||
+      strcmp (base + len - 10, "-plugin.so") != 0 || len - 17 >= 64)
+    return 0;
+  memcpy (name, base + 7, len - 17);
+  name[len - 17] = '\0';
+  return 1;
 }
 
 static int
 qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                               nbdkit_backend *nxdata)
 {
+  char plugin[64] = "";
+
+  if (load_count > 1) {
+    nbdkit_error ("--filter=qcow2 is given %u times: one qcow2 filter "
+                  "serves the image (the same filter loaded twice would "
+                  "share its state)", load_count);
+    return -1;
+  }
+  dl_iterate_phdr (qcow2_filter_find_plugin, plugin);
+  if (strcmp (plugin, "qcow2") == 0) {
+    nbdkit_error ("--filter=qcow2 over the qcow2 plugin: the plugin "
+                  "serves the image already; use one of them (nbdkit "
+                  "qcow2 FILE, or nbdkit --filter=qcow2 file FILE)");
+    return -1;
+  }
+  if (asprintf (&image_name, "%s %s", plugin[0] ? plugin : "the plugin's",
+                below_keys ? below_keys : "export") == -1) {
+    nbdkit_error ("asprintf: %s", errstr (errno));
+    return -1;
+  }
   if (glue_config_complete () == -1)
     return -1;
   if (!create && glue.create.first_key) {
@@ -306,6 +415,14 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                   "backing= names the chain of an image served");
     return -1;
   }
+  /* Checked before anything is written: the export of a plugin has no
+   * way to give space without writing it.
+   */
+  if (glue.create.opts.preallocation == QCOW2_PREALLOC_FALLOC) {
+    nbdkit_error ("preallocation=falloc: a plugin's export cannot allocate "
+                  "space without writing it (preallocation=full can)");
+    return -1;
+  }
   glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
   if (create && qcow2_create_check (&glue_env, &glue.create.opts) < 0)
     return -1;
@@ -318,15 +435,19 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   "backing=none                    Serve the image without its backing file.\n" \
   "backing=<FILE>                  The image's backing file (repeat for the\n" \
   "                                chain below it; backing=none ends it).\n" \
-  "create=true virtual-size=<SIZE> Make a new image in the (empty) export,\n" \
-  "                                also cluster-size=, compat=, extended-l2=,\n" \
-  "                                lazy-refcounts=.\n" \
   "backing-dir=<DIR>               Where relative backing file names are\n" \
-  "                                (default: the current directory).\n" \
+  "                                (default: the folder of the file the\n" \
+  "                                plugin serves, else the current directory).\n" \
   "qcow2-password=<PASSWORD>|-|+FILE|-FD  The password of a LUKS image\n" \
   "                                (also qcow2-passphrase=).\n" \
   "qcow2-backing-password=<PASSWORD>  That of the next backing file.\n" \
-  GLUE_CONFIG_HELP
+  GLUE_CONFIG_HELP \
+  "io-threads=<N>                  Threads doing the pieces of a fragmented\n" \
+  "                                request at once (default 16, 0: none).\n" \
+  "create=true virtual-size=<SIZE> Make a new image in the (empty) export,\n" \
+  "                                with:\n" \
+  GLUE_CREATE_HELP \
+  "  (qemu-img's spellings too: cluster_size=, lazy_refcounts=, ...)"
 
 static int
 qcow2_filter_get_ready (int thread_model)
@@ -340,11 +461,12 @@ qcow2_filter_get_ready (int thread_model)
   return 0;
 }
 
-/* Whether this process has st's file open (the plugin below, after
- * opening its context: nbdkit's file plugin opens at open).
+/* Each descriptor this process has open to fn, until it returns
+ * true: true if it did.
  */
 static bool
-qcow2_filter_file_is_open (const struct stat *st)
+qcow2_filter_each_fd (bool (*fn) (int fd, const void *opaque),
+                      const void *opaque)
 {
   DIR *d = opendir ("/proc/self/fd");
   struct dirent *e;
@@ -353,15 +475,70 @@ qcow2_filter_file_is_open (const struct stat *st)
   if (!d)
     return false;
   while (!found && (e = readdir (d)) != NULL) {
-    struct stat fst;
     char *end;
     long fd = strtol (e->d_name, &end, 10);
 
-    if (*end == '\0' && fd != dirfd (d) && fstat ((int) fd, &fst) == 0)
-      found = fst.st_dev == st->st_dev && fst.st_ino == st->st_ino;
+    if (*end == '\0' && fd != dirfd (d))
+      found = fn ((int) fd, opaque);
   }
   closedir (d);
   return found;
+}
+
+static bool
+qcow2_filter_fd_is (int fd, const void *opaque)
+{
+  const struct stat *st = opaque;
+  struct stat fst;
+
+  return fstat (fd, &fst) == 0 &&
+    fst.st_dev == st->st_dev && fst.st_ino == st->st_ino;
+}
+
+/* Whether this process has st's file open (the plugin below, after
+ * opening its context: nbdkit's file plugin opens at open).
+ */
+static bool
+qcow2_filter_file_is_open (const struct stat *st)
+{
+  return qcow2_filter_each_fd (qcow2_filter_fd_is, st);
+}
+
+/* A listening socket: the connections queued on it are taken, and
+ * left open, so that they close as this process exits and their
+ * clients (the --run command) end after it, making nbdkit's status
+ * this process's; then it is shut down (connecting to it is refused,
+ * for every process sharing it: shutting it down first would reset
+ * the queued ones at once), and what came in between taken too.
+ */
+static bool
+qcow2_filter_refuse_queue (int fd, const void *opaque)
+{
+  int listening = 0;
+  socklen_t len = sizeof listening;
+
+  if (getsockopt (fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1 ||
+      !listening)
+    return false;
+  fcntl (fd, F_SETFL, fcntl (fd, F_GETFL) | O_NONBLOCK);
+  while (accept (fd, NULL, NULL) >= 0)
+    ;
+  shutdown (fd, SHUT_RDWR);
+  while (accept (fd, NULL, NULL) >= 0)
+    ;
+  return false;
+}
+
+/* The server cannot serve, and nbdkit exits at once (after_fork
+ * failed).  Under --run, the command runs already, and the sockets it
+ * connects to are shared with its process: left open, its client would
+ * wait for ever for a server that is gone.
+ */
+static void
+qcow2_filter_fail_start (void)
+{
+  if (glue_captive ())
+    qcow2_filter_each_fd (qcow2_filter_refuse_queue, NULL);
 }
 
 /* When the plugin serves one local file, QEMU's locks on it, held by
@@ -395,30 +572,46 @@ qcow2_filter_lock_below (bool readonly)
 
 /* create=true: a new image in the export, which must be empty (its
  * first MiB all zeros: not an image, a partition table or a file
- * system someone would miss).  0, or -1 said.
+ * system someone would miss) and large enough.  0, or -1 said.
  */
 static int
-qcow2_filter_create (struct qcow2_io *io)
+qcow2_filter_create (struct qcow2_io *io, const char *name)
 {
-  uint64_t len = MIN (io->ops->size (io), 1u << 20);
-  uint8_t *buf = malloc (len ? len : 1);
+  uint64_t size = io->ops->size (io), need;
+  uint64_t len = MIN (size, 1u << 20);
+  uint8_t *buf;
   int r;
 
-  if (!buf) {
+  if (qcow2_create_bytes (&glue_env, &glue.create.opts,
+                          glue.create.opts.preallocation != QCOW2_PREALLOC_OFF,
+                          &need) < 0)
+    return -1;
+  if (need > size) {
+    nbdkit_error ("create=true: %s is %" PRIu64 " bytes, and the image's "
+                  "metadata%s needs %" PRIu64 " (virtual-size=%" PRIu64
+                  ", %" PRIu64 "-byte clusters): give the export more, or "
+                  "the disk less", name, size,
+                  glue.create.opts.preallocation != QCOW2_PREALLOC_OFF ?
+                  " with its data preallocated" : "", need,
+                  glue.create.opts.size,
+                  glue.create.opts.cluster_size ? glue.create.opts.cluster_size
+                                                : 65536);
+    return -1;
+  }
+  if (!(buf = malloc (len ? len : 1))) {
     nbdkit_error ("malloc: %s", errstr (errno));
     return -1;
   }
   r = io->ops->pread (io, buf, len, 0);
   if (r < 0) {
-    nbdkit_error ("create: reading the plugin's export: %s", errstr (-r));
+    nbdkit_error ("create: reading %s: %s", name, errstr (-r));
     free (buf);
     return -1;
   }
   for (uint64_t i = 0; i < len; i++) {
     if (buf[i] != 0) {
-      nbdkit_error ("create=true: the plugin's export is not empty (data "
-                    "at offset %" PRIu64 "): only an empty export is "
-                    "formatted", i);
+      nbdkit_error ("create=true: %s is not empty (data at offset %" PRIu64
+                    "): only an empty export is formatted", name, i);
       free (buf);
       return -1;
     }
@@ -426,73 +619,123 @@ qcow2_filter_create (struct qcow2_io *io)
   free (buf);
   if (qcow2_create (&glue_env, io, &glue.create.opts) < 0)
     return -1;
-  nbdkit_debug ("create: a %" PRIu64 "-byte image made in the plugin's "
-                "export", glue.create.opts.size);
+  nbdkit_debug ("create: a %" PRIu64 "-byte image made in %s",
+                glue.create.opts.size, name);
   return 0;
 }
 
 /* Where relative backing file names are (see backing_dir), and the
- * name the engine knows the image by, which resolves them there.
- * Then the names of backing=, resolved there.  0, or -1 said.
+ * name the engine knows the image by: the file's path when the plugin
+ * serves a local file, else the plugin and its keys.  Then the names
+ * of backing=, resolved there.  0, or -1 said.
  */
 static int
-qcow2_filter_name_files (char **image_path)
+qcow2_filter_name_files (const char **name, char **dir)
 {
-  char *dir;
-  int r = 0;
-
   if (backing_dir || !below_file_is_image)
-    dir = strdup (backing_dir ? backing_dir : start_dir);
+    *dir = strdup (backing_dir ? backing_dir : start_dir);
   else  /* an absolute path: it has a slash */
-    dir = strndup (below_file, strrchr (below_file, '/') - below_file);
-  if (!dir) {
+    *dir = strndup (below_file, strrchr (below_file, '/') - below_file);
+  if (!*dir) {
     nbdkit_error ("strdup: %s", errstr (errno));
     return -1;
   }
-  /* Names are dir + "/" + name, so the root folder is "". */
-  if (strcmp (dir, "/") == 0)
-    dir[0] = '\0';
-  if (!backing_dir && below_file_is_image)
-    *image_path = strdup (below_file);
-  else if (asprintf (image_path, "%s/image", dir) == -1)
-    *image_path = NULL;
-  for (unsigned i = 0; *image_path && i < backing_chain_len; i++) {
+  *name = below_file_is_image ? below_file : image_name;
+  for (unsigned i = 0; i < backing_chain_len; i++) {
     char *path;
 
     if (backing_chain[i][0] == '/')
       continue;
-    if (asprintf (&path, "%s/%s", dir, backing_chain[i]) == -1) {
-      free (*image_path);
-      *image_path = NULL;
-      break;
+    if (asprintf (&path, "%s%s%s", *dir, strcmp (*dir, "/") ? "/" : "",
+                  backing_chain[i]) == -1) {
+      nbdkit_error ("asprintf: %s", errstr (errno));
+      return -1;
     }
     free (backing_chain[i]);
     backing_chain[i] = path;
   }
-  if (!*image_path) {
-    nbdkit_error ("asprintf: %s", errstr (errno));
-    r = -1;
-  }
   glue.engine.backing_chain = (const char *const *) backing_chain;
   glue.engine.backing_chain_len = backing_chain_len;
-  free (dir);
-  return r;
+  return 0;
+}
+
+/* An export that is not an image: if it starts with zeros, it is
+ * likely a new one, for create=true.
+ */
+static void
+qcow2_filter_hint_empty (const char *name, int64_t size)
+{
+  char buf[4096];
+  uint32_t len = MIN (size, (int64_t) sizeof buf);
+  int err = 0, r;
+
+  nextio_lock ();
+  r = below->pread (below, buf, len, 0, 0, &err);
+  nextio_unlock ();
+  if (r == 0 && (len == 0 || (buf[0] == 0 &&
+                              memcmp (buf, buf + 1, len - 1) == 0)))
+    nbdkit_error ("%s holds no image yet (it starts with zeros): "
+                  "create=true virtual-size=SIZE makes one in it", name);
+}
+
+/* What nbdkit logs when a plugin asks for the client's export name at
+ * open (the nbd plugin does) in a shared context, which has no client
+ * (1.32 to 1.43; "no context" from 1.44): harmless, the plugin then
+ * uses its own export=.
+ */
+static bool
+qcow2_filter_no_client_line (const char *line)
+{
+  return strstr (line, ": error: no connection in this thread\n") ||
+    strstr (line, ": error: no context in this thread\n") ||
+    strstr (line, ": error: no context->exportname in this thread\n");
+}
+
+/* The context into the plugin, shared by all connections: nbdkit's
+ * stderr is caught while the plugin opens, and all but that line goes
+ * on.
+ */
+static nbdkit_next *
+qcow2_filter_context_open (nbdkit_backend *backend, bool readonly)
+{
+  FILE *caught = tmpfile ();
+  int saved = caught ? dup (STDERR_FILENO) : -1;
+  char *line = NULL;
+  size_t len = 0;
+  nbdkit_next *next;
+
+  if (saved >= 0)
+    dup2 (fileno (caught), STDERR_FILENO);
+  next = nbdkit_next_context_open (backend, readonly, "", 1);
+  if (saved >= 0) {
+    dup2 (saved, STDERR_FILENO);
+    close (saved);
+    rewind (caught);
+    while (getline (&line, &len, caught) != -1)
+      if (!qcow2_filter_no_client_line (line))
+        fputs (line, stderr);
+    free (line);
+  }
+  if (caught)
+    fclose (caught);
+  return next;
 }
 
 /* The image opened once, read-write if the plugin is writable and
- * nbdkit does not serve read-only.  The name the engine knows it by
- * resolves relative backing file names in backing-dir.
+ * neither nbdkit -r nor readonly=true says otherwise.
  */
 static int
 qcow2_filter_open_image (nbdkit_backend *backend)
 {
-  bool readonly = glue.engine.readonly || glue_server_readonly ();
+  bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
+  bool readonly = asked_readonly;
+  const char *name;
   struct nextio *n;
-  char *path;
+  char *dir;
   int64_t size;
-  int w;
+  int w, r;
 
-  below = nbdkit_next_context_open (backend, readonly, "", 1);
+  below = qcow2_filter_context_open (backend, readonly);
   if (!below)
     return -1;
   if (below->prepare (below) == -1)
@@ -508,9 +751,18 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   glue.engine.readonly = readonly;
   if (qcow2_filter_lock_below (readonly) == -1)
     return -1;
+  if (create && readonly) {
+    nbdkit_error ("create=true: the export is read-only (nbdkit -r, "
+                  "readonly=true, or a plugin that cannot write)");
+    return -1;
+  }
+  if (qcow2_filter_name_files (&name, &dir) == -1)
+    return -1;
+  glue.engine.names_dir = below_file_is_image && !backing_dir ? NULL : dir;
   n = calloc (1, sizeof *n);
   if (!n) {
     nbdkit_error ("calloc: %s", errstr (errno));
+    free (dir);
     return -1;
   }
   n->io.ops = &nextio_ops;
@@ -521,40 +773,42 @@ qcow2_filter_open_image (nbdkit_backend *backend)
    */
   n->can_flush = below->can_flush (below) == 1;
   n->can_trim = !readonly && below->can_trim (below) == 1;
-  if (create && readonly) {
-    nbdkit_error ("create=true: the export is read-only (nbdkit -r, or a "
-                  "plugin that cannot write)");
+  if (create && qcow2_filter_create (&n->io, name) == -1) {
     free (n);
+    free (dir);
     return -1;
   }
-  if ((create && qcow2_filter_create (&n->io) == -1) ||
-      qcow2_filter_name_files (&path) == -1) {
-    free (n);
-    return -1;
-  }
-  image = qcow2_open (&glue_env, &n->io, path, &glue.engine);
-  free (path);
+  glue.engine.debug_cache = qcow2_debug_cache;
+  image = qcow2_open (&glue_env, &n->io, name, &glue.engine);
+  free (dir);
+  glue.engine.names_dir = NULL;
   /* The image and its backing files are open: their keys are made. */
   glue_forget_password ();
-  if (!image)
+  if (!image) {
+    if (errno == ENODATA || errno == EMEDIUMTYPE)
+      qcow2_filter_hint_empty (name, size);
     return -1;
-  if (glue.repair_leaks && glue_repair (image, "the image") == -1)
-    return -1;
-  return 0;
+  }
+  r = glue_opened (image, name, asked_readonly,
+                   readonly && !asked_readonly ?
+                   "the plugin below cannot write" : NULL);
+  if (r == 0 && create &&
+      qcow2_preallocate (image, glue.create.opts.preallocation) < 0)
+    r = -1;
+  if (r == 0 && glue.repair_leaks)
+    r = glue_repair (image, name);
+  return r;
 }
 
-/* nbdkit may have started --run's command, which connects at once,
- * before after_fork: if the image cannot be served, nbdkit exiting
- * then would leave that client waiting for ever.  So the error is said
- * now and every connection is refused with it.
+/* An image that cannot be served ends nbdkit at start, with its
+ * reason.
  */
 static int
 qcow2_filter_after_fork (nbdkit_backend *backend)
 {
   if (qcow2_filter_open_image (backend) == -1) {
-    nbdkit_error ("the image cannot be served: every connection is "
-                  "refused");
-    open_failed = true;
+    qcow2_filter_fail_start ();
+    return -1;
   }
   return 0;
 }
@@ -582,12 +836,13 @@ static void *
 qcow2_filter_open (nbdkit_next_open *next, nbdkit_context *context,
                    int readonly, const char *exportname, int is_tls)
 {
-  if (open_failed) {
-    nbdkit_error ("the image could not be opened (the error is logged "
-                  "at start)");
-    return NULL;
-  }
   return NBDKIT_HANDLE_NOT_NEEDED;
+}
+
+static void
+qcow2_filter_close (void *handle)
+{
+  glue_close_stats (image);
 }
 
 static int64_t
@@ -703,7 +958,10 @@ static int
 qcow2_filter_flush (nbdkit_next *next, void *handle, uint32_t flags,
                     int *err)
 {
-  return qcow2_filter_result (qcow2_flush (image), err);
+  int r = qcow2_flush (image);
+
+  glue_flushed (image);
+  return qcow2_filter_result (r, err);
 }
 
 static int
@@ -732,10 +990,14 @@ static struct nbdkit_filter filter = {
   .config            = qcow2_filter_config,
   .config_complete   = qcow2_filter_config_complete,
   .config_help       = qcow2_filter_config_help,
+#if HAVE_FILTER_DUMP_PLUGIN
+  .dump_plugin       = glue_dump_plugin,
+#endif
   .get_ready         = qcow2_filter_get_ready,
   .after_fork        = qcow2_filter_after_fork,
   .cleanup           = qcow2_filter_cleanup,
   .open              = qcow2_filter_open,
+  .close             = qcow2_filter_close,
   .get_size          = qcow2_filter_get_size,
   .block_size        = qcow2_filter_block_size,
   .can_write         = qcow2_filter_can_write,
