@@ -1,8 +1,28 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The whole test suite: set up (packages, build), then make check.
+# The whole test suite: set up (the packages of the build, the build),
+# the packages only the tests and CI need, then make check.  sshd comes
+# without its service: the ssh test starts its own, on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+source scripts/packages.sh
+
+# One a line, so that lists changed on two branches merge.
+packages=(
+  # a local sshd and its client, for the qcow2 filter over ssh
+  openssh-client
+  openssh-server
+  # the syscall test; the xz filter under the qcow2 filter
+  strace
+  xz-utils
+  # CI: the lock contract (clang -Wthread-safety) and the fuzzer
+  clang
+  libclang-rt-14-dev
+  # the benchmarks (bench/)
+  fio
+)
+install_missing "${packages[@]}"
+
 # On failure, show the failing tests' logs: CI keeps only this output.
 make -j"$(nproc)" check || { scripts/show-failures.sh tests; exit 1; }
