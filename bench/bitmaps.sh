@@ -83,3 +83,9 @@ echo "median write IOPS over $rounds rounds of ${runtime}s, randwrite 4 KiB QD16
 printf '%-6s %12s %12s %10s\n' server "no bitmaps" "2 bitmaps" ratio
 printf '%-6s %12.0f %12.0f %10.3f\n' ours "$op" "$ob" "$(echo "$ob / $op" | bc -l)"
 printf '%-6s %12.0f %12.0f %10.3f\n' qemu "$qp" "$qb" "$(echo "$qb / $qp" | bc -l)"
+# The ratios into bench/ratios.tsv and its chart, unless BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  printf 'random 4 KiB writes, 2 bitmaps\tqemu-nbd\t%s\thigher\nrandom 4 KiB writes, 2 bitmaps\tours without bitmaps\t%s\thigher\n' \
+    "$(echo "$ob / $qb" | bc -l)" "$(echo "$ob / $op" | bc -l)" |
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "persistent bitmaps (bench/bitmaps.sh)"

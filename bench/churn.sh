@@ -49,6 +49,7 @@ run ()
   wait "$pid" 2>/dev/null || true
 }
 
+: > "$dir/ratios"
 for cs in $sizes; do
   for s in "${servers[@]}"; do
     run "$s" "$cs"
@@ -81,5 +82,16 @@ for i, (c, ph, *_) in enumerate(rows["ours"]):
             line += " %.2f |" % (v["base"] / v["qemu"])
     print(line)
 print()
+# The file's end after the last rewrite, for the chart.
+c = rows["ours"][-1][0]
+unit = {"512": "512 B", "4096": "4 KiB", "65536": "64 KiB",
+        "2097152": "2 MiB"}.get(cs, cs + " B")
+with open("%s/ratios" % d, "a") as f:
+    f.write("file end, %s clusters, cycle %s\tqemu-nbd\t%.3f\tlower\n"
+            % (unit, c, int(rows["ours"][-1][2]) / int(rows["qemu"][-1][2])))
 EOF
 done
+# The ratios into bench/ratios.tsv and its chart, unless BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "space under churn (bench/churn.sh)" < "$dir/ratios"

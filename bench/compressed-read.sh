@@ -98,3 +98,21 @@ for ct in zlib zstd; do
         END { m = int((NR + 1) / 2); printf "%-6s %-10s %14.3f %10.3f\n", c, s, cpu[m], bw[m] }'
   done
 done
+
+# CPU per GiB, ours against each peer: into bench/ratios.tsv and its
+# chart, unless BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] || /usr/bin/python3 - "$results" <<'PY' |
+import collections, statistics, sys
+cpu = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    ct, server, _round, c, _bw = line.split()
+    cpu[ct, server].append(float(c))
+for ct in ("zlib", "zstd"):
+    for peer, name in (("qemu", "qemu-nbd"), ("qcow2dec", "qcow2dec")):
+        if cpu[ct, "ours"] and cpu[ct, peer]:
+            print("%s, CPU per GiB\t%s\t%.3f\tlower" % (
+                ct, name, statistics.median(cpu[ct, "ours"])
+                / statistics.median(cpu[ct, peer])))
+PY
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "compressed reads (bench/compressed-read.sh)"

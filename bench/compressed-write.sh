@@ -79,7 +79,7 @@ for type in $types; do
       { echo "$s: qemu-img check failed" >&2; exit 1; }
   done
   /usr/bin/python3 - "$work/times" "$type" "$(stat -c %s "$work/ours.qcow2")" \
-    "$(stat -c %s "$work/qemu-img.qcow2")" <<'EOF'
+    "$(stat -c %s "$work/qemu-img.qcow2")" "$work/ratios" <<'EOF'
 import statistics, sys
 t = {"ours": [], "qemu-img": []}
 for line in open(sys.argv[1]):
@@ -88,7 +88,14 @@ for line in open(sys.argv[1]):
 o, q = statistics.median(t["ours"]), statistics.median(t["qemu-img"])
 so, sq = int(sys.argv[3]), int(sys.argv[4])
 print(f"| {sys.argv[2]} | {o:.2f} | {q:.2f} | {o / q:.2f} | {so} | {sq} | {so / sq:.3f} |")
+with open(sys.argv[5], "a") as f:
+    f.write(f"{sys.argv[2]}, time\tqemu-img convert -c\t{o / q:.3f}\tlower\n"
+            f"{sys.argv[2]}, image size\tqemu-img convert -c\t{so / sq:.3f}\tlower\n")
 print("rounds:", sorted(t["ours"]), sorted(t["qemu-img"]), file=sys.stderr)
 EOF
 done
 echo "(medians of $rounds rounds; $size raw file; $(nproc) CPUs)"
+# The ratios into bench/ratios.tsv and its chart, unless BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "compressed writes (bench/compressed-write.sh)" < "$work/ratios"

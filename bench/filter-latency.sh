@@ -69,6 +69,7 @@ run ()
   local r
   r=$("$@" --run "$(declare -f time_reads); reads=$reads; time_reads \"\$uri\"")
   printf '| %-12s | %s | %s |\n' "$name" "${r% *}" "${r#* }"
+  printf '%s\t%s\n' "$name" "${r% *}" >> "$work/medians"
 }
 
 echo "1 MiB reads, QD1, $reads per server, 2 ms latency per read below; host runs per read: $pieces"
@@ -89,3 +90,17 @@ if [ -n "${NBDKIT_NEW:-}" ] && [ -n "${NEW_BUILD:-}" ]; then
   run "qcow2dec" "$NBDKIT_NEW" -U - --filter=qcow2dec --filter="$nlat" file \
     "$work/frag.qcow2" latency-read=2ms
 fi
+
+# The filter's median time against the others' (qcow2dec's, with
+# NBDKIT_NEW): into bench/ratios.tsv and its chart, unless
+# BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] || /usr/bin/python3 - "$work/medians" <<'PY' |
+import sys
+m = dict(line.rstrip("\n").split("\t") for line in open(sys.argv[1]))
+for peer, name in (("qcow2dec", "qcow2dec"), ("raw", "the raw file")):
+    if peer in m:
+        print("fragmented 1 MiB reads, 2 ms below, time\t%s\t%.3f\tlower"
+              % (name, float(m["filter"]) / float(m[peer])))
+PY
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "qcow2 filter (bench/filter-latency.sh)"

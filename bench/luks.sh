@@ -105,6 +105,17 @@ for line in open(sys.argv[2]):
         v[s].append(float(x))
 o, q = statistics.median(v["ours"]), statistics.median(v["qemu-wb"])
 unit = "IOPS" if c.endswith("4k") else "MiB/s"
-print(f"| {c} | {unit} | {o:.0f} | {q:.0f} | {o / q:.2f} |")' "$c" "$work/results"
+what = {"randread-4k": "random 4 KiB reads, QD16",
+        "randwrite-4k": "random 4 KiB writes, QD16",
+        "seqread-1m": "sequential 1 MiB reads, QD1",
+        "seqread-1m-qd4": "sequential 1 MiB reads, QD4"}[c]
+with open(sys.argv[3], "a") as f:
+    f.write(f"{what}\tqemu-nbd\t{o / q:.3f}\thigher\n")
+print(f"| {c} | {unit} | {o:.0f} | {q:.0f} | {o / q:.2f} |")' "$c" "$work/results" \
+    "$work/ratios"
 done
 echo "(medians of $rounds rounds of $secs s; $size image; $(nproc) CPUs)"
+# The ratios into bench/ratios.tsv and its chart, unless BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  /usr/bin/python3 "$top/bench/report.py" --ratios "LUKS (bench/luks.sh)" \
+    < "$work/ratios"

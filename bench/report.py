@@ -1,17 +1,41 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""The tables of a bench/run.sh run, in Markdown.
+"""The tables of a bench/run.sh run, in Markdown; the chart of every
+bench's ratios against its peers.
 
   report.py OUTDIR                    print them
   report.py --update RESULTS OUTDIR   put the summary between the markers
                                       of the section on qemu-nbd in
                                       RESULTS, and the whole report in
-                                      history/bench-run-latest.md beside it
+                                      history/bench-run-latest.md beside
+                                      it; the run's ratios into the chart
+  report.py --ratios BENCH            the ratios of BENCH (on stdin, one
+                                      "CASE<TAB>PEER<TAB>OURS/PEER<TAB>
+                                      higher|lower" a line: which of ours
+                                      is better) in place of its rows in
+                                      ratios.tsv, and the chart redrawn
+  report.py --chart                   the chart redrawn from ratios.tsv
+
+The chart, ratios.svg beside RESULTS.md (shown at its top), is written
+here as plain SVG: one row a case, grouped by bench, a bar a peer
+from 1 to how many times better ours is (its log scale from 1/4 to 64;
+below 1, the peer is better).  ratios.tsv keeps every bench's rows,
+each replaced when that bench runs again.
 """
+import html
+import math
 import os
 import collections
 import statistics
 import sys
+
+# bench/run.sh's rows in the chart: ours against the faster of
+# qemu-nbd's modes, and with cache=none against qemu-nbd's.
+RUN_BENCH = "against qemu-nbd (bench/run.sh)"
+RUN_PEERS = ["qemu-nbd (its faster mode)", "qemu-nbd cache=none (ours too)"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+RATIOS = os.path.join(HERE, "ratios.tsv")
+CHART = os.path.join(HERE, "ratios.svg")
 
 SECTION = "## Against qemu-nbd"
 DETAILS = "history/bench-run-latest.md"
@@ -71,8 +95,130 @@ def summary(text):
             "memory and every run: [%s](%s).\n" % (DETAILS, DETAILS))
 
 
+def read_ratios():
+    rows = []
+    for r in read_tsv(RATIOS):
+        if r[0].startswith("#"):
+            continue
+        bench, case, peer, value, better = r[:5]
+        rows.append((bench, case, peer, float(value), better))
+    return rows
+
+
+def write_ratios(bench, rows):
+    """rows (case, peer, ours/peer, better) in place of bench's rows."""
+    kept = [r for r in read_ratios() if r[0] != bench]
+    new = [(bench, c, p, float(v), b) for c, p, v, b in rows]
+    order = []
+    for r in kept + new:
+        if r[0] not in order:
+            order.append(r[0])
+    with open(RATIOS, "w") as f:
+        f.write("# SPDX-License-Identifier: BSD-3-Clause\n"
+                "# bench\tcase\tpeer\tours/peer\tbetter (written by "
+                "bench/report.py, drawn as ratios.svg)\n")
+        for b in order:
+            for r in kept + new:
+                if r[0] == b:
+                    f.write("%s\t%s\t%s\t%.3f\t%s\n" % r)
+    chart()
+
+
+PEER_COLOURS = ["#1f77b4", "#9ecae1", "#ff7f0e", "#2ca02c", "#9467bd",
+                "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def chart():
+    """ratios.svg: how many times better than each peer ours is."""
+    rows = read_ratios()
+    peers = []
+    for r in rows:
+        if r[2] not in peers:
+            peers.append(r[2])
+    colour = {p: PEER_COLOURS[i % len(PEER_COLOURS)]
+              for i, p in enumerate(peers)}
+    # One line a (bench, case), its bars one a peer.
+    lines = collections.OrderedDict()
+    for bench, case, peer, value, better in rows:
+        adv = value if better == "higher" else 1 / value
+        lines.setdefault((bench, case), []).append((peer, adv, value))
+    lo, hi = 0.25, 64.0
+    left, width, bar, gap = 330, 420, 9, 6
+    total = left + width + 50
+    legend = []
+    lx, ly = 4, 30
+    for p in peers:
+        if lx + 20 + 7 * len(p) > total:
+            lx, ly = 4, ly + 16
+        legend.append('<rect x="%d" y="%d" width="10" height="10" '
+                      'fill="%s"/><text x="%d" y="%d" font-size="11">%s'
+                      '</text>' % (lx, ly, colour[p], lx + 14, ly + 9,
+                                   html.escape(p)))
+        lx += 20 + 7 * len(p)
+    top = ly + 26
+    x = (lambda v: left + width * (math.log(min(max(v, lo), hi) / lo)
+                                   / math.log(hi / lo)))
+    out = []
+    y = top
+    bench_seen = None
+    for (bench, case), bars in lines.items():
+        if bench != bench_seen:
+            y += 8
+            out.append('<text x="4" y="%d" font-weight="bold">%s</text>'
+                       % (y + 10, html.escape(bench)))
+            y += 16
+            bench_seen = bench
+        h = len(bars) * bar
+        out.append('<text x="%d" y="%d" text-anchor="end">%s</text>'
+                   % (left - 6, y + h / 2 + 4, html.escape(case)))
+        for i, (peer, adv, value) in enumerate(bars):
+            x0, x1 = sorted((x(1), x(adv)))
+            out.append('<rect x="%.1f" y="%d" width="%.1f" height="%d" '
+                       'fill="%s"><title>%s, against %s: ours/peer %.3f'
+                       '</title></rect>'
+                       % (x0, y + i * bar, max(x1 - x0, 1), bar - 1,
+                          colour[peer], html.escape(case), html.escape(peer),
+                          value))
+            out.append('<text x="%.1f" y="%d" font-size="9">%.2f</text>'
+                       % (x(adv) + (3 if adv >= 1 else -26),
+                          y + i * bar + bar - 2, adv))
+        y += h + gap
+    height = y + 40
+    grid = []
+    for v in (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64):
+        grid.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s"/>'
+                    % (x(v), top, x(v), y, "#000" if v == 1 else "#ddd"))
+        grid.append('<text x="%.1f" y="%d" text-anchor="middle" '
+                    'font-size="10">%s</text>'
+                    % (x(v), y + 14, ("%g" % v) + ("x" if v >= 1 else "")))
+    svg = ['<?xml version="1.0" encoding="UTF-8"?>',
+           '<!-- SPDX-License-Identifier: BSD-3-Clause -->',
+           '<!-- Written by bench/report.py from bench/ratios.tsv. -->',
+           '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
+           'font-family="sans-serif" font-size="11">'
+           % (total, height),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="4" y="16" font-size="13">How many times better than '
+           'each peer ours is, in the same run (right of 1: ours better; '
+           'log scale)</text>']
+    svg += legend + grid + out
+    svg.append('<text x="%d" y="%d" font-size="10">throughput: ours/peer; '
+               'time, CPU and size: peer/ours.  Figures and commands: '
+               'RESULTS.md.</text>' % (4, y + 32))
+    svg.append("</svg>")
+    with open(CHART, "w") as f:
+        f.write("\n".join(svg) + "\n")
+
+
 def main():
     args = sys.argv[1:]
+    if args and args[0] == "--chart":
+        chart()
+        return
+    if args and args[0] == "--ratios":
+        write_ratios(args[1], [line.rstrip("\n").split("\t")
+                               for line in sys.stdin if line.strip()])
+        return
     update = None
     if args and args[0] == "--update":
         update = args[1]
@@ -334,6 +480,16 @@ def main():
         doc = doc.rstrip("\n") + "\n\n" + SECTION + "\n\n" + block
     with open(update, "w") as f:
         f.write(doc)
+    ratios = []
+    for name in cases:
+        best = max([v for v in (med(name, "qemu-none"), med(name, "qemu-wb"))
+                    if v] or [0])
+        for peer, r in ((RUN_PEERS[0], ratio(med(name, "ours"), best)),
+                        (RUN_PEERS[1], ratio(med(name, "ours-none"),
+                                             med(name, "qemu-none")))):
+            if r:
+                ratios.append((name, peer, r, "higher"))
+    write_ratios(RUN_BENCH, ratios)
 
 
 if __name__ == "__main__":

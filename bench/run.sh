@@ -18,7 +18,8 @@
 #               ceiling)
 #
 # with the same L2 cache size for ours and qemu-nbd.  Medians and ratios
-# go into bench/RESULTS.md, between the markers of its section on qemu-nbd.
+# go into bench/RESULTS.md, between the markers of its section on qemu-nbd,
+# and the ratios into the chart at its top (bench/ratios.svg).
 #
 # Usage, from the top of a built tree (or "make bench"):
 #   bench/run.sh            full mode: 3 rounds, 3 s per run (~30 min)
