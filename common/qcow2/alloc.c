@@ -30,6 +30,7 @@ alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
 {
   uint64_t start = img->alloc.free_hint, run = 0;
 
+  assert (n >= 1 && n <= max);
   for (uint64_t c = start; run < max; c++) {
     uint64_t rc;
     int r = refcount_read (img, c, &rc);
@@ -44,6 +45,7 @@ alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
       start = c + 1;
     }
   }
+  assert (run <= max);
   *host_offset = start << img->geo.cluster_bits;
   *len = run;
   return 0;
@@ -105,6 +107,7 @@ static int alloc_counted (struct qcow2_image *img, uint64_t n, uint64_t max,
 static int
 alloc_runs_add (struct alloc_runs *runs, uint64_t c)
 {
+  assert (runs->len == 0 || runs->v[runs->len - 1].end <= c);
   if (runs->len > 0 && runs->v[runs->len - 1].end == c) {
     runs->v[runs->len - 1].end++;
     runs->left++;
@@ -143,6 +146,7 @@ alloc_runs_contain (const struct alloc_runs *runs, uint64_t c)
     else
       hi = mid;
   }
+  assert (lo == runs->len || runs->v[lo].end > c);
   return lo < runs->len && runs->v[lo].first <= c;
 }
 
@@ -164,8 +168,10 @@ alloc_reserve_end (const struct qcow2_image *img)
   uint64_t end = 0;
 
   for (int i = 0; i < 2; i++)
-    if (r[i]->left > 0)
+    if (r[i]->left > 0) {
+      assert (r[i]->head < r[i]->len);
       end = MAX (end, r[i]->v[r[i]->len - 1].end);
+    }
   return end;
 }
 

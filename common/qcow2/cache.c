@@ -302,6 +302,7 @@ cache_write_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
                      c->what, c->is_l2 ? OL (ACTIVE_L2) : OL (REFCOUNT_BLOCK));
   if (r < 0)
     return r;
+  assert (c->e[i].dirty && c->ndirty > 0);
   c->e[i].dirty = false;
   c->ndirty--;
   return 0;
@@ -315,6 +316,8 @@ cache_evict (struct qcow2_image *img, struct meta_cache *c, uint32_t *out)
   uint32_t i = c->lru_tail;
   int r;
 
+  /* Loading entries are out of the LRU list, which is never empty. */
+  assert (i != NO_ENTRY && !c->e[i].loading);
   if (c->e[i].key != NO_KEY) {
     if (c->e[i].dirty && (r = cache_write_entry (img, c, i)) < 0)
       return r;
@@ -491,6 +494,7 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
   cache_lru_unlink (c, i);
   c->e[i].loading = true;
   c->nloading++;
+  assert (c->nloading <= c->n / 2);
   image_unlock (img);
   r = cache_read_entry (img, c, i, host_offset);
   image_lock (img);
@@ -556,6 +560,7 @@ cache_writeback (struct qcow2_image *img, struct meta_cache *c)
   for (uint32_t i = 0; i < c->n; i++)
     if (c->e[i].dirty)
       order[n++] = i;
+  assert (n == c->ndirty);
   qsort_r (order, n, sizeof *order, cache_cmp_key, c);
   for (uint32_t j = 0; j < n && r == 0; j++)
     r = cache_write_entry (img, c, order[j]);

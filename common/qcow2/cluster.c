@@ -204,6 +204,8 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
     if (run->kind == RUN_COMPRESSED)
       break;
   }
+  /* Callers move on by the run: it is never empty nor too long. */
+  assert (run->length > 0 && run->length <= max_len);
   return 0;
 }
 
@@ -310,7 +312,11 @@ cluster_l2_get (struct qcow2_image *img, uint64_t l2_offset,
   uint64_t at = l2_offset + (in_table & ~(slice_size - 1));
   int r;
 
-  assert (l2_offset && !(l2_offset & (img->geo.cluster_size - 1)));
+  /* Checked by cluster_l2_table, or a cluster just allocated (even
+   * cluster 0, which a corrupt image's refcounts may say is free: the
+   * overlap guard refuses the write).
+   */
+  assert (!(l2_offset & (img->geo.cluster_size - 1)));
   r = fresh ? cache_get_new (img, img->caches.l2, at, slice)
             : cache_get (img, img->caches.l2, at, slice);
   if (r < 0)

@@ -153,6 +153,7 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
   uint8_t *in, *out;
   int r;
 
+  assert (len > 0 && in_cluster + len <= cs);
   if (!t)
     return -ENOMEM;
   if (comp_offset >= file_size)

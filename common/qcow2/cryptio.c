@@ -54,6 +54,8 @@ crypt_io_lock_ends (struct crypt_io *c, uint64_t start, uint64_t end)
   unsigned b = ((end - QCOW2_CRYPT_SECTOR) / QCOW2_CRYPT_SECTOR) % CRYPT_LOCKS;
   struct crypt_io_ends e = { MIN (a, b), MAX (a, b) };
 
+  assert (start < end && start % QCOW2_CRYPT_SECTOR == 0 &&
+          end % QCOW2_CRYPT_SECTOR == 0);
   pthread_mutex_lock (&c->locks[e.lo]);
   if (e.hi != e.lo)
     pthread_mutex_lock (&c->locks[e.hi]);

@@ -31,10 +31,11 @@ flush_write_table (struct qcow2_image *img, const uint64_t *table,
   TSA_REQUIRES (img->lock)
 {
   uint64_t n = hi - lo;
-  uint8_t *buf = malloc (n * 8);
+  uint8_t *buf;
   int r;
 
-  if (!buf)
+  assert (lo < hi);
+  if (!(buf = malloc (n * 8)))
     return -ENOMEM;
   for (uint64_t i = 0; i < n; i++)
     be64_put (buf + i * 8, table[lo + i]);
@@ -61,6 +62,7 @@ flush_l2_dependencies (struct qcow2_image *img)
       (r = io_flush (img)) < 0)
     return r;
   if (img->dirty.rt_hi > img->dirty.rt_lo) {
+    assert (img->dirty.rt_hi <= img->reftable_size);
     r = flush_write_table (img, img->reftable, img->dirty.rt_lo,
                            img->dirty.rt_hi, img->h.refcount_table_offset,
                            "refcount table", OL (REFCOUNT_TABLE));
@@ -90,6 +92,7 @@ flush_tables (struct qcow2_image *img)
   if ((r = cache_writeback (img, img->caches.l2)) < 0)
     return r;
   if (img->dirty.l1_hi > img->dirty.l1_lo) {
+    assert (img->dirty.l1_hi <= img->l1_size);
     r = flush_write_table (img, img->l1, img->dirty.l1_lo, img->dirty.l1_hi,
                            img->h.l1_table_offset, "L1 table", OL (ACTIVE_L1));
     if (r < 0)
@@ -110,6 +113,10 @@ flush_locked (struct qcow2_image *img)
     return 0;
   if ((r = flush_tables (img)) < 0 || (r = io_flush (img)) < 0)
     return r;
+  /* Nothing is left for the next flush to write in order. */
+  assert (!img->dirty.l2_needs_sync_first);
+  assert (img->dirty.l1_lo == img->dirty.l1_hi);
+  assert (img->dirty.rt_lo == img->dirty.rt_hi);
   alloc_reserve_durable (img);
   img->dirty.changed = false;
   return 0;

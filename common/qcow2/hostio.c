@@ -133,6 +133,7 @@ io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
   int r;
 
   ASSERT_LOCKED (img);
+  assert (len > 0);
   r = io_guard (img, offset, len, may_touch);
   if (r < 0)
     return r;                   /* the guard said why */
@@ -307,5 +308,6 @@ io_flush (struct qcow2_image *img)
   }
   img->host.flushes++;
   img->host.durable_end = end;
+  assert (img->host.durable_end <= img->host.written_end);
   return 0;
 }

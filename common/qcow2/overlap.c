@@ -63,6 +63,7 @@ int
 overlap_add (struct qcow2_image *img, uint64_t offset, uint64_t len,
              unsigned bit)
 {
+  assert (bit < QCOW2_OL_MAX_BITS);
   return overlap_set_range (img, offset, len, bit + 1);
 }
 

@@ -46,7 +46,10 @@ pool_unqueue (struct io_pool *p, struct pool_batch *b)
 static struct pool_piece *
 pool_take (struct io_pool *p, struct pool_batch *b)
 {
-  struct pool_piece *piece = &b->pieces[b->taken++];
+  struct pool_piece *piece;
+
+  assert (b->taken < b->n);
+  piece = &b->pieces[b->taken++];
 
   if (b->taken == b->n)
     pool_unqueue (p, b);
@@ -108,6 +111,7 @@ pool_merge (struct pool_piece *pieces, size_t n, struct iovec *iov)
     }
     m++;
   }
+  assert (m >= 1 && m <= n && niov <= n);
   return m;
 }
 
@@ -122,6 +126,7 @@ pool_run_piece (struct io_pool *p, struct pool_batch *b,
   /* The requester may return as soon as done reaches n: b is not
    * touched after that.
    */
+  assert (b->done < b->n);
   if (++b->done == b->n)
     pthread_cond_signal (&b->finished);
 }

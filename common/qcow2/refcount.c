@@ -45,6 +45,7 @@ refcount_load_table (struct qcow2_image *img)
 uint64_t
 refcount_entry_get (const uint8_t *block, uint32_t order, uint64_t index)
 {
+  assert (order <= 6);
   switch (order) {
   case 0: case 1: case 2: {
     unsigned bits = 1u << order;
@@ -63,6 +64,9 @@ void
 refcount_entry_set (uint8_t *block, uint32_t order, uint64_t index,
                     uint64_t value)
 {
+  /* The value fits the width (callers check the image's maximum). */
+  assert (order <= 6);
+  assert (order == 6 || value >> (1u << order) == 0);
   switch (order) {
   case 0: case 1: case 2: {
     unsigned bits = 1u << order;
@@ -114,6 +118,7 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
   if (idx >= img->reftable_size &&
       (r = alloc_grow_reftable (img, idx + 1)) < 0)
     return r;
+  assert (idx < img->reftable_size);
   if (img->reftable[idx] & REFTABLE_OFFSET_MASK)
     return 0;                   /* made while growing the table */
   /* The first block's place is the header's: its refcount block cannot
@@ -159,6 +164,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
   int r;
 
   ASSERT_LOCKED (img);
+  assert (delta != 0);
   if (idx >= img->reftable_size ||
       (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
     if (delta < 0)
@@ -177,6 +183,7 @@ refcount_update (struct qcow2_image *img, uint64_t cluster, int64_t delta,
                        "from %" PRIu64 " out of range by %" PRId64,
                        cluster << img->geo.cluster_bits, value, delta);
   value += delta;
+  assert (value <= max);
   refcount_entry_set (block, img->h.refcount_order, index, value);
   cache_mark_dirty (img, img->caches.refcount, block);
   flush_mark_changed (img);

@@ -29,6 +29,8 @@ write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
 {
   unsigned first = start >> img->geo.subcluster_bits;
   unsigned last = (end - 1) >> img->geo.subcluster_bits;
+
+  assert (start < end && end <= img->geo.cluster_size);
   uint64_t n = last - first + 1;
   return (n >= 32 ? L2_ALL_ALLOC : ((UINT64_C (1) << n) - 1)) << first;
 }
@@ -703,6 +705,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
       };
     *len += more;
   }
+  assert (*n <= WRITE_BATCH && *len <= count);
   for (size_t i = 0; i < *n; i++)
     if ((r = io_check_data (img, pieces[i].len, pieces[i].offset)) < 0)
       return r;

@@ -145,6 +145,7 @@ zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
   uint64_t cs = img->geo.cluster_size, sub = img->geo.subcluster_size;
   uint64_t n = MIN (count, cs - (offset & (cs - 1)));
 
+  assert (count > 0);
   if (!img->geo.extended_l2 || n == cs)
     return n;
   if (offset & (sub - 1))
