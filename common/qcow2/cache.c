@@ -138,7 +138,6 @@ cache_hash_remove (struct meta_cache *c, uint32_t i)
 static uint8_t *
 cache_data (const struct meta_cache *c, uint32_t i)
 {
-  assert (i < c->n);
 #ifdef CACHE_RELOCATE
   return c->data[i];
 #else
@@ -394,7 +393,7 @@ cache_read_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i,
 /* Find the entry at host_offset (entry aligned, already checked to lie
  * in the file), reading it on a miss, or zero-filling it if fresh.
  */
-static int
+static inline __attribute__ ((always_inline)) int
 cache_lookup (struct qcow2_image *img, struct meta_cache *c,
               uint64_t host_offset, bool fresh, uint8_t **data)
   TSA_REQUIRES (img->lock)
@@ -524,7 +523,6 @@ cache_mark_dirty (struct qcow2_image *img, struct meta_cache *c,
 {
   uint32_t i = cache_index (c, data);
 
-  ASSERT_LOCKED (img);
   /* A pointer from cache_get, still valid: its entry holds a table. */
   assert (c->e[i].key != NO_KEY && !c->e[i].loading);
   if (!c->e[i].dirty) {
