@@ -13,6 +13,8 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "iszero.h"
+
 /* nbdkit's largest request: emulated zeroes are written in pieces of
  * this size, which every plugin accepts.
  */
@@ -336,20 +338,6 @@ fastzero_zero (nbdkit_next *next, void *handle,
   return next->zero (next, count, offset, flags, err);
 }
 
-/* Whether BUF is all zeroes: the first 16 bytes one by one, then each
- * byte against the one 16 before it, which memcmp does fast.
- */
-static bool
-fastzero_is_zero (const char *buf, size_t size)
-{
-  size_t i, head = size < 16 ? size : 16;
-
-  for (i = 0; i < head; i++)
-    if (buf[i] != 0)
-      return false;
-  return size <= 16 || memcmp (buf, buf + 16, size - 16) == 0;
-}
-
 static int
 fastzero_pwrite (nbdkit_next *next, void *handle,
                  const void *buf, uint32_t count, uint64_t offset,
@@ -359,7 +347,7 @@ fastzero_pwrite (nbdkit_next *next, void *handle,
 
   if (zerodetect != DETECT_OFF && count > 0 &&
       next->can_zero (next) > NBDKIT_ZERO_NONE &&
-      fastzero_is_zero (buf, count)) {
+      is_zero (buf, count)) {
     zflags = flags & NBDKIT_FLAG_FUA;
     if (zerodetect == DETECT_UNMAP && zeromode != ZERO_NOTRIM)
       zflags |= NBDKIT_FLAG_MAY_TRIM;
