@@ -145,6 +145,27 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
 }
 
+/* The top image's backing file handed in open (opts->backing_io): a
+ * raw layer, whatever the header names.  Consumes the I/O object, as
+ * image_open_layer does.
+ */
+int
+backing_attach_io (struct qcow2_image *img, const struct qcow2_options *opts)
+{
+  const char *name = opts->backing_io_name ? opts->backing_io_name
+                                           : "backing file";
+  const struct qcow2_options layer_opts = { .readonly = true };
+  char *id = strdup (name);
+
+  if (!id) {
+    opts->backing_io->ops->close (opts->backing_io);
+    return -ENOMEM;
+  }
+  img->backing = image_open_layer (img->env, opts->backing_io, name, id,
+                                   "raw", &layer_opts, NULL, 1);
+  return img->backing ? 0 : -errno;
+}
+
 int
 data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
 {

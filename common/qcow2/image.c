@@ -264,6 +264,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if (img->writable && (r = bitmap_open (img)) < 0)
     return r;
   image_describe (img, opts);
+  if (opts->backing_io)
+    return 0;                   /* qcow2_open attaches it */
   if (opts->backing_chain_len > 0
       || (!opts->no_backing && img->h.backing_file))
     return backing_open (img, opts, chain, depth);
@@ -349,20 +351,37 @@ qcow2_open (const struct qcow2_env *env, struct qcow2_io *io,
 {
   const char *chain[QCOW2_MAX_CHAIN_DEPTH + 1];
   char *id = env->identity ? env->identity (env->opaque, path) : NULL;
+  struct qcow2_image *img = NULL;
+  int r;
 
+  assert (!opts->backing_io ||
+          (!opts->backing_chain_len && !opts->no_backing));
   if (!id)
     id = strdup (path);
   if (!id) {
-    int e = errno;
+    r = -errno;
     io->ops->close (io);
-    errno = e;
+  }
+  else {
+    chain[0] = id;
+    img = image_open_layer (env, io, path, id, "qcow2", opts, chain, 0);
+    r = img ? 0 : -errno;
+  }
+  /* The backing file handed in is the image's once it is open;
+   * backing_attach_io consumes it even when it fails.
+   */
+  if (opts->backing_io) {
+    if (img)
+      r = backing_attach_io (img, opts);
+    else
+      opts->backing_io->ops->close (opts->backing_io);
+  }
+  if (r < 0) {
+    image_free (img);
+    errno = -r;
     return NULL;
   }
-  chain[0] = id;
-  struct qcow2_image *img = image_open_layer (env, io, path, id, "qcow2",
-                                              opts, chain, 0);
-  if (img)
-    img->io_threads = opts->io_threads;
+  img->io_threads = opts->io_threads;
   return img;
 }
 

@@ -627,6 +627,8 @@ extern ssize_t compress_cluster (const struct qcow2_image *img,
 extern int backing_open (struct qcow2_image *img,
                          const struct qcow2_options *opts,
                          const char **chain, unsigned depth);
+extern int backing_attach_io (struct qcow2_image *img,
+                              const struct qcow2_options *opts);
 extern int data_file_open (struct qcow2_image *img,
                            const struct qcow2_options *opts);
 

@@ -67,6 +67,16 @@ struct qcow2_options {
    */
   const char *const *backing_chain;
   unsigned backing_chain_len;
+  /* The top image's backing file, already open, in place of whatever
+   * its header names: a raw disk (say another nbdkit plugin's), never
+   * written, whose hole op, if any, answers block status where the
+   * image allocates nothing.  qcow2_open owns it from the call on, as
+   * it owns io: closed with the image, or when opening fails.
+   * backing_io_name names it in messages.  Not with backing_chain or
+   * no_backing.
+   */
+  struct qcow2_io *backing_io;
+  const char *backing_io_name;
   const char *snapshot;         /* internal snapshot name or ID, or NULL */
   const char *data_file;        /* override the external data file name */
   /* The folder where the image's relative backing and data file names
