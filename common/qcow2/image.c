@@ -211,6 +211,22 @@ image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
   return 0;
 }
 
+/* copy_on_read: fills go into the image file, as new clusters. */
+static int
+image_set_copy_on_read (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
+{
+  if (!img->writable || img->data_io != img->io) {
+    log_error (img, "copy-on-read needs %s", !img->writable
+               ? "an image opened read-write (not a snapshot)"
+               : "the guest data in the image file, not an external data "
+               "file");
+    return -EINVAL;
+  }
+  img->copy_on_read = true;
+  return 0;
+}
+
 /* Called with the lock held, though the image is not shared yet: the
  * state it sets up is the lock's to guard.
  */
@@ -250,6 +266,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   img->writable = !opts->readonly && !opts->snapshot;
   if (img->writable && opts->compress &&
       (r = image_set_compress (img, opts)) < 0)
+    return r;
+  if (opts->copy_on_read && (r = image_set_copy_on_read (img)) < 0)
     return r;
   img->discard = !opts->discard_ignore;
   img->lazy_refcounts = img->h.compatible_features
@@ -441,7 +459,10 @@ qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
     return -EINVAL;
   }
   pthread_rwlock_rdlock (&img->data_lock);
-  r = layer_read (img, buf, count, offset);
+  /* As QEMU's copy-on-read, a fill that fails fails the read. */
+  r = img->copy_on_read ? fill_range (img, offset, count) : 0;
+  if (r == 0)
+    r = layer_read (img, buf, count, offset);
   pthread_rwlock_unlock (&img->data_lock);
   return r;
 }

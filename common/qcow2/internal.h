@@ -255,6 +255,7 @@ struct qcow2_image {
   bool discard;                 /* trim frees clusters (discard=unmap) */
   bool write_started;           /* header prepared for the first write */
   bool compress;                /* compress=: see qcow2_options */
+  bool copy_on_read;            /* see qcow2_options; fill.c */
   bool lazy_refcounts;
   struct image_dirty dirty;     /* flush.c */
   struct image_alloc alloc;     /* alloc.c */
@@ -734,6 +735,23 @@ struct write_request {
 extern int write_request (struct qcow2_image *img,
                           const struct write_request *req)
   TSA_EXCLUDES (img->lock);
+/* A guest range claimed by a request working on it with img->lock
+ * released (see write.c), and what fill.c shares of the claims.
+ */
+struct write_inflight {
+  uint64_t start, end;
+  struct write_inflight *next;
+};
+extern bool write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
+                                     uint64_t end)
+  TSA_REQUIRES (img->lock);
+extern void write_inflight_claim (struct qcow2_image *img,
+                                  struct write_inflight *w, uint64_t start,
+                                  uint64_t end)
+  TSA_REQUIRES (img->lock);
+extern void write_inflight_unclaim (struct qcow2_image *img,
+                                    struct write_inflight *w)
+  TSA_REQUIRES (img->lock);
 extern uint64_t write_unit_mask (const struct qcow2_image *img,
                                  uint64_t start, uint64_t end);
 extern int write_reads_zero (struct qcow2_image *img, uint64_t offset,
@@ -755,6 +773,13 @@ extern int write_allocating_may_unlock (struct qcow2_image *img,
                                         const uint8_t *data,
                                         uint64_t offset, uint64_t len)
   TSA_REQUIRES (img->lock);
+
+/* fill.c: copy-on-read of what [offset, offset+count) touches, with
+ * data_lock held shared.
+ */
+extern int fill_range (struct qcow2_image *img, uint64_t offset,
+                       uint64_t count)
+  TSA_EXCLUDES (img->lock);
 
 /* hostio.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,
@@ -949,6 +974,9 @@ extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
 extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                         uint64_t offset)
   TSA_REQUIRES (img->lock);
+/* With or without img->lock: it takes the backing layer's. */
+extern int read_backing (struct qcow2_image *img, uint8_t *buf,
+                         uint64_t count, uint64_t offset);
 
 /* extents.c */
 extern int layer_extents (struct qcow2_image *img, uint64_t offset,

@@ -77,6 +77,11 @@ struct qcow2_options {
    */
   struct qcow2_io *backing_io;
   const char *backing_io_name;
+  /* Copy-on-read: reads fill the clusters they touch that the image
+   * does not allocate with what the backing file holds there, as
+   * qcow2_fill does (the image must be writable).
+   */
+  bool copy_on_read;
   const char *snapshot;         /* internal snapshot name or ID, or NULL */
   const char *data_file;        /* override the external data file name */
   /* The folder where the image's relative backing and data file names
@@ -229,6 +234,18 @@ extern int qcow2_zero (struct qcow2_image *img, uint64_t count,
 extern int qcow2_trim (struct qcow2_image *img, uint64_t count,
                        uint64_t offset, bool fua);
 extern int qcow2_flush (struct qcow2_image *img);
+
+/* Copy what the backing file holds of [offset, offset+count) into the
+ * image (QEMU's copy-on-read; an NBD cache request): every cluster the
+ * range touches that the image allocates nothing of, whole, so that it
+ * is read from the image from then on.  Never changes what the guest
+ * reads: a cluster that a write, zero or trim reaches first keeps what
+ * it wrote.  Clusters that read as zeros get zero flags (version 3),
+ * not data.  Nothing to do without a backing file, or on an image that
+ * cannot be written.
+ */
+extern int qcow2_fill (struct qcow2_image *img, uint64_t count,
+                       uint64_t offset);
 
 /* Allocate every cluster of the disk, as qemu-img's preallocation=:
  * metadata maps them (the file covers them, with holes), falloc also

@@ -11,8 +11,10 @@
 #include "errstr.h"
 #include "internal.h"
 
-/* Read from a backing layer; past its end, or with none, zeros. */
-static int
+/* What the backing file shows at guest [offset, offset+count): past
+ * its end, or with none, zeros.
+ */
+int
 read_backing (struct qcow2_image *img, uint8_t *buf, uint64_t count,
               uint64_t offset)
 {

@@ -151,15 +151,12 @@ write_release_old (struct qcow2_image *img, const struct l2_state *s,
  *    In-place runs mapped after a claim stop at its cluster.
  *  - On an O_DIRECT file, two writes to different bytes of one block
  *    are kept apart by the file backend (its read-modify-write ranges).
+ *  - Copy-on-read fills (fill.c) claim the clusters they fill, as
+ *    allocating writes do, and commit only clusters still unallocated.
  *  - Clusters are freed holding data_lock exclusively: no request
  *    still uses a host offset it mapped.
  */
-struct write_inflight {
-  uint64_t start, end;
-  struct write_inflight *next;
-};
-
-static bool
+bool
 write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
                          uint64_t end)
   TSA_REQUIRES (img->lock)
@@ -183,7 +180,7 @@ write_inflight_wait (struct qcow2_image *img, uint64_t start, uint64_t end)
 }
 
 /* Claim guest [start, end); the caller then releases img->lock. */
-static void
+void
 write_inflight_claim (struct qcow2_image *img, struct write_inflight *w,
                       uint64_t start, uint64_t end)
   TSA_REQUIRES (img->lock)
@@ -195,7 +192,7 @@ write_inflight_claim (struct qcow2_image *img, struct write_inflight *w,
 }
 
 /* Give the range back, with img->lock taken again. */
-static void
+void
 write_inflight_unclaim (struct qcow2_image *img, struct write_inflight *w)
   TSA_REQUIRES (img->lock)
 {
