@@ -623,6 +623,22 @@ static const struct regression {
     "write 131072 262144 seed=2 fua=0\n"
     "write 135168 4096 seed=3 fua=0\n"
     "check\n" },
+  /* Copy-on-read fills (whole clusters from the backing file) among
+   * writes, zeroes and trims of the clusters they fill.
+   */
+  { "copy-on-read fills among writes, zeroes and trims",
+    "cor-raw-4k-evict", 1,
+    "fill 0 65536\n"
+    "write 4096 100 seed=1 fua=0\n"
+    "read 60000 20000\n"
+    "zero 65536 8192 may_trim=0 fua=0\n"
+    "fill 0 200000\n"
+    "flush\n"
+    "trim 0 8192 fua=0\n"
+    "read 0 300000\n"
+    "write 290000 5000 seed=2 fua=1\n"
+    "fill 1200000 100000\n"
+    "flush\n" },
   { .what = NULL },
 };
 

@@ -43,13 +43,13 @@
 /* The configurations faults are injected in: every path that writes
  * metadata (evictions, new L2 tables, copied L2 tables, new refcount
  * blocks, a growing refcount table, lazy refcounts, bitmaps, external
- * data files).
+ * data files, copy-on-read fills).
  */
 static const char *const fault_configs[] = {
   "alloc-4k-evict", "backing-qcow2-v2-4k-evict", "extl2-32k-backing",
   "lazy-4k", "snapshot-compressed-64k-evict", "blocks-512-rc64",
   "grow-512-rc64", "bitmaps-snapshot-512-evict", "datafile-backing-4k-evict",
-  "datafile-raw-64k",
+  "datafile-raw-64k", "cor-raw-4k-evict", "cor-extl2-32k-qcow2",
 };
 
 enum fault_kind { F_PREAD, F_PWRITE, F_FLUSH, F_PUNCH, F_GROW, F_KINDS };

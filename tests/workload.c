@@ -73,6 +73,12 @@ const struct wl_config wl_configs[] = {
   { .name = "fill-1k-rc32-evict", .cluster_bits = 10, .size = 8 * MiB,
     .built = true, .refcount_order = 5, .gen = WL_GEN_FILL,
     .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 120 },
+  { .name = "cor-raw-4k-evict", .cluster_bits = 12, .size = 2 * MiB,
+    .backing = WL_RAW_BACKING, .copy_on_read = true,
+    .l2_cache_size = 1024, .l2_slice_size = 512, .ops = 120 },
+  { .name = "cor-extl2-32k-qcow2", .cluster_bits = 15, .size = 2 * MiB,
+    .extl2 = true, .backing = WL_QCOW2_BACKING, .copy_on_read = true,
+    .ops = 120 },
 };
 const size_t wl_nr_configs = sizeof wl_configs / sizeof wl_configs[0];
 
@@ -172,7 +178,18 @@ wl_generate (const struct wl_config *cfg, uint64_t seed, struct wl_op **ops,
   *n = 0;
   for (unsigned i = 0; i < cfg->ops; i++) {
     struct wl_op op = { .seed = wl_rand (&r) };
-    unsigned k = wl_below (&r, 100);
+    unsigned k;
+
+    /* Drawn only here, so that the other configurations' workloads
+     * stay as they were (the regression reproducers name them).
+     */
+    if (cfg->copy_on_read && wl_below (&r, 4) == 0) {
+      op.kind = wl_below (&r, 3) ? WL_READ : WL_FILL;
+      wl_pick_range (&r, cs, cfg->size, false, &op.offset, &op.len);
+      wl_push (ops, n, &cap, op);
+      continue;
+    }
+    k = wl_below (&r, 100);
 
     if (cfg->gen == WL_GEN_FILL && k < 70) {
       /* Fill the disk from the start, so the file outgrows what one
@@ -225,7 +242,7 @@ wl_generate (const struct wl_config *cfg, uint64_t seed, struct wl_op **ops,
 static const char *const kind_names[] = {
   [WL_WRITE] = "write", [WL_ZERO] = "zero", [WL_TRIM] = "trim",
   [WL_FLUSH] = "flush", [WL_REOPEN] = "reopen", [WL_REPAIR] = "repair",
-  [WL_CHECK] = "check",
+  [WL_CHECK] = "check", [WL_READ] = "read", [WL_FILL] = "fill",
 };
 
 void
@@ -243,6 +260,11 @@ wl_format_op (const struct wl_op *op, char *buf, size_t len)
   case WL_TRIM:
     snprintf (buf, len, "trim %" PRIu64 " %" PRIu64 " fua=%d", op->offset,
               op->len, op->fua);
+    break;
+  case WL_READ:
+  case WL_FILL:
+    snprintf (buf, len, "%s %" PRIu64 " %" PRIu64, kind_names[op->kind],
+              op->offset, op->len);
     break;
   default:
     snprintf (buf, len, "%s", kind_names[op->kind]);
@@ -278,6 +300,12 @@ wl_parse_op (const char *line, struct wl_op *op)
   case WL_TRIM:
     if (sscanf (line, "trim %" SCNu64 " %" SCNu64 " fua=%d", &op->offset,
                 &op->len, &fua) != 3)
+      return -1;
+    break;
+  case WL_READ:
+  case WL_FILL:
+    if (sscanf (line, "%*s %" SCNu64 " %" SCNu64, &op->offset,
+                &op->len) != 2)
       return -1;
     break;
   default:
@@ -463,6 +491,7 @@ wl_open_io (const struct wl_setup *s, const struct qcow2_env *env,
     .l2_cache_size = s->cfg->l2_cache_size,
     .l2_slice_size = s->cfg->l2_slice_size,
     .readonly = readonly,
+    .copy_on_read = s->cfg->copy_on_read && !readonly,
   };
 
   return qcow2_open (env, io, TOP_NAME, &opts);
@@ -756,6 +785,16 @@ wl_exec (struct wl_run *run, const struct wl_op *op)
     break;
   case WL_TRIM:
     r = qcow2_trim (run->img, op->len, op->offset, op->fua);
+    break;
+  case WL_READ:
+    buf = wl_xmalloc (op->len);
+    r = qcow2_read (run->img, buf, op->len, op->offset);
+    if (r == 0 && memcmp (buf, m->acked + op->offset, op->len) != 0)
+      r = -EILSEQ;
+    free (buf);
+    break;
+  case WL_FILL:
+    r = qcow2_fill (run->img, op->len, op->offset);
     break;
   case WL_FLUSH:
     r = qcow2_flush (run->img);

@@ -52,6 +52,11 @@ struct wl_config {
   uint64_t l2_cache_size;       /* small: dirty slices evicted mid-request */
   uint64_t l2_slice_size;
   enum wl_gen gen;              /* random requests, or filling the disk */
+  /* Opened with copy_on_read, and reads and fills (qcow2_fill) among
+   * the requests: clusters filled from the backing file as writes,
+   * zeroes and trims come and go.
+   */
+  bool copy_on_read;
   unsigned ops;                 /* requests per workload */
 };
 
@@ -64,6 +69,8 @@ enum wl_kind {
   WL_REOPEN,                    /* clean close, open again */
   WL_REPAIR,                    /* qcow2_check fixing leaks */
   WL_CHECK,                     /* qcow2_check: nothing wrong in memory */
+  WL_READ,                      /* copy_on_read: read, as the model says */
+  WL_FILL,                      /* qcow2_fill */
 };
 
 struct wl_op {
@@ -141,7 +148,8 @@ extern struct wl_files wl_run_files (struct wl_run *run);
 extern void wl_run_end (struct wl_run *run);
 
 /* Send one request, keeping the model: 0 or -errno (-EUCLEAN when a
- * check or repair finds a corruption).
+ * check or repair finds a corruption, -EILSEQ when a read returns
+ * other bytes than the model).
  */
 extern int wl_exec (struct wl_run *run, const struct wl_op *op);
 
