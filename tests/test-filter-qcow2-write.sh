@@ -57,3 +57,16 @@ with open(\"'"$tmp"'/model.raw\", \"r+b\") as m:
 qemu-img check -q "$w" || fail "qemu-img check after writes through the filter"
 qemu-img compare -q -f qcow2 -F raw "$w" "$tmp/model.raw" ||
   fail "qemu-img reads other data than was written"
+
+# A zero of whole clusters reaches the engine (zero flags), not written
+# as zeros by nbdkit: the clusters are zero in qemu-img map, no data.
+nbdkit -U - --filter=qcow2 file "$w" --run 'nbdsh -u "$uri" -c "
+h.pwrite(b\"z\" * (4 << 16), 7 << 20)
+h.zero(2 << 16, 7 << 20)
+"' || fail "zero through the filter"
+qemu-img map --output=json -f qcow2 "$w" | /usr/bin/python3 -c '
+import json, sys
+for e in json.load(sys.stdin):
+    if e["start"] < (7 << 20) + (2 << 16) and e["start"] + e["length"] > 7 << 20:
+        assert e["zero"] and not e["data"], e
+' || fail "a zero through the filter was written as data"

@@ -857,11 +857,20 @@ qcow2_filter_can_write (nbdkit_next *next, void *handle)
   return qcow2_can_write (image);
 }
 
-/* Flush, zero (fast too), multi-conn, block status: always. */
+/* Flush, fast zero, multi-conn, block status: always. */
 static int
 qcow2_filter_yes (nbdkit_next *next, void *handle)
 {
   return 1;
+}
+
+/* Zeroes go to the engine (zero flags), not written as zeros by
+ * nbdkit, as a filter's can_zero of 1 (NBDKIT_ZERO_EMULATE) asks.
+ */
+static int
+qcow2_filter_can_zero (nbdkit_next *next, void *handle)
+{
+  return NBDKIT_ZERO_NATIVE;
 }
 
 static int
@@ -1004,7 +1013,7 @@ static struct nbdkit_filter filter = {
   .can_flush         = qcow2_filter_yes,
   .can_fua           = qcow2_filter_can_fua,
   .can_trim          = qcow2_filter_can_trim,
-  .can_zero          = qcow2_filter_yes,
+  .can_zero          = qcow2_filter_can_zero,
   .can_fast_zero     = qcow2_filter_yes,
   .can_multi_conn    = qcow2_filter_yes,
   .can_extents       = qcow2_filter_yes,
