@@ -128,7 +128,10 @@ image_describe (const struct qcow2_image *img,
   char backing[64 + QCOW2_MAX_BACKING_NAME] = "none";
   char data_file[64 + PATH_MAX] = "none";
 
-  if (opts->backing_chain_len > 0)
+  if (opts->backing_io)
+    snprintf (backing, sizeof backing, "%s (raw, opened by the caller)",
+              opts->backing_io_name ? opts->backing_io_name : "a file");
+  else if (opts->backing_chain_len > 0)
     snprintf (backing, sizeof backing, "\"%s\" (format probed, named by "
               "backing=)", opts->backing_chain[0]);
   else if (h->backing_file)
@@ -445,6 +448,12 @@ uint64_t
 qcow2_get_size (const struct qcow2_image *img)
 {
   return img->size;
+}
+
+const char *
+qcow2_get_backing_name (const struct qcow2_image *img)
+{
+  return img->h.backing_file;
 }
 
 int

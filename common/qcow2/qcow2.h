@@ -212,6 +212,9 @@ extern void qcow2_get_info (const struct qcow2_image *img,
 /* Virtual size of what is served (the snapshot's, if one was chosen). */
 extern uint64_t qcow2_get_size (const struct qcow2_image *img);
 
+/* The backing file name the image's header records, or NULL. */
+extern const char *qcow2_get_backing_name (const struct qcow2_image *img);
+
 /* 0 if the image may be written, else -errno with the reason reported
  * (corrupt bit set, snapshot export, ...).
  */

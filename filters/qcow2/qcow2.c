@@ -25,6 +25,7 @@
 #include "checked.h"
 #include "errstr.h"
 #include "fileio.h"
+#include "filter.h"
 #include "glue.h"
 #include "qcow2.h"
 
@@ -99,7 +100,7 @@ struct nextio {
   struct qcow2_io io;
   nbdkit_next *next;
   uint64_t size;
-  bool can_flush, can_trim;
+  bool can_flush, can_trim, can_extents;
 };
 
 static void
@@ -210,6 +211,51 @@ nextio_size (struct qcow2_io *io)
   return ((struct nextio *) io)->size;
 }
 
+/* Holes (reading as zeros) from the plugin's extents: the run of
+ * extents from offset that are all holes, or all not.  Without
+ * extents, all data.
+ */
+static int
+nextio_hole (struct qcow2_io *io, uint64_t offset, uint64_t count,
+             bool *is_hole, uint64_t *len)
+{
+  struct nextio *n = (struct nextio *) io;
+  struct nbdkit_extents *e;
+  int err = 0, r;
+
+  *is_hole = false;
+  *len = count;
+  if (offset >= n->size)
+    *is_hole = true;
+  if (offset >= n->size || !n->can_extents)
+    return 0;
+  count = MIN (count, MIN (n->size - offset, NEXT_MAX));
+  if (!(e = nbdkit_extents_new (offset, n->size)))
+    return -errno;
+  nextio_lock ();
+  r = n->next->extents (n->next, count, offset, 0, e, &err);
+  nextio_unlock ();
+  if (r == -1)
+    r = -(err ? err : EIO);
+  else {
+    *len = 0;
+    for (size_t i = 0; i < nbdkit_extents_count (e); i++) {
+      struct nbdkit_extent x = nbdkit_get_extent (e, i);
+      bool hole = (x.type & NBDKIT_EXTENT_HOLE) &&
+        (x.type & NBDKIT_EXTENT_ZERO);
+
+      if (i == 0)
+        *is_hole = hole;
+      else if (hole != *is_hole)
+        break;
+      *len = x.offset + x.length - offset;
+    }
+    r = *len ? 0 : -EIO;
+  }
+  nbdkit_extents_free (e);
+  return r;
+}
+
 static void
 nextio_close (struct qcow2_io *io)
 {
@@ -222,8 +268,31 @@ static const struct qcow2_io_ops nextio_ops = {
   .flush = nextio_flush,
   .punch = nextio_punch,
   .size = nextio_size,
+  .hole = nextio_hole,
   .close = nextio_close,
 };
+
+struct qcow2_io *
+filter_nextio_new (nbdkit_next *next, int64_t size, unsigned flags)
+{
+  struct nextio *n = calloc (1, sizeof *n);
+
+  if (!n) {
+    nbdkit_error ("calloc: %s", errstr (errno));
+    return NULL;
+  }
+  n->io.ops = &nextio_ops;
+  n->next = next;
+  n->size = size;
+  /* nbdkit allows a call into the plugin only once it was asked
+   * whether it can do it.
+   */
+  n->can_flush = next->can_flush (next) == 1;
+  n->can_trim = !(flags & NEXTIO_READONLY) && next->can_trim (next) == 1;
+  n->can_extents = (flags & NEXTIO_EXTENTS) &&
+    next->can_extents (next) == 1;
+  return &n->io;
+}
 
 static int
 qcow2_filter_backing (const char *key, const char *value)
@@ -295,6 +364,7 @@ qcow2_filter_unload (void)
   free (below_file);
   free (below_keys);
   free (image_name);
+  overlay_unload ();
 }
 
 /* The keys of the plugin's that say what it serves, in messages. */
@@ -334,9 +404,12 @@ static int
 qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                      const char *key, const char *value)
 {
-  int r = glue_config (filter_options,
-                       sizeof filter_options / sizeof *filter_options,
-                       key, value, NULL);
+  int r = overlay_config (key, value);
+
+  if (r == 0)
+    r = glue_config (filter_options,
+                     sizeof filter_options / sizeof *filter_options,
+                     key, value, NULL);
 
   if (r == 0 && strcmp (key, "file") == 0) {
     free (below_file);
@@ -398,9 +471,10 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
     nbdkit_error ("asprintf: %s", errstr (errno));
     return -1;
   }
-  if (glue_config_complete () == -1)
+  if (glue_config_complete () == -1 ||
+      overlay_config_complete (create, backing_chain_len > 0) == -1)
     return -1;
-  if (!create && glue.create.first_key) {
+  if (!create && glue.create.first_key && !overlay_active ()) {
     nbdkit_error ("%s= describes an image to make: it needs create=true",
                   glue.create.first_key);
     return -1;
@@ -441,6 +515,7 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   "qcow2-password=<PASSWORD>|-|+FILE|-FD  The password of a LUKS image\n" \
   "                                (also qcow2-passphrase=).\n" \
   "qcow2-backing-password=<PASSWORD>  That of the next backing file.\n" \
+  OVERLAY_CONFIG_HELP \
   GLUE_CONFIG_HELP \
   "io-threads=<N>                  Threads doing the pieces of a fragmented\n" \
   "                                request at once (default 16, 0: none).\n" \
@@ -545,8 +620,8 @@ qcow2_filter_fail_start (void)
  * a descriptor of our own until cleanup: QEMU then sees the image in
  * use, and the filter refuses an image QEMU is writing.
  */
-static int
-qcow2_filter_lock_below (bool readonly)
+int
+filter_lock_below (bool readonly)
 {
   struct stat st;
   char *why = NULL;
@@ -730,12 +805,13 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
   bool readonly = asked_readonly;
   const char *name;
-  struct nextio *n;
+  struct qcow2_io *io;
   char *dir;
   int64_t size;
   int w, r;
 
-  below = qcow2_filter_context_open (backend, readonly);
+  /* The plugin under an overlay is only read. */
+  below = qcow2_filter_context_open (backend, readonly || overlay_active ());
   if (!below)
     return -1;
   if (below->prepare (below) == -1)
@@ -743,13 +819,16 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   size = below->get_size (below);
   if (size == -1)
     return -1;
+  glue.engine.debug_cache = qcow2_debug_cache;
+  if (overlay_active ())
+    return overlay_open (below, size, image_name, &image);
   if (!readonly && (w = below->can_write (below)) != 1) {
     if (w == -1)
       return -1;
     readonly = true;
   }
   glue.engine.readonly = readonly;
-  if (qcow2_filter_lock_below (readonly) == -1)
+  if (filter_lock_below (readonly) == -1)
     return -1;
   if (create && readonly) {
     nbdkit_error ("create=true: the export is read-only (nbdkit -r, "
@@ -759,27 +838,17 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   if (qcow2_filter_name_files (&name, &dir) == -1)
     return -1;
   glue.engine.names_dir = below_file_is_image && !backing_dir ? NULL : dir;
-  n = calloc (1, sizeof *n);
-  if (!n) {
-    nbdkit_error ("calloc: %s", errstr (errno));
+  if (!(io = filter_nextio_new (below, size,
+                                readonly ? NEXTIO_READONLY : 0))) {
     free (dir);
     return -1;
   }
-  n->io.ops = &nextio_ops;
-  n->next = below;
-  n->size = size;
-  /* nbdkit allows a call into the plugin only once it was asked
-   * whether it can do it.
-   */
-  n->can_flush = below->can_flush (below) == 1;
-  n->can_trim = !readonly && below->can_trim (below) == 1;
-  if (create && qcow2_filter_create (&n->io, name) == -1) {
-    free (n);
+  if (create && qcow2_filter_create (io, name) == -1) {
+    io->ops->close (io);
     free (dir);
     return -1;
   }
-  glue.engine.debug_cache = qcow2_debug_cache;
-  image = qcow2_open (&glue_env, &n->io, name, &glue.engine);
+  image = qcow2_open (&glue_env, io, name, &glue.engine);
   free (dir);
   glue.engine.names_dir = NULL;
   /* The image and its backing files are open: their keys are made. */
@@ -888,7 +957,7 @@ qcow2_filter_can_trim (nbdkit_next *next, void *handle)
 static int
 qcow2_filter_can_cache (nbdkit_next *next, void *handle)
 {
-  return NBDKIT_CACHE_NONE;
+  return overlay_can_cache ();
 }
 
 /* Every callback answers from the engine: a connection has no context
@@ -973,6 +1042,14 @@ qcow2_filter_flush (nbdkit_next *next, void *handle, uint32_t flags,
   return qcow2_filter_result (r, err);
 }
 
+/* Copy-on-read of the range (see overlay_can_cache). */
+static int
+qcow2_filter_cache (nbdkit_next *next, void *handle, uint32_t count,
+                    uint64_t offset, uint32_t flags, int *err)
+{
+  return qcow2_filter_result (qcow2_fill (image, count, offset), err);
+}
+
 static int
 qcow2_filter_add_extent (void *opaque, uint64_t offset, uint64_t length,
                          uint32_t type)
@@ -1025,6 +1102,7 @@ static struct nbdkit_filter filter = {
   .zero              = qcow2_filter_zero,
   .trim              = qcow2_filter_trim,
   .flush             = qcow2_filter_flush,
+  .cache             = qcow2_filter_cache,
   .extents           = qcow2_filter_extents,
 };
 

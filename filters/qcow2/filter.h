@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* What the qcow2 filter's files share: the plugin below as the
+ * engine's storage (qcow2.c) and the overlay mode (overlay.c).
+ */
+#ifndef QCOW2_FILTER_H
+#define QCOW2_FILTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nbdkit-filter.h>
+
+#include "qcow2.h"
+
+/* qcow2.c */
+
+/* The plugin's export (size bytes) as a qcow2_io, which the engine
+ * owns, NULL on error (said).  Flags: NEXTIO_READONLY, never written;
+ * NEXTIO_EXTENTS, its hole op answers from the plugin's extents.
+ */
+#define NEXTIO_READONLY 1u
+#define NEXTIO_EXTENTS 2u
+extern struct qcow2_io *filter_nextio_new (nbdkit_next *next, int64_t size,
+                                           unsigned flags);
+
+/* QEMU's locks on the local file the plugin serves, if it serves one:
+ * 0, or -1 said.
+ */
+extern int filter_lock_below (bool readonly);
+
+/* overlay.c: qcow2-overlay=FILE */
+
+/* A key of the overlay: 1 if done, 0 if not the overlay's, -1 on
+ * error (said).
+ */
+extern int overlay_config (const char *key, const char *value);
+/* After the last key: 0, or -1 said.  create: create=true was given;
+ * chain: backing= was.
+ */
+extern int overlay_config_complete (bool create, bool chain);
+extern bool overlay_active (void);
+/* Open FILE (made if missing) as *image over below, the plugin's
+ * context (opened read-only, prepared), whose disk is size bytes and
+ * is called name in messages: 0, or -1 said.
+ */
+extern int overlay_open (nbdkit_next *below, int64_t size, const char *name,
+                         struct qcow2_image **image);
+/* What NBD cache requests do: fill FILE with qcow2-overlay-on-read. */
+extern int overlay_can_cache (void);
+extern void overlay_unload (void);
+
+#define OVERLAY_CONFIG_HELP \
+  "qcow2-overlay=<FILE>            Serve the plugin's disk with every change\n" \
+  "                                kept in the qcow2 image FILE (made if\n" \
+  "                                missing); the plugin is only read.\n" \
+  "qcow2-overlay-backing=<NAME>    Record NAME (raw) as FILE's backing file.\n" \
+  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n"
+
+#endif /* QCOW2_FILTER_H */

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The qcow2 filter's overlay (qcow2-overlay=FILE) over nbdkit's file
+# plugin, with QEMU as the oracle:
+#  - FILE made at the first start; writes, zeroes, trims, FUA and
+#    flushes against a model; qemu-img check clean; the plugin's file
+#    unchanged (checksum) and locked against writers while served, FILE
+#    locked as an image;
+#  - continued at a restart: reads back the model, and block status
+#    equals qemu-img map of FILE over the plugin's file (its holes from
+#    the plugin's extents, zero clusters as zeros);
+#  - no backing name recorded, until the man page's qemu-img rebase;
+#    with qcow2-overlay-backing=NAME, FILE alone (qemu-img, and our
+#    plugin) reads as what was served;
+#  - nbdkit -r leaves FILE as it was; a FILE of another size, another
+#    backing name or not qcow2 is refused, naming both.
+source "${srcdir:-.}/functions.sh"
+set -e
+source "${srcdir:-.}/overlay-functions.sh"
+
+base=$tmp/base.raw ov=$tmp/ov.qcow2
+make_base "$base" $((8 << 20))
+sha256sum "$base" > "$tmp/base.sum"
+cp "$base" "$tmp/model.raw"
+
+# map_check: block status ($tmp/map.json, over NBD) as qemu-img maps
+# FILE over the plugin's file.
+map_check ()
+{
+  map_normalize < "$tmp/map.json" > "$tmp/map.out"
+  qemu-img map --output=json --image-opts \
+    "driver=qcow2,file.filename=$ov,backing.driver=raw,backing.file.filename=$base" |
+    map_normalize > "$tmp/map.ref"
+  diff -u "$tmp/map.ref" "$tmp/map.out" ||
+    fail "block status differs from qemu-img map ($1)"
+}
+
+# Made (block status all the plugin's, holes included), then written.
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov" --run '
+  nbdsh -u "$uri" -c "
+assert h.can_multi_conn() and h.can_zero() and h.can_fast_zero()
+assert h.can_trim() and h.can_fua() and h.can_flush() and h.is_read_only() == 0
+" && qemu-img map --output=json -f raw "$uri"' > "$tmp/map.json" ||
+  fail "a new FILE"
+map_check "a new FILE"
+grep -q "^3145728 2097152 0 1$" "$tmp/map.out" || fail "the plugin's holes"
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov" --run '
+  /usr/bin/python3 '"$overlay_ops"' "$uri" '"$tmp/model.raw"' 1 60' ||
+  fail "writes through the overlay"
+qemu-img check -q "$ov" || fail "qemu-img check of the overlay"
+sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
+qemu-img info --output=json "$ov" > "$tmp/info.json"
+grep -q '"backing-filename"' "$tmp/info.json" && fail "a backing name was recorded"
+grep -q '"virtual-size": 8388608' "$tmp/info.json" || fail "FILE's size"
+grep -q '"cluster-size": 65536' "$tmp/info.json" || fail "FILE's cluster size"
+
+# Continued: the model read back, block status as qemu maps FILE over
+# the plugin's file.
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov" --run '
+  nbdcopy "$uri" '"$tmp/out.raw"' && qemu-img map --output=json -f raw "$uri"
+' > "$tmp/map.json" || fail "restart"
+cmp "$tmp/out.raw" "$tmp/model.raw" || fail "read back after a restart"
+map_check "after writes"
+
+# Locks while served: QEMU sees FILE in use (as with qemu-nbd, -U
+# reads it anyway), and may not write it, nor the plugin's file under
+# it.
+sock=$tmp/sock
+nbdkit -U "$sock" -P "$tmp/pid" --filter=qcow2 file "$base" qcow2-overlay="$ov"
+wait_socket "$sock" "$(cat "$tmp/pid")" || fail "nbdkit did not start"
+nbdinfo --size "nbd+unix:///?socket=$sock" > /dev/null || fail "not served"
+qemu-img info "$ov" > "$tmp/lock.out" 2>&1 && fail "QEMU did not see FILE in use"
+grep -q "lock" "$tmp/lock.out" || fail "FILE: $(cat "$tmp/lock.out")"
+qemu-img info -U "$ov" > /dev/null || fail "qemu-img info -U refused while served"
+qemu-io -f qcow2 -c 'write 0 512' "$ov" > "$tmp/lock.out" 2>&1 &&
+  fail "QEMU wrote FILE while it was served"
+grep -q "lock" "$tmp/lock.out" || fail "FILE: $(cat "$tmp/lock.out")"
+qemu-io -f raw -c 'write 0 512' "$base" > "$tmp/lock.out" 2>&1 &&
+  fail "QEMU wrote the plugin's file while it was under FILE"
+grep -q "lock" "$tmp/lock.out" || fail "base: $(cat "$tmp/lock.out")"
+kill "$(cat "$tmp/pid")"
+for i in $(seq 50); do kill -0 "$(cat "$tmp/pid")" 2>/dev/null || break; sleep 0.1; done
+
+# The man page's rebase gives FILE its backing name: FILE alone reads
+# as what was served.
+qemu-img rebase -u -b base.raw -F raw "$ov"
+qemu-img compare -f qcow2 -F raw "$ov" "$tmp/model.raw" ||
+  fail "FILE rebased onto the plugin's file differs from what was served"
+
+# qcow2-overlay-backing=NAME recorded in a new FILE; then QEMU and our
+# plugin open FILE alone.
+ov2=$tmp/named.qcow2
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov2" \
+  qcow2-overlay-backing=base.raw --run '
+  nbdsh -u "$uri" -c "h.pwrite(b\"\\x5a\" * 70000, 3 << 20)" &&
+  nbdcopy "$uri" '"$tmp/served.raw"'
+' || fail "an overlay with a backing name"
+qemu-img info "$ov2" | grep -q "backing file: base.raw" || fail "no backing name"
+qemu-img info "$ov2" | grep -q "backing file format: raw" || fail "no backing format"
+qemu-img compare -f qcow2 -F raw "$ov2" "$tmp/served.raw" ||
+  fail "FILE alone differs from what was served"
+nbdkit -U - qcow2 "$ov2" --run 'nbdcopy "$uri" '"$tmp/plugin.raw" ||
+  fail "nbdkit qcow2 FILE"
+cmp "$tmp/served.raw" "$tmp/plugin.raw" || fail "nbdkit qcow2 FILE differs"
+
+# -r: FILE served as it is, not changed.
+sha256sum "$ov2" > "$tmp/ov2.sum"
+nbdkit -r -U - --filter=qcow2 file "$base" qcow2-overlay="$ov2" --run '
+  nbdcopy "$uri" '"$tmp/ro.raw"' &&
+  nbdsh -u "$uri" -c "assert h.is_read_only()"' || fail "nbdkit -r"
+cmp "$tmp/served.raw" "$tmp/ro.raw" || fail "read-only reads differ"
+sha256sum -c --quiet "$tmp/ov2.sum" || fail "nbdkit -r changed FILE"
+sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
+
+# Refusals, each naming what differs.
+cp "$base" "$tmp/grown.raw"
+truncate -s +1M "$tmp/grown.raw"
+expect_unserved "holds a disk of 8388608 bytes, but the plugin's disk is 9437184 bytes" \
+  --filter=qcow2 file "$tmp/grown.raw" qcow2-overlay="$ov2"
+expect_unserved "records \"base.raw\" as its backing file, not \"other.raw\".*qemu-img rebase -u -b other.raw -F raw" \
+  --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-backing=other.raw
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/plain.qcow2" --run true
+expect_unserved "records no name as its backing file, not \"base.raw\"" \
+  --filter=qcow2 file "$base" qcow2-overlay="$tmp/plain.qcow2" \
+  qcow2-overlay-backing=base.raw
+expect_unserved "is not a qcow2 image" \
+  --filter=qcow2 file "$base" qcow2-overlay="$tmp/model.raw"
+expect_unserved "does not exist, and nbdkit serves read-only" \
+  -r --filter=qcow2 file "$base" qcow2-overlay="$tmp/missing.qcow2"
+[ ! -e "$tmp/missing.qcow2" ] || fail "-r made FILE"
+expect_refused "qcow2-overlay-on-read=true writes what is read.*not with nbdkit -r" \
+  -r --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-on-read=true
+expect_refused "cannot go with create=true" \
+  --filter=qcow2 file "$base" qcow2-overlay="$ov2" create=true virtual-size=1M
+expect_refused "cannot go with backing=" \
+  --filter=qcow2 file "$base" qcow2-overlay="$ov2" backing=none
+expect_refused "qcow2-overlay-backing= needs qcow2-overlay=FILE" \
+  --filter=qcow2 file "$base" qcow2-overlay-backing=base.raw
+sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
