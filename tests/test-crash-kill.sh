@@ -2,10 +2,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Real crashes: nbdkit is killed with SIGKILL while a client has writes,
 # zeroes, trims and flushes in flight (killwrite.py), over and over on
-# the same images (CRASH_KILLS, default 70, in seven configurations:
+# the same images (CRASH_KILLS, default 70, in eight configurations:
 # 64K clusters, 4K clusters with a small L2 cache, lazy refcounts, COW
 # over a backing file, an external data file, a raw external data file,
-# and two enabled persistent bitmaps).  After every kill:
+# two enabled persistent bitmaps, and the qcow2 filter's overlay over
+# the file plugin with copy-on-read, a reader filling the image from
+# the plugin's file while the writes go on).  After every kill:
 #  - qemu-img check finds no corruption (exit 0 or 3); an image left
 #    dirty by lazy refcounts is first repaired by repair=leaks, after
 #    which it must be clean (exit 0);
@@ -25,10 +27,19 @@ requires qemu-img nbdkit nbdcopy /usr/bin/python3 timeout
 
 kills=${CRASH_KILLS:-70}
 size=$((8 * 1024 * 1024))
-configs=(c64k c4k-evict lazy backing datafile datafile-raw bitmaps)
+configs=(c64k c4k-evict lazy backing datafile datafile-raw bitmaps overlay)
 
-# config NAME: set cluster (bytes), args (plugin arguments), and make
-# the image if it is not there yet.
+# make_base: the raw backing file of the backing and overlay images.
+make_base ()
+{
+  [ -f "$tmp/base.raw" ] || /usr/bin/python3 -c '
+import random, sys
+sys.stdout.buffer.write(random.Random(7).randbytes(int(sys.argv[1])))
+' "$size" > "$tmp/base.raw"
+}
+
+# config NAME: set cluster (bytes), server (nbdkit's arguments after
+# its options), and make the image if it is not there yet.
 config ()
 {
   img=$tmp/$1.qcow2
@@ -43,15 +54,20 @@ config ()
     datafile-raw) cluster=65536
                   opts=cluster_size=64k,data_file=$tmp/$1.data,data_file_raw=on ;;
     bitmaps) cluster=65536; opts=cluster_size=64k ;;
+    overlay) cluster=65536 ;;
   esac
+  server=(qcow2 "$img" "${args[@]}")
+  if [ "$1" = overlay ]; then
+    server=(--filter=qcow2 file "$tmp/base.raw" qcow2-overlay="$img"
+            qcow2-overlay-backing=base.raw qcow2-overlay-on-read=true)
+  fi
   if [ ! -f "$img" ]; then
-    if [ "$1" = backing ]; then
-      /usr/bin/python3 -c '
-import random, sys
-sys.stdout.buffer.write(random.Random(7).randbytes(int(sys.argv[1])))
-' "$size" > "$tmp/base.raw"
-    fi
-    qemu-img create -q -f qcow2 -o "$opts" "$img" "$size"
+    case "$1" in
+      backing) make_base ;;
+      overlay) make_base
+               nbdkit -U - "${server[@]}" --run true ;;
+    esac
+    [ -f "$img" ] || qemu-img create -q -f qcow2 -o "$opts" "$img" "$size"
     qemu-img convert -f qcow2 -O raw "$img" "$tmp/$1.model"
     if [ "$1" = bitmaps ]; then add_bitmaps "$img"; fi
   fi
@@ -124,7 +140,7 @@ for i in $(seq 1 "$kills"); do
   (
     r=0
     timeout -k 10 "${TEST_TIMEOUT:-120}" \
-      nbdkit -f -U "$sock" -P "$tmp/pid" qcow2 "$img" "${args[@]}" \
+      nbdkit -f -U "$sock" -P "$tmp/pid" "${server[@]}" \
         2> "$tmp/nbdkit.err" || r=$?
     echo "$r" > "$tmp/status"
   ) 2>/dev/null &
@@ -134,9 +150,29 @@ for i in $(seq 1 "$kills"); do
     sleep 0.05
   done
   [ -S "$sock" ] || { cat "$tmp/nbdkit.err" >&2; fail "nbdkit did not start"; }
+  # The overlay: a reader fills the image (copy-on-read) meanwhile,
+  # until the kill ends its connection (or refuses it).
+  reader=
+  if [ "$name" = overlay ]; then
+    /usr/bin/python3 -c '
+import random, sys, nbd
+h = nbd.NBD()
+r = random.Random(int(sys.argv[2]))
+try:  # the kill may come before the connection
+    h.connect_unix(sys.argv[1])
+    size = h.get_size()
+    while True:
+        off = r.randrange(size)
+        h.pread(min(1 + r.randrange(1 << 20), size - off), off)
+except nbd.Error:
+    pass
+' "$sock" "$i" &
+    reader=$!
+  fi
   /usr/bin/python3 "$srcdir/killwrite.py" "$sock" "$(cat "$tmp/pid")" \
     "$tmp/$name.model" "$cluster" "$i" "$tmp/expected" "$tmp/dirty" \
     > "$tmp/counts" || fail "killwrite.py (kill $i, $name)"
+  [ -z "$reader" ] || wait "$reader" || fail "the reader (kill $i)"
   read -r a b c < "$tmp/counts"
   sent=$((sent + a)) flushed=$((flushed + b)) inflight=$((inflight + c))
   wait "$wrapper"
@@ -146,7 +182,7 @@ for i in $(seq 1 "$kills"); do
 
   if [ "$(dirty_bit "$img")" = 1 ]; then
     # Lazy refcounts: the spec says to repair first.
-    nbdkit -U - qcow2 "$img" repair=leaks --run true 2> "$tmp/repair.err" ||
+    nbdkit -U - "${server[@]}" repair=leaks --run true 2> "$tmp/repair.err" ||
       { cat "$tmp/repair.err" >&2; fail "repair=leaks (kill $i, $name)"; }
     check_clean "$img" 0
     repaired=$((repaired + 1))
@@ -174,7 +210,7 @@ done
 
 for name in "${configs[@]}"; do
   config "$name"
-  nbdkit -U - qcow2 "$img" repair=leaks --run true 2> "$tmp/repair.err" ||
+  nbdkit -U - "${server[@]}" repair=leaks --run true 2> "$tmp/repair.err" ||
     { cat "$tmp/repair.err" >&2; fail "repair=leaks of $name"; }
   check_clean "$img" 0
 done
