@@ -72,5 +72,7 @@ if [ -n "$units" ]; then
 fi
 grep -q 'No errors were found on the image' "$tmp/nbdkit-qcow2-filter.pod.log" ||
   fail "the filter's file example: qemu-img check"
+grep -q 'kept' "$tmp/README.md.log" ||
+  fail "README: the overlay did not keep the write"
 grep -q 'changed' "$tmp/nbdkit-qcow2-filter.pod.log" ||
   fail "the filter's overlay example: the write not in the overlay"
