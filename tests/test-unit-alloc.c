@@ -127,6 +127,53 @@ test_no_first_refblock (void)
   }
 }
 
+/* An image whose header's cluster has refcount 0 (its block is there):
+ * the allocator must not hand the header out, for an L2 table or for
+ * data, even with the overlap guard off; the image is marked corrupt,
+ * the header otherwise as it was.
+ */
+static void
+test_header_refcount_0 (void)
+{
+  const uint64_t cs = 512, size = 256 * cs;
+  const char *const modes[] = { NULL, "none" };
+
+  for (size_t m = 0; m < 2; m++) {
+    struct memenv *me = memenv_new ();
+    struct qcow2_options opts = { 0 };
+    struct qcow2_image *img;
+    struct qcow2_io *io;
+    uint8_t *buf = calloc (1, cs), head[512];
+    struct ib ib;
+
+    ib_init (&ib, 3, 9, size, false);
+    ib_data (&ib, 0, 1);
+    ib_finish (&ib);
+    be16_put (ib.buf + be64_get (ib.buf + cs), 0);
+    if (modes[m]) {
+      opts.overlap_set = true;
+      opts.overlap_mask = qcow2_overlap_mode (modes[m]);
+    }
+    img = open_ib (me, &ib, "header-refcount-0.qcow2", &opts, &io);
+    if (CHECK (img != NULL)) {
+      /* Past the first L2 table's reach: a new table is needed. */
+      CHECK_INT (qcow2_write (img, buf, cs, 200 * cs, false), -EIO);
+      CHECK (strstr (memenv_last_error (me), "the header's cluster has "
+                     "refcount 0"));
+      CHECK (qcow2_is_corrupt (img));
+      CHECK_INT (io->ops->pread (io, head, cs, 0), 0);
+      CHECK_EQ (head[72 + 7], ib.buf[72 + 7] | 2);     /* corrupt bit */
+      head[72 + 7] = ib.buf[72 + 7];
+      CHECK (memcmp (head, ib.buf, cs) == 0);
+      qcow2_close (img);
+      io->ops->close (io);
+    }
+    free (buf);
+    ib_free (&ib);
+    memenv_free (me);
+  }
+}
+
 /* Churn: fill, then trim a scattered half and write it again, cycle
  * after cycle.  Freed clusters are reused, so the file stops growing
  * after the first cycle and stays within the data, the metadata and
@@ -302,6 +349,7 @@ main (void)
 {
   test_check ();
   test_no_first_refblock ();
+  test_header_refcount_0 ();
   test_churn_reuse ();
   test_pool_errors ();
   return unit_finish ();

@@ -23,6 +23,23 @@
  * it up to max long (*len), without taking them.  With n small, a
  * fragmented file costs no more to search than single clusters do.
  */
+/* The refcount of cluster c, for a search of free clusters: the
+ * header's cluster is never free, and a refcount of 0 there is
+ * corruption (allocating it would put a table or data on the header).
+ */
+static int
+alloc_refcount (struct qcow2_image *img, uint64_t c, uint64_t *rc)
+  TSA_REQUIRES (img->lock)
+{
+  int r = refcount_read (img, c, rc);
+
+  if (r == 0 && c == 0 && *rc == 0)
+    return io_corrupt (img, "the header's cluster has refcount 0 (refcount "
+                       "table entry 0 is empty, or its block says so): "
+                       "allocation refused");
+  return r;
+}
+
 static int
 alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
                  uint64_t *host_offset, uint64_t *len)
@@ -33,7 +50,7 @@ alloc_find_free (struct qcow2_image *img, uint64_t n, uint64_t max,
   assert (n >= 1 && n <= max);
   for (uint64_t c = start; run < max; c++) {
     uint64_t rc;
-    int r = refcount_read (img, c, &rc);
+    int r = alloc_refcount (img, c, &rc);
     if (r < 0)
       return r;
     if (!rc)
@@ -242,7 +259,7 @@ alloc_collect (struct qcow2_image *img, uint64_t n, struct alloc_runs *runs)
     alloc_runs_clear (&found);
     while (found.left < n) {
       uint64_t rc;
-      if ((r = refcount_read (img, c, &rc)) < 0 ||
+      if ((r = alloc_refcount (img, c, &rc)) < 0 ||
           (rc == 0 && (r = alloc_runs_add (&found, c)) < 0))
         goto out;
       c++;
