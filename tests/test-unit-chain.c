@@ -157,9 +157,9 @@ test_backing_errors (void)
   check_backing_error (me, "top.qcow2", "top.qcow2", NULL, ELOOP,
                        "loops");
   check_backing_error (me, "top.qcow2", "json:{\"driver\":\"raw\"}", NULL,
-                       ENOTSUP, "not a local file");
-  check_backing_error (me, "top.qcow2", "nbd://host/x", NULL, ENOTSUP,
-                       "not a local file");
+                       EINVAL, "\"file\" is missing");
+  check_backing_error (me, "top.qcow2", "nbd://host/x", NULL, ENOENT,
+                       "cannot open backing file \"nbd://host/x\"");
   check_backing_error (me, "top.qcow2", "x.vmdk", "vmdk", ENOTSUP,
                        "only qcow2 and raw");
 

@@ -27,7 +27,7 @@ test_memio (void)
   data = memio_data (io, &len);
   CHECK (len == 100 && data[0] == 1 && data[99] == 100);
   CHECK_INT (io->ops->size (io), 100);
-  CHECK (io->ops->hole == NULL);
+  CHECK (io->ops->status == NULL);
 
   /* Reads past the end give zeros. */
   memset (buf, 0xaa, sizeof buf);

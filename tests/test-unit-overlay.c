@@ -17,7 +17,7 @@
 #define SIZE (16 * CS)
 #define OTHER 0xee
 
-/* A raw backing file over an in-memory file, whose hole op says that
+/* A raw backing file over an in-memory file, whose status op says that
  * [hole_start, hole_end) is a hole; it counts its closes and any write.
  */
 struct holeio {
@@ -72,13 +72,14 @@ holeio_size (struct qcow2_io *io)
 }
 
 static int
-holeio_hole (struct qcow2_io *io, uint64_t offset, uint64_t count,
-             bool *is_hole, uint64_t *len)
+holeio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
+               uint32_t *type, uint64_t *len)
 {
   struct holeio *h = (struct holeio *) io;
+  bool hole = offset >= h->hole_start && offset < h->hole_end;
 
-  *is_hole = offset >= h->hole_start && offset < h->hole_end;
-  if (*is_hole)
+  *type = hole ? QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO : 0;
+  if (hole)
     *len = h->hole_end - offset;
   else if (offset < h->hole_start)
     *len = h->hole_start - offset;
@@ -100,7 +101,7 @@ holeio_close (struct qcow2_io *io)
 
 static const struct qcow2_io_ops holeio_ops = {
   .pread = holeio_pread, .pwrite = holeio_pwrite, .flush = holeio_flush,
-  .punch = holeio_punch, .size = holeio_size, .hole = holeio_hole,
+  .punch = holeio_punch, .size = holeio_size, .status = holeio_status,
   .close = holeio_close,
 };
 

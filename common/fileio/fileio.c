@@ -462,28 +462,27 @@ fileio_size (struct qcow2_io *io)
 }
 
 static int
-fileio_hole (struct qcow2_io *io, uint64_t offset, uint64_t count,
-             bool *is_hole, uint64_t *len)
+fileio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
+               uint32_t *type, uint64_t *len)
 {
   int fd = fileio_fd (io);
   off_t data = lseek (fd, offset, SEEK_DATA);
 
+  *type = QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO;
   if (data == -1) {
     if (errno != ENXIO)
       return -errno;
-    *is_hole = true;            /* no data from here to the end */
-    *len = count;
+    *len = count;               /* no data from here to the end */
     return 0;
   }
   if ((uint64_t) data > offset) {
-    *is_hole = true;
     *len = data - offset;
     return 0;
   }
   off_t hole = lseek (fd, offset, SEEK_HOLE);
   if (hole == -1)
     return -errno;
-  *is_hole = false;
+  *type = 0;
   *len = hole - offset;
   return 0;
 }
@@ -519,7 +518,7 @@ static const struct qcow2_io_ops fileio_ops = {
   .flush = fileio_flush,
   .punch = fileio_punch,
   .size = fileio_size,
-  .hole = fileio_hole,
+  .status = fileio_status,
   .allocated = fileio_allocated,
   .preallocate = fileio_preallocate,
   .close = fileio_close,
@@ -533,7 +532,7 @@ static const struct qcow2_io_ops fileio_direct_ops = {
   .flush = fileio_flush,
   .punch = fileio_direct_punch,
   .size = fileio_size,
-  .hole = fileio_hole,
+  .status = fileio_status,
   .allocated = fileio_allocated,
   .preallocate = fileio_preallocate,
   .close = fileio_close,

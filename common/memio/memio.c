@@ -212,6 +212,7 @@ struct memenv {
   size_t nr_files;
   char last_error[1024];
   unsigned errors;
+  char last_remote[1024];
   bool verbose;
 };
 
@@ -231,6 +232,24 @@ memenv_open (void *opaque, const char *path, bool readonly, char **id)
   }
   errno = ENOENT;
   return NULL;
+}
+
+/* Remote storage is a file registered under its URL. */
+static struct qcow2_io *
+memenv_open_remote (void *opaque, const struct qcow2_remote *remote,
+                    char **why)
+{
+  struct memenv *me = opaque;
+  struct qcow2_io *io;
+  char *id;
+
+  snprintf (me->last_remote, sizeof me->last_remote, "%s sslverify=%d "
+            "timeout=%u cookie=%s", remote->url, remote->sslverify,
+            remote->timeout, remote->cookie ? remote->cookie : "");
+  io = memenv_open (opaque, remote->url, true, &id);
+  free (id);
+  *why = NULL;
+  return io;
 }
 
 static void
@@ -262,6 +281,7 @@ memenv_new (void)
     return NULL;
   me->env.opaque = me;
   me->env.open = memenv_open;
+  me->env.open_remote = memenv_open_remote;
   me->env.error = memenv_error;
   me->env.debug = memenv_debug;
   me->verbose = getenv ("MEMENV_VERBOSE") != NULL;
@@ -321,6 +341,12 @@ const char *
 memenv_last_error (const struct memenv *me)
 {
   return me->last_error;
+}
+
+const char *
+memenv_last_remote (const struct memenv *me)
+{
+  return me->last_remote;
 }
 
 unsigned

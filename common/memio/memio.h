@@ -32,8 +32,8 @@ extern void memio_stats (struct qcow2_io *io, struct memio_stats *stats);
 
 /* A table of named in-memory files behind a struct qcow2_env: its open
  * callback finds path in the table (the name is also the file's
- * identity, for loop detection), and error messages are kept for the
- * caller to check.
+ * identity, for loop detection), its open_remote callback the URL, and
+ * error messages are kept for the caller to check.
  */
 struct memenv;
 
@@ -55,6 +55,10 @@ extern const struct qcow2_env *memenv_env (struct memenv *me);
  */
 extern const char *memenv_last_error (const struct memenv *me);
 extern unsigned memenv_error_count (const struct memenv *me);
+/* The last remote storage opened: "URL sslverify=0|1 timeout=N
+ * cookie=COOKIE" (empty if none).
+ */
+extern const char *memenv_last_remote (const struct memenv *me);
 extern void memenv_clear_errors (struct memenv *me);
 
 #endif /* QCOW2_MEMIO_H */

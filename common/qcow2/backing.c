@@ -12,45 +12,141 @@
 #include "errstr.h"
 #include "internal.h"
 
-/* A name the image records, resolved against its folder. */
+/* The storage spec names, opened through the environment: a local
+ * file by env->open (its identity in *id), remote storage by
+ * env->open_remote (its URL the identity), and a json: name's raw
+ * window over either.  what: which file, for messages; hint: what the
+ * user can do if a local file is missing.
+ */
+static struct qcow2_io *
+backing_open_storage (struct qcow2_image *img, const char *what,
+                      const char *hint, const char *name,
+                      const struct name_spec *spec, bool readonly, char **id)
+{
+  const struct qcow2_env *env = img->env;
+  struct qcow2_io *io = NULL;
+  char *why = NULL;
+  int e;
+
+  *id = NULL;
+  if (spec->path)
+    io = env->open (env->opaque, spec->path, readonly, &why);
+  else if (!readonly) {
+    log_error (img, "cannot open %s \"%s\" for writing: remote storage is "
+               "only read; serve the image read-only (readonly=true, or "
+               "nbdkit -r)", what, name);
+    errno = EROFS;
+    return NULL;
+  }
+  else if (!env->open_remote) {
+    log_error (img, "cannot open %s \"%s\": remote storage is not "
+               "supported here", what, name);
+    errno = ENOTSUP;
+    return NULL;
+  }
+  else if ((io = env->open_remote (env->opaque, &spec->remote, &why)) &&
+           !(why = strdup (spec->url))) {
+    io->ops->close (io);
+    io = NULL;
+  }
+  if (!io) {
+    e = errno;
+    log_error (img, "cannot open %s \"%s\"%s: %s%s", what, name,
+               readonly ? "" : " for writing", why ? why : errstr (e),
+               e == ENOENT && spec->path ? hint : "");
+    free (why);
+    errno = e;
+    return NULL;
+  }
+  *id = why;
+  if (spec->raw_window) {
+    int64_t size = io->ops->size (io);
+    uint64_t len = spec->raw_size_set ? spec->raw_size
+                   : size >= 0 && (uint64_t) size >= spec->raw_offset
+                   ? size - spec->raw_offset : 0;
+    struct qcow2_io *w = NULL;
+
+    e = size < 0 ? (int) -size : 0;
+    if (!e && (spec->raw_offset > (uint64_t) size ||
+               len > (uint64_t) size - spec->raw_offset)) {
+      log_error (img, "%s \"%s\": the sum of offset (%" PRIu64 ") and "
+                 "size (%" PRIu64 ") is more than the storage's size "
+                 "(%" PRId64 "): is this the right export?", what, name,
+                 spec->raw_offset, len, size);
+      e = EINVAL;
+    }
+    else if (!e && !(w = window_io_new (io, spec->raw_offset, len)))
+      e = errno;
+    else if (e)
+      log_error (img, "%s \"%s\": cannot get its size: %s", what, name,
+                 errstr (e));
+    if (!w) {
+      io->ops->close (io);
+      free (*id);
+      *id = NULL;
+      errno = e;
+      return NULL;
+    }
+    io = w;
+  }
+  return io;
+}
+
+/* The format of a backing file: the image's header says it (QEMU
+ * takes it over a json: name's), else the json: name, else it is
+ * probed (NULL).  Raw's offset and size need raw.
+ */
+static int
+backing_format (struct qcow2_image *img, const char *name,
+                const char *header_format, const struct name_spec *spec,
+                const char **format)
+{
+  *format = header_format ? header_format : spec->format;
+  if (header_format && spec->format && strcmp (header_format, spec->format))
+    log_debug (img, "backing file \"%s\" read as %s, as its image says, "
+               "not %s as its name says (as QEMU does)", name, header_format,
+               spec->format);
+  if (spec->raw_window && !*format)
+    *format = "raw";
+  if (spec->raw_window && strcmp (*format, "raw") != 0) {
+    log_error (img, "backing file \"%s\": offset and size are options of "
+               "the raw format, not of %s", name, *format);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* A name the image records, resolved as QEMU resolves it: against the
+ * image's name, or the folder opts->names_dir gives for a relative
+ * local name.  NULL with *why (see name_resolve).
+ */
 static char *
 backing_resolve (const struct qcow2_image *img,
-                 const struct qcow2_options *opts, const char *name)
+                 const struct qcow2_options *opts, const char *name,
+                 char **why)
 {
-  const char *dir = opts->names_dir ? opts->names_dir : img->path;
-  const char *end = opts->names_dir ? dir + strlen (dir)
-                                    : strrchr (img->path, '/');
+  const char *dir = opts->names_dir;
+  size_t len = dir ? strlen (dir) : 0;
   char *r;
 
-  if (name[0] == '/' || !end)
-    return strdup (name);
-  while (opts->names_dir && end > dir && end[-1] == '/')
-    end--;                      /* "/" is "", as a name's prefix */
-  if (asprintf (&r, "%.*s/%s", (int) (end - dir), dir, name) < 0)
+  if (!dir || !qcow2_name_is_relative (name))
+    return name_resolve (img->path, name, why);
+  *why = NULL;
+  while (len > 0 && dir[len - 1] == '/')
+    len--;                      /* "/" is "", as a name's prefix */
+  if (asprintf (&r, "%.*s/%s", (int) len, dir, name) < 0)
     return NULL;
   return r;
 }
 
-/* hint: what the user can do if the file is missing. */
-static struct qcow2_io *
-backing_open_file (struct qcow2_image *img, const char *what,
-                   const char *hint, const char *path, bool readonly,
-                   char **id)
+/* A name that cannot be parsed or resolved: said, and its error. */
+static int
+backing_bad_name (struct qcow2_image *img, const char *what,
+                  const char *name, int r, char *why)
 {
-  struct qcow2_io *io;
-
-  *id = NULL;
-  io = img->env->open (img->env->opaque, path, readonly, id);
-  if (!io) {
-    int e = errno;
-    log_error (img, "cannot open %s \"%s\"%s: %s%s", what, path,
-               readonly ? "" : " for writing", *id ? *id : errstr (e),
-               e == ENOENT ? hint : "");
-    free (*id);
-    *id = NULL;
-    errno = e;
-  }
-  return io;
+  log_error (img, "%s \"%s\": %s", what, name, why ? why : errstr (ENOMEM));
+  free (why);
+  return why ? r : -ENOMEM;
 }
 
 /* -ELOOP, said, if id is already in the chain above. */
@@ -68,13 +164,61 @@ backing_check_loop (struct qcow2_image *img, const char **chain,
   return 0;
 }
 
+/* Check the identity a layer will have before opening it, so that a
+ * loop is found before the file is opened a second time (which image
+ * locks would refuse): a local file's from the environment, remote
+ * storage's its URL.
+ */
+static int
+backing_check_loop_early (struct qcow2_image *img, const char **chain,
+                          unsigned depth, const char *name,
+                          const struct name_spec *spec)
+{
+  char *pre = NULL;
+  int r;
+
+  if (spec->url)
+    return backing_check_loop (img, chain, depth, spec->url, name);
+  if (img->env->identity)
+    pre = img->env->identity (img->env->opaque, spec->path);
+  r = pre ? backing_check_loop (img, chain, depth, pre, name) : 0;
+  free (pre);
+  return r;
+}
+
+/* The layer below img, in io (which it owns) named path, known by id
+ * (owned too): chained, unless it loops, and opened as an image of the
+ * given format (NULL: probed).
+ */
+static int
+backing_attach (struct qcow2_image *img, struct qcow2_io *io,
+                const char *path, char *id, const char *format,
+                const struct qcow2_options *layer_opts, const char **chain,
+                unsigned depth)
+{
+  if (backing_check_loop (img, chain, depth, id, path) < 0) {
+    io->ops->close (io);
+    free (id);
+    return -ELOOP;
+  }
+  chain[depth + 1] = id;
+  img->backing = image_open_layer (img->env, io, path, id, format,
+                                   layer_opts, chain, depth + 1);
+  if (img->backing)
+    return 0;
+  /* ENODATA and EMEDIUMTYPE say what the top image is (qcow2.h). */
+  return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
+}
+
 int
 backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
               const char **chain, unsigned depth)
 {
   bool named = opts->backing_chain_len > 0;
   const char *name = named ? opts->backing_chain[0] : img->h.backing_file;
-  const char *format = named ? NULL : img->h.backing_format;
+  const char *what = named ? "backing file (named by backing=)"
+                           : "backing file";
+  const char *format;
   struct qcow2_options layer_opts = {
     .debug_cache = opts->debug_cache, .readonly = true,
     .no_backing = opts->no_backing,
@@ -86,17 +230,17 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
     .passwords_len = opts->passwords_len - (opts->passwords_len > 1),
     .max_pbkdf2_iterations = opts->max_pbkdf2_iterations,
   };
+  struct name_spec spec;
   struct qcow2_io *io;
-  char *path, *id;
+  char *path, *id, *why;
+  int r;
 
-  if (strncmp (name, "json:", 5) == 0 || strstr (name, "://")) {
-    log_error (img, "backing file \"%s\" is not a local file: only local "
-               "backing files are supported", name);
-    return -ENOTSUP;
-  }
-  if (format && strcmp (format, "qcow2") != 0 && strcmp (format, "raw") != 0) {
+  if (!named && img->h.backing_format &&
+      strcmp (img->h.backing_format, "qcow2") != 0 &&
+      strcmp (img->h.backing_format, "raw") != 0) {
     log_error (img, "backing file \"%s\" has format \"%s\": only qcow2 and "
-               "raw backing files are supported", name, format);
+               "raw backing files are supported", name,
+               img->h.backing_format);
     return -ENOTSUP;
   }
   if (depth + 1 > QCOW2_MAX_CHAIN_DEPTH) {
@@ -105,44 +249,29 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
     return -ELOOP;
   }
 
-  path = named ? strdup (name) : backing_resolve (img, opts, name);
+  /* backing= names are used as given (the modules resolve them). */
+  path = named ? strdup (name) : backing_resolve (img, opts, name, &why);
   if (!path)
-    return -ENOMEM;
-  if (img->env->identity) {
-    char *pre = img->env->identity (img->env->opaque, path);
-    int r = pre ? backing_check_loop (img, chain, depth, pre, path) : 0;
-
-    free (pre);
-    if (r < 0) {
-      free (path);
-      return r;
-    }
+    return backing_bad_name (img, what, name, -EINVAL, named ? NULL : why);
+  if ((r = name_parse (path, &spec, &why)) < 0) {
+    r = backing_bad_name (img, what, path, r, why);
+    goto out;
   }
-  io = backing_open_file (img, named ? "backing file (named by backing=)"
-                         : "backing file", named ? "" : "; backing=none "
-                         "serves the image without it, and \"qemu-img rebase "
-                         "-u -b NEW-NAME -F FORMAT IMAGE\" gives the image "
-                         "its new name", path, true, &id);
-  if (!io) {
-    int e = errno;
-    free (path);
-    return -e;
-  }
-  if (backing_check_loop (img, chain, depth, id, path) < 0) {
-    io->ops->close (io);
-    free (id);
-    free (path);
-    return -ELOOP;
-  }
-  chain[depth + 1] = id;
-
-  img->backing = image_open_layer (img->env, io, path, id, format,
-                                   &layer_opts, chain, depth + 1);
+  if ((r = backing_format (img, path, named ? NULL : img->h.backing_format,
+                           &spec, &format)) < 0 ||
+      (r = backing_check_loop_early (img, chain, depth, path, &spec)) < 0)
+    goto out;
+  layer_opts.no_backing |= spec.no_backing;
+  io = backing_open_storage (img, what, named ? "" : "; backing=none "
+                             "serves the image without it, and \"qemu-img "
+                             "rebase -u -b NEW-NAME -F FORMAT IMAGE\" gives "
+                             "the image its new name", path, &spec, true, &id);
+  r = io ? backing_attach (img, io, path, id, format, &layer_opts, chain,
+                           depth) : -errno;
+ out:
+  name_spec_free (&spec);
   free (path);
-  if (img->backing)
-    return 0;
-  /* ENODATA and EMEDIUMTYPE say what the top image is (qcow2.h). */
-  return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
+  return r;
 }
 
 /* The top image's backing file handed in open (opts->backing_io): a
@@ -169,7 +298,10 @@ backing_attach_io (struct qcow2_image *img, const struct qcow2_options *opts)
 int
 data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
 {
-  char *path, *id;
+  const char *what = "external data file";
+  struct name_spec spec;
+  char *path, *id, *why = NULL;
+  int r;
 
   img->data_io = img->io;
   if (!(img->h.incompatible_features & QCOW2_INCOMPAT_DATA_FILE)) {
@@ -188,25 +320,34 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   if (opts->data_file)
     path = strdup (opts->data_file);
   else if (img->h.data_file && img->h.data_file[0])
-    path = backing_resolve (img, opts, img->h.data_file);
+    path = backing_resolve (img, opts, img->h.data_file, &why);
   else {
     log_error (img, "image needs an external data file (incompatible "
                "feature bit 2) but names none: give data-file=");
     return -EINVAL;
   }
   if (!path)
-    return -ENOMEM;
-  /* Written with the image: guest data lives there. */
-  img->data_io = backing_open_file (img, "external data file",
-                                    "; data-file=FILE names where it is",
-                                    path, opts->readonly || opts->snapshot,
-                                    &id);
-  free (path);
-  free (id);
-  if (!img->data_io) {
-    int e = errno;
-    img->data_io = img->io;
-    return -e;
+    return backing_bad_name (img, what, img->h.data_file, -EINVAL, why);
+  if ((r = name_parse (path, &spec, &why)) < 0) {
+    r = backing_bad_name (img, what, path, r, why);
+    free (path);
+    return r;
   }
-  return 0;
+  if (spec.format || spec.no_backing) {
+    log_error (img, "%s \"%s\": a data file is raw storage: its name "
+               "cannot give a format or a backing file", what, path);
+    r = -EINVAL;
+  }
+  /* Written with the image: guest data lives there. */
+  else if ((img->data_io = backing_open_storage (
+              img, what, "; data-file=FILE names where it is", path, &spec,
+              opts->readonly || opts->snapshot, &id)) != NULL)
+    free (id);
+  else {
+    r = -errno;
+    img->data_io = img->io;
+  }
+  name_spec_free (&spec);
+  free (path);
+  return r;
 }

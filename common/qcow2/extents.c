@@ -58,27 +58,30 @@ extent_emit (struct extent_merger *m, uint64_t offset, uint64_t length,
 static int extent_walk (struct qcow2_image *img, uint64_t offset,
                         uint64_t count, struct extent_merger *m);
 
-/* Guest [offset, offset+count) stored at host_offset in io: holes in
- * the file report as hole_type, the rest as data.
+/* Guest [offset, offset+count) stored at host_offset in io, as the
+ * storage reports it: of a raw layer, what it says (as QEMU passes its
+ * protocol's status through); of data clusters, data, known to be zero
+ * where the storage says it reads as zeros (as QEMU looks at the file
+ * under a data cluster).
  */
 static int
 extent_walk_file (struct qcow2_image *img, struct qcow2_io *io,
                   uint64_t host_offset, uint64_t offset, uint64_t count,
-                  uint32_t hole_type, struct extent_merger *m)
+                  bool raw, struct extent_merger *m)
 {
-  if (!io->ops->hole)
+  if (!io->ops->status)
     return extent_emit (m, offset, count, 0);
   while (count > 0 && !m->done) {
-    bool hole;
+    uint32_t type;
     uint64_t len;
-    int r = io->ops->hole (io, host_offset, count, &hole, &len);
+    int r = io->ops->status (io, host_offset, count, &type, &len);
     if (r < 0) {
       log_error (img, "finding holes at %#" PRIx64 ": %s", host_offset,
                  errstr (-r));
       return r;
     }
     len = MAX (MIN (len, count), 1);
-    r = extent_emit (m, offset, len, hole ? hole_type : 0);
+    r = extent_emit (m, offset, len, raw ? type : type & QCOW2_EXTENT_ZERO);
     if (r < 0)
       return r;
     host_offset += len;
@@ -111,7 +114,7 @@ extent_walk_data (struct qcow2_image *img, const struct qcow2_run *run,
   if (!prealloc)
     return extent_emit (m, offset, run->length, 0);
   return extent_walk_file (img, img->guest_io, run->host_offset, offset,
-                           run->length, QCOW2_EXTENT_ZERO, m);
+                           run->length, false, m);
 }
 
 /* Guest ranges not allocated in img show what its backing file has. */
@@ -139,8 +142,7 @@ extent_walk (struct qcow2_image *img, uint64_t offset, uint64_t count,
              struct extent_merger *m)
 {
   if (img->raw)
-    return extent_walk_file (img, img->io, offset, offset, count,
-                             EXTENT_HOLE_ZERO, m);
+    return extent_walk_file (img, img->io, offset, offset, count, true, m);
 
   while (count > 0 && !m->done) {
     struct qcow2_run run;

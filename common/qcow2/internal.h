@@ -884,6 +884,36 @@ extern int flush_l2_dependencies (struct qcow2_image *img)
 extern int flush_locked (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 
+/* names.c: the names QEMU gives files, parsed. */
+struct name_spec {
+  char *path;                   /* a local file, or NULL if remote */
+  char *url;                    /* else remote storage: remote.url */
+  struct qcow2_remote remote;
+  char *cookie;                 /* remote.cookie's storage */
+  const char *format;           /* json's format driver (raw, qcow2) */
+  bool no_backing;              /* json's "backing": null */
+  /* json's raw offset and size: a window of the storage. */
+  bool raw_window, raw_size_set;
+  uint64_t raw_offset, raw_size;
+};
+/* 0, or -EINVAL (a bad name) or -ENOTSUP (one we do not open) with
+ * *why a malloc'd message (NULL when out of memory).
+ */
+extern int name_parse (const char *name, struct name_spec *spec,
+                       char **why);
+extern void name_spec_free (struct name_spec *spec);
+/* name, named by the image named naming, resolved as QEMU resolves it
+ * (malloc'd), or NULL with *why malloc'd (or NULL: out of memory).
+ */
+extern char *name_resolve (const char *naming, const char *name,
+                           char **why);
+
+/* window.c: a window of storage (json: raw offset= and size=), owning
+ * below; NULL with errno on failure.
+ */
+extern struct qcow2_io *window_io_new (struct qcow2_io *below,
+                                       uint64_t offset, uint64_t size);
+
 /* state.c */
 extern int state_begin_write (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);

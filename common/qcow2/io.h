@@ -15,7 +15,21 @@
 /* The most buffers the engine passes to preadv or pwritev at once. */
 #define QCOW2_IOV_MAX 64
 
+/* Allocation flags (status; qcow2_extents), equal to NBD's
+ * base:allocation flags: not allocated, and reads as zeros.
+ */
+#define QCOW2_EXTENT_HOLE 1
+#define QCOW2_EXTENT_ZERO 2
+
 struct qcow2_io;
+
+/* One read of pread_many. */
+struct qcow2_io_read {
+  void *buf;
+  size_t count;
+  uint64_t offset;
+  int r;                        /* its result: 0 or -errno */
+};
 
 struct qcow2_io_ops {
   /* Read count bytes at offset.  Bytes past the end of storage read as
@@ -41,12 +55,21 @@ struct qcow2_io_ops {
   int (*punch) (struct qcow2_io *io, uint64_t offset, uint64_t count);
   /* Current size of storage in bytes, or -errno. */
   int64_t (*size) (struct qcow2_io *io);
-  /* Optional (may be NULL): is [offset, offset+count) a hole?  Sets
-   * *len to the length of the run starting at offset that has the
-   * same answer.  Used so raw backing files report holes as qemu does.
+  /* Optional (may be NULL): how [offset, offset+count) is allocated:
+   * *type is 0 (data), QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO (a hole),
+   * or one of the two alone (as NBD means them), and *len the length of
+   * the run starting at offset that has that type.  Used so that raw
+   * backing files report what qemu reports.
    */
-  int (*hole) (struct qcow2_io *io, uint64_t offset, uint64_t count,
-               bool *is_hole, uint64_t *len);
+  int (*status) (struct qcow2_io *io, uint64_t offset, uint64_t count,
+                 uint32_t *type, uint64_t *len);
+  /* Optional (may be NULL): the n reads at once, returning when all are
+   * done, each with its result.  For storage where a request costs a
+   * round trip (a network): they are all in flight together, where
+   * calls of pread from as many threads might not be.
+   */
+  void (*pread_many) (struct qcow2_io *io, struct qcow2_io_read *reads,
+                      size_t n);
   /* Optional (may be NULL): bytes of storage actually allocated. */
   int64_t (*allocated) (struct qcow2_io *io);
   /* Optional (may be NULL): give [offset, offset+count) space of its
@@ -65,6 +88,22 @@ struct qcow2_io {
    * threads that would only spin on that lock.
    */
   bool serial_writes;
+};
+
+/* Remote storage a backing file name gives (read-only): a URL, QEMU's
+ * legacy "nbd:HOST:PORT" syntax or a "json:{...}" name, which the
+ * engine turns into the URL and options here.
+ */
+struct qcow2_remote {
+  /* nbd://, nbds://, nbd+unix://, nbds+unix:// (an NBD server),
+   * http://, https:// or ssh://[USER@]HOST[:PORT]/PATH[?host_key_check=no]
+   * (QEMU's URL syntax for each).
+   */
+  const char *url;
+  /* http and https, from a json: name (QEMU's curl driver options). */
+  bool sslverify;               /* check the server's certificate */
+  unsigned timeout;             /* seconds a request may take; 0: default */
+  const char *cookie;           /* the Cookie header, or NULL */
 };
 
 /* How the engine opens the other files an image names (backing files,
@@ -86,6 +125,13 @@ struct qcow2_env {
    * second time (which image locks would refuse).
    */
   char *(*identity) (void *opaque, const char *path);
+  /* Optional (NULL: remote names are refused): open remote storage
+   * read-only.  On failure returns NULL and sets errno; *why is then a
+   * malloc'd message saying what failed and what to do (or NULL).
+   */
+  struct qcow2_io *(*open_remote) (void *opaque,
+                                   const struct qcow2_remote *remote,
+                                   char **why);
   /* Error and debug messages from the engine. */
   void (*error) (void *opaque, const char *msg);
   void (*debug) (void *opaque, const char *msg);

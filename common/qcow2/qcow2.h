@@ -182,6 +182,12 @@ extern int qcow2_create_bytes (const struct qcow2_env *env,
                                const struct qcow2_create_options *opts,
                                bool preallocated, uint64_t *bytes);
 
+/* Whether a backing file name is a local name relative to a folder,
+ * rather than absolute, a URL, QEMU's legacy nbd: syntax, file:PATH
+ * or a json: name (used as they are).
+ */
+extern bool qcow2_name_is_relative (const char *name);
+
 /* Open the image in io (named path, used to resolve relative names).
  * On success the image owns io.  On failure returns NULL and errno,
  * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is
@@ -294,9 +300,7 @@ extern int qcow2_check (struct qcow2_image *img, bool fix_leaks,
 /* Host flushes issued so far (for tests and statistics). */
 extern uint64_t qcow2_host_flushes (struct qcow2_image *img);
 
-/* Extent flags, equal to NBD's base:allocation flags. */
-#define QCOW2_EXTENT_HOLE 1
-#define QCOW2_EXTENT_ZERO 2
+/* Extent flags: QCOW2_EXTENT_HOLE and QCOW2_EXTENT_ZERO (io.h). */
 
 /* Report the allocation status of [offset, offset+count) as a sequence
  * of calls to add, merged so that adjacent calls differ in type.  Stops

@@ -211,22 +211,20 @@ nextio_size (struct qcow2_io *io)
   return ((struct nextio *) io)->size;
 }
 
-/* Holes (reading as zeros) from the plugin's extents: the run of
- * extents from offset that are all holes, or all not.  Without
+/* The allocation of the plugin's export from its extents: the run of
+ * extents from offset that have the type of the first.  Without
  * extents, all data.
  */
 static int
-nextio_hole (struct qcow2_io *io, uint64_t offset, uint64_t count,
-             bool *is_hole, uint64_t *len)
+nextio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
+               uint32_t *type, uint64_t *len)
 {
   struct nextio *n = (struct nextio *) io;
   struct nbdkit_extents *e;
   int err = 0, r;
 
-  *is_hole = false;
+  *type = offset >= n->size ? QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO : 0;
   *len = count;
-  if (offset >= n->size)
-    *is_hole = true;
   if (offset >= n->size || !n->can_extents)
     return 0;
   count = MIN (count, MIN (n->size - offset, NEXT_MAX));
@@ -241,12 +239,11 @@ nextio_hole (struct qcow2_io *io, uint64_t offset, uint64_t count,
     *len = 0;
     for (size_t i = 0; i < nbdkit_extents_count (e); i++) {
       struct nbdkit_extent x = nbdkit_get_extent (e, i);
-      bool hole = (x.type & NBDKIT_EXTENT_HOLE) &&
-        (x.type & NBDKIT_EXTENT_ZERO);
+      uint32_t t = x.type & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
 
       if (i == 0)
-        *is_hole = hole;
-      else if (hole != *is_hole)
+        *type = t;
+      else if (t != *type)
         break;
       *len = x.offset + x.length - offset;
     }
@@ -268,7 +265,7 @@ static const struct qcow2_io_ops nextio_ops = {
   .flush = nextio_flush,
   .punch = nextio_punch,
   .size = nextio_size,
-  .hole = nextio_hole,
+  .status = nextio_status,
   .close = nextio_close,
 };
 
