@@ -18,6 +18,7 @@
 #include "errstr.h"
 #include "fileio.h"
 #include "glue.h"
+#include "nbdio.h"
 
 struct glue_state glue = {
   .engine.io_threads = GLUE_IO_THREADS, .create.size = -1,
@@ -346,6 +347,18 @@ glue_set_compress (unsigned i)
   glue.engine.compress_type = i >= 2 ? (int) i - 2 : -1;
 }
 
+static int
+glue_config_remote_timeout (const char *key, const char *value)
+{
+  if (nbdkit_parse_unsigned (key, value, &glue.remote_timeout) == -1)
+    return -1;
+  if (glue.remote_timeout == 0 || glue.remote_timeout > 86400) {
+    nbdkit_error ("%s: seconds, 1 to 86400, not %s", key, value);
+    return -1;
+  }
+  return 0;
+}
+
 static const struct glue_option glue_options[] = {
   { "snapshot", GLUE_STRING, .dest = &glue.snapshot },
   { "readonly", GLUE_BOOL, .dest = &glue.engine.readonly },
@@ -366,6 +379,7 @@ static const struct glue_option glue_options[] = {
     .set = glue_set_locking },
   { "compress", GLUE_WORD, .words = WORDS ("off", "on", "zlib", "zstd"),
     .set = glue_set_compress },
+  { "remote-timeout", GLUE_FN, .fn = glue_config_remote_timeout },
 };
 
 static void
@@ -982,10 +996,37 @@ struct fileio_options glue_file_options = {
   .debug = glue_lock_debug,
 };
 
+static void
+glue_remote_error (const char *msg)
+{
+  nbdkit_error ("%s", msg);
+}
+
+static void
+glue_remote_debug (const char *msg)
+{
+  nbdkit_debug ("%s", msg);
+}
+
+/* Remote storage, through libnbd. */
+static struct qcow2_io *
+glue_open_remote (void *opaque, const struct qcow2_remote *remote,
+                  char **why)
+{
+  struct nbdio_options opts = {
+    .timeout = glue.remote_timeout,
+    .error = glue_remote_error,
+    .debug = glue_remote_debug,
+  };
+
+  return nbdio_open (remote, &opts, why);
+}
+
 struct qcow2_env glue_env = {
   .opaque = &glue_file_options,
   .open = fileio_env_open,
   .identity = fileio_env_identity,
+  .open_remote = glue_open_remote,
   .error = glue_error,
   .debug = glue_debug,
   .notice = glue_notice,

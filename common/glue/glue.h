@@ -57,6 +57,8 @@ struct glue_state {
    */
   uint32_t overlap_on, overlap_off;
   struct glue_create create;
+  /* remote-timeout=: seconds (0: nbdio's default). */
+  unsigned remote_timeout;
 };
 extern struct glue_state glue;
 
@@ -155,7 +157,8 @@ extern void glue_noticef (const char *path, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
 
 /* Local files (the plugin's image, every backing file): how they are
- * opened (locking=, cache=), and the engine's environment opening them.
+ * opened (locking=, cache=), and the engine's environment opening them,
+ * and remote backing files (through libnbd: nbdio.h).
  */
 extern struct fileio_options glue_file_options;
 extern struct qcow2_env glue_env;
@@ -204,6 +207,8 @@ extern bool glue_captive (void);
   "repair=leaks                    Reclaim leaked clusters before serving.\n" \
   "compress=off|on|zlib|zstd       Store whole new clusters compressed (off).\n" \
   "locking=auto|on|off             QEMU's image locks on local files (auto).\n" \
+  "remote-timeout=<SECS>           Remote backing files: a request fails when\n" \
+  "                                the server answers nothing that long (30).\n" \
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \

@@ -1,0 +1,1093 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* A read-only qcow2_io over libnbd (see nbdio.h).
+ *
+ * Each connection has a thread of its own, which connects (so that the
+ * nbdkit it may start, whose --exit-with-parent follows the thread that
+ * started it, lives exactly as long as the connection) and then runs
+ * libnbd's state machine: requests are submitted from any thread with
+ * libnbd's asynchronous calls and completed by that thread, so that
+ * every piece of every request is in flight at once (libnbd's
+ * synchronous calls on one handle wait for each other).
+ *
+ * A connection that dies (the server went away, or answered nothing
+ * for the timeout while requests waited, when the thread shuts the
+ * socket down) fails what was in flight on it with EIO; the next
+ * request connects again.  nbdkit may fork after opening the storage
+ * (into the background): the connections of the process before the
+ * fork are left, and new ones made.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libnbd.h>
+
+#include "checked.h"
+#include "errstr.h"
+#include "nbdio.h"
+
+/* What one NBD request may carry when the server does not say (the
+ * NBD protocol's recommendation).
+ */
+#define NBDIO_MAX_REQUEST (32u << 20)
+
+enum conn_state {
+  CONN_UNUSED,                  /* never connected */
+  CONN_CONNECTING,              /* its thread is connecting */
+  CONN_READY,                   /* requests may be submitted */
+  CONN_DEAD,                    /* lost: to be reaped, then reconnected */
+  CONN_FAILED,                  /* connecting failed: the same */
+};
+
+struct nbdio;
+
+struct nbdio_conn {
+  struct nbdio *io;
+  /* Under io->lock. */
+  enum conn_state state;
+  bool has_thread;              /* thread to be joined (this process's) */
+  pthread_t thread;
+  pid_t pid;                    /* the process that connected */
+  struct nbd_handle *h;         /* READY, DEAD: the handle */
+  int fd;                       /* its socket */
+  int shut_fd;                  /* our descriptor of the socket, or -1 */
+  unsigned users;               /* threads submitting to h right now */
+  bool stopping;
+  int wake[2];                  /* wakes the thread from poll: its own */
+  /* Atomic: commands submitted and not yet completed, and when the
+   * connection last moved on (the server sent something, or a request
+   * came while none waited): the timeout counts from there.
+   */
+  unsigned inflight;
+  uint64_t progress_ms;
+};
+
+struct nbdio {
+  struct qcow2_io io;
+  char *name;                   /* the URL, for messages */
+  char *uri;                    /* an NBD server's, or NULL */
+  char **argv;                  /* or the nbdkit to start */
+  struct nbdio_options opts;
+  unsigned nconns;              /* connections allowed */
+  uint64_t size;                /* the export's, fixed at open */
+  uint32_t block_min, block_max;
+  bool has_status;              /* base:allocation */
+
+  pthread_mutex_t lock;
+  pthread_cond_t changed;       /* a connection changed state */
+  unsigned failures;            /* connecting failed: how many times */
+  char *last_why;               /* why it failed the last time */
+  struct nbdio_conn conns[NBDIO_SUBPROCESS_CONNS];
+
+  /* The last block status reply: extents from status_start. */
+  pthread_mutex_t status_lock;
+  uint64_t status_start;
+  uint32_t *status_ext;         /* length, flags pairs */
+  size_t status_n;
+};
+
+static void __attribute__ ((format (printf, 3, 4)))
+nbdio_say (struct nbdio *io, bool error, const char *fmt, ...)
+{
+  void (*fn) (const char *) = error ? io->opts.error : io->opts.debug;
+  char msg[1024];
+  va_list ap;
+
+  if (!fn)
+    return;
+  va_start (ap, fmt);
+  vsnprintf (msg, sizeof msg, fmt, ap);
+  va_end (ap);
+  fn (msg);
+}
+
+static uint64_t
+nbdio_now_ms (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Connecting: libnbd's error, with what the user can do about it. */
+static char *
+nbdio_connect_error (struct nbdio *io)
+{
+  const char *err = nbd_get_error ();
+  int e = nbd_get_errno ();
+  char *why;
+
+  if (asprintf (&why, "%s%s", err ? err : "the connection failed",
+                io->argv ? " (the error of nbdkit's plugin is above)"
+                : e == ECONNREFUSED || e == ENOENT
+                ? ": is the NBD server running?"
+                : err && strstr (err, "getaddrinfo")
+                ? ": does the host name resolve?" : "") < 0)
+    why = NULL;
+  return why;
+}
+
+/* Wait for fd to be ready as libnbd asks, or for the wake pipe; ms
+ * (-1: no limit).  0: ready or woken, 1: timed out.
+ */
+static int
+nbdio_poll (struct nbdio_conn *c, struct nbd_handle *h, int ms,
+            short *revents)
+{
+  unsigned dir = nbd_aio_get_direction (h);
+  struct pollfd p[2] = {
+    { .fd = nbd_aio_get_fd (h),
+      .events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0)
+                | (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0) },
+    { .fd = c->wake[0], .events = POLLIN },
+  };
+  int n;
+
+  *revents = 0;
+  if (p[0].fd == -1)
+    return 0;
+  do
+    n = poll (p, 2, ms);
+  while (n == -1 && errno == EINTR);
+  if (p[1].revents & POLLIN) {
+    char buf[64];
+    while (read (c->wake[0], buf, sizeof buf) > 0)
+      ;
+  }
+  *revents = p[0].revents;
+  return n == 0;
+}
+
+/* Move the state machine on after poll said revents. */
+static void
+nbdio_notify (struct nbd_handle *h, short revents)
+{
+  unsigned dir = nbd_aio_get_direction (h);
+
+  if ((revents & POLLIN) ||
+      ((revents & (POLLHUP | POLLERR)) && (dir & LIBNBD_AIO_DIRECTION_READ)))
+    nbd_aio_notify_read (h);
+  else if (revents & (POLLOUT | POLLHUP | POLLERR))
+    nbd_aio_notify_write (h);
+}
+
+static void
+nbdio_wake (struct nbdio_conn *c)
+{
+  ssize_t r = write (c->wake[1], "", 1);
+  (void) r;                     /* a full pipe wakes it anyway */
+}
+
+/* A new handle, connected within the timeout; NULL with *why. */
+static struct nbd_handle *
+nbdio_connect (struct nbdio_conn *c, char **why)
+{
+  struct nbdio *io = c->io;
+  uint64_t deadline = nbdio_now_ms () + io->opts.timeout * UINT64_C (1000);
+  struct nbd_handle *h = nbd_create ();
+  int r;
+
+  *why = NULL;
+  if (!h) {
+    *why = nbdio_connect_error (io);
+    return NULL;
+  }
+  /* Reads are checked: the buffers need not be zeroed first. */
+  if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
+      nbd_set_pread_initialize (h, false) == -1)
+    goto fail;
+  r = io->argv ? nbd_aio_connect_systemd_socket_activation (h, io->argv)
+               : nbd_aio_connect_uri (h, io->uri);
+  while (r != -1 && !nbd_aio_is_ready (h)) {
+    uint64_t now = nbdio_now_ms ();
+    short revents;
+
+    if (nbd_aio_is_dead (h) || nbd_aio_is_closed (h))
+      goto fail;
+    if (now >= deadline ||
+        nbdio_poll (c, h, MIN (deadline - now, INT32_MAX), &revents)) {
+      if (asprintf (why, "no answer within %u s (remote-timeout=)",
+                    io->opts.timeout) < 0)
+        *why = NULL;
+      goto out;
+    }
+    if (__atomic_load_n (&c->stopping, __ATOMIC_RELAXED)) {
+      *why = strdup ("closed while connecting");
+      goto out;
+    }
+    nbdio_notify (h, revents);
+  }
+  if (r != -1)
+    return h;
+ fail:
+  *why = nbdio_connect_error (io);
+ out:
+  nbd_kill_subprocess (h, SIGKILL);
+  nbd_close (h);
+  return NULL;
+}
+
+/* A connected handle: does it serve what was opened? */
+static int
+nbdio_check_export (struct nbdio *io, struct nbd_handle *h, bool first,
+                    char **why)
+{
+  int64_t size = nbd_get_size (h);
+
+  *why = NULL;
+  if (size == -1) {
+    *why = nbdio_connect_error (io);
+    return -1;
+  }
+  if (!first && (uint64_t) size != io->size) {
+    if (asprintf (why, "the export's size is now %" PRId64 ", not %" PRIu64
+                  ": it is not the storage that was opened", size,
+                  io->size) < 0)
+      *why = NULL;
+    return -1;
+  }
+  if (first) {
+    int64_t min = nbd_get_block_size (h, LIBNBD_SIZE_MINIMUM);
+    int64_t max = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
+    io->size = size;
+    io->block_min = min > 1 && min <= 65536 ? min : 1;
+    io->block_max = max >= io->block_min && max < NBDIO_MAX_REQUEST
+                    ? max & ~(io->block_min - 1) : NBDIO_MAX_REQUEST;
+    io->has_status =
+      nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  }
+  return 0;
+}
+
+/* c is connected through h (io->lock held, or c not shared yet). */
+static void
+nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
+{
+  c->h = h;
+  c->fd = nbd_aio_get_fd (h);
+  c->shut_fd = fcntl (c->fd, F_DUPFD_CLOEXEC, 0);
+  c->state = CONN_READY;
+  pthread_cond_broadcast (&c->io->changed);
+}
+
+/* The thread of a connection: connect, then run the state machine
+ * until the connection dies or is closed.
+ */
+static void *
+nbdio_conn_thread (void *arg)
+{
+  struct nbdio_conn *c = arg;
+  struct nbdio *io = c->io;
+  struct nbd_handle *h = c->h;
+  char *why = NULL;
+  bool timed_out = false;
+
+  /* Connected at open, in the thread that opened. */
+  if (h)
+    goto poll;
+  h = nbdio_connect (c, &why);
+  pthread_mutex_lock (&io->lock);
+  if (h && nbdio_check_export (io, h, false, &why) == -1) {
+    nbd_kill_subprocess (h, SIGKILL);
+    nbd_close (h);
+    h = NULL;
+  }
+  if (!h) {
+    c->state = CONN_FAILED;
+    io->failures++;
+    free (io->last_why);
+    io->last_why = why;
+    pthread_cond_broadcast (&io->changed);
+    pthread_mutex_unlock (&io->lock);
+    return NULL;
+  }
+  nbdio_ready (c, h);
+  pthread_mutex_unlock (&io->lock);
+  if (io->failures)
+    nbdio_say (io, true, "%s: connected again", io->name);
+
+ poll:
+  while (!nbd_aio_is_dead (h) && !nbd_aio_is_closed (h) &&
+         !__atomic_load_n (&c->stopping, __ATOMIC_RELAXED)) {
+    uint64_t deadline = __atomic_load_n (&c->progress_ms, __ATOMIC_ACQUIRE)
+                        + io->opts.timeout * UINT64_C (1000);
+    uint64_t now = nbdio_now_ms ();
+    short revents;
+
+    /* Requests wait and the server has said nothing for the timeout:
+     * as if it were gone (the socket shut down fails them all, and the
+     * connection).  The poll wakes by then at the latest, without a
+     * request waking it.
+     */
+    if (now >= deadline) {
+      if (__atomic_load_n (&c->inflight, __ATOMIC_ACQUIRE) > 0 &&
+          !timed_out) {
+        nbdio_say (io, true, "%s: no answer for %u s (remote-timeout=): "
+                   "requests waiting on it fail, and the next one "
+                   "connects again", io->name, io->opts.timeout);
+        timed_out = true;
+        shutdown (c->shut_fd, SHUT_RDWR);
+      }
+      deadline = now + io->opts.timeout * UINT64_C (1000);
+    }
+    if (nbdio_poll (c, h, MIN (deadline - now, INT32_MAX), &revents))
+      continue;
+    if (revents)
+      __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
+    nbdio_notify (h, revents);
+  }
+
+  pthread_mutex_lock (&io->lock);
+  if (!c->stopping) {
+    if (!timed_out)
+      nbdio_say (io, true, "%s: the connection was lost (%s): requests "
+                 "waiting on it fail, and the next one connects again",
+                 io->name, nbd_get_error () ? nbd_get_error ()
+                 : "the server closed it");
+    c->state = CONN_DEAD;
+  }
+  pthread_cond_broadcast (&io->changed);
+  pthread_mutex_unlock (&io->lock);
+  return NULL;
+}
+
+/* Start c's thread (io->lock held): it connects (the state becomes
+ * CONN_CONNECTING) unless c is connected already.  Signals are the
+ * server's.
+ */
+static int
+nbdio_start (struct nbdio_conn *c)
+{
+  sigset_t all, old;
+  int e;
+
+  /* The thread's own pipe: after a fork, a thread of the process
+   * before it may poll the pipes it had.
+   */
+  if (pipe2 (c->wake, O_CLOEXEC | O_NONBLOCK) == -1)
+    return -errno;
+  if (!c->h) {
+    c->state = CONN_CONNECTING;
+    c->pid = getpid ();
+  }
+  c->stopping = false;
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  e = pthread_create (&c->thread, NULL, nbdio_conn_thread, c);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (e) {
+    close (c->wake[0]);
+    close (c->wake[1]);
+    c->wake[0] = c->wake[1] = -1;
+    c->state = CONN_FAILED;
+    return -e;
+  }
+  c->has_thread = true;
+  return 0;
+}
+
+/* Forget c's last connection (io->lock held; no thread submits to it,
+ * and its thread has finished or does not exist in this process).
+ */
+static void
+nbdio_reap (struct nbdio_conn *c)
+{
+  if (c->has_thread && c->pid == getpid ())
+    pthread_join (c->thread, NULL);
+  c->has_thread = false;
+  if (c->h && c->pid == getpid ()) {
+    nbd_kill_subprocess (c->h, SIGKILL);
+    nbd_close (c->h);
+  }
+  else if (c->h)
+    /* The handle of the process before a fork, whose thread is gone:
+     * not used again, and its socket not left open.
+     */
+    close (c->fd);
+  c->h = NULL;
+  if (c->shut_fd >= 0)
+    close (c->shut_fd);
+  if (c->wake[0] >= 0) {
+    close (c->wake[0]);
+    close (c->wake[1]);
+  }
+  c->shut_fd = c->wake[0] = c->wake[1] = -1;
+  c->state = CONN_UNUSED;
+}
+
+/* A connection to submit to (its users counted: see nbdio_release),
+ * or NULL with errno and, if why is not NULL, *why (malloc'd) when
+ * none can be made.  The least busy, connecting again (or one more,
+ * where several are allowed) when it is busy or none is left.
+ */
+static struct nbdio_conn *
+nbdio_acquire (struct nbdio *io, char **why)
+{
+  unsigned failures;
+  struct nbdio_conn *c = NULL;
+
+  pthread_mutex_lock (&io->lock);
+  failures = io->failures;
+  for (;;) {
+    struct nbdio_conn *best = NULL, *slot = NULL;
+    bool connecting = false;
+
+    for (unsigned i = 0; i < io->nconns; i++) {
+      struct nbdio_conn *k = &io->conns[i];
+      if (k->state == CONN_READY && k->pid != getpid ())
+        k->state = CONN_DEAD;           /* the process before a fork */
+      if (k->state == CONN_READY &&
+          (!best || __atomic_load_n (&k->inflight, __ATOMIC_RELAXED)
+                    < __atomic_load_n (&best->inflight, __ATOMIC_RELAXED)))
+        best = k;
+      connecting |= k->state == CONN_CONNECTING;
+      if (!slot && k->state != CONN_READY && k->state != CONN_CONNECTING &&
+          k->users == 0)
+        slot = k;
+    }
+    if (best && (connecting || !slot ||
+                 __atomic_load_n (&best->inflight, __ATOMIC_RELAXED) == 0)) {
+      c = best;
+      /* Connected at open: its thread starts with its first use. */
+      if (!c->has_thread && nbdio_start (c) < 0)
+        c->state = CONN_DEAD;
+      else
+        break;
+      continue;
+    }
+    if (!best && io->failures != failures) {
+      /* An attempt made since this request came failed. */
+      errno = EIO;
+      if (why)
+        *why = io->last_why ? strdup (io->last_why) : NULL;
+      break;
+    }
+    if (slot && !connecting) {
+      int e;
+      nbdio_reap (slot);
+      if ((e = nbdio_start (slot)) < 0) {
+        errno = -e;
+        if (why && asprintf (why, "cannot start a thread: %s",
+                             errstr (-e)) < 0)
+          *why = NULL;
+        break;
+      }
+      if (best) {
+        c = best;
+        break;
+      }
+    }
+    pthread_cond_wait (&io->changed, &io->lock);
+  }
+  if (c)
+    c->users++;
+  pthread_mutex_unlock (&io->lock);
+  return c;
+}
+
+static void
+nbdio_release (struct nbdio_conn *c)
+{
+  pthread_mutex_lock (&c->io->lock);
+  if (--c->users == 0)
+    pthread_cond_broadcast (&c->io->changed);
+  pthread_mutex_unlock (&c->io->lock);
+}
+
+/* A set of commands waited for together. */
+struct nbdio_wait {
+  pthread_mutex_t lock;
+  pthread_cond_t done;
+  unsigned pending;
+};
+
+/* One NBD command: a read into buf (bounce, if the server's alignment
+ * needs one, then copied to out), or a block status.
+ */
+struct nbdio_cmd {
+  struct nbdio_wait *w;
+  struct nbdio_conn *c;
+  uint8_t *buf;
+  uint32_t len;
+  uint64_t offset;
+  uint8_t *bounce, *out;        /* out: [skip, skip + out_len) of bounce */
+  size_t skip, out_len;
+  int *result;                  /* where an error goes (first one kept) */
+  int err;
+  uint32_t *ext;                /* block status: malloc'd pairs */
+  size_t next;
+};
+
+static int
+nbdio_done (void *opaque, int *error)
+{
+  struct nbdio_cmd *cmd = opaque;
+  struct nbdio_wait *w = cmd->w;
+
+  __atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE);
+  pthread_mutex_lock (&w->lock);
+  cmd->err = *error;
+  if (--w->pending == 0)
+    pthread_cond_broadcast (&w->done);
+  pthread_mutex_unlock (&w->lock);
+  return 1;
+}
+
+static int
+nbdio_extent (void *opaque, const char *metacontext, uint64_t offset,
+              uint32_t *entries, size_t n, int *error)
+{
+  struct nbdio_cmd *cmd = opaque;
+
+  if (strcmp (metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0 ||
+      cmd->ext)
+    return 0;
+  cmd->ext = malloc (n * sizeof *entries);
+  if (cmd->ext) {
+    memcpy (cmd->ext, entries, n * sizeof *entries);
+    cmd->next = n / 2;
+  }
+  return 0;
+}
+
+/* Submit cmd to a connection; an error said (once per request) sets
+ * *cmd->result.  Block status if status, else a read.
+ */
+static void
+nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
+              bool *said)
+{
+  struct nbdio_conn *c;
+  char *why = NULL;
+  int64_t cookie;
+
+  c = nbdio_acquire (io, &why);
+  if (!c) {
+    int e = errno;
+    if (!*said)
+      nbdio_say (io, true, "%s: cannot connect: %s", io->name,
+                 why ? why : errstr (e));
+    *said = true;
+    free (why);
+    if (*cmd->result == 0)
+      *cmd->result = -EIO;
+    return;
+  }
+  cmd->c = c;
+  pthread_mutex_lock (&cmd->w->lock);
+  cmd->w->pending++;
+  pthread_mutex_unlock (&cmd->w->lock);
+  if (__atomic_fetch_add (&c->inflight, 1, __ATOMIC_ACQ_REL) == 0)
+    __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
+  if (status)
+    cookie = nbd_aio_block_status (
+      c->h, cmd->len, cmd->offset,
+      (nbd_extent_callback) { .callback = nbdio_extent, .user_data = cmd },
+      (nbd_completion_callback) { .callback = nbdio_done,
+                                  .user_data = cmd }, 0);
+  else
+    cookie = nbd_aio_pread (
+      c->h, cmd->buf, cmd->len, cmd->offset,
+      (nbd_completion_callback) { .callback = nbdio_done,
+                                  .user_data = cmd }, 0);
+  if (cookie == -1) {
+    /* Not queued: no completion will come. */
+    __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock (&cmd->w->lock);
+    cmd->w->pending--;
+    pthread_mutex_unlock (&cmd->w->lock);
+    if (!*said)
+      nbdio_say (io, true, "%s: %s", io->name, nbd_get_error ());
+    *said = true;
+    if (*cmd->result == 0)
+      *cmd->result = -EIO;
+  }
+  /* libnbd sent what it could at once; the thread sends the rest. */
+  else if (nbd_aio_get_direction (c->h) & LIBNBD_AIO_DIRECTION_WRITE)
+    nbdio_wake (c);
+  nbdio_release (c);
+}
+
+/* Wait for the commands submitted, then gather their results. */
+static void
+nbdio_wait_all (struct nbdio_wait *w, struct nbdio_cmd *cmds, size_t n)
+{
+  pthread_mutex_lock (&w->lock);
+  while (w->pending > 0)
+    pthread_cond_wait (&w->done, &w->lock);
+  pthread_mutex_unlock (&w->lock);
+  for (size_t i = 0; i < n; i++) {
+    struct nbdio_cmd *cmd = &cmds[i];
+    if (cmd->err && *cmd->result == 0)
+      *cmd->result = -cmd->err;
+    if (cmd->bounce && !cmd->err)
+      memcpy (cmd->out, cmd->bounce + cmd->skip, cmd->out_len);
+    free (cmd->bounce);
+  }
+}
+
+/* Commands reading [offset, offset+count) into buf (the part within
+ * the export), aligned to the server's minimum block size and cut at
+ * its maximum, into cmds from *n on (NULL: just count them).
+ */
+static size_t
+nbdio_plan_read (struct nbdio *io, uint8_t *buf, size_t count,
+                 uint64_t offset, int *result, struct nbdio_cmd *cmds)
+{
+  size_t n = 0;
+
+  while (count > 0) {
+    uint64_t start = offset & ~(uint64_t) (io->block_min - 1);
+    uint64_t end = MIN (offset + count, start + io->block_max);
+    uint64_t aend = MIN ((end + io->block_min - 1)
+                         & ~(uint64_t) (io->block_min - 1), io->size);
+
+    if (cmds) {
+      struct nbdio_cmd *cmd = &cmds[n];
+      *cmd = (struct nbdio_cmd) { .buf = buf, .len = aend - start,
+                                  .offset = start, .result = result };
+      if (start != offset || aend != end) {
+        cmd->bounce = cmd->buf = malloc (aend - start);
+        cmd->out = buf;
+        cmd->skip = offset - start;
+        cmd->out_len = end - offset;
+        if (!cmd->bounce) {
+          *result = -ENOMEM;
+          cmd->len = 0;
+        }
+      }
+    }
+    n++;
+    buf += end - offset;
+    count -= end - offset;
+    offset = end;
+  }
+  return n;
+}
+
+static void
+nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
+                  size_t n)
+{
+  struct nbdio *io = (struct nbdio *) qio;
+  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                          .done = PTHREAD_COND_INITIALIZER };
+  struct nbdio_cmd *cmds;
+  size_t ncmds = 0;
+  bool said = false;
+
+  /* Past the end of the export reads as zeros. */
+  for (size_t i = 0; i < n; i++) {
+    struct qcow2_io_read *rd = &reads[i];
+    size_t in = rd->offset >= io->size ? 0
+                : MIN (rd->count, io->size - rd->offset);
+    memset ((uint8_t *) rd->buf + in, 0, rd->count - in);
+    rd->r = 0;
+    ncmds += nbdio_plan_read (io, rd->buf, in, rd->offset, &rd->r, NULL);
+  }
+  cmds = calloc (ncmds ? ncmds : 1, sizeof *cmds);
+  if (!cmds) {
+    for (size_t i = 0; i < n; i++)
+      reads[i].r = -ENOMEM;
+    return;
+  }
+  ncmds = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct qcow2_io_read *rd = &reads[i];
+    size_t in = rd->offset >= io->size ? 0
+                : MIN (rd->count, io->size - rd->offset);
+    ncmds += nbdio_plan_read (io, rd->buf, in, rd->offset, &rd->r,
+                              cmds + ncmds);
+  }
+  for (size_t i = 0; i < ncmds; i++) {
+    cmds[i].w = &w;
+    if (cmds[i].len && *cmds[i].result == 0)
+      nbdio_submit (io, &cmds[i], false, &said);
+  }
+  nbdio_wait_all (&w, cmds, ncmds);
+  free (cmds);
+}
+
+static int
+nbdio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  struct qcow2_io_read rd = { buf, count, offset, 0 };
+
+  nbdio_pread_many (io, &rd, 1);
+  return rd.r;
+}
+
+static int
+nbdio_preadv (struct qcow2_io *io, const struct iovec *iov, int iovcnt,
+              uint64_t offset)
+{
+  struct qcow2_io_read rd[QCOW2_IOV_MAX];
+  int r = 0;
+
+  for (int i = 0; i < iovcnt; i++) {
+    rd[i] = (struct qcow2_io_read) { iov[i].iov_base, iov[i].iov_len,
+                                     offset, 0 };
+    offset += iov[i].iov_len;
+  }
+  nbdio_pread_many (io, rd, iovcnt);
+  for (int i = 0; i < iovcnt && r == 0; i++)
+    r = rd[i].r;
+  return r;
+}
+
+static int
+nbdio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+              uint64_t offset)
+{
+  return -EROFS;
+}
+
+static int
+nbdio_pwritev (struct qcow2_io *io, const struct iovec *iov, int iovcnt,
+               uint64_t offset)
+{
+  return -EROFS;
+}
+
+static int
+nbdio_flush (struct qcow2_io *io)
+{
+  return 0;
+}
+
+static int
+nbdio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  return -EOPNOTSUPP;
+}
+
+static int64_t
+nbdio_size (struct qcow2_io *io)
+{
+  return ((struct nbdio *) io)->size;
+}
+
+/* The extent at offset from the last reply, if it covers it. */
+static bool
+nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
+                     uint64_t *len)
+{
+  bool found = false;
+  uint64_t pos;
+
+  pthread_mutex_lock (&io->status_lock);
+  pos = io->status_start;
+  for (size_t i = 0; i < io->status_n && pos <= offset; i++) {
+    uint64_t l = io->status_ext[2 * i];
+    if (offset < pos + l) {
+      *type = io->status_ext[2 * i + 1]
+              & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
+      *len = pos + l - offset;
+      found = true;
+      break;
+    }
+    pos += l;
+  }
+  pthread_mutex_unlock (&io->status_lock);
+  return found;
+}
+
+/* Block status: one request answers the runs after it too. */
+static int
+nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
+              uint32_t *type, uint64_t *len)
+{
+  struct nbdio *io = (struct nbdio *) qio;
+  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                          .done = PTHREAD_COND_INITIALIZER };
+  int r = 0;
+  struct nbdio_cmd cmd = { .w = &w, .offset = offset, .result = &r };
+  bool said = false;
+
+  if (offset >= io->size) {
+    *type = QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO;
+    *len = count;
+    return 0;
+  }
+  if (!io->has_status) {
+    *type = 0;
+    *len = count;
+    return 0;
+  }
+  if (nbdio_status_cached (io, offset, type, len))
+    return 0;
+  /* Asked for as much as the protocol's 32 bits allow. */
+  cmd.len = MIN (io->size - offset, UINT32_MAX & ~UINT32_C (65535));
+  nbdio_submit (io, &cmd, true, &said);
+  nbdio_wait_all (&w, &cmd, 1);
+  if (r == 0 && (!cmd.ext || cmd.next == 0))
+    r = -EIO;                   /* a server that answered nothing */
+  if (r == 0) {
+    pthread_mutex_lock (&io->status_lock);
+    free (io->status_ext);
+    io->status_ext = cmd.ext;
+    io->status_n = cmd.next;
+    io->status_start = offset;
+    cmd.ext = NULL;
+    pthread_mutex_unlock (&io->status_lock);
+    if (!nbdio_status_cached (io, offset, type, len))
+      r = -EIO;
+  }
+  free (cmd.ext);
+  return r;
+}
+
+static void
+nbdio_close (struct qcow2_io *qio)
+{
+  struct nbdio *io = (struct nbdio *) qio;
+
+  pthread_mutex_lock (&io->lock);
+  for (unsigned i = 0; i < io->nconns; i++) {
+    struct nbdio_conn *c = &io->conns[i];
+    if (c->has_thread && c->pid == getpid ()) {
+      __atomic_store_n (&c->stopping, true, __ATOMIC_RELAXED);
+      nbdio_wake (c);
+    }
+  }
+  pthread_mutex_unlock (&io->lock);
+  for (unsigned i = 0; i < io->nconns; i++)
+    nbdio_reap (&io->conns[i]);
+  for (char **a = io->argv; a && *a; a++)
+    free (*a);
+  free (io->argv);
+  free (io->uri);
+  free (io->name);
+  free (io->last_why);
+  free (io->status_ext);
+  pthread_mutex_destroy (&io->lock);
+  pthread_cond_destroy (&io->changed);
+  pthread_mutex_destroy (&io->status_lock);
+  free (io);
+}
+
+static const struct qcow2_io_ops nbdio_ops = {
+  .pread = nbdio_pread,
+  .pwrite = nbdio_pwrite,
+  .preadv = nbdio_preadv,
+  .pwritev = nbdio_pwritev,
+  .flush = nbdio_flush,
+  .punch = nbdio_punch,
+  .size = nbdio_size,
+  .status = nbdio_status,
+  .pread_many = nbdio_pread_many,
+  .close = nbdio_close,
+};
+
+static int
+nbdio_hex (char c)
+{
+  return c >= '0' && c <= '9' ? c - '0'
+    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+    : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Percent-decoding of a URL's part [s, s+len). */
+static char *
+nbdio_unescape (const char *s, size_t len)
+{
+  char *r = malloc (len + 1), *q = r;
+
+  if (!r)
+    return NULL;
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] == '%' && i + 2 < len && nbdio_hex (s[i + 1]) >= 0 &&
+        nbdio_hex (s[i + 2]) >= 0) {
+      *q++ = nbdio_hex (s[i + 1]) << 4 | nbdio_hex (s[i + 2]);
+      i += 2;
+    }
+    else
+      *q++ = s[i];
+  }
+  *q = '\0';
+  return r;
+}
+
+/* Append "key=value" (value len bytes, percent-decoded if unescape) to
+ * the argv being built.
+ */
+static int
+nbdio_arg (char ***argv, size_t *n, const char *key, const char *value,
+           size_t len, bool unescape)
+{
+  char *v = unescape ? nbdio_unescape (value, len) : strndup (value, len);
+  char **a = realloc (*argv, (*n + 2) * sizeof **argv);
+  int r = -1;
+
+  if (a) {
+    *argv = a;
+    if (v && (key ? asprintf (&a[*n], "%s=%s", key, v) : asprintf (&a[*n], "%s", v)) >= 0) {
+      a[++*n] = NULL;
+      r = 0;
+    }
+  }
+  free (v);
+  return r;
+}
+
+/* The nbdkit serving an http(s) or ssh URL: its arguments, or -1 with
+ * *why.
+ */
+static int
+nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
+                   char **why)
+{
+  const char *url = remote->url;
+  char ***argv = &io->argv;
+  size_t n = 0;
+  bool ssh = strncmp (url, "ssh://", 6) == 0;
+  int r = 0;
+
+  for (const char *a = "nbdkit\0-r\0--exit-with-parent\0"; *a;
+       a += strlen (a) + 1)
+    r |= nbdio_arg (argv, &n, NULL, a, strlen (a), false);
+  if (!ssh) {
+    char t[32];
+    r |= nbdio_arg (argv, &n, NULL, "curl", 4, false);
+    r |= nbdio_arg (argv, &n, "url", url, strlen (url), false);
+    if (!remote->sslverify)
+      r |= nbdio_arg (argv, &n, "sslverify", "false", 5, false);
+    if (remote->timeout) {
+      snprintf (t, sizeof t, "%u", remote->timeout);
+      r |= nbdio_arg (argv, &n, "timeout", t, strlen (t), false);
+    }
+    if (remote->cookie)
+      r |= nbdio_arg (argv, &n, "cookie", remote->cookie,
+                      strlen (remote->cookie), false);
+    return r ? -ENOMEM : 0;
+  }
+
+  /* ssh://[USER@]HOST[:PORT]/PATH[?host_key_check=no|yes], as QEMU. */
+  const char *auth = url + 6, *path = auth + strcspn (auth, "/?");
+  const char *at = memchr (auth, '@', path - auth), *host = at ? at + 1 : auth;
+  const char *port = NULL, *query = strchr (path, '?');
+  const char *hend = path;
+
+  if (*host == '[') {
+    const char *close = memchr (host, ']', path - host);
+    if (close) {
+      port = close[1] == ':' ? close + 2 : NULL;
+      hend = close + 1;
+    }
+  }
+  else if ((port = memchr (host, ':', path - host)))
+    hend = port++;
+  if (*path != '/' || hend == host) {
+    if (asprintf (why, "\"%s\" is not an ssh URL QEMU reads: "
+                  "ssh://[USER@]HOST[:PORT]/PATH", url) < 0)
+      *why = NULL;
+    return -EINVAL;
+  }
+  if (query && strcmp (query, "?host_key_check=no") != 0 &&
+      strcmp (query, "?host_key_check=yes") != 0) {
+    if (asprintf (why, "%s: only host_key_check=no or yes are supported "
+                  "(nbdkit's ssh plugin checks known_hosts or nothing)",
+                  url) < 0)
+      *why = NULL;
+    return -ENOTSUP;
+  }
+  r |= nbdio_arg (argv, &n, NULL, "ssh", 3, false);
+  if (*host == '[')
+    r |= nbdio_arg (argv, &n, "host", host + 1, hend - host - 2, false);
+  else
+    r |= nbdio_arg (argv, &n, "host", host, hend - host, true);
+  if (port)
+    r |= nbdio_arg (argv, &n, "port", port, path - port, false);
+  if (at)
+    r |= nbdio_arg (argv, &n, "user", auth, at - auth, true);
+  r |= nbdio_arg (argv, &n, "path", path,
+                  query ? (size_t) (query - path) : strlen (path), true);
+  if (query && strcmp (query, "?host_key_check=no") == 0)
+    r |= nbdio_arg (argv, &n, "verify-remote-host", "false", 5, false);
+  return r ? -ENOMEM : 0;
+}
+
+struct qcow2_io *
+nbdio_open (const struct qcow2_remote *remote,
+            const struct nbdio_options *opts, char **why)
+{
+  struct nbdio *io = calloc (1, sizeof *io);
+  char *msg = NULL;
+  struct nbdio_conn *c;
+  int e = 0;
+
+  if (why)
+    *why = NULL;
+  if (!io)
+    return NULL;
+  io->io.ops = &nbdio_ops;
+  if (opts)
+    io->opts = *opts;
+  if (!io->opts.timeout)
+    io->opts.timeout = NBDIO_TIMEOUT;
+  pthread_mutex_init (&io->lock, NULL);
+  pthread_cond_init (&io->changed, NULL);
+  pthread_mutex_init (&io->status_lock, NULL);
+  io->block_min = 1;
+  io->block_max = NBDIO_MAX_REQUEST;
+  io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1
+               : NBDIO_SUBPROCESS_CONNS;
+  for (unsigned i = 0; i < NBDIO_SUBPROCESS_CONNS; i++)
+    io->conns[i] = (struct nbdio_conn) { .io = io, .fd = -1, .shut_fd = -1,
+                                         .wake = { -1, -1 } };
+  if (!(io->name = strdup (remote->url)))
+    e = errno;
+  else if (strncmp (remote->url, "nbd", 3) == 0) {
+    if (!(io->uri = strdup (remote->url)))
+      e = errno;
+  }
+  else if ((e = -nbdio_nbdkit_argv (io, remote, &msg)) != 0)
+    goto fail;
+  if (e)
+    goto fail;
+
+  /* Connected once now: what is wrong is said at start.  The
+   * connection serves from the first request on, when its thread
+   * starts (nbdkit may fork in between: see nbdio_acquire).
+   */
+  c = &io->conns[0];
+  c->pid = getpid ();
+  {
+    struct nbd_handle *h = nbdio_connect (c, &msg);
+    if (!h || nbdio_check_export (io, h, true, &msg) == -1) {
+      if (h) {
+        nbd_kill_subprocess (h, SIGKILL);
+        nbd_close (h);
+      }
+      e = ENXIO;
+      goto fail;
+    }
+    nbdio_ready (c, h);
+  }
+  nbdio_say (io, false, "%s: %" PRIu64 " bytes, requests of %" PRIu32
+             " to %" PRIu32 " bytes, %s, up to %u connection%s", io->name,
+             io->size, io->block_min, io->block_max,
+             io->has_status ? "block status" : "no block status",
+             io->nconns, io->nconns > 1 ? "s" : "");
+  return &io->io;
+
+ fail:
+  if (why)
+    *why = msg;
+  else
+    free (msg);
+  nbdio_close (&io->io);
+  errno = e ? e : ENOMEM;
+  return NULL;
+}
