@@ -958,6 +958,14 @@ struct pool_piece {
    */
   const struct iovec *iov;
   int iovcnt;
+  /* Grouped pieces (pool_group): one pread_many of io, instead of buf;
+   * a failed one's offset and len are copied to the piece's.
+   */
+  struct qcow2_io_read *reads;
+  size_t nreads;
+  /* Or, instead of io: fn does the piece (a backing layer's read). */
+  int (*fn) (struct pool_piece *piece);
+  void *arg;
   int r;
 };
 struct pool_batch {
@@ -972,6 +980,8 @@ extern struct io_pool *pool_get (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 extern size_t pool_merge (struct pool_piece *pieces, size_t n,
                           struct iovec *iov);
+extern size_t pool_group (struct pool_piece *pieces, size_t n,
+                          struct qcow2_io_read *reads);
 extern void pool_destroy (struct io_pool *p);
 extern void pool_start (struct io_pool *p, struct pool_batch *b);
 extern void pool_finish (struct io_pool *p, struct pool_batch *b);

@@ -61,7 +61,18 @@ pool_do_piece (struct pool_piece *piece)
 {
   struct qcow2_io *io = piece->io;
 
-  if (piece->iovcnt && piece->write)
+  if (piece->fn)
+    piece->r = piece->fn (piece);
+  else if (piece->nreads) {
+    io->ops->pread_many (io, piece->reads, piece->nreads);
+    piece->r = 0;
+    for (size_t i = 0; i < piece->nreads && !piece->r; i++)
+      if ((piece->r = piece->reads[i].r) < 0) {
+        piece->offset = piece->reads[i].offset;
+        piece->len = piece->reads[i].count;
+      }
+  }
+  else if (piece->iovcnt && piece->write)
     piece->r = io->ops->pwritev (io, piece->iov, piece->iovcnt,
                                  piece->offset);
   else if (piece->iovcnt)
@@ -86,7 +97,8 @@ pool_merge (struct pool_piece *pieces, size_t n, struct iovec *iov)
   struct pool_piece sorted[QCOW2_IOV_MAX];
   size_t m = 0, niov = 0;
 
-  if (n < 2 || n > QCOW2_IOV_MAX || !pieces[0].io->ops->preadv)
+  if (n < 2 || n > QCOW2_IOV_MAX || !pieces[0].io->ops->preadv ||
+      pieces[0].io->ops->pread_many)
     return n;
   /* Sorted by file offset: n is small. */
   for (size_t i = 0; i < n; i++) {
@@ -113,6 +125,27 @@ pool_merge (struct pool_piece *pieces, size_t n, struct iovec *iov)
   }
   assert (m >= 1 && m <= n && niov <= n);
   return m;
+}
+
+/* Reads (all of one io) from storage where each costs a round trip
+ * (its pread_many) become one piece that has them all in flight at
+ * once, rather than one thread for each.  Rewrites pieces[] and
+ * returns their new count; reads[] (room for n) holds the reads.
+ */
+size_t
+pool_group (struct pool_piece *pieces, size_t n, struct qcow2_io_read *reads)
+{
+  if (n < 2 || !pieces[0].io->ops->pread_many)
+    return n;
+  for (size_t i = 0; i < n; i++) {
+    assert (!pieces[i].write && !pieces[i].fn && pieces[i].io == pieces[0].io);
+    reads[i] = (struct qcow2_io_read) { .buf = pieces[i].buf,
+                                        .count = pieces[i].len,
+                                        .offset = pieces[i].offset };
+  }
+  pieces[0].reads = reads;
+  pieces[0].nreads = n;
+  return 1;
 }
 
 /* Do a piece, with p->lock held; returns with it held. */

@@ -11,6 +11,17 @@
 #include "errstr.h"
 #include "internal.h"
 
+/* A run that is not allocated reads from the backing layer, as far as
+ * it goes: how many bytes of [offset, offset+len) that is.
+ */
+static uint64_t
+read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
+{
+  struct qcow2_image *b = img->backing;
+
+  return b && offset < b->size ? MIN (len, b->size - offset) : 0;
+}
+
 /* What the backing file shows at guest [offset, offset+count): past
  * its end, or with none, zeros.
  */
@@ -18,18 +29,20 @@ int
 read_backing (struct qcow2_image *img, uint8_t *buf, uint64_t count,
               uint64_t offset)
 {
-  struct qcow2_image *b = img->backing;
-  uint64_t n = 0;
+  uint64_t n = read_backing_len (img, offset, count);
+  int r;
 
-  if (b && offset < b->size) {
-    int r;
-    n = MIN (count, b->size - offset);
-    r = layer_read (b, buf, n, offset);
-    if (r < 0)
-      return r;
-  }
+  if (n > 0 && (r = layer_read (img->backing, buf, n, offset)) < 0)
+    return r;
   memset (buf + n, 0, count - n);
   return 0;
+}
+
+/* A piece read from a qcow2 backing layer (arg). */
+static int
+read_layer_piece (struct pool_piece *piece)
+{
+  return layer_read (piece->arg, piece->buf, piece->len, piece->offset);
 }
 
 static int
@@ -44,22 +57,24 @@ read_compressed (struct qcow2_image *img, uint8_t *buf, const
 /* Runs mapped under one hold of the lock and read as one batch. */
 #define READ_BATCH 32
 
-/* The runs that are not data in the file: zeros, the backing file,
- * compressed clusters.  Returns the first error.
+/* The runs that are not read as pieces: zeros (past the backing
+ * layer's end too), compressed clusters.  Returns the first error.
  */
 static int
 read_other_runs (struct qcow2_image *img, uint8_t *buf,
                  const struct qcow2_run *runs, size_t n, uint64_t offset)
 {
   for (size_t i = 0; i < n; i++) {
+    uint64_t len = runs[i].length, b;
     int r = 0;
 
     switch (runs[i].kind) {
     case RUN_UNALLOCATED:
-      r = read_backing (img, buf, runs[i].length, offset);
+      b = read_backing_len (img, offset, len);
+      memset (buf + b, 0, len - b);
       break;
     case RUN_ZERO:
-      memset (buf, 0, runs[i].length);
+      memset (buf, 0, len);
       break;
     case RUN_DATA:
       break;
@@ -69,8 +84,8 @@ read_other_runs (struct qcow2_image *img, uint8_t *buf,
     }
     if (r < 0)
       return r;
-    buf += runs[i].length;
-    offset += runs[i].length;
+    buf += len;
+    offset += len;
   }
   return 0;
 }
@@ -90,59 +105,108 @@ read_raw (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   return 0;
 }
 
-/* How many of the runs are data in the file. */
+/* How many of the runs are read as pieces: data in the file, and what
+ * the backing layer holds.
+ */
 static size_t
-read_data_runs (const struct qcow2_run *runs, size_t n)
+read_pieces (const struct qcow2_run *runs, size_t n)
 {
-  size_t data = 0;
+  size_t pieces = 0;
 
   for (size_t i = 0; i < n; i++)
-    data += runs[i].kind == RUN_DATA;
-  return data;
+    pieces += runs[i].kind == RUN_DATA || runs[i].kind == RUN_UNALLOCATED;
+  return pieces;
+}
+
+/* The pieces of runs[0, n) (at guest offset, into buf) read from
+ * storage: data in the file, into data[] (*nd), and what the backing
+ * layer holds, into below[] (*nb): a raw layer's file, or the layer.
+ */
+static int
+read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
+           size_t n, uint64_t offset, struct pool_piece *data, size_t *nd,
+           struct pool_piece *below, size_t *nb)
+{
+  struct qcow2_image *b = img->backing;
+
+  *nd = *nb = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t len = runs[i].length, blen;
+    int r;
+
+    if (runs[i].kind == RUN_DATA) {
+      r = cluster_check_data_offset (img, runs[i].host_offset, len);
+      if (r < 0)
+        return r;
+      data[(*nd)++] = (struct pool_piece) {
+        .io = img->guest_io, .buf = buf, .len = len,
+        .offset = runs[i].host_offset,
+      };
+    }
+    else if (runs[i].kind == RUN_UNALLOCATED &&
+             (blen = read_backing_len (img, offset, len)) > 0)
+      below[(*nb)++] = b->raw
+        ? (struct pool_piece) { .io = b->io, .buf = buf, .len = blen,
+                                .offset = offset, .arg = b }
+        : (struct pool_piece) { .fn = read_layer_piece, .arg = b,
+                                .buf = buf, .len = blen, .offset = offset };
+    buf += len;
+    offset += len;
+  }
+  return 0;
+}
+
+/* The error of a piece that failed, said where the layer did not. */
+static int
+read_piece_error (struct qcow2_image *img, const struct pool_piece *p)
+{
+  if (p->fn)
+    return p->r;                /* the layer below said it */
+  if (p->arg)
+    log_error (p->arg, "reading %zu bytes at %#" PRIx64 ": %s", p->len,
+               p->offset, errstr (-p->r));
+  else
+    log_error (img, "reading %zu bytes of data at host offset %#" PRIx64
+               ": %s", p->len, p->offset, errstr (-p->r));
+  return io_errno (p->r);
 }
 
 /* Read n runs mapped from offset into buf, by the pool if given and
- * there is more than one piece of data to read.  Needs no lock.
+ * there is more than one piece to read.  Needs no lock.
  */
 static int
 read_runs (struct qcow2_image *img, uint8_t *buf,
            const struct qcow2_run *runs, size_t n, uint64_t offset,
            struct io_pool *pool)
 {
-  struct pool_piece pieces[READ_BATCH];
+  struct pool_piece pieces[READ_BATCH], below[READ_BATCH];
   struct iovec iov[READ_BATCH];
+  struct qcow2_io_read reads[2 * READ_BATCH];
   struct pool_batch batch = { .pieces = pieces, .n = 0 };
-  int r, r2;
+  size_t nd, nb;
+  int r;
 
   assert (n <= READ_BATCH);
-  for (size_t i = 0, pos = 0; i < n; pos += runs[i++].length) {
-    if (runs[i].kind != RUN_DATA)
-      continue;
-    r = cluster_check_data_offset (img, runs[i].host_offset,
-                                   runs[i].length);
-    if (r < 0)
-      return r;
-    pieces[batch.n++] = (struct pool_piece) {
-      .io = img->guest_io, .buf = buf + pos, .len = runs[i].length,
-      .offset = runs[i].host_offset,
-    };
-  }
-
-  batch.n = pool_merge (pieces, batch.n, iov);
+  r = read_plan (img, buf, runs, n, offset, pieces, &nd, below, &nb);
+  if (r < 0)
+    return r;
+  /* Pieces of one file next to each other there become one request,
+   * those of remote storage one pread_many; a raw backing file's too.
+   */
+  nd = pool_group (pieces, pool_merge (pieces, nd, iov), reads);
+  if (nb > 0 && !below[0].fn && img->backing->io->ops->pread_many)
+    nb = pool_group (below, nb, reads + READ_BATCH);
+  memcpy (pieces + nd, below, nb * sizeof *below);
+  batch.n = nd + nb;
   if (batch.n < 2)
     pool = NULL;
-  /* The pool reads the data while this thread does the rest. */
+  /* The pool reads the pieces while this thread does the rest. */
   pool_start (pool, &batch);
   r = read_other_runs (img, buf, runs, n, offset);
   pool_finish (pool, &batch);
-  for (size_t i = 0; i < batch.n; i++) {
-    struct pool_piece *p = &pieces[i];
-    if ((r2 = p->r) < 0) {
-      log_error (img, "reading %zu bytes of data at host offset %#"
-                 PRIx64 ": %s", p->len, p->offset, errstr (-r2));
-      return io_errno (r2);
-    }
-  }
+  for (size_t i = 0; i < batch.n; i++)
+    if (pieces[i].r < 0)
+      return read_piece_error (img, &pieces[i]);
   return r;
 }
 
@@ -169,7 +233,7 @@ layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
            (r = cluster_map_may_unlock (img, offset + len, count - len,
                                         &runs[n])) == 0)
       len += runs[n++].length;
-    if (r == 0 && read_data_runs (runs, n) > 1)
+    if (r == 0 && read_pieces (runs, n) > 1)
       pool = pool_get (img);
     image_unlock (img);
     if (r < 0 || (r = read_runs (img, buf, runs, n, offset, pool)) < 0)
