@@ -120,7 +120,9 @@ nbdio_now_ms (void)
   return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Connecting: libnbd's error, with what the user can do about it. */
+/* Connecting: libnbd's error (without the name of the call), with
+ * what the user can do about it.
+ */
 static char *
 nbdio_connect_error (struct nbdio *io)
 {
@@ -128,12 +130,22 @@ nbdio_connect_error (struct nbdio *io)
   int e = nbd_get_errno ();
   char *why;
 
+  if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
+    err = strstr (err, ": ") + 2;
+  if (io->argv && err && strstr (err, "handshake"))
+    /* nbdkit said why on stderr; libnbd only saw it give up. */
+    return asprintf (&why, "nbdkit's %s plugin cannot serve it (its "
+                     "message is above)", io->argv[3]) < 0 ? NULL : why;
   if (asprintf (&why, "%s%s", err ? err : "the connection failed",
-                io->argv ? " (the error of nbdkit's plugin is above)"
-                : e == ECONNREFUSED || e == ENOENT
+                e == ECONNREFUSED || e == ENOENT
                 ? ": is the NBD server running?"
                 : err && strstr (err, "getaddrinfo")
-                ? ": does the host name resolve?" : "") < 0)
+                ? ": does the host name resolve?"
+                : err && strstr (err, "refused TLS")
+                ? " (the server does not offer TLS: nbd:// and nbd+unix:// "
+                  "connect without it)"
+                : err && strstr (err, "no export")
+                ? " (is the export name right?)" : "") < 0)
     why = NULL;
   return why;
 }
@@ -535,6 +547,12 @@ nbdio_done (void *opaque, int *error)
   struct nbdio_cmd *cmd = opaque;
   struct nbdio_wait *w = cmd->w;
 
+  /* A server shutting down waits for its clients to leave: this
+   * connection ends (its thread sees it closed), the next request
+   * connects again.
+   */
+  if (*error == ESHUTDOWN)
+    shutdown (cmd->c->shut_fd, SHUT_RDWR);
   __atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE);
   pthread_mutex_lock (&w->lock);
   cmd->err = *error;
