@@ -19,7 +19,7 @@
  * user can do if a local file is missing.
  */
 static struct qcow2_io *
-backing_open_storage (struct qcow2_image *img, const char *what,
+backing_open_storage (const struct qcow2_image *img, const char *what,
                       const char *hint, const char *name,
                       const struct name_spec *spec, bool readonly, char **id)
 {
@@ -97,7 +97,7 @@ backing_open_storage (struct qcow2_image *img, const char *what,
  * probed (NULL).  Raw's offset and size need raw.
  */
 static int
-backing_format (struct qcow2_image *img, const char *name,
+backing_format (const struct qcow2_image *img, const char *name,
                 const char *header_format, const struct name_spec *spec,
                 const char **format)
 {
@@ -141,7 +141,7 @@ backing_resolve (const struct qcow2_image *img,
 
 /* A name that cannot be parsed or resolved: said, and its error. */
 static int
-backing_bad_name (struct qcow2_image *img, const char *what,
+backing_bad_name (const struct qcow2_image *img, const char *what,
                   const char *name, int r, char *why)
 {
   log_error (img, "%s \"%s\": %s", what, name, why ? why : errstr (ENOMEM));
@@ -293,6 +293,43 @@ backing_attach_io (struct qcow2_image *img, const struct qcow2_options *opts)
   img->backing = image_open_layer (img->env, opts->backing_io, name, id,
                                    "raw", &layer_opts, NULL, 1);
   return img->backing ? 0 : -errno;
+}
+
+struct qcow2_io *
+qcow2_open_name (const struct qcow2_env *env, const char *naming,
+                 const char *name, char **resolved, const char **format)
+{
+  /* Only what messages need of the image naming it. */
+  const struct qcow2_image naming_img = { .env = env, .path = (char *) naming };
+  struct qcow2_io *io = NULL;
+  struct name_spec spec;
+  char *why = NULL, *id;
+  int r;
+
+  *format = NULL;
+  *resolved = name_resolve (naming, name, &why);
+  if (!*resolved) {
+    errno = -backing_bad_name (&naming_img, "backing file", name, -EINVAL,
+                               why);
+    return NULL;
+  }
+  if ((r = name_parse (*resolved, &spec, &why)) < 0)
+    r = backing_bad_name (&naming_img, "backing file", *resolved, r, why);
+  else if ((r = backing_format (&naming_img, *resolved, NULL, &spec,
+                                format)) == 0) {
+    io = backing_open_storage (&naming_img, "backing file", "", *resolved,
+                               &spec, true, &id);
+    r = io ? 0 : -errno;
+    if (io)
+      free (id);
+  }
+  name_spec_free (&spec);
+  if (r < 0) {
+    free (*resolved);
+    *resolved = NULL;
+    errno = -r;
+  }
+  return io;
 }
 
 int

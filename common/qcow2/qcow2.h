@@ -188,6 +188,17 @@ extern int qcow2_create_bytes (const struct qcow2_env *env,
  */
 extern bool qcow2_name_is_relative (const char *name);
 
+/* The storage a backing file name names, opened read-only as the
+ * engine opens backing files: a local name resolved against the folder
+ * of naming (an image's name), a URL, a json: name.  *resolved gets
+ * the name resolved (malloc'd), *format the format the name gives (a
+ * json: name's driver) or NULL.  NULL on failure, said, with errno.
+ */
+extern struct qcow2_io *qcow2_open_name (const struct qcow2_env *env,
+                                         const char *naming, const char *name,
+                                         char **resolved,
+                                         const char **format);
+
 /* Open the image in io (named path, used to resolve relative names).
  * On success the image owns io.  On failure returns NULL and errno,
  * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is

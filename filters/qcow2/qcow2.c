@@ -3,7 +3,8 @@
  * serves (a file, another NBD server, SSH, HTTP, an xz archive ...).
  * One engine serves every connection, over one context into the plugin
  * opened at after_fork (a "shared" context), so that all connections
- * see one image, as with the plugin.  Backing files are local files.
+ * see one image, as with the plugin.  Backing files are local files or
+ * remote storage (URLs, json: names), as with the plugin.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -716,7 +717,7 @@ qcow2_filter_name_files (const char **name, char **dir)
   for (unsigned i = 0; i < backing_chain_len; i++) {
     char *path;
 
-    if (backing_chain[i][0] == '/')
+    if (!qcow2_name_is_relative (backing_chain[i]))
       continue;
     if (asprintf (&path, "%s%s%s", *dir, strcmp (*dir, "/") ? "/" : "",
                   backing_chain[i]) == -1) {

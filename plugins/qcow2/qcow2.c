@@ -196,12 +196,12 @@ plugin_config_complete (void)
 
 /* The backing file of an image being created: its format and, unless
  * size= was given, its size.  Relative names are relative to the new
- * image's folder, as in the header.
+ * image's folder, as in the header; remote names (URLs, json:) are
+ * opened as the engine opens backing files.
  */
 static int
 plugin_probe_backing (void)
 {
-  const char *slash = strrchr (filename, '/');
   /* An encrypted backing file opens with its own password. */
   struct qcow2_options probe = {
     .no_backing = true, .readonly = true,
@@ -211,19 +211,16 @@ plugin_probe_backing (void)
   };
   struct qcow2_image *b = NULL;
   struct qcow2_io *io;
+  const char *named_format;
   char *path = NULL;
   int r = -1;
 
-  if (create_backing[0] != '/' && slash &&
-      asprintf (&path, "%.*s/%s", (int) (slash - filename), filename,
-                create_backing) == -1)
-    return -1;
-  io = fileio_open (path ? path : create_backing, true);
-  if (!io) {
-    nbdkit_error ("backing file %s: %s", path ? path : create_backing,
-                  errstr (errno));
+  io = qcow2_open_name (&glue_env, filename, create_backing, &path,
+                        &named_format);
+  if (!io)
     goto out;
-  }
+  if (!glue.create.opts.backing_format)
+    glue.create.opts.backing_format = named_format;
   if (!glue.create.opts.backing_format) {
     if (qcow2_probe (io) == 1)
       glue.create.opts.backing_format = "qcow2";
@@ -233,13 +230,13 @@ plugin_probe_backing (void)
        */
       nbdkit_error ("backing file %s is not a qcow2 image: if it is a raw "
                     "image, say so with backing-fmt=raw (qemu-img create "
-                    "-F raw)", path ? path : create_backing);
+                    "-F raw)", path);
       io->ops->close (io);
       goto out;
     }
   }
   if (strcmp (glue.create.opts.backing_format, "qcow2") == 0) {
-    b = qcow2_open (&glue_env, io, path ? path : create_backing, &probe);
+    b = qcow2_open (&glue_env, io, path, &probe);
     if (!b)
       goto out;
     if (glue.create.size == -1)
