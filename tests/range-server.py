@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """A local HTTP server for tests: serves DIR on 127.0.0.1 (a free port,
 written to PORTFILE) and answers Range requests, which Python's own
-http.server does not.  Usage: range-server.py DIR PORTFILE"""
+http.server does not; HTTPS with the certificate and key in PEMFILE.
+Usage: range-server.py DIR PORTFILE [PEMFILE]"""
 import http.server
 import os
 import re
+import ssl
 import sys
 
 
@@ -48,6 +50,10 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
 os.chdir(sys.argv[1])
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+if len(sys.argv) > 3:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(sys.argv[3])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
 with open(sys.argv[2] + ".tmp", "w") as f:
     f.write(str(server.server_address[1]))
 os.rename(sys.argv[2] + ".tmp", sys.argv[2])

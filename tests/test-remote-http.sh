@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Backing files on a web server (a local one answering Range requests,
+# HTTP and HTTPS), read through nbdkit's curl plugin; QEMU's curl driver
+# is the oracle (bytes and block status).  A qcow2 base on the server
+# naming its own backing file by a relative name (resolved against the
+# URL, as QEMU resolves it); json: names with the curl driver's options
+# (sslverify=false for a certificate of our own); writes over it.
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img qemu-io nbdcopy nbdsh openssl
+nbdkit curl --version >/dev/null 2>&1 || { echo "$0: no curl plugin: skipped"; exit 77; }
+qemu-img --help | grep -q ' https ' ||
+  { echo "$0: qemu-img has no curl driver (qemu-block-extra): skipped"; exit 77; }
+source "${srcdir:-.}/remote-functions.sh"
+
+mkdir -p "$tmp/web/d"
+base=$tmp/web/d/base.raw
+qemu-img create -q -f raw "$base" 4M
+QIO_FMT=raw qio "$base" 'write -P 0x11 0 1M' 'write -P 0x12 3M 64k'
+mid=$tmp/web/d/mid.qcow2
+qemu-img create -q -f qcow2 -b base.raw -F raw "$mid"
+qio "$mid" 'write -P 0x21 512k 128k' 'write -z 3M 4k'
+http_server "$tmp/web"
+url=http://127.0.0.1:$http_port/d
+
+# top -> mid.qcow2 over HTTP -> base.raw, relative to mid's URL.
+qemu-img create -q -f qcow2 -b "$url/mid.qcow2" -F qcow2 "$tmp/top.qcow2"
+qio "$tmp/top.qcow2" 'write -P 0x31 1020k 8k'
+check_image "$tmp/top.qcow2"
+
+# json: with the curl driver's options.
+qemu-img create -q -f qcow2 -F raw \
+  -b 'json:{"driver":"raw","file":{"driver":"http","url":"'"$url"'/base.raw","readahead":65536,"timeout":20}}' \
+  "$tmp/json.qcow2"
+check_image "$tmp/json.qcow2"
+
+# Writes over the web server, copying on write from it.
+nbdkit -U - qcow2 "$tmp/top.qcow2" --run 'nbdsh -u "$uri" -c "
+h.pwrite(b\"\\x41\" * 5000, 3 * 1024 * 1024 - 1000)
+h.flush()
+"' || fail "writes over a base on a web server"
+qemu-img check -q "$tmp/top.qcow2" || fail "qemu-img check after writes over HTTP"
+qemu-io -f qcow2 -c 'read -P 0x41 3144728 5000' -c 'read -P 0 3149728 96' -c 'read -P 0x12 3149824 4096' \
+  -c 'read -P 0x11 0 512k' "$tmp/top.qcow2" > "$tmp/qio.out" ||
+  { cat "$tmp/qio.out"; fail "qemu-io reads other data after writes over HTTP"; }
+
+# HTTPS with a certificate of our own: refused unless sslverify is off,
+# by QEMU and by us.
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 \
+  -keyout "$tmp/tls.pem" -out "$tmp/cert.pem" 2>/dev/null
+cat "$tmp/cert.pem" >> "$tmp/tls.pem"
+http_server "$tmp/web" "$tmp/tls.pem"
+surl=https://127.0.0.1:$http_port/d
+qemu-img create -q -f qcow2 -F raw \
+  -b 'json:{"driver":"raw","file":{"driver":"https","url":"'"$surl"'/base.raw","sslverify":false}}' \
+  "$tmp/tls.qcow2"
+check_image "$tmp/tls.qcow2"
+qemu-img create -q -f qcow2 -u -b "$surl/base.raw" -F raw "$tmp/verify.qcow2" 4M
+expect_refused "cannot open backing file \"$surl/base.raw\": nbdkit's curl plugin cannot serve it" \
+  qcow2 "$tmp/verify.qcow2"
+grep -Eqi 'certificate|SSL' "$tmp/refused.err" ||
+  fail "the curl plugin's message does not say what TLS refused: $(cat "$tmp/refused.err")"
+! qemu-io -f qcow2 -c 'read 0 4k' "$tmp/verify.qcow2" >/dev/null 2>&1 ||
+  fail "qemu-io read past a certificate nobody signed"
