@@ -6,7 +6,7 @@
 # functions.sh.
 
 servers=()
-trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 
 # free_port: a TCP port nothing listens on now.
 free_port ()
@@ -57,4 +57,36 @@ http_server ()
   servers+=("$!")
   for i in $(seq 100); do [ -s "$tmp/http.port" ] && break; sleep 0.1; done
   http_port=$(cat "$tmp/http.port") || fail "the HTTP server did not start"
+}
+
+# start_sshd: an sshd of our own on 127.0.0.1:$ssh_port (a throwaway
+# host key, stopped at exit) that lets this user in with
+# $tmp/user_key; $tmp/known_hosts knows its host key.
+start_sshd ()
+{
+  local i
+  # sshd refuses to start without its privilege separation folder.
+  [ "$(id -u)" -ne 0 ] || mkdir -p /run/sshd
+  ssh-keygen -q -t ed25519 -N '' -f "$tmp/host_key"
+  ssh-keygen -q -t ed25519 -N '' -f "$tmp/user_key"
+  cp "$tmp/user_key.pub" "$tmp/authorized_keys"
+  ssh_port=$(free_port)
+  cat > "$tmp/sshd_config" <<CONF
+ListenAddress 127.0.0.1
+Port $ssh_port
+HostKey $tmp/host_key
+PidFile $tmp/sshd.pid
+AuthorizedKeysFile $tmp/authorized_keys
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+CONF
+  /usr/sbin/sshd -f "$tmp/sshd_config" -E "$tmp/sshd.log"
+  for i in $(seq 50); do [ -s "$tmp/sshd.pid" ] && break; sleep 0.1; done
+  [ -s "$tmp/sshd.pid" ] || fail "sshd did not start: $(cat "$tmp/sshd.log")"
+  servers+=("$(cat "$tmp/sshd.pid")")
+  echo "[127.0.0.1]:$ssh_port $(cat "$tmp/host_key.pub")" > "$tmp/known_hosts"
 }

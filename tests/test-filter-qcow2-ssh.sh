@@ -17,33 +17,10 @@ if [[ ${SANITIZER_PRELOAD:-} == *asan* ]]; then
   exit 77
 fi
 source "${srcdir:-.}/filter-qcow2-image.sh"
+source "${srcdir:-.}/remote-functions.sh"
+start_sshd
 
-# sshd refuses to start without its privilege separation folder.
-[ "$(id -u)" -ne 0 ] || mkdir -p /run/sshd
-ssh-keygen -q -t ed25519 -N '' -f "$tmp/host_key"
-ssh-keygen -q -t ed25519 -N '' -f "$tmp/user_key"
-cp "$tmp/user_key.pub" "$tmp/authorized_keys"
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-cat > "$tmp/sshd_config" <<CONF
-ListenAddress 127.0.0.1
-Port $port
-HostKey $tmp/host_key
-PidFile $tmp/sshd.pid
-AuthorizedKeysFile $tmp/authorized_keys
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-Subsystem sftp internal-sftp
-CONF
-/usr/sbin/sshd -f "$tmp/sshd_config" -E "$tmp/sshd.log"
-trap 'kill "$(cat "$tmp/sshd.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$tmp"' EXIT
-for i in $(seq 50); do [ -s "$tmp/sshd.pid" ] && break; sleep 0.1; done
-[ -s "$tmp/sshd.pid" ] || fail "sshd did not start: $(cat "$tmp/sshd.log")"
-echo "[127.0.0.1]:$port $(cat "$tmp/host_key.pub")" > "$tmp/known_hosts"
-
-ssh=(ssh host=127.0.0.1 port="$port" user="$(id -un)" identity="$tmp/user_key"
+ssh=(ssh host=127.0.0.1 port="$ssh_port" user="$(id -un)" identity="$tmp/user_key"
      known-hosts="$tmp/known_hosts")
 cp "$img" "$tmp/dir/w.qcow2"
 truncate -s +8M "$tmp/dir/w.qcow2"
