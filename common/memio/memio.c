@@ -26,20 +26,29 @@ memio_of (struct qcow2_io *io)
   return (struct memio *) io;
 }
 
-static int
-memio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+/* Read [offset, offset+count), with m->lock held. */
+static void
+memio_read_locked (struct memio *m, void *buf, size_t count, uint64_t offset)
 {
-  struct memio *m = memio_of (io);
   size_t n = 0;
 
-  pthread_mutex_lock (&m->lock);
-  m->stats.reads++;
   if (offset < m->len) {
     n = m->len - offset < count ? m->len - offset : count;
     memcpy (buf, m->data + offset, n);
   }
-  pthread_mutex_unlock (&m->lock);
   memset ((uint8_t *) buf + n, 0, count - n);
+}
+
+static int
+memio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  struct memio *m = memio_of (io);
+
+  pthread_mutex_lock (&m->lock);
+  m->stats.reads++;
+  m->stats.round_trips += io->ops->pread_many != NULL;
+  memio_read_locked (m, buf, count, offset);
+  pthread_mutex_unlock (&m->lock);
   return 0;
 }
 
@@ -139,6 +148,22 @@ memio_close (struct qcow2_io *io)
   free (m);
 }
 
+/* As remote storage: the reads, all in one round trip. */
+static void
+memio_pread_many (struct qcow2_io *io, struct qcow2_io_read *reads, size_t n)
+{
+  struct memio *m = memio_of (io);
+
+  pthread_mutex_lock (&m->lock);
+  m->stats.round_trips++;
+  m->stats.reads += n;
+  for (size_t i = 0; i < n; i++) {
+    memio_read_locked (m, reads[i].buf, reads[i].count, reads[i].offset);
+    reads[i].r = 0;
+  }
+  pthread_mutex_unlock (&m->lock);
+}
+
 /* No hole callback: everything is data, as in a fully allocated file. */
 static const struct qcow2_io_ops memio_ops = {
   .pread = memio_pread,
@@ -146,6 +171,16 @@ static const struct qcow2_io_ops memio_ops = {
   .flush = memio_flush,
   .punch = memio_punch,
   .size = memio_size,
+  .close = memio_close,
+};
+
+static const struct qcow2_io_ops memio_remote_ops = {
+  .pread = memio_pread,
+  .pwrite = memio_pwrite,
+  .flush = memio_flush,
+  .punch = memio_punch,
+  .size = memio_size,
+  .pread_many = memio_pread_many,
   .close = memio_close,
 };
 
@@ -169,6 +204,16 @@ memio_new (const void *data, size_t len)
   m->refs = 1;
   m->io.ops = &memio_ops;
   return &m->io;
+}
+
+struct qcow2_io *
+memio_new_remote (const void *data, size_t len)
+{
+  struct qcow2_io *io = memio_new (data, len);
+
+  if (io)
+    io->ops = &memio_remote_ops;
+  return io;
 }
 
 struct qcow2_io *

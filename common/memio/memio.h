@@ -18,6 +18,11 @@
  */
 extern struct qcow2_io *memio_new (const void *data, size_t len);
 
+/* The same, with pread_many, as remote storage (where each request
+ * costs a round trip): its reads are counted in round_trips too.
+ */
+extern struct qcow2_io *memio_new_remote (const void *data, size_t len);
+
 /* Take another reference to io (which must come from memio_new). */
 extern struct qcow2_io *memio_ref (struct qcow2_io *io);
 
@@ -27,6 +32,8 @@ extern const void *memio_data (struct qcow2_io *io, size_t *len);
 /* Calls made so far, so tests can check what the engine did. */
 struct memio_stats {
   uint64_t reads, writes, flushes, punches;
+  /* memio_new_remote: calls of pread, and of pread_many. */
+  uint64_t round_trips;
 };
 extern void memio_stats (struct qcow2_io *io, struct memio_stats *stats);
 

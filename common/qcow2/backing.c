@@ -204,6 +204,9 @@ backing_attach (struct qcow2_image *img, struct qcow2_io *io,
   chain[depth + 1] = id;
   img->backing = image_open_layer (img->env, io, path, id, format,
                                    layer_opts, chain, depth + 1);
+  /* Without it (out of memory) reads go on, only slower. */
+  if (img->backing && io->ops->pread_many)
+    img->backing->readahead = readahead_new ();
   if (img->backing)
     return 0;
   /* ENODATA and EMEDIUMTYPE say what the top image is (qcow2.h). */

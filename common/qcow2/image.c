@@ -42,6 +42,7 @@ image_free (struct qcow2_image *img)
   if (img->backing)
     image_free (img->backing);
   pool_destroy (img->pool);
+  readahead_free (img->readahead);
   bitmap_free (img);
   cache_destroy (img->caches.l2);
   cache_destroy (img->caches.refcount);

@@ -278,6 +278,11 @@ struct qcow2_image {
   unsigned io_threads;
   struct io_pool *pool;
 
+  /* A backing layer on remote storage: its read-ahead (read.c), set
+   * at open; else NULL.
+   */
+  struct readahead *readahead;
+
   /* The lock contract.
    *
    * lock guards everything above but the fields said to be atomic
@@ -1011,6 +1016,12 @@ extern int check_run (struct qcow2_image *img, bool fix_leaks,
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                        uint64_t offset)
   TSA_EXCLUDES (img->lock);
+/* The read-ahead of a backing layer on remote storage (its lock taken
+ * with no lock of that layer held).
+ */
+struct readahead;
+extern struct readahead *readahead_new (void);
+extern void readahead_free (struct readahead *ra);
 extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                         uint64_t offset)
   TSA_REQUIRES (img->lock);

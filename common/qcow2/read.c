@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The read path: each mapped run of a request is read from where it
- * lives (data file, backing layer, compressed cluster, or zeros).
+ * lives (data file, backing layer, compressed cluster, or zeros), and
+ * the read-ahead of backing layers on remote storage.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +24,158 @@ read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
   return b && offset < b->size ? MIN (len, b->size - offset) : 0;
 }
 
+/* Read-ahead of a backing layer on remote storage (storage with
+ * pread_many: each request costs a round trip).  A read of the layer
+ * that starts where the last one ended reads READAHEAD_WINDOW more in
+ * the same request, kept in a window that the next sequential reads
+ * are copied from: a guest read sequentially costs one round trip a
+ * window, not one a request.  It is by guest offset, so that it also
+ * works for a qcow2 layer whose clusters lie anywhere in its file.
+ * Backing layers are never written, so a window never goes stale.
+ *
+ * Reads that fall in a window being filled wait for it (a client with
+ * several sequential requests in flight); two windows, so that one
+ * stays readable while the other fills.
+ */
+#define READAHEAD_WINDOW (4u << 20)
+
+enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
+
+struct readahead {
+  pthread_mutex_t lock;         /* guards all below */
+  pthread_cond_t filled;        /* a window stopped filling */
+  uint64_t next;                /* where the last read ended */
+  struct {
+    enum window_state state;
+    uint64_t start, len;
+    uint8_t *buf;
+  } w[2];
+};
+
+struct readahead *
+readahead_new (void)
+{
+  struct readahead *ra = calloc (1, sizeof *ra);
+
+  if (!ra)
+    return NULL;
+  pthread_mutex_init (&ra->lock, NULL);
+  pthread_cond_init (&ra->filled, NULL);
+  return ra;
+}
+
+void
+readahead_free (struct readahead *ra)
+{
+  if (!ra)
+    return;
+  free (ra->w[0].buf);
+  free (ra->w[1].buf);
+  pthread_cond_destroy (&ra->filled);
+  pthread_mutex_destroy (&ra->lock);
+  free (ra);
+}
+
+/* The window holding [offset, end), or -1; with ra->lock held. */
+static int
+readahead_find (struct readahead *ra, uint64_t offset, uint64_t end)
+{
+  for (int i = 0; i < 2; i++)
+    if (ra->w[i].state != WINDOW_EMPTY && offset >= ra->w[i].start &&
+        end <= ra->w[i].start + ra->w[i].len)
+      return i;
+  return -1;
+}
+
+/* [offset, offset+count) copied from a window full of it, if one is. */
+static bool
+readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
+                uint64_t offset)
+{
+  int i;
+
+  pthread_mutex_lock (&ra->lock);
+  i = readahead_find (ra, offset, offset + count);
+  if (i >= 0 && ra->w[i].state == WINDOW_FULL) {
+    memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
+    ra->next = MAX (ra->next, offset + count);
+  }
+  else
+    i = -1;
+  pthread_mutex_unlock (&ra->lock);
+  return i >= 0;
+}
+
+/* Reads up to end were made without the read-ahead. */
+static void
+readahead_note (struct readahead *ra, uint64_t end)
+{
+  pthread_mutex_lock (&ra->lock);
+  ra->next = end;
+  pthread_mutex_unlock (&ra->lock);
+}
+
+static int
+readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
+                uint64_t offset)
+{
+  struct readahead *ra = b->readahead;
+  uint64_t end = offset + count, len;
+  uint8_t *wbuf;
+  bool seq;
+  int i, r;
+
+  pthread_mutex_lock (&ra->lock);
+  while ((i = readahead_find (ra, offset, end)) >= 0 &&
+         ra->w[i].state == WINDOW_FILLING)
+    pthread_cond_wait (&ra->filled, &ra->lock);
+  if (i >= 0) {
+    memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
+    ra->next = MAX (ra->next, end);
+    pthread_mutex_unlock (&ra->lock);
+    return 0;
+  }
+  seq = offset == ra->next;
+  ra->next = end;
+  /* A window to fill: not the one filling, nor a request as large. */
+  i = ra->w[0].state == WINDOW_FILLING ? 1
+      : ra->w[1].state == WINDOW_FILLING ? 0
+      : ra->w[0].start > ra->w[1].start;
+  len = MIN (end + READAHEAD_WINDOW, b->size) - offset;
+  wbuf = seq && count < READAHEAD_WINDOW && ra->w[i].state != WINDOW_FILLING
+         ? malloc (len) : NULL;
+  if (!wbuf) {
+    pthread_mutex_unlock (&ra->lock);
+    return layer_read (b, buf, count, offset);
+  }
+  free (ra->w[i].buf);
+  ra->w[i].buf = wbuf;
+  ra->w[i].start = offset;
+  ra->w[i].len = len;
+  ra->w[i].state = WINDOW_FILLING;
+  pthread_mutex_unlock (&ra->lock);
+
+  r = layer_read (b, wbuf, len, offset);
+  if (r == 0)
+    memcpy (buf, wbuf, count);
+
+  pthread_mutex_lock (&ra->lock);
+  ra->w[i].state = r == 0 ? WINDOW_FULL : WINDOW_EMPTY;
+  pthread_cond_broadcast (&ra->filled);
+  pthread_mutex_unlock (&ra->lock);
+  return r;
+}
+
+/* [offset, offset+count) of the backing layer b, through its
+ * read-ahead if it has one.
+ */
+static int
+read_below (struct qcow2_image *b, uint8_t *buf, uint64_t count,
+            uint64_t offset)
+{
+  return (b->readahead ? readahead_read : layer_read) (b, buf, count, offset);
+}
+
 /* What the backing file shows at guest [offset, offset+count): past
  * its end, or with none, zeros.
  */
@@ -32,17 +186,17 @@ read_backing (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   uint64_t n = read_backing_len (img, offset, count);
   int r;
 
-  if (n > 0 && (r = layer_read (img->backing, buf, n, offset)) < 0)
+  if (n > 0 && (r = read_below (img->backing, buf, n, offset)) < 0)
     return r;
   memset (buf + n, 0, count - n);
   return 0;
 }
 
-/* A piece read from a qcow2 backing layer (arg). */
+/* A piece read from a backing layer (arg). */
 static int
 read_layer_piece (struct pool_piece *piece)
 {
-  return layer_read (piece->arg, piece->buf, piece->len, piece->offset);
+  return read_below (piece->arg, piece->buf, piece->len, piece->offset);
 }
 
 static int
@@ -144,7 +298,9 @@ read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
       };
     }
     else if (runs[i].kind == RUN_UNALLOCATED &&
-             (blen = read_backing_len (img, offset, len)) > 0)
+             (blen = read_backing_len (img, offset, len)) > 0 &&
+             !(b->raw && b->readahead &&
+               readahead_copy (b->readahead, buf, blen, offset)))
       below[(*nb)++] = b->raw
         ? (struct pool_piece) { .io = b->io, .buf = buf, .len = blen,
                                 .offset = offset, .arg = b }
@@ -153,6 +309,13 @@ read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
     buf += len;
     offset += len;
   }
+  /* Of a raw layer that reads ahead, one piece goes through its
+   * read-ahead; several (a fragmented overlay) are read at once.
+   */
+  if (*nb == 1 && b->raw && b->readahead)
+    below[0].fn = read_layer_piece;
+  else if (*nb > 1 && b->raw && b->readahead)
+    readahead_note (b->readahead, below[*nb - 1].offset + below[*nb - 1].len);
   return 0;
 }
 
