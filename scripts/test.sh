@@ -21,6 +21,10 @@ packages=(
   libclang-rt-14-dev
   # the benchmarks (bench/)
   fio
+  # remote backing files: QEMU's nbd, curl and ssh drivers as the
+  # tests' oracle, and the HTTPS test server's certificate
+  qemu-block-extra
+  openssl
 )
 install_missing "${packages[@]}"
 
