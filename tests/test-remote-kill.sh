@@ -15,8 +15,9 @@ source "${srcdir:-.}/remote-functions.sh"
 base=$tmp/base.raw
 qemu-img create -q -f raw "$base" 32M
 QIO_FMT=raw qio "$base" 'write -P 0x11 0 32M'
-# Slow reads, so that the copy is still going when the server dies.
-nbd_server base -r --filter=delay file "$base" delay-read=100ms
+# Slow reads (a second each: the copy, read ahead in windows of 4 MiB,
+# takes several), so that the copy is still going when the server dies.
+nbd_server base -r --filter=delay file "$base" delay-read=1
 ovl=$tmp/ovl.qcow2
 qemu-img create -q -f qcow2 -b "nbd+unix:///?socket=$tmp/base.sock" -F raw "$ovl"
 qio "$ovl" 'write -P 0x22 0 1M'

@@ -86,6 +86,7 @@ struct nbdio {
   pthread_mutex_t lock;
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
+  bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_SUBPROCESS_CONNS];
 
@@ -318,6 +319,7 @@ nbdio_conn_thread (void *arg)
   if (!h) {
     c->state = CONN_FAILED;
     io->failures++;
+    io->lost = true;
     free (io->last_why);
     io->last_why = why;
     pthread_cond_broadcast (&io->changed);
@@ -325,9 +327,10 @@ nbdio_conn_thread (void *arg)
     return NULL;
   }
   nbdio_ready (c, h);
-  pthread_mutex_unlock (&io->lock);
-  if (io->failures)
+  if (io->lost)
     nbdio_say (io, true, "%s: connected again", io->name);
+  io->lost = false;
+  pthread_mutex_unlock (&io->lock);
 
  poll:
   while (!nbd_aio_is_dead (h) && !nbd_aio_is_closed (h) &&
@@ -362,6 +365,7 @@ nbdio_conn_thread (void *arg)
 
   pthread_mutex_lock (&io->lock);
   if (!c->stopping) {
+    io->lost = true;
     if (!timed_out)
       nbdio_say (io, true, "%s: the connection was lost (%s): requests "
                  "waiting on it fail, and the next one connects again",
@@ -457,7 +461,8 @@ nbdio_acquire (struct nbdio *io, char **why)
 
     for (unsigned i = 0; i < io->nconns; i++) {
       struct nbdio_conn *k = &io->conns[i];
-      if (k->state == CONN_READY && k->pid != getpid ())
+      if ((k->state == CONN_READY || k->state == CONN_CONNECTING) &&
+          k->pid != getpid ())
         k->state = CONN_DEAD;           /* the process before a fork */
       if (k->state == CONN_READY &&
           (!best || __atomic_load_n (&k->inflight, __ATOMIC_RELAXED)
