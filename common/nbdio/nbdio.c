@@ -88,7 +88,7 @@ struct nbdio {
   unsigned failures;            /* connecting failed: how many times */
   bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
-  struct nbdio_conn conns[NBDIO_SUBPROCESS_CONNS];
+  struct nbdio_conn conns[NBDIO_MAX_CONNS];
 
   /* The last block status reply: extents from status_start. */
   pthread_mutex_t status_lock;
@@ -279,6 +279,12 @@ nbdio_check_export (struct nbdio *io, struct nbd_handle *h, bool first,
                     ? max & ~(io->block_min - 1) : NBDIO_MAX_REQUEST;
     io->has_status =
       nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+    /* A server may serve each connection's requests a few at a time
+     * (nbdkit: --threads each): where it allows several connections,
+     * more are made as the load needs.
+     */
+    if (io->uri && nbd_can_multi_conn (h) == 1)
+      io->nconns = NBDIO_MAX_CONNS;
   }
   return 0;
 }
@@ -1064,9 +1070,8 @@ nbdio_open (const struct qcow2_remote *remote,
   pthread_mutex_init (&io->status_lock, NULL);
   io->block_min = 1;
   io->block_max = NBDIO_MAX_REQUEST;
-  io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1
-               : NBDIO_SUBPROCESS_CONNS;
-  for (unsigned i = 0; i < NBDIO_SUBPROCESS_CONNS; i++)
+  io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1 : NBDIO_MAX_CONNS;
+  for (unsigned i = 0; i < NBDIO_MAX_CONNS; i++)
     io->conns[i] = (struct nbdio_conn) { .io = io, .fd = -1, .shut_fd = -1,
                                          .wake = { -1, -1 } };
   if (!(io->name = strdup (remote->url)))

@@ -35,12 +35,14 @@ struct nbdio_options {
  * saying what failed and what to do (or NULL).
  *
  * Reads of the storage are all in flight together (pread_many, and
- * requests from several threads): on one connection to an NBD server,
- * on up to NBDIO_SUBPROCESS_CONNS to nbdkit's curl and ssh plugins,
- * which each serve one request at a time.  status reports the
- * server's base:allocation (everything data without it).
+ * requests from several threads), on up to NBDIO_MAX_CONNS
+ * connections, made as the load needs: to nbdkit's curl and ssh
+ * plugins, which each serve one request at a time, and to NBD servers
+ * that allow several (multi-conn: one is enough where a server serves
+ * as many requests at once as it gets).  status reports the server's
+ * base:allocation (everything data without it).
  */
-#define NBDIO_SUBPROCESS_CONNS 4
+#define NBDIO_MAX_CONNS 4
 extern struct qcow2_io *nbdio_open (const struct qcow2_remote *remote,
                                     const struct nbdio_options *opts,
                                     char **why);
