@@ -307,10 +307,49 @@ test_refused (void)
                  "\"nbd://h/x\"");
 }
 
+/* An external data file on remote storage: read-only only. */
+static void
+test_data_file (void)
+{
+  struct memenv *me = memenv_new ();
+  const uint64_t cs = 65536, size = 4 * cs;
+  struct qcow2_options ro = { .readonly = true };
+  uint8_t *data = calloc (1, size);
+  struct qcow2_image *img;
+  struct ib ib;
+
+  ib_init (&ib, 3, 16, size, false);
+  ib.incompat |= UINT64_C (1) << 2;
+  ib.extra_ext_type = 0x44415441;
+  ib.extra_ext_data = "nbd://h/data";
+  ib.extra_ext_len = 12;
+  for (uint64_t j = 0; j < cs; j++)
+    data[cs + j] = model_pattern (false, 5, cs + j);
+  ib_set (&ib, 1, UINT64_C (1) << 63 | cs, 0);
+  model_set (&ib.model, 1, M_DATA, false, 5, 0, 0);
+  ib_finish (&ib);
+  add_file (me, "nbd://h/data", data, size);
+
+  img = open_ib (me, &ib, "/d/df.qcow2", NULL, NULL);
+  CHECK (img == NULL && errno == EROFS);
+  CHECKF (strstr (memenv_last_error (me), "cannot open external data file "
+                  "\"nbd://h/data\" for writing: remote storage is only "
+                  "read"), "message: %s", memenv_last_error (me));
+  img = open_ib (me, &ib, "/d/df.qcow2", &ro, NULL);
+  if (CHECKF (img != NULL, "remote data file: %s", memenv_last_error (me))) {
+    check_reads (img, &ib.model, 0, size, "remote data file");
+    qcow2_close (img);
+  }
+  ib_free (&ib);
+  free (data);
+  memenv_free (me);
+}
+
 int
 main (void)
 {
   test_names ();
+  test_data_file ();
   test_relative ();
   test_raw_window ();
   test_refused ();
