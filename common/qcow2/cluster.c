@@ -204,8 +204,6 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
     if (run->kind == RUN_COMPRESSED)
       break;
   }
-  /* Callers move on by the run: it is never empty nor too long. */
-  assert (run->length > 0 && run->length <= max_len);
   return 0;
 }
 
@@ -275,7 +273,7 @@ cluster_copy_l2 (struct qcow2_image *img, uint64_t old, uint64_t new)
 /* The L1 index of guest offset and the L2 table it points at (0: none),
  * checked to be aligned and inside the file.
  */
-static int
+static inline __attribute__ ((always_inline)) int
 cluster_l2_table (struct qcow2_image *img, uint64_t offset,
                   uint64_t *l1_index, uint64_t *l2_offset)
   TSA_REQUIRES (img->lock)
@@ -283,6 +281,7 @@ cluster_l2_table (struct qcow2_image *img, uint64_t offset,
   uint64_t cs = img->geo.cluster_size;
 
   *l1_index = offset >> (img->geo.cluster_bits + img->geo.l2_bits);
+  *l2_offset = 0;
   if (*l1_index >= img->l1_size)
     return cluster_corrupt (img, "guest offset beyond the L1 table at",
                             offset, offset);
@@ -299,7 +298,7 @@ cluster_l2_table (struct qcow2_image *img, uint64_t offset,
 /* The slice of the L2 table at l2_offset that holds guest offset's
  * entry, and the entry's index in it; zeros if fresh (a new table).
  */
-static int
+static inline __attribute__ ((always_inline)) int
 cluster_l2_get (struct qcow2_image *img, uint64_t l2_offset,
                 uint64_t offset, bool fresh, uint8_t **slice,
                 uint64_t *index)
@@ -322,7 +321,6 @@ cluster_l2_get (struct qcow2_image *img, uint64_t l2_offset,
   if (r < 0)
     return r;
   *index = (in_table & (slice_size - 1)) / img->geo.l2_entry_size;
-  assert (*index < slice_size / img->geo.l2_entry_size);
   return 0;
 }
 
