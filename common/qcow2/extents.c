@@ -98,6 +98,7 @@ extent_walk_file (struct qcow2_image *img, struct qcow2_io *io,
 static int
 extent_walk_data (struct qcow2_image *img, const struct qcow2_run *run,
                   uint64_t offset, struct extent_merger *m)
+  TSA_EXCLUDES (img->lock)
 {
   bool prealloc;
   int r = 0;
@@ -140,6 +141,7 @@ extent_walk_backing (struct qcow2_image *img, uint64_t offset,
 static int
 extent_walk (struct qcow2_image *img, uint64_t offset, uint64_t count,
              struct extent_merger *m)
+  TSA_EXCLUDES (img->lock)
 {
   if (img->raw)
     return extent_walk_file (img, img->io, offset, offset, count, true, m);
