@@ -49,8 +49,10 @@ read_through (uint8_t *p)
   (void) v;
 }
 
+/* Called in the child of a fork made with img.lock held (main). */
 static void
 mark_dirty (uint8_t *p)
+  TSA_REQUIRES (img.lock)
 {
   cache_mark_dirty (&img, img.caches.l2, p);
 }
