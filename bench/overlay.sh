@@ -11,7 +11,12 @@
 #      seqread-1m-qd4 the same, 4 in flight
 #    Servers: overlay (--filter=qcow2 qcow2-overlay=FILE, a new FILE)
 #    and cow (--filter=cow), in a rotated order every round.  Goal:
-#    overlay within 10% of cow (ratio overlay/cow at least 0.9).
+#    overlay within 10% of cow (ratio overlay/cow at least 0.9).  Each
+#    run does a fixed amount of work (SECONDS sets it: 20,000 4 KiB
+#    requests or 400 MiB a second), and nbdkit's CPU time (user +
+#    system, from /proc) per unit of it is shown too: on a loaded
+#    machine the rates vary from run to run, what a request costs
+#    much less.
 # 2. Copy-on-read over slow storage: our latency filter adds 2 ms to
 #    every read of the plugin, under --filter=qcow2 qcow2-overlay=FILE
 #    qcow2-overlay-on-read=true; a first pass over the whole disk, then
@@ -23,7 +28,7 @@
 #    it copies in its temporary file) in the same run, for comparison.
 #
 # Usage: bench/overlay.sh [ROUNDS [SECONDS [SIZE [SIZE2]]]]
-#   (default 5 rounds of 5 s on a 1G disk; part 2, up to 3 rounds, on
+#   (default 5 rounds of 5 s of work on a 1G disk; part 2, up to 3 rounds, on
 #   SIZE2, default 512M; ROUNDS 0: part 2 only, once)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -73,24 +78,37 @@ print("%.1f %d" % ((j["read"]["bw"] + j["write"]["bw"]) / 1024,
                    round(j["read"]["iops"] + j["write"]["iops"])))' "$work/fio.json"
 }
 
-# run CASE: IOPS (4k) or MiB/s (1m) of a timed fio run.
+# cpu_ticks: the CPU time nbdkit used so far, in clock ticks.
+cpu_ticks ()
+{
+  awk '{ print $14 + $15 }' "/proc/$pid/stat"
+}
+
+# run CASE: IOPS (4k) or MiB/s (1m) of a fio run of fixed work, and
+# nbdkit's CPU milliseconds per 1000 requests (4k) or per GiB (1m).
 run ()
 {
-  local args r
+  local args r c0 c1 amount
   case $1 in
     randwrite-4k) args=(--rw=randwrite --bs=4k --iodepth=16) ;;
     randread-4k) args=(--rw=randread --bs=4k --iodepth=16) ;;
     seqread-1m) args=(--rw=read --bs=1M --iodepth=1) ;;
     seqread-1m-qd4) args=(--rw=read --bs=1M --iodepth=4) ;;
   esac
-  r=$(fio_run "${args[@]}" --time_based --runtime="$secs" --ramp_time=1)
-
-  case $1 in *4k) echo "${r#* }" ;; *) echo "${r% *}" ;; esac
+  case $1 in *4k) amount=$(( secs * 20000 * 4 ))k ;; *) amount=$(( secs * 400 ))m ;; esac
+  c0=$(cpu_ticks)
+  r=$(fio_run "${args[@]}" --io_size="$amount")
+  c1=$(cpu_ticks)
+  echo "$r $(( c1 - c0 )) $(getconf CLK_TCK) $secs" | awk -v k="$1" '{
+    ms = $3 * 1000 / $4
+    if (k ~ /4k$/) printf "%d %.1f\n", $2, ms / ($5 * 20)
+    else printf "%.1f %.1f\n", $1, ms / ($5 * 400 / 1024) }'
 }
 
 cases="randwrite-4k randread-4k seqread-1m seqread-1m-qd4"
 servers=(overlay cow)
 : > "$work/results"
+: > "$work/ratios"
 [ "$rounds" -gt 0 ] || cases=
 for r in $(seq "$rounds"); do
   for c in $cases; do
@@ -107,21 +125,33 @@ done
 
 [ -z "$cases" ] ||
   printf '%s\n\n%s\n%s\n' "Part 1: against --filter=cow over the file plugin, $size disk, a fresh overlay each run" \
-    "| case | unit | overlay | cow | overlay/cow |" "|---|---|---|---|---|"
+    "| case | unit | overlay | cow | overlay/cow | CPU unit | overlay CPU | cow CPU | cow/overlay CPU |" \
+    "|---|---|---|---|---|---|---|---|---|"
 for c in $cases; do
   /usr/bin/python3 -c '
 import statistics, sys
 c = sys.argv[1]
 v = {"overlay": [], "cow": []}
+cpu = {"overlay": [], "cow": []}
 for line in open(sys.argv[2]):
-    n, s, x = line.split()
+    n, s, x, y = line.split()
     if n == c:
         v[s].append(float(x))
+        cpu[s].append(float(y))
 o, w = statistics.median(v["overlay"]), statistics.median(v["cow"])
+co, cw = statistics.median(cpu["overlay"]), statistics.median(cpu["cow"])
 unit = "IOPS" if c.endswith("4k") else "MiB/s"
-print(f"| {c} | {unit} | {o:.0f} | {w:.0f} | {o / w:.2f} |")' "$c" "$work/results"
+cunit = "ms/1000 req" if c.endswith("4k") else "ms/GiB"
+print(f"| {c} | {unit} | {o:.0f} | {w:.0f} | {o / w:.2f} | {cunit} | {co:.1f} | {cw:.1f} | {cw / co:.2f} |")
+what = {"randread-4k": "random 4 KiB reads, QD16",
+        "randwrite-4k": "random 4 KiB writes, QD16",
+        "seqread-1m": "sequential 1 MiB reads, QD1",
+        "seqread-1m-qd4": "sequential 1 MiB reads, QD4"}[c]
+with open(sys.argv[3], "a") as f:
+    f.write(f"{what}\tnbdkit cow filter\t{o / w:.3f}\thigher\n")' "$c" "$work/results" \
+    "$work/ratios"
 done
-[ -z "$cases" ] || echo "(medians of $rounds rounds of $secs s; $(nproc) CPUs)"
+[ -z "$cases" ] || echo "(medians of $rounds rounds; $(nproc) CPUs)"
 
 # Part 2: two passes with copy-on-read over 2 ms of latency.
 start_cor ()
@@ -185,12 +215,22 @@ rows = {}
 for line in open(sys.argv[1]):
     how, s, a, b = line.split()
     rows.setdefault(how, {}).setdefault(s, []).append((float(a), float(b)))
+out = open(sys.argv[2], "a")
 for how, sv in rows.items():
-    cells = []
+    cells, med = [], {}
     for s in ("overlay", "cow"):
         a = statistics.median(x for x, _ in sv[s])
         b = statistics.median(y for _, y in sv[s])
+        med[s] = (a, b)
         cells.append("%.3f | %.3f | %.1f" % (a, b, a / b))
     print("| %s | %s |" % (how, " | ".join(cells)))
-' "$work/passes"
+    for i, p in enumerate(("first", "second")):
+        out.write("%s on-read pass, %s\tcow-on-read, its %s pass\t%.3f\tlower\n"
+                  % (p, how, p, med["overlay"][i] / med["cow"][i]))
+' "$work/passes" "$work/ratios"
 echo "(medians of $rounds2 rounds)"
+# The ratios against the cow filter into bench/ratios.tsv and its
+# chart, unless BENCH_UPDATE=0.
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "persistent overlay (bench/overlay.sh)" < "$work/ratios"
