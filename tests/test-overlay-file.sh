@@ -67,6 +67,7 @@ map_check "after writes"
 # it.
 sock=$tmp/sock
 nbdkit -U "$sock" -P "$tmp/pid" --filter=qcow2 file "$base" qcow2-overlay="$ov"
+trap 'kill "$(cat "$tmp/pid")" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 wait_socket "$sock" "$(cat "$tmp/pid")" || fail "nbdkit did not start"
 nbdinfo --size "nbd+unix:///?socket=$sock" > /dev/null || fail "not served"
 qemu-img info "$ov" > "$tmp/lock.out" 2>&1 && fail "QEMU did not see FILE in use"
@@ -80,6 +81,7 @@ qemu-io -f raw -c 'write 0 512' "$base" > "$tmp/lock.out" 2>&1 &&
 grep -q "lock" "$tmp/lock.out" || fail "base: $(cat "$tmp/lock.out")"
 kill "$(cat "$tmp/pid")"
 for i in $(seq 50); do kill -0 "$(cat "$tmp/pid")" 2>/dev/null || break; sleep 0.1; done
+trap 'rm -rf "$tmp"' EXIT
 
 # The man page's rebase gives FILE its backing name: FILE alone reads
 # as what was served.
@@ -102,6 +104,21 @@ qemu-img compare -f qcow2 -F raw "$ov2" "$tmp/served.raw" ||
 nbdkit -U - qcow2 "$ov2" --run 'nbdcopy "$uri" '"$tmp/plugin.raw" ||
   fail "nbdkit qcow2 FILE"
 cmp "$tmp/served.raw" "$tmp/plugin.raw" || fail "nbdkit qcow2 FILE differs"
+
+# A new FILE preallocated (extended L2: the clusters mapped, their
+# subclusters not, so the plugin's disk shows through), as qemu-img
+# allows it over a backing file; without extended L2, refused.
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/prealloc.qcow2" \
+  preallocation=falloc extended-l2=on --run 'nbdcopy "$uri" '"$tmp/prealloc.raw" ||
+  fail "preallocation=falloc extended-l2=on"
+cmp "$tmp/prealloc.raw" "$base" || fail "a preallocated FILE hides the disk"
+qemu-img check -q "$tmp/prealloc.qcow2" || fail "qemu-img check of a preallocated FILE"
+[ "$(du -k "$tmp/prealloc.qcow2" | cut -f1)" -ge 8192 ] ||
+  fail "preallocation=falloc gave FILE no space"
+expect_refused "preallocation= needs extended-l2=on" \
+  --filter=qcow2 file "$base" qcow2-overlay="$tmp/refused.qcow2" \
+  preallocation=metadata
+[ ! -e "$tmp/refused.qcow2" ] || fail "a refused FILE was made"
 
 # -r: FILE served as it is, not changed.
 sha256sum "$ov2" > "$tmp/ov2.sum"

@@ -82,6 +82,16 @@ overlay_config_complete (bool create, bool chain)
     nbdkit_error ("qcow2-overlay=%s cannot go with %s", overlay_file, clash);
     return -1;
   }
+  /* As qemu-img: a cluster preallocated whole would hide the disk
+   * below; with extended L2 its subclusters stay unallocated.
+   */
+  if (glue.create.opts.preallocation != QCOW2_PREALLOC_OFF &&
+      !glue.create.opts.extended_l2) {
+    nbdkit_error ("qcow2-overlay=%s: preallocation= needs extended-l2=on "
+                  "(a cluster preallocated whole would hide the plugin's "
+                  "disk there)", overlay_file);
+    return -1;
+  }
   if (overlay_on_read && (glue.engine.readonly || glue_server_readonly ())) {
     nbdkit_error ("qcow2-overlay-on-read=true writes what is read into %s: "
                   "not with nbdkit -r", overlay_file);
@@ -244,6 +254,15 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   if (glue_opened (*image, overlay_file, readonly, NULL) == -1 ||
       (glue.repair_leaks && glue_repair (*image, overlay_file) == -1))
     return -1;
+  /* A new FILE's preallocation= (extended L2: the disk shows through). */
+  if (made != MADE_NOTHING &&
+      glue.create.opts.preallocation != QCOW2_PREALLOC_OFF &&
+      qcow2_preallocate (*image, glue.create.opts.preallocation) < 0) {
+    qcow2_close (*image);
+    *image = NULL;
+    overlay_undo (made);
+    return -1;
+  }
   nbdkit_debug ("qcow2-overlay: %s over the plugin's disk (%" PRId64
                 " bytes)%s", overlay_file, size,
                 overlay_on_read ? ", copying what is read" : "");

@@ -490,7 +490,8 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   /* Checked before anything is written: the export of a plugin has no
    * way to give space without writing it.
    */
-  if (glue.create.opts.preallocation == QCOW2_PREALLOC_FALLOC) {
+  if (glue.create.opts.preallocation == QCOW2_PREALLOC_FALLOC &&
+      !overlay_active ()) {
     nbdkit_error ("preallocation=falloc: a plugin's export cannot allocate "
                   "space without writing it (preallocation=full can)");
     return -1;
