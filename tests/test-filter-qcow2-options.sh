@@ -123,3 +123,7 @@ refused '^nbdkit: error: create=true: memory export is 1048576 bytes, and the im
   --filter=qcow2 memory 1M create=true virtual-size=100T
 refused '^nbdkit: error: create=true: memory export is 10485760 bytes, and the image.s metadata with its data preallocated needs [0-9]+' \
   --filter=qcow2 memory 10M create=true virtual-size=64M preallocation=metadata
+# A password with create=true but no encryption asked, as qemu-img
+# refuses it: the image made would not be encrypted.
+refused '^nbdkit: error: qcow2-password= with create=true needs encrypt-format=luks' \
+  --filter=qcow2 memory 64M create=true virtual-size=32M qcow2-password=secret

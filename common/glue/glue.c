@@ -622,6 +622,18 @@ glue_differs_flag (char *buf, size_t size, bool given, bool have, bool want,
 }
 
 int
+glue_create_check_password (const char *when)
+{
+  if (!glue_password () || glue.create.opts.luks)
+    return 0;
+  nbdkit_error ("%s= with create=%s needs encrypt-format=luks: without it "
+                "the image made is not encrypted",
+                glue_env.password_key ? glue_env.password_key : "password",
+                when);
+  return -1;
+}
+
+int
 glue_create_compare (struct qcow2_image *img, const char *name)
 {
   const struct glue_create *c = &glue.create;

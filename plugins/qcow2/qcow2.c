@@ -171,15 +171,10 @@ plugin_config_complete (void)
     nbdkit_error ("create=true needs size= (or backing= to take its size)");
     return -1;
   }
-  /* qemu-img refuses it too ("Parameter 'encrypt.format' is missing"):
-   * the password of an image made unencrypted would protect nothing.
-   */
-  if (create != CREATE_NO && glue_password () && !glue.create.opts.luks) {
-    nbdkit_error ("password= with create=%s needs encrypt-format=luks: "
-                  "without it the image made is not encrypted",
-                  create == CREATE_YES ? "true" : "if-missing");
+  if (create != CREATE_NO &&
+      glue_create_check_password (create == CREATE_YES ? "true"
+                                  : "if-missing") == -1)
     return -1;
-  }
   if (create != CREATE_NO && glue.create.opts.backing_format &&
       !create_backing) {
     nbdkit_error ("backing-fmt= names the format of backing=FILE, which "
