@@ -24,10 +24,21 @@ qio "$mid" 'write -P 0x21 512k 128k' 'write -z 3M 4k'
 http_server "$tmp/web"
 url=http://127.0.0.1:$http_port/d
 
-# top -> mid.qcow2 over HTTP -> base.raw, relative to mid's URL.
+# top -> mid.qcow2 over HTTP -> base.raw, relative to mid's URL, as
+# QEMU resolves it.  QEMU 7.2 reading data through two of its curl
+# nodes at once stops for ever now and then (not with one, nor mapping),
+# so its reading of the same chain from the local files is the
+# reference for the bytes; its map over HTTP for the extents.
 qemu-img create -q -f qcow2 -b "$url/mid.qcow2" -F qcow2 "$tmp/top.qcow2"
 qio "$tmp/top.qcow2" 'write -P 0x31 1020k 8k'
-check_image "$tmp/top.qcow2"
+qemu-img info --backing-chain "$tmp/top.qcow2" | grep -q "actual path: $url/base.raw" ||
+  fail "qemu-img resolves mid.qcow2's backing file otherwise"
+local_chain='json:{"driver":"qcow2","file":{"driver":"file","filename":"'"$tmp/top.qcow2"'"},"backing":{"driver":"qcow2","file":{"driver":"file","filename":"'"$mid"'"}}}'
+qemu-img convert -O raw "$local_chain" "$tmp/top-ref.raw"
+timeout 60 nbdkit -U - -r qcow2 "$tmp/top.qcow2" \
+  --run 'nbdcopy "$uri" '"$tmp"'/top-out.raw' || fail "reading top over HTTP"
+cmp "$tmp/top-ref.raw" "$tmp/top-out.raw" || fail "top over HTTP reads other data"
+check_map "$tmp/top.qcow2"
 
 # json: with the curl driver's options.
 qemu-img create -q -f qcow2 -F raw \
@@ -41,8 +52,9 @@ h.pwrite(b\"\\x41\" * 5000, 3 * 1024 * 1024 - 1000)
 h.flush()
 "' || fail "writes over a base on a web server"
 qemu-img check -q "$tmp/top.qcow2" || fail "qemu-img check after writes over HTTP"
-qemu-io -f qcow2 -c 'read -P 0x41 3144728 5000' -c 'read -P 0 3149728 96' -c 'read -P 0x12 3149824 4096' \
-  -c 'read -P 0x11 0 512k' "$tmp/top.qcow2" > "$tmp/qio.out" ||
+qemu-io -r -c 'read -P 0x41 3144728 5000' -c 'read -P 0 3149728 96' \
+  -c 'read -P 0x12 3149824 4096' -c 'read -P 0x11 0 512k' "$local_chain" \
+  > "$tmp/qio.out" ||
   { cat "$tmp/qio.out"; fail "qemu-io reads other data after writes over HTTP"; }
 
 # HTTPS with a certificate of our own: refused unless sslverify is off,
