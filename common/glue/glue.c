@@ -922,6 +922,8 @@ glue_dump_plugin (void)
   printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
+  printf ("qcow2_remote_backing=nbd,nbds,nbd+unix,nbds+unix,http,https,"
+          "ssh,json\n");
 }
 
 /* Leaked clusters (a crash leaves some) are reclaimed, and a dirty

@@ -508,8 +508,9 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
 
 #define qcow2_filter_config_help \
   "backing=none                    Serve the image without its backing file.\n" \
-  "backing=<FILE>                  The image's backing file (repeat for the\n" \
-  "                                chain below it; backing=none ends it).\n" \
+  "backing=<NAME>                  The image's backing file, a file or a URL\n" \
+  "                                (repeat for the chain below it;\n" \
+  "                                backing=none ends it).\n" \
   "backing-dir=<DIR>               Where relative backing file names are\n" \
   "                                (default: the folder of the file the\n" \
   "                                plugin serves, else the current directory).\n" \
