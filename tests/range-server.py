@@ -2,16 +2,23 @@
 """A local HTTP server for tests: serves DIR on 127.0.0.1 (a free port,
 written to PORTFILE) and answers Range requests, which Python's own
 http.server does not; HTTPS with the certificate and key in PEMFILE.
+RANGE_SERVER_DELAY=SECONDS waits that long before each answer (a slow
+network, for bench/remote.sh).
 Usage: range-server.py DIR PORTFILE [PEMFILE]"""
 import http.server
 import os
 import re
 import ssl
 import sys
+import time
+
+DELAY = float(os.environ.get("RANGE_SERVER_DELAY", "0"))
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
     def send_head(self):
+        if DELAY:
+            time.sleep(DELAY)
         path = self.translate_path(self.path)
         m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         if not m or not os.path.isfile(path):

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Backing files on remote storage: a qcow2 overlay (empty, a local
+# file) over a base served over NBD by nbdkit's file plugin with 2 ms on
+# every read (nbdkit's delay filter), read with fio's nbd engine from
+#   ours      our plugin serving the overlay (the base through libnbd)
+#   qemu-nbd  qemu-nbd serving the same overlay (its nbd driver)
+#   direct    the raw base itself, the same client: the limit
+# in interleaved rounds.  Cases:
+#   seq-1m      sequential 1 MiB reads, QD1, of the overlay over a 1 GiB
+#               raw base
+#   rand-4k     random 4 KiB reads, QD16, of the same
+#   frag-1m     sequential 1 MiB reads, QD1, of an overlay over a 1 GiB
+#               qcow2 base whose 64 KiB clusters were written in random
+#               order (16 pieces in its file a read); direct: the raw
+#               base with the same data (one request a read)
+#   http-1m     sequential 1 MiB reads, QD1, of an overlay over the raw
+#               base on a web server (tests/range-server.py, 2 ms before
+#               each answer): ours through nbdkit's curl plugin,
+#               qemu-nbd through its curl driver, direct through
+#               "nbdkit curl" alone
+# Usage: bench/remote.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
+# REMOTE_CASES="rand-4k ..." runs only those)
+# Prints MiB/s or IOPS per server (medians) and the ratios, which go into
+# bench/ratios.tsv and its chart unless BENCH_UPDATE=0.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+export PATH=$top:/usr/bin:$PATH
+rounds=${1:-3} secs=${2:-10}
+work=$(mktemp -d /var/tmp/remote-bench.XXXXXX)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+
+# The images: the fragmented qcow2 base, and a raw base of its data.
+"$top/bench/mkimage.sh" layout random 1G "$work/frag.qcow2" >/dev/null
+qemu-img convert -O raw "$work/frag.qcow2" "$work/base.raw"
+
+# serve NAME ARGS...: nbdkit on $work/NAME.sock.
+serve ()
+{
+  local name=$1; shift
+  nbdkit -U "$work/$name.sock" -P "$work/$name.pid" "$@"
+  for i in $(seq 100); do [ -S "$work/$name.sock" ] && break; sleep 0.1; done
+  pids+=("$(cat "$work/$name.pid")")
+}
+serve raw -r --filter=delay file "$work/base.raw" delay-read=2ms
+serve frag -r --filter=delay file "$work/frag.qcow2" delay-read=2ms
+mkdir "$work/web"
+ln -s "$work/base.raw" "$work/web/base.raw"
+RANGE_SERVER_DELAY=0.002 /usr/bin/python3 "$top/tests/range-server.py" \
+  "$work/web" "$work/http.port" &
+pids+=("$!")
+for i in $(seq 100); do [ -s "$work/http.port" ] && break; sleep 0.1; done
+url=http://127.0.0.1:$(cat "$work/http.port")/base.raw
+
+qemu-img create -q -f qcow2 -F raw -b "nbd+unix:///?socket=$work/raw.sock" \
+  "$work/ovl-raw.qcow2"
+qemu-img create -q -f qcow2 -F qcow2 -b "nbd+unix:///?socket=$work/frag.sock" \
+  "$work/ovl-frag.qcow2"
+qemu-img create -q -f qcow2 -F raw -b "$url" "$work/ovl-http.qcow2"
+
+# fio_run URI RW BS DEPTH: MiB/s (bs 1m) or IOPS (4k), one number.
+fio_run ()
+{
+  fio --name=r --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" \
+      --iodepth="$4" --time_based --runtime="$secs" --ramp_time=1 \
+      --output-format=json 2>/dev/null |
+    /usr/bin/python3 -c '
+import json, sys
+out = sys.stdin.read()   # JSON after a line saying "connected"
+r = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+print("%.1f" % (r["bw"] / 1024 if sys.argv[1] == "1m" else r["iops"]))' "$3"
+}
+
+# one CASE SERVER: start the server, measure, stop it.
+one ()
+{
+  local case=$1 server=$2 ovl rw=read bs=1m depth=1 uri
+  case $case in
+    seq-1m) ovl=ovl-raw ;;
+    rand-4k) ovl=ovl-raw rw=randread bs=4k depth=16 ;;
+    frag-1m) ovl=ovl-frag ;;
+    http-1m) ovl=ovl-http ;;
+  esac
+  rm -f "$work/s.sock"
+  case $server in
+    ours)
+      nbdkit -U "$work/s.sock" -P "$work/s.pid" -r qcow2 "$work/$ovl.qcow2" ;;
+    qemu-nbd)
+      qemu-nbd -r -t -f qcow2 -k "$work/s.sock" --pid-file="$work/s.pid" \
+        "$work/$ovl.qcow2" & ;;
+    direct)
+      if [ "$case" = http-1m ]; then
+        nbdkit -U "$work/s.sock" -P "$work/s.pid" -r curl "$url"
+      else
+        ln -s "$work/raw.sock" "$work/s.sock"
+        echo > "$work/s.pid"
+      fi ;;
+  esac
+  for i in $(seq 100); do [ -S "$work/s.sock" ] && [ -s "$work/s.pid" ] && break; sleep 0.1; done
+  uri="nbd+unix:///?socket=$work/s.sock"
+  fio_run "$uri" "$rw" "$bs" "$depth"
+  [ "$server" = direct ] && [ "$case" != http-1m ] ||
+    { kill "$(cat "$work/s.pid")"; while kill -0 "$(cat "$work/s.pid")" 2>/dev/null; do sleep 0.1; done; }
+  rm -f "$work/s.sock" "$work/s.pid"
+}
+
+declare -A res
+cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m}
+servers="ours qemu-nbd direct"
+for r in $(seq "$rounds"); do
+  for c in $cases; do
+    for s in $servers; do
+      res[$c,$s]+="$(one "$c" "$s") "
+    done
+  done
+done
+
+median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+echo "$rounds rounds of $secs s; MiB/s (1m cases) or IOPS (rand-4k), medians"
+echo "| case | ours | qemu-nbd | direct | ours/qemu-nbd | ours/direct |"
+echo "|---|---|---|---|---|---|"
+for c in $cases; do
+  o=$(median "${res[$c,ours]}") q=$(median "${res[$c,qemu-nbd]}")
+  d=$(median "${res[$c,direct]}")
+  printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$c" "$o" "$q" "$d" \
+    "$(echo "$o / $q" | bc -l)" "$(echo "$o / $d" | bc -l)"
+done
+[ "${BENCH_UPDATE:-1}" = 0 ] || {
+  for c in $cases; do
+    o=$(median "${res[$c,ours]}") q=$(median "${res[$c,qemu-nbd]}")
+    d=$(median "${res[$c,direct]}")
+    printf '%s\tqemu-nbd\t%.3f\thigher\n' "$c" "$(echo "$o / $q" | bc -l)"
+    printf '%s\tthe base read directly\t%.3f\thigher\n' "$c" \
+      "$(echo "$o / $d" | bc -l)"
+  done | /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "remote backing files, 2 ms a read (bench/remote.sh)"
+}
+echo "all rounds:"
+for c in $cases; do
+  for s in $servers; do echo "$c $s: ${res[$c,$s]}"; done
+done
