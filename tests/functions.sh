@@ -12,13 +12,35 @@ export PATH="${abs_top_builddir:+$abs_top_builddir:}/usr/bin:$PATH"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/qcow2-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+# Killed by the suite's time limit (bounded) or by hand: still run the
+# EXIT trap, which stops the servers the test started.
+trap 'exit 143' TERM INT
+
+# QEMU's tools, bounded too (QEMU_TIMEOUT seconds, default 300): a hang
+# in the oracle fails the test, it does not hold the suite.  QEMU 7.2's
+# curl driver can hang for good (ppoll with no timeout) reading from a
+# web server; the tests that read through it set QEMU_HANG_RETRIES to
+# run such a command again rather than fail on the oracle's bug.
+_qemu_bounded ()
+{
+  local try r
+  for try in $(seq $((1 + ${QEMU_HANG_RETRIES:-0}))); do
+    r=0
+    timeout -k 5 "${QEMU_TIMEOUT:-300}" "$@" || r=$?
+    [ "$r" -eq 124 ] || return "$r"
+    echo "$0: timed out (try $try): $*" >&2
+  done
+  return 124
+}
+qemu-img () { _qemu_bounded qemu-img "$@"; }
+qemu-io () { _qemu_bounded qemu-io "$@"; }
 
 # requires CMD...: skip the test (exit 77) if a command is missing.
 requires ()
 {
   local c
   for c in "$@"; do
-    if ! command -v "$c" >/dev/null 2>&1; then
+    if ! type -P "$c" >/dev/null 2>&1; then
       echo "$0: test skipped: $c not found"
       exit 77
     fi

@@ -16,6 +16,18 @@ DELAY = float(os.environ.get("RANGE_SERVER_DELAY", "0"))
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
+    # A client that stops talking frees its thread.
+    timeout = 60
+    tls = None
+
+    def setup(self):
+        # The TLS handshake in the connection's own thread: done in
+        # accept(), as a wrapped listening socket does it, one client
+        # stalled or refusing the certificate held up every other one.
+        if self.tls:
+            self.request = self.tls.wrap_socket(self.request, server_side=True)
+        super().setup()
+
     def send_head(self):
         if DELAY:
             time.sleep(DELAY)
@@ -58,9 +70,8 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 os.chdir(sys.argv[1])
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 if len(sys.argv) > 3:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(sys.argv[3])
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    Handler.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    Handler.tls.load_cert_chain(sys.argv[3])
 with open(sys.argv[2] + ".tmp", "w") as f:
     f.write(str(server.server_address[1]))
 os.rename(sys.argv[2] + ".tmp", sys.argv[2])

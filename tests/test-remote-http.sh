@@ -13,6 +13,10 @@ nbdkit curl --version >/dev/null 2>&1 || { echo "$0: no curl plugin: skipped"; e
 qemu-img --help | grep -q ' https ' ||
   { echo "$0: qemu-img has no curl driver (qemu-block-extra): skipped"; exit 77; }
 source "${srcdir:-.}/remote-functions.sh"
+# The oracle's own hang (functions.sh): a read through QEMU's curl
+# driver that has not ended in two minutes is run again, twice at most.
+QEMU_TIMEOUT=120
+QEMU_HANG_RETRIES=2
 
 mkdir -p "$tmp/web/d"
 base=$tmp/web/d/base.raw
