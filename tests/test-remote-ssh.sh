@@ -11,11 +11,6 @@ requires qemu-img qemu-io nbdcopy ssh-keygen ssh-agent ssh-add /usr/sbin/sshd
 nbdkit ssh --version >/dev/null 2>&1 || { echo "$0: no ssh plugin: skipped"; exit 77; }
 qemu-img --help | grep -q ' ssh ' ||
   { echo "$0: qemu-img has no ssh driver (qemu-block-extra): skipped"; exit 77; }
-# See test-filter-qcow2-ssh.sh: nbdkit's ssh plugin hangs at exit there.
-if [[ ${SANITIZER_PRELOAD:-} == *asan* ]]; then
-  echo "$0: skipped under ASan (nbdkit's ssh plugin hangs at exit there)"
-  exit 77
-fi
 source "${srcdir:-.}/remote-functions.sh"
 start_sshd
 eval "$(ssh-agent -s -a "$tmp/agent.sock")" > /dev/null
