@@ -193,8 +193,6 @@ assert count() == 2
 '
 export failing
 : > "$count"
-# Not -v: under the sanitizer preload, nbdkit 1.32 with -v hangs at exit
-# after an error reply, with or without this filter.
 timeout -k 10 60 nbdkit -U - --filter=flush-coalesce "${eval_plugin[@]}" \
   flush="$clean"'sleep 0.5; printf x >> "$count"; if [ -e "$fail" ]; then echo "EIO injected" >&2; exit 1; fi' \
   --run 'export uri; nbdsh -u "$uri" -c "$failing"' 2> "$tmp/err" || {
