@@ -235,8 +235,7 @@ image_set_copy_on_read (struct qcow2_image *img)
  * state it sets up is the lock's to guard.
  */
 static int
-image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
-                  const char **chain, unsigned depth)
+image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts)
   TSA_REQUIRES (img->lock)
 {
   int r;
@@ -286,11 +285,6 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts,
   if (img->writable && (r = bitmap_open (img)) < 0)
     return r;
   image_describe (img, opts);
-  if (opts->backing_io)
-    return 0;                   /* qcow2_open attaches it */
-  if (opts->backing_chain_len > 0
-      || (!opts->no_backing && img->h.backing_file))
-    return backing_open (img, opts, chain, depth);
   return 0;
 }
 
@@ -355,8 +349,16 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     goto err;
   }
   image_lock (img);
-  r = image_open_qcow2 (img, opts, chain, depth);
+  r = image_open_qcow2 (img, opts);
   image_unlock (img);
+  /* The backing file opened with this layer's lock dropped (nothing
+   * else can take it yet), so that opening a chain holds one lock at a
+   * time, however deep (ThreadSanitizer counts at most 64).
+   */
+  if (r == 0 && !opts->backing_io &&    /* qcow2_open attaches that */
+      (opts->backing_chain_len > 0 ||
+       (!opts->no_backing && img->h.backing_file)))
+    r = backing_open (img, opts, chain, depth);
   if (r < 0)
     goto err;
   return img;
