@@ -120,22 +120,18 @@ median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((
 echo "$rounds rounds of $secs s; MiB/s (1m cases) or IOPS (rand-4k), medians"
 echo "| case | ours | qemu-nbd | direct | ours/qemu-nbd | ours/direct |"
 echo "|---|---|---|---|---|---|"
+: > "$work/ratios"
 for c in $cases; do
   o=$(median "${res[$c,ours]}") q=$(median "${res[$c,qemu-nbd]}")
   d=$(median "${res[$c,direct]}")
-  printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$c" "$o" "$q" "$d" \
-    "$(echo "$o / $q" | bc -l)" "$(echo "$o / $d" | bc -l)"
+  oq=$(echo "$o / $q" | bc -l) od=$(echo "$o / $d" | bc -l)
+  printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$c" "$o" "$q" "$d" "$oq" "$od"
+  printf '%s\tqemu-nbd\t%.3f\thigher\n' "$c" "$oq" >> "$work/ratios"
+  printf '%s\tthe base read directly\t%.3f\thigher\n' "$c" "$od" >> "$work/ratios"
 done
-[ "${BENCH_UPDATE:-1}" = 0 ] || {
-  for c in $cases; do
-    o=$(median "${res[$c,ours]}") q=$(median "${res[$c,qemu-nbd]}")
-    d=$(median "${res[$c,direct]}")
-    printf '%s\tqemu-nbd\t%.3f\thigher\n' "$c" "$(echo "$o / $q" | bc -l)"
-    printf '%s\tthe base read directly\t%.3f\thigher\n' "$c" \
-      "$(echo "$o / $d" | bc -l)"
-  done | /usr/bin/python3 "$top/bench/report.py" --ratios \
-    "remote backing files, 2 ms a read (bench/remote.sh)"
-}
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "remote backing files, 2 ms a read (bench/remote.sh)" < "$work/ratios"
 echo "all rounds:"
 for c in $cases; do
   for s in $servers; do echo "$c $s: ${res[$c,$s]}"; done
