@@ -271,6 +271,28 @@ fileio_pread_blocks (struct fileio *f, uint8_t *buf, size_t count,
   return 0;
 }
 
+/* The next piece of a transfer through the bounce buffer: the whole
+ * blocks [lo, lo+span) that hold the piece's n bytes at offset, which
+ * start head bytes into them.
+ */
+struct fileio_piece {
+  uint64_t lo;
+  size_t head, n, span;
+};
+
+static struct fileio_piece
+fileio_next_piece (const struct fileio *f, uint64_t offset, size_t left,
+                   size_t bsize)
+{
+  struct fileio_piece p;
+
+  p.lo = offset & ~(uint64_t) (f->align - 1);
+  p.head = offset - p.lo;
+  p.n = MIN (left, bsize - p.head);
+  p.span = (p.head + p.n + f->align - 1) & ~(f->align - 1);
+  return p;
+}
+
 static int
 fileio_direct_preadv (struct qcow2_io *io, const struct iovec *iov, int cnt,
                       uint64_t offset)
@@ -287,16 +309,14 @@ fileio_direct_preadv (struct qcow2_io *io, const struct iovec *iov, int cnt,
   if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
   while (pos < count) {
-    uint64_t lo = (offset + pos) & ~(uint64_t) (f->align - 1);
-    size_t head = offset + pos - lo;
-    size_t n = MIN (count - pos, bsize - head);
-    size_t span = (head + n + f->align - 1) & ~(f->align - 1);
-    int r = fileio_pread_blocks (f, bounce, span, lo);
+    struct fileio_piece p = fileio_next_piece (f, offset + pos, count - pos,
+                                               bsize);
+    int r = fileio_pread_blocks (f, bounce, p.span, p.lo);
 
     if (r < 0)
       return r;
-    fileio_iov_copy (iov, cnt, pos, bounce + head, n, true);
-    pos += n;
+    fileio_iov_copy (iov, cnt, pos, bounce + p.head, p.n, true);
+    pos += p.n;
   }
   return 0;
 }
@@ -377,28 +397,26 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
   if (!(bounce = fileio_bounce (count + 2 * f->align, &bsize)))
     return -ENOMEM;
   while (pos < count) {
-    uint64_t lo = (offset + pos) & ~(uint64_t) (f->align - 1);
-    size_t head = offset + pos - lo;
-    size_t n = MIN (count - pos, bsize - head);
-    size_t span = (head + n + f->align - 1) & ~(f->align - 1);
-    uint64_t last = lo + span - f->align;
-    bool part_head = head > 0, part_tail = (head + n) & (f->align - 1);
+    struct fileio_piece p = fileio_next_piece (f, offset + pos, count - pos,
+                                               bsize);
+    uint64_t last = p.lo + p.span - f->align;
+    bool part_head = p.head > 0, part_tail = (p.head + p.n) & (f->align - 1);
     struct fileio_range w;
     int r = 0;
 
-    fileio_range_begin (f, &w, lo, span, part_head || part_tail);
+    fileio_range_begin (f, &w, p.lo, p.span, part_head || part_tail);
     if (part_head)
-      r = fileio_pread_blocks (f, bounce, f->align, lo);
-    if (r == 0 && part_tail && !(part_head && last == lo))
-      r = fileio_pread_blocks (f, bounce + span - f->align, f->align, last);
+      r = fileio_pread_blocks (f, bounce, f->align, p.lo);
+    if (r == 0 && part_tail && !(part_head && last == p.lo))
+      r = fileio_pread_blocks (f, bounce + p.span - f->align, f->align, last);
     if (r == 0) {
-      fileio_iov_copy (iov, cnt, pos, bounce + head, n, false);
-      r = fileio_pwrite_fd (f->fd, bounce, span, lo);
+      fileio_iov_copy (iov, cnt, pos, bounce + p.head, p.n, false);
+      r = fileio_pwrite_fd (f->fd, bounce, p.span, p.lo);
     }
     fileio_range_end (f, &w);
     if (r < 0)
       return r;
-    pos += n;
+    pos += p.n;
   }
   return 0;
 }
