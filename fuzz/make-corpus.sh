@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Regenerate the seed corpus in fuzz/corpus/ with qemu-img and qemu-io:
 # small valid images of each kind the engine reads, each followed by
 # the harness's 8-byte control word (see fuzz-qcow2.c).  Not run by CI;

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Opening and closing images and backing layers; the engine's entry
- * points that take the image lock.
+/* Opening and closing images and backing layers, and the public entry
+ * points with no file of their own (read, extents, check, the image's
+ * properties).  The others (qcow2.h) live with their concern: write.c,
+ * zero.c, flush.c, fill.c, snapshot.c, create.c, ...
  */
 #include <errno.h>
 #include <inttypes.h>
