@@ -216,7 +216,9 @@ nbdio_connect (struct nbdio_conn *c, char **why)
     *why = nbdio_connect_error (io);
     return NULL;
   }
-  /* Reads are checked: the buffers need not be zeroed first. */
+  /* Reads are checked (every byte accounted for: see nbdio_chunk):
+   * the buffers need not be zeroed first.
+   */
   if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
       nbd_set_pread_initialize (h, false) == -1)
     goto fail;
@@ -550,7 +552,87 @@ struct nbdio_cmd {
   int err;
   uint32_t *ext;                /* block status: malloc'd pairs */
   size_t next;
+  /* A read: what the server's chunks delivered, as sorted disjoint
+   * runs relative to offset (one run, for a server sending in order),
+   * or why they were wrong (a chunk outside the request, or over
+   * another).  libnbd 1.14 reports success for a reply that covers
+   * only part of the range: it is complete only if the runs are
+   * exactly [0, len).
+   */
+  bool is_read;
+  const char *bad;
+  struct nbdio_run { uint32_t start, end; } *runs;
+  size_t nruns, runs_max;
+  uint64_t delivered;
 };
+
+/* Chunk [start, end) of cmd's range delivered: false if it is over one
+ * delivered before (or no memory to remember it).
+ */
+static bool
+nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
+{
+  struct nbdio_run *r;
+  size_t i = cmd->nruns;
+
+  /* From the end: chunks come in order, mostly. */
+  while (i > 0 && cmd->runs[i - 1].end > start)
+    i--;
+  if (i < cmd->nruns && cmd->runs[i].start < end)
+    return false;
+  if (i > 0 && cmd->runs[i - 1].end == start) {
+    cmd->runs[i - 1].end = end;
+    if (i < cmd->nruns && cmd->runs[i].start == end) {
+      cmd->runs[i - 1].end = cmd->runs[i].end;
+      memmove (&cmd->runs[i], &cmd->runs[i + 1],
+               (cmd->nruns - i - 1) * sizeof *cmd->runs);
+      cmd->nruns--;
+    }
+    return true;
+  }
+  if (i < cmd->nruns && cmd->runs[i].start == end) {
+    cmd->runs[i].start = start;
+    return true;
+  }
+  if (cmd->nruns == cmd->runs_max) {
+    size_t max = cmd->runs_max ? 2 * cmd->runs_max : 4;
+    if (!(r = reallocarray (cmd->runs, max, sizeof *r)))
+      return false;
+    cmd->runs = r;
+    cmd->runs_max = max;
+  }
+  memmove (&cmd->runs[i + 1], &cmd->runs[i],
+           (cmd->nruns - i) * sizeof *cmd->runs);
+  cmd->runs[i] = (struct nbdio_run) { start, end };
+  cmd->nruns++;
+  return true;
+}
+
+/* libnbd's chunk callback for reads: each chunk accounted for, holes
+ * zeroed here (the buffer is not initialised: see nbdio_connect).
+ */
+static int
+nbdio_chunk (void *opaque, const void *subbuf, size_t count,
+             uint64_t offset, unsigned status, int *error)
+{
+  struct nbdio_cmd *cmd = opaque;
+  uint64_t start = offset - cmd->offset;
+
+  if (cmd->bad || status == LIBNBD_READ_ERROR)
+    return 0;                   /* the command fails anyway */
+  if (offset < cmd->offset || range_exceeds (start, count, cmd->len)) {
+    cmd->bad = "a chunk outside the range asked for";
+    return 0;
+  }
+  if (!nbdio_account (cmd, start, start + count)) {
+    cmd->bad = "chunks over each other";
+    return 0;
+  }
+  if (status == LIBNBD_READ_HOLE)
+    memset (cmd->buf + start, 0, count);
+  cmd->delivered += count;
+  return 0;
+}
 
 static int
 nbdio_done (void *opaque, int *error)
@@ -564,6 +646,16 @@ nbdio_done (void *opaque, int *error)
    */
   if (*error == ESHUTDOWN)
     shutdown (cmd->c->shut_fd, SHUT_RDWR);
+  if (cmd->is_read && *error == 0 &&
+      (cmd->bad || cmd->nruns != 1 || cmd->runs[0].start != 0 ||
+       cmd->runs[0].end != cmd->len)) {
+    nbdio_say (cmd->c->io, true, "%s: the server answered a read of %"
+               PRIu32 " bytes at %" PRIu64 " with %s (%" PRIu64 " bytes "
+               "in all): the read fails", cmd->c->io->name, cmd->len,
+               cmd->offset, cmd->bad ? cmd->bad
+               : "chunks not covering all of it", cmd->delivered);
+    *error = EIO;
+  }
   __atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE);
   pthread_mutex_lock (&w->lock);
   cmd->err = *error;
@@ -625,11 +717,14 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
       (nbd_extent_callback) { .callback = nbdio_extent, .user_data = cmd },
       (nbd_completion_callback) { .callback = nbdio_done,
                                   .user_data = cmd }, 0);
-  else
-    cookie = nbd_aio_pread (
+  else {
+    cmd->is_read = true;
+    cookie = nbd_aio_pread_structured (
       c->h, cmd->buf, cmd->len, cmd->offset,
+      (nbd_chunk_callback) { .callback = nbdio_chunk, .user_data = cmd },
       (nbd_completion_callback) { .callback = nbdio_done,
                                   .user_data = cmd }, 0);
+  }
   if (cookie == -1) {
     /* Not queued: no completion will come. */
     __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
@@ -663,6 +758,7 @@ nbdio_wait_all (struct nbdio_wait *w, struct nbdio_cmd *cmds, size_t n)
     if (cmd->bounce && !cmd->err)
       memcpy (cmd->out, cmd->bounce + cmd->skip, cmd->out_len);
     free (cmd->bounce);
+    free (cmd->runs);
   }
 }
 
