@@ -1092,9 +1092,30 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
       snprintf (t, sizeof t, "%u", remote->timeout);
       r |= nbdio_arg (argv, &n, "timeout", t, strlen (t), false);
     }
+    /* The curl plugin reads "+FILE", "-FD" and "-" as where to find the
+     * cookie (nbdkit_read_password): a name in an image must not make
+     * the server read its files or descriptors.  QEMU sends the string
+     * as it is; nbdkit has no way to, so such a cookie is refused, as
+     * is a line break, which would end the header.
+     */
+    if (remote->cookie &&
+        (remote->cookie[0] == '+' || remote->cookie[0] == '-')) {
+      if (asprintf (why, "the cookie \"%s\" is refused: nbdkit's curl "
+                    "plugin would read it as the name of a file or "
+                    "descriptor to read the cookie from, not as the "
+                    "cookie", remote->cookie) < 0)
+        *why = NULL;
+      return -EINVAL;
+    }
+    if (remote->cookie && strpbrk (remote->cookie, "\r\n")) {
+      *why = strdup ("the cookie is refused: it holds a line break");
+      return -EINVAL;
+    }
     if (remote->cookie)
       r |= nbdio_arg (argv, &n, "cookie", remote->cookie,
                       strlen (remote->cookie), false);
+    /* Redirects stay on the web (libcurl may follow them elsewhere). */
+    r |= nbdio_arg (argv, &n, "protocols", "http,https", 10, false);
     return r ? -ENOMEM : 0;
   }
 
