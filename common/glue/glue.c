@@ -626,7 +626,7 @@ glue_create_check_password (const char *when)
 {
   if (!glue_password () || glue.create.opts.luks)
     return 0;
-  nbdkit_error ("%s= with create=%s needs encrypt-format=luks: without it "
+  nbdkit_error ("%s= with %s needs encrypt-format=luks: without it "
                 "the image made is not encrypted",
                 glue_env.password_key ? glue_env.password_key : "password",
                 when);

@@ -123,7 +123,8 @@ glue_password (void)
  * options given), else -1 with what differs said.
  */
 extern int glue_create_compare (struct qcow2_image *img, const char *name);
-/* create=WHEN with a password but without encrypt-format=luks: refused,
+/* An image made (when: the option making it, "create=true") with a
+ * password but without encrypt-format=luks: refused,
  * as qemu-img refuses it ("Parameter 'encrypt.format' is missing"),
  * since the password of an image made unencrypted would protect
  * nothing.  0, or -1 said.
