@@ -220,7 +220,13 @@ nbdio_connect (struct nbdio_conn *c, char **why)
    * the buffers need not be zeroed first.
    */
   if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
-      nbd_set_pread_initialize (h, false) == -1)
+      nbd_set_pread_initialize (h, false) == -1 ||
+      (io->opts.tls_certificates &&
+       nbd_set_tls_certificates (h, io->opts.tls_certificates) == -1) ||
+      (io->opts.tls_psk_file &&
+       nbd_set_tls_psk_file (h, io->opts.tls_psk_file) == -1) ||
+      (io->opts.tls_username &&
+       nbd_set_tls_username (h, io->opts.tls_username) == -1))
     goto fail;
   r = io->argv ? nbd_aio_connect_systemd_socket_activation (h, io->argv)
                : nbd_aio_connect_uri (h, io->uri);
