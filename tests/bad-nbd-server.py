@@ -9,6 +9,8 @@
 # and serves 4 MiB, byte i being (i * 7 + 1) & 255.  The export's name
 # is the mode, saying how each read of [off, off+len) is answered:
 #   good     one data chunk covering it (the control)
+#   scattered  right, but backwards: the last quarter's data, the
+#            middle half as a hole (zeros), the first quarter's data
 #   short    one data chunk covering the first half only, then done
 #   overlap  [off, off+3/4 len) and [off+1/4 len, off+len): overlapping
 #   gap      [off, off+1/2 len) twice: as many bytes as asked, half
@@ -35,9 +37,10 @@ SIMPLE_MAGIC = 0x67446698
 FLAG_DONE = 1
 TYPE_NONE = 0
 TYPE_OFFSET_DATA = 1
+TYPE_OFFSET_HOLE = 2
 CMD_READ, CMD_DISC = 0, 2
 
-MODES = ("good", "short", "overlap", "gap", "outside", "simple", "handle")
+MODES = ("good", "scattered", "short", "overlap", "gap", "outside", "simple", "handle")
 portfile = sys.argv[1]
 size = 4 << 20
 pattern = bytes((i * 7 + 1) & 255 for i in range(256))
@@ -72,6 +75,12 @@ def answer_read(s, mode, handle, off, n):
     half, quarter = n // 2, n // 4
     if mode == "good":
         s.sendall(chunk(handle, off, content(off, n), True))
+    elif mode == "scattered":
+        hole = struct.pack(">IHHQIQI", STRUCTURED_MAGIC, 0, TYPE_OFFSET_HOLE,
+                           handle, 12, off + quarter, n - 2 * quarter)
+        s.sendall(chunk(handle, off + n - quarter,
+                        content(off + n - quarter, quarter), False) + hole +
+                  chunk(handle, off, content(off, quarter), True))
     elif mode == "short":
         s.sendall(chunk(handle, off, content(off, half), True))
     elif mode == "overlap":

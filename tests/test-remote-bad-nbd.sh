@@ -8,7 +8,8 @@
 # and a partial write (copy-on-write from the base) fails too, leaving
 # the overlay clean with nothing but what was written in full.  The
 # same server answering rightly is the control: QEMU reads the overlay
-# as we wrote it.
+# as we wrote it; and answering rightly but backwards, with a hole (the
+# buffer not zeroed first, the hole must be).
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
@@ -48,7 +49,7 @@ servers+=("$!")
 for i in $(seq 100); do [ -s "$tmp/port" ] && break; sleep 0.1; done
 port=$(cat "$tmp/port") || fail "bad-nbd-server.py did not start"
 
-for mode in good short overlap gap outside simple handle; do
+for mode in good scattered short overlap gap outside simple handle; do
   ovl=$tmp/ovl-$mode.qcow2
   qemu-img create -q -f qcow2 -u -b "nbd://127.0.0.1:$port/$mode" -F raw \
     "$ovl" 4M
@@ -76,6 +77,14 @@ with open(sys.argv[1], "r+b") as f:
     f.write(b"\xbb" * 4096)' "$tmp/model.raw"
     qemu-img convert -O raw "$ovl" "$tmp/qemu.raw"
     cmp "$tmp/model.raw" "$tmp/qemu.raw" || fail "good: QEMU reads otherwise"
+    continue
+  fi
+  if [ "$mode" = scattered ]; then
+    { expected $((1 << 20)) 16384; head -c 32768 /dev/zero
+      expected $(((1 << 20) + 49152)) 16384; } | cmp -s - "$tmp/read.out" ||
+      fail "scattered: the read is not the server's bytes and hole"
+    grep -q "^write-part ok" "$tmp/client.out" ||
+      fail "scattered: $(cat "$tmp/client.out" "$tmp/nbdkit.err")"
     continue
   fi
   printf '%s\n' "write-full ok" "read EIO" "write-part EIO" |

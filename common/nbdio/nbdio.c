@@ -572,10 +572,10 @@ struct nbdio_cmd {
   uint64_t delivered;
 };
 
-/* Chunk [start, end) of cmd's range delivered: false if it is over one
- * delivered before (or no memory to remember it).
+/* Chunk [start, end) of cmd's range delivered: NULL, or what is wrong
+ * (it is over one delivered before, or no memory to remember it).
  */
-static bool
+static const char *
 nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
 {
   struct nbdio_run *r;
@@ -585,7 +585,7 @@ nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
   while (i > 0 && cmd->runs[i - 1].end > start)
     i--;
   if (i < cmd->nruns && cmd->runs[i].start < end)
-    return false;
+    return "chunks over each other";
   if (i > 0 && cmd->runs[i - 1].end == start) {
     cmd->runs[i - 1].end = end;
     if (i < cmd->nruns && cmd->runs[i].start == end) {
@@ -594,16 +594,16 @@ nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
                (cmd->nruns - i - 1) * sizeof *cmd->runs);
       cmd->nruns--;
     }
-    return true;
+    return NULL;
   }
   if (i < cmd->nruns && cmd->runs[i].start == end) {
     cmd->runs[i].start = start;
-    return true;
+    return NULL;
   }
   if (cmd->nruns == cmd->runs_max) {
     size_t max = cmd->runs_max ? 2 * cmd->runs_max : 4;
     if (!(r = reallocarray (cmd->runs, max, sizeof *r)))
-      return false;
+      return "more chunks than memory to count them";
     cmd->runs = r;
     cmd->runs_max = max;
   }
@@ -611,7 +611,7 @@ nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
            (cmd->nruns - i) * sizeof *cmd->runs);
   cmd->runs[i] = (struct nbdio_run) { start, end };
   cmd->nruns++;
-  return true;
+  return NULL;
 }
 
 /* libnbd's chunk callback for reads: each chunk accounted for, holes
@@ -626,14 +626,14 @@ nbdio_chunk (void *opaque, const void *subbuf, size_t count,
 
   if (cmd->bad || status == LIBNBD_READ_ERROR)
     return 0;                   /* the command fails anyway */
-  if (offset < cmd->offset || range_exceeds (start, count, cmd->len)) {
+  if (offset < cmd->offset || range_exceeds (start, count, cmd->len))
     cmd->bad = "a chunk outside the range asked for";
+  else if (count == 0)
+    cmd->bad = "an empty chunk";
+  else
+    cmd->bad = nbdio_account (cmd, start, start + count);
+  if (cmd->bad)
     return 0;
-  }
-  if (!nbdio_account (cmd, start, start + count)) {
-    cmd->bad = "chunks over each other";
-    return 0;
-  }
   if (status == LIBNBD_READ_HOLE)
     memset (cmd->buf + start, 0, count);
   cmd->delivered += count;
