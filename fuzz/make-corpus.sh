@@ -12,6 +12,69 @@ set -euo pipefail
 cd "$(dirname "$0")"
 out=$PWD/corpus
 
+# make-corpus.sh names: only the seeds of fuzz-names (corpus-names/),
+# one file per name in QEMU's forms below; " => " in a line separates
+# the name of a naming image from the name it holds (resolved).
+if [ "${1:-}" = names ]; then
+  rm -rf corpus-names
+  mkdir corpus-names
+  n=0
+  while IFS= read -r line; do
+    n=$((n + 1))
+    printf '%s' "${line/ => /$'\n'}" > "corpus-names/$(printf %03d $n)"
+  done <<'NAMES'
+base.qcow2
+/images/base.raw
+../up/base.qcow2
+file:/images/base.raw
+file:base.raw
+nbd://127.0.0.1:10809/export
+nbd://[::1]/e%20x
+nbd+tcp://host/
+nbd+unix:///export?socket=/run/nbd.sock
+nbds://host:10809/
+nbds+unix:///?socket=/tmp/s
+nbd:localhost:10809
+nbd:localhost:10809:exportname=disk
+nbd:unix:/run/nbd.sock
+nbd:unix:/run/nbd.sock:exportname=disk
+nbd:[::1]:10809
+http://host/dir/base.raw
+https://user@host:8443/a%2Fb?x=1#frag
+ssh://user@host:22/srv/base.qcow2
+ssh://[::1]/srv/base.qcow2?host_key_check=no
+ssh://host/srv/base.qcow2?host_key_check=yes
+iscsi://host/iqn.2001-04.com.example/1
+json:{"driver":"raw","file":{"driver":"nbd","server":{"type":"unix","path":"/run/base.sock"}}}
+json:{"driver": "raw", "file": {"server.host": "127.0.0.1", "server.port": "10809", "driver": "nbd", "server.type": "inet", "export": ""}}
+json:{"file.driver":"nbd","file.host":"::1","file.port":"10809","driver":"raw"}
+json:{"driver":"nbd","path":"/s"}
+json:{"driver":"raw","file":{"driver":"https","url":"https://host/base.raw","sslverify":false,"timeout":20,"readahead":65536}}
+json:{"driver":"raw","file":{"driver":"http","url":"http://host/x","cookie":"a=b; c=d"}}
+json:{"driver":"raw","file":{"driver":"ssh","server":{"host":"host","port":"22"},"path":"/srv/b","user":"u","host-key-check":{"mode":"none"}}}
+json:{"driver":"raw","file":{"driver":"ssh","host":"h","path":"/p","host_key_check":"no"}}
+json:{"driver":"raw","file":{"driver":"file","filename":"/images/base.raw"}}
+json:{"driver":"qcow2","file":{"driver":"file","filename":"base.qcow2"},"backing":null}
+json:{"driver":"raw","offset":512,"size":262144,"file":{"driver":"file","filename":"disk.img"}}
+json:{"driver":"raw","file":{"filename":"nbd://host/x"}}
+json:{"driver":"raw","file":{"driver":"nbd","server":{"type":"inet","host":"h","port":"1"},"tls-creds":"t"}}
+json:{"driver":"raw","file":{"driver":"gluster","volume":"v","path":"p"}}
+json:{"driver":"raw","file":"node0"}
+json:{"a":"\u0041\u00e9\ud83d\ude00\n\"\\\/","b":[1,2.5e3,-0,true,false,null,{"c":{}}],"driver":"raw","file":{"driver":"file","filename":"x"}}
+json:{"driver":"raw","driver":"qcow2"}
+json:{"driver":"raw","file":{"driver":"file","filename":"x"}} trailing
+/dir/top.qcow2 => base.raw
+http://host/dir/mid.qcow2 => base.raw
+http://host/dir/mid.qcow2 => ../other/base.qcow2
+ssh://host/srv/mid.qcow2?host_key_check=no => base.raw
+nbd://host/export => base.raw
+json:{"driver":"qcow2","file":{"driver":"http","url":"http://host/d/mid.qcow2"}} => base.raw
+file:/dir/x.qcow2 => base.raw
+NAMES
+  ls corpus-names | wc -l
+  exit
+fi
+
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"

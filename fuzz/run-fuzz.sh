@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Fuzz the qcow2 engine with libFuzzer for a bounded time.
+# Fuzz the qcow2 engine and the backing file name parsers with
+# libFuzzer for a bounded time.
 #
-#   fuzz/run-fuzz.sh [SECONDS]     fuzz for SECONDS (default 60)
-#   fuzz/run-fuzz.sh FILE...       run the target once on each FILE
+#   fuzz/run-fuzz.sh [SECONDS]     fuzz for SECONDS in all (default 60):
+#                                  a quarter on fuzz-names (corpus-names/),
+#                                  the rest on fuzz-qcow2 (corpus/)
+#   fuzz/run-fuzz.sh FILE...       run a target once on each FILE:
+#                                  fuzz-names if the first one's path
+#                                  holds "names", else fuzz-qcow2
 #
 # The target is built with clang, ASan and UBSan (--enable-fuzzing) in a
 # temporary copy of this tree, so the build tree here is never touched,
@@ -16,6 +21,7 @@
 #                   the top of this tree, ignored by git)
 #   FUZZ_ARGS       more libFuzzer options, e.g. "-jobs=2 -workers=2"
 #   FUZZ_KEEP=1     keep the temporary build and corpus
+#   FUZZ_TARGET     fuzz-qcow2 or fuzz-names: the target to run FILE... on
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,35 +68,46 @@ echo "run-fuzz: building in $work/tree"
   trap - EXIT
   exit 1
 }
-target=$work/tree/fuzz/fuzz-qcow2
-
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 
 if [ "$mode" = repro ]; then
-  "$target" -rss_limit_mb=2048 -timeout=10 "$@"
+  case ${FUZZ_TARGET:-$1} in
+    *names*) target=fuzz-names ;;
+    *) target=fuzz-qcow2 ;;
+  esac
+  "$work/tree/fuzz/$target" -rss_limit_mb=2048 -timeout=10 "$@"
   exit
 fi
 
-mkdir -p "$artifacts" "$work/corpus"
-cp "$src"/fuzz/corpus/* "$work/corpus/"
-echo "run-fuzz: fuzzing for $secs s"
-# -max_len: the largest seed is under 200 KiB.
-status=0
-# shellcheck disable=SC2086
-"$target" -max_total_time="$secs" -max_len=262144 -timeout=10 \
-  -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$artifacts/" ${FUZZ_ARGS:-} "$work/corpus" \
-  >"$work/fuzz.log" 2>&1 || status=$?
+# fuzz TARGET CORPUS SECONDS MAX_LEN: fuzz from a scratch copy of
+# fuzz/CORPUS; exits on a finding, its input saved as TARGET-*.
+fuzz ()
+{
+  local target=$1 corpus=$2 t=$3 max_len=$4 status=0
+  mkdir -p "$artifacts" "$work/$corpus"
+  cp "$src/fuzz/$corpus"/* "$work/$corpus/"
+  echo "run-fuzz: fuzzing $target for $t s"
+  # shellcheck disable=SC2086
+  "$work/tree/fuzz/$target" -max_total_time="$t" -max_len="$max_len" \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$artifacts/$target-" ${FUZZ_ARGS:-} "$work/$corpus" \
+    >"$work/$target.log" 2>&1 || status=$?
 
-if [ "$status" -ne 0 ]; then
-  # The report from the sanitizer or libFuzzer, then the saved input.
-  sed -n '/==[0-9]*==\|^==\|ERROR\|invariant violated\|runtime error/,$p' \
-    "$work/fuzz.log" | head -n 150
-  echo "run-fuzz: FAILED (exit $status)" >&2
-  grep -h "Test unit written to" "$work/fuzz.log" |
-    sed 's/.*Test unit written to /run-fuzz: input saved as /' >&2 || true
-  echo "run-fuzz: reproduce with: fuzz/run-fuzz.sh FILE" >&2
-  exit 1
-fi
-grep -E '^stat::|^Done' "$work/fuzz.log" || true
+  if [ "$status" -ne 0 ]; then
+    # The report from the sanitizer or libFuzzer, then the saved input.
+    sed -n '/==[0-9]*==\|^==\|ERROR\|invariant violated\|runtime error\|Assertion/,$p' \
+      "$work/$target.log" | head -n 150
+    echo "run-fuzz: $target FAILED (exit $status)" >&2
+    grep -h "Test unit written to" "$work/$target.log" |
+      sed 's/.*Test unit written to /run-fuzz: input saved as /' >&2 || true
+    echo "run-fuzz: reproduce with: fuzz/run-fuzz.sh FILE" >&2
+    exit 1
+  fi
+  grep -E '^stat::|^Done' "$work/$target.log" || true
+}
+
+# -max_len: the largest image seed is under 200 KiB; names are short.
+names_secs=$(( secs / 4 > 0 ? secs / 4 : 1 ))
+fuzz fuzz-names corpus-names "$names_secs" 4096
+fuzz fuzz-qcow2 corpus "$(( secs - names_secs > 0 ? secs - names_secs : 1 ))" 262144
 echo "run-fuzz: no crash, leak or timeout in $secs s"

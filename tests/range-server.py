@@ -3,7 +3,8 @@
 written to PORTFILE) and answers Range requests, which Python's own
 http.server does not; HTTPS with the certificate and key in PEMFILE.
 RANGE_SERVER_DELAY=SECONDS waits that long before each answer (a slow
-network, for bench/remote.sh).
+network, for bench/remote.sh).  RANGE_SERVER_LOG=FILE appends each
+request's headers to FILE (what a client sent, for the tests).
 Usage: range-server.py DIR PORTFILE [PEMFILE]"""
 import http.server
 import os
@@ -13,6 +14,7 @@ import sys
 import time
 
 DELAY = float(os.environ.get("RANGE_SERVER_DELAY", "0"))
+LOG = os.environ.get("RANGE_SERVER_LOG")
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
@@ -31,6 +33,9 @@ class Handler(http.server.SimpleHTTPRequestHandler):
     def send_head(self):
         if DELAY:
             time.sleep(DELAY)
+        if LOG:
+            with open(LOG, "a") as f:
+                f.write(self.requestline + "\n" + str(self.headers))
         path = self.translate_path(self.path)
         m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         if not m or not os.path.isfile(path):

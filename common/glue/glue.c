@@ -18,7 +18,6 @@
 #include "errstr.h"
 #include "fileio.h"
 #include "glue.h"
-#include "nbdio.h"
 
 struct glue_state glue = {
   .engine.io_threads = GLUE_IO_THREADS, .create.size = -1,
@@ -380,6 +379,14 @@ static const struct glue_option glue_options[] = {
   { "compress", GLUE_WORD, .words = WORDS ("off", "on", "zlib", "zstd"),
     .set = glue_set_compress },
   { "remote-timeout", GLUE_FN, .fn = glue_config_remote_timeout },
+  /* The admin's policy for what images name (policy.c). */
+  { "backing-protocols", GLUE_FN, .fn = glue_config_backing_protocols },
+  { "backing-root", GLUE_FN, .fn = glue_config_backing_root },
+  { "backing-insecure", GLUE_FN, .fn = glue_config_backing_insecure },
+  { "backing-tls-certificates", GLUE_PATH,
+    .dest = &glue.policy.tls_certificates },
+  { "backing-tls-psk-file", GLUE_PATH, .dest = &glue.policy.tls_psk_file },
+  { "backing-tls-username", GLUE_STRING, .dest = &glue.policy.tls_username },
 };
 
 static void
@@ -626,7 +633,7 @@ glue_create_check_password (const char *when)
 {
   if (!glue_password () || glue.create.opts.luks)
     return 0;
-  nbdkit_error ("%s= with create=%s needs encrypt-format=luks: without it "
+  nbdkit_error ("%s= with %s needs encrypt-format=luks: without it "
                 "the image made is not encrypted",
                 glue_env.password_key ? glue_env.password_key : "password",
                 when);
@@ -752,6 +759,7 @@ glue_unload (void)
   free ((char *) l->ivgen_hash_alg);
   free ((char *) l->hash_alg);
   free (glue.snapshot);
+  glue_policy_free ();
 }
 
 void
@@ -1010,37 +1018,11 @@ struct fileio_options glue_file_options = {
   .debug = glue_lock_debug,
 };
 
-static void
-glue_remote_error (const char *msg)
-{
-  nbdkit_error ("%s", msg);
-}
-
-static void
-glue_remote_debug (const char *msg)
-{
-  nbdkit_debug ("%s", msg);
-}
-
-/* Remote storage, through libnbd. */
-static struct qcow2_io *
-glue_open_remote (void *opaque, const struct qcow2_remote *remote,
-                  char **why)
-{
-  struct nbdio_options opts = {
-    .timeout = glue.remote_timeout,
-    .error = glue_remote_error,
-    .debug = glue_remote_debug,
-  };
-
-  return nbdio_open (remote, &opts, why);
-}
-
 struct qcow2_env glue_env = {
   .opaque = &glue_file_options,
-  .open = fileio_env_open,
+  .open = glue_policy_open,
   .identity = fileio_env_identity,
-  .open_remote = glue_open_remote,
+  .open_remote = glue_policy_open_remote,
   .error = glue_error,
   .debug = glue_debug,
   .notice = glue_notice,

@@ -41,6 +41,20 @@ struct glue_create {
   const char *first_key;        /* the first such key given, or NULL */
 };
 
+/* The admin's policy for the files and servers images name (policy.c):
+ * backing-protocols= (protocols: bits in the order file, nbd, nbds,
+ * http, https, ssh), backing-root= (resolved), backing-insecure=false,
+ * backing-tls-*= for nbds:// (absolute paths).
+ */
+struct glue_policy {
+  bool protocols_set;
+  unsigned protocols;
+  char *protocols_text;         /* as given, for messages */
+  char *root;
+  bool refuse_insecure;
+  char *tls_certificates, *tls_psk_file, *tls_username;
+};
+
 /* The options both modules take, as parsed. */
 struct glue_state {
   struct qcow2_options engine;
@@ -59,6 +73,7 @@ struct glue_state {
   struct glue_create create;
   /* remote-timeout=: seconds (0: nbdio's default). */
   unsigned remote_timeout;
+  struct glue_policy policy;
 };
 extern struct glue_state glue;
 
@@ -123,12 +138,23 @@ glue_password (void)
  * options given), else -1 with what differs said.
  */
 extern int glue_create_compare (struct qcow2_image *img, const char *name);
-/* create=WHEN with a password but without encrypt-format=luks: refused,
+/* An image made (when: the option making it, "create=true") with a
+ * password but without encrypt-format=luks: refused,
  * as qemu-img refuses it ("Parameter 'encrypt.format' is missing"),
  * since the password of an image made unencrypted would protect
  * nothing.  0, or -1 said.
  */
 extern int glue_create_check_password (const char *when);
+/* The policy's keys, as rows' fns (policy.c). */
+extern int glue_config_backing_protocols (const char *key, const char *value);
+extern int glue_config_backing_root (const char *key, const char *value);
+extern int glue_config_backing_insecure (const char *key, const char *value);
+extern void glue_policy_free (void);
+/* glue_env's open and open_remote: the policy, then fileio or nbdio. */
+extern struct qcow2_io *glue_policy_open (void *opaque, const char *path,
+                                          bool readonly, char **id);
+extern struct qcow2_io *glue_policy_open_remote (
+  void *opaque, const struct qcow2_remote *remote, char **why);
 /* After the last key: glue.engine complete; -1 on error (said). */
 extern int glue_config_complete (void);
 extern void glue_unload (void);
@@ -215,6 +241,13 @@ extern bool glue_captive (void);
   "locking=auto|on|off             QEMU's image locks on local files (auto).\n" \
   "remote-timeout=<SECS>           Remote backing files: a request fails when\n" \
   "                                the server answers nothing that long (30).\n" \
+  "backing-protocols=<LIST>        What backing names may reach: file, nbd,\n" \
+  "                                nbds, http, https, ssh (default: all).\n" \
+  "backing-root=<DIR>              Local backing/data files only under DIR.\n" \
+  "backing-insecure=false          Refuse names turning off TLS/host key checks.\n" \
+  "backing-tls-certificates=<DIR>  nbds:// bases: X.509 credentials in DIR.\n" \
+  "backing-tls-psk-file=<FILE>     nbds:// bases: pre-shared keys in FILE.\n" \
+  "backing-tls-username=<NAME>     nbds:// bases: the TLS user name.\n" \
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \

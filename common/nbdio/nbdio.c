@@ -216,9 +216,17 @@ nbdio_connect (struct nbdio_conn *c, char **why)
     *why = nbdio_connect_error (io);
     return NULL;
   }
-  /* Reads are checked: the buffers need not be zeroed first. */
+  /* Reads are checked (every byte accounted for: see nbdio_chunk):
+   * the buffers need not be zeroed first.
+   */
   if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
-      nbd_set_pread_initialize (h, false) == -1)
+      nbd_set_pread_initialize (h, false) == -1 ||
+      (io->opts.tls_certificates &&
+       nbd_set_tls_certificates (h, io->opts.tls_certificates) == -1) ||
+      (io->opts.tls_psk_file &&
+       nbd_set_tls_psk_file (h, io->opts.tls_psk_file) == -1) ||
+      (io->opts.tls_username &&
+       nbd_set_tls_username (h, io->opts.tls_username) == -1))
     goto fail;
   r = io->argv ? nbd_aio_connect_systemd_socket_activation (h, io->argv)
                : nbd_aio_connect_uri (h, io->uri);
@@ -550,7 +558,87 @@ struct nbdio_cmd {
   int err;
   uint32_t *ext;                /* block status: malloc'd pairs */
   size_t next;
+  /* A read: what the server's chunks delivered, as sorted disjoint
+   * runs relative to offset (one run, for a server sending in order),
+   * or why they were wrong (a chunk outside the request, or over
+   * another).  libnbd 1.14 reports success for a reply that covers
+   * only part of the range: it is complete only if the runs are
+   * exactly [0, len).
+   */
+  bool is_read;
+  const char *bad;
+  struct nbdio_run { uint32_t start, end; } *runs;
+  size_t nruns, runs_max;
+  uint64_t delivered;
 };
+
+/* Chunk [start, end) of cmd's range delivered: NULL, or what is wrong
+ * (it is over one delivered before, or no memory to remember it).
+ */
+static const char *
+nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
+{
+  struct nbdio_run *r;
+  size_t i = cmd->nruns;
+
+  /* From the end: chunks come in order, mostly. */
+  while (i > 0 && cmd->runs[i - 1].end > start)
+    i--;
+  if (i < cmd->nruns && cmd->runs[i].start < end)
+    return "chunks over each other";
+  if (i > 0 && cmd->runs[i - 1].end == start) {
+    cmd->runs[i - 1].end = end;
+    if (i < cmd->nruns && cmd->runs[i].start == end) {
+      cmd->runs[i - 1].end = cmd->runs[i].end;
+      memmove (&cmd->runs[i], &cmd->runs[i + 1],
+               (cmd->nruns - i - 1) * sizeof *cmd->runs);
+      cmd->nruns--;
+    }
+    return NULL;
+  }
+  if (i < cmd->nruns && cmd->runs[i].start == end) {
+    cmd->runs[i].start = start;
+    return NULL;
+  }
+  if (cmd->nruns == cmd->runs_max) {
+    size_t max = cmd->runs_max ? 2 * cmd->runs_max : 4;
+    if (!(r = reallocarray (cmd->runs, max, sizeof *r)))
+      return "more chunks than memory to count them";
+    cmd->runs = r;
+    cmd->runs_max = max;
+  }
+  memmove (&cmd->runs[i + 1], &cmd->runs[i],
+           (cmd->nruns - i) * sizeof *cmd->runs);
+  cmd->runs[i] = (struct nbdio_run) { start, end };
+  cmd->nruns++;
+  return NULL;
+}
+
+/* libnbd's chunk callback for reads: each chunk accounted for, holes
+ * zeroed here (the buffer is not initialised: see nbdio_connect).
+ */
+static int
+nbdio_chunk (void *opaque, const void *subbuf, size_t count,
+             uint64_t offset, unsigned status, int *error)
+{
+  struct nbdio_cmd *cmd = opaque;
+  uint64_t start = offset - cmd->offset;
+
+  if (cmd->bad || status == LIBNBD_READ_ERROR)
+    return 0;                   /* the command fails anyway */
+  if (offset < cmd->offset || range_exceeds (start, count, cmd->len))
+    cmd->bad = "a chunk outside the range asked for";
+  else if (count == 0)
+    cmd->bad = "an empty chunk";
+  else
+    cmd->bad = nbdio_account (cmd, start, start + count);
+  if (cmd->bad)
+    return 0;
+  if (status == LIBNBD_READ_HOLE)
+    memset (cmd->buf + start, 0, count);
+  cmd->delivered += count;
+  return 0;
+}
 
 static int
 nbdio_done (void *opaque, int *error)
@@ -564,6 +652,16 @@ nbdio_done (void *opaque, int *error)
    */
   if (*error == ESHUTDOWN)
     shutdown (cmd->c->shut_fd, SHUT_RDWR);
+  if (cmd->is_read && *error == 0 &&
+      (cmd->bad || cmd->nruns != 1 || cmd->runs[0].start != 0 ||
+       cmd->runs[0].end != cmd->len)) {
+    nbdio_say (cmd->c->io, true, "%s: the server answered a read of %"
+               PRIu32 " bytes at %" PRIu64 " with %s (%" PRIu64 " bytes "
+               "in all): the read fails", cmd->c->io->name, cmd->len,
+               cmd->offset, cmd->bad ? cmd->bad
+               : "chunks not covering all of it", cmd->delivered);
+    *error = EIO;
+  }
   __atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE);
   pthread_mutex_lock (&w->lock);
   cmd->err = *error;
@@ -625,11 +723,14 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
       (nbd_extent_callback) { .callback = nbdio_extent, .user_data = cmd },
       (nbd_completion_callback) { .callback = nbdio_done,
                                   .user_data = cmd }, 0);
-  else
-    cookie = nbd_aio_pread (
+  else {
+    cmd->is_read = true;
+    cookie = nbd_aio_pread_structured (
       c->h, cmd->buf, cmd->len, cmd->offset,
+      (nbd_chunk_callback) { .callback = nbdio_chunk, .user_data = cmd },
       (nbd_completion_callback) { .callback = nbdio_done,
                                   .user_data = cmd }, 0);
+  }
   if (cookie == -1) {
     /* Not queued: no completion will come. */
     __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
@@ -663,6 +764,7 @@ nbdio_wait_all (struct nbdio_wait *w, struct nbdio_cmd *cmds, size_t n)
     if (cmd->bounce && !cmd->err)
       memcpy (cmd->out, cmd->bounce + cmd->skip, cmd->out_len);
     free (cmd->bounce);
+    free (cmd->runs);
   }
 }
 
@@ -996,9 +1098,30 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
       snprintf (t, sizeof t, "%u", remote->timeout);
       r |= nbdio_arg (argv, &n, "timeout", t, strlen (t), false);
     }
+    /* The curl plugin reads "+FILE", "-FD" and "-" as where to find the
+     * cookie (nbdkit_read_password): a name in an image must not make
+     * the server read its files or descriptors.  QEMU sends the string
+     * as it is; nbdkit has no way to, so such a cookie is refused, as
+     * is a line break, which would end the header.
+     */
+    if (remote->cookie &&
+        (remote->cookie[0] == '+' || remote->cookie[0] == '-')) {
+      if (asprintf (why, "the cookie \"%s\" is refused: nbdkit's curl "
+                    "plugin would read it as the name of a file or "
+                    "descriptor to read the cookie from, not as the "
+                    "cookie", remote->cookie) < 0)
+        *why = NULL;
+      return -EINVAL;
+    }
+    if (remote->cookie && strpbrk (remote->cookie, "\r\n")) {
+      *why = strdup ("the cookie is refused: it holds a line break");
+      return -EINVAL;
+    }
     if (remote->cookie)
       r |= nbdio_arg (argv, &n, "cookie", remote->cookie,
                       strlen (remote->cookie), false);
+    /* Redirects stay on the web (libcurl may follow them elsewhere). */
+    r |= nbdio_arg (argv, &n, "protocols", "http,https", 10, false);
     return r ? -ENOMEM : 0;
   }
 

@@ -27,6 +27,11 @@ struct nbdio_options {
    */
   void (*error) (const char *msg);
   void (*debug) (const char *msg);
+  /* Optional: TLS credentials for nbds:// and nbds+unix:// (libnbd's
+   * nbd_set_tls_certificates, nbd_set_tls_psk_file and
+   * nbd_set_tls_username), given by the admin, never by an image.
+   */
+  const char *tls_certificates, *tls_psk_file, *tls_username;
 };
 
 /* Open remote storage (opts may be NULL: the defaults), connected

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -125,8 +126,18 @@ static struct qcow2_io *
 overlay_make_file (bool existed, int64_t size, enum overlay_made *made)
 {
   struct qcow2_io *io;
-  char *why = NULL;
+  char *why = NULL, *what;
+  int r;
 
+  /* A password always means encryption, as with create=true. */
+  if (asprintf (&what, "qcow2-overlay=%s (made now)", overlay_file) < 0) {
+    nbdkit_error ("qcow2-overlay: %s", errstr (errno));
+    return NULL;
+  }
+  r = glue_create_check_password (what);
+  free (what);
+  if (r == -1)
+    return NULL;
   glue.create.opts.size = (size + 511) & ~INT64_C (511);
   io = fileio_create (overlay_file, &glue_file_options, &why);
   if (!io) {

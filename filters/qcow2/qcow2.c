@@ -482,7 +482,7 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                   "the image made in the plugin's export holds)");
     return -1;
   }
-  if (create && glue_create_check_password ("true") == -1)
+  if (create && glue_create_check_password ("create=true") == -1)
     return -1;
   if (create && backing_chain_len > 0) {
     nbdkit_error ("create=true makes an image without a backing file: "

@@ -172,8 +172,8 @@ plugin_config_complete (void)
     return -1;
   }
   if (create != CREATE_NO &&
-      glue_create_check_password (create == CREATE_YES ? "true"
-                                  : "if-missing") == -1)
+      glue_create_check_password (create == CREATE_YES ? "create=true"
+                                  : "create=if-missing") == -1)
     return -1;
   if (create != CREATE_NO && glue.create.opts.backing_format &&
       !create_backing) {
