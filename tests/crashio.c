@@ -281,6 +281,13 @@ crashio_data (struct crashio *c, size_t *len)
   return memio_data (c->live, len);
 }
 
+const uint8_t *
+crashio_durable (struct crashio *c, size_t *len)
+{
+  *len = c->durable_len;
+  return c->durable;
+}
+
 size_t
 crashio_nr_entries (struct crashio *c)
 {

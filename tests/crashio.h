@@ -55,6 +55,9 @@ extern void crashio_set_hook (struct crashio *c, crashio_hook hook,
 /* The contents now (as reads see them), valid until the next write. */
 extern const uint8_t *crashio_data (struct crashio *c, size_t *len);
 
+/* The contents at the last flush, valid until the next flush. */
+extern const uint8_t *crashio_durable (struct crashio *c, size_t *len);
+
 /* The sector pieces written since the last flush, in issue order. */
 struct crashio_piece {
   size_t entry;                 /* which write or punch since the flush */

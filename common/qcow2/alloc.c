@@ -97,12 +97,14 @@ alloc_ensure_blocks (struct qcow2_image *img, uint64_t first, uint64_t n)
 
 /* The reserve.  Allocating a cluster normally dirties a refcount block,
  * and the tables that then point at the cluster must wait for that
- * block to be durable: a second host flush.  So each flush also counts
- * clusters ahead of need (twice what was allocated since the previous
- * flush), the lowest free ones first, so that holes left by freed
- * clusters fill before the file grows; once that flush is done their
- * refcounts are durable, and later allocations taken from them depend
- * on nothing.  One client flush then costs one fdatasync.
+ * block to be durable: a second host flush.  So each flush (and each
+ * sync that an evicted L2 slice pays, see flush_l2_dependencies) also
+ * counts clusters ahead of need (twice what was allocated since the
+ * previous one), the lowest free ones first, so that holes left by
+ * freed clusters fill before the file grows; once that flush is done
+ * their refcounts are durable, and later allocations taken from them
+ * depend on nothing.  One client flush then costs one fdatasync, and a
+ * client that never flushes allocates from the reserve too.
  *
  * After a crash the unused reserve is leaked (qemu-img check: leaks,
  * no corruption), so it is bounded: 4 MiB or 64 clusters, whichever
@@ -290,8 +292,8 @@ alloc_collect (struct qcow2_image *img, uint64_t n, struct alloc_runs *runs)
   return r;
 }
 
-/* Count the next runs of the reserve; called by a flush before it
- * writes the refcount blocks.
+/* Count the next runs of the reserve; called by a flush (or a sync of
+ * L2 dependencies) before it writes the refcount blocks.
  */
 int
 alloc_refill_reserve (struct qcow2_image *img)

@@ -46,13 +46,21 @@
 #define NO_ENTRY UINT32_MAX
 #define NO_KEY UINT64_MAX
 
+/* The low bits of img->dirty.dep_syncs an entry keeps: equal bits
+ * may be a wrap (a sync taken that was not needed), different bits
+ * always mean a sync since.
+ */
+#define CACHE_SYNCS_MASK ((UINT32_C (1) << 29) - 1)
+
 struct cache_entry {
   uint64_t key;                 /* host offset of the entry, or NO_KEY */
   uint32_t hash_next;           /* chain in the hash bucket */
   uint32_t lru_prev, lru_next;  /* most recently used at lru_head */
-  bool dirty;
-  bool loading;                 /* being read with img->lock released */
-  bool stale;                   /* loading, but dropped from the hash */
+  /* L2: dep_syncs when last changed (see cache_write_entry). */
+  uint32_t syncs : 29;
+  uint32_t dirty : 1;
+  uint32_t loading : 1;         /* being read with img->lock released */
+  uint32_t stale : 1;           /* loading, but dropped from the hash */
 };
 
 struct meta_cache {
@@ -295,7 +303,16 @@ cache_write_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
 {
   int r;
 
-  if (c->is_l2 && (r = flush_l2_dependencies (img)) < 0)
+  /* What an L2 slice points at must be durable first, unless a sync of
+   * those dependencies was done since the slice last changed: every
+   * dependency it has was made before that change (the refcount
+   * counted, the data written), so that sync covered it.  Evicted in
+   * LRU order, the slices changed before the latest sync go first, so
+   * that one sync serves about as many evictions as the cache holds.
+   */
+  if (c->is_l2 &&
+      c->e[i].syncs == (img->dirty.dep_syncs & CACHE_SYNCS_MASK) &&
+      (r = flush_l2_dependencies (img)) < 0)
     return r;
   r = io_write_meta (img, cache_data (c, i), c->entry_size, c->e[i].key,
                      c->what, c->is_l2 ? OL (ACTIVE_L2) : OL (REFCOUNT_BLOCK));
@@ -525,6 +542,7 @@ cache_mark_dirty (struct qcow2_image *img, struct meta_cache *c,
 
   /* A pointer from cache_get, still valid: its entry holds a table. */
   assert (c->e[i].key != NO_KEY && !c->e[i].loading);
+  c->e[i].syncs = img->dirty.dep_syncs & CACHE_SYNCS_MASK;
   if (!c->e[i].dirty) {
     c->e[i].dirty = true;
     c->ndirty++;

@@ -573,6 +573,11 @@ check_run (struct qcow2_image *img, bool fix_leaks,
   int r;
 
   ASSERT_LOCKED (img);
+  /* Written back first: evicting a dirty L2 slice during the walk may
+   * count the reserve again (flush_l2_dependencies), past cr.n.
+   */
+  if (img->dirty.changed && (r = flush_locked (img)) < 0)
+    return r;
   /* The reserve may lie past the end of the file. */
   cr.n = div_round_up (img->file_size, img->geo.cluster_size);
   cr.n = MAX (cr.n, alloc_reserve_end (img));

@@ -15,13 +15,15 @@
 #include "errstr.h"
 #include "internal.h"
 
-/* Load an L1 table (the active one or a snapshot's) into memory. */
+/* Load an L1 table (the active one or a snapshot's) into memory: read
+ * into place and byte-swapped there, so that the largest tables (32
+ * MiB) cost one copy at open, as in QEMU.
+ */
 int
 l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
          const char *what)
 {
   uint64_t bytes = (uint64_t) size * 8;
-  uint8_t *buf;
   int r;
 
   free (img->l1);
@@ -35,22 +37,16 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
                "or beyond the end of the file", what, offset, size);
     return -EINVAL;
   }
-  img->l1 = malloc (bytes);
-  buf = malloc (bytes);
-  if (!img->l1 || !buf) {
-    free (buf);
+  if (!(img->l1 = malloc (bytes)))
     return -ENOMEM;
-  }
-  r = img->io->ops->pread (img->io, buf, bytes, offset);
+  r = img->io->ops->pread (img->io, img->l1, bytes, offset);
   if (r < 0) {
     log_error (img, "reading %s at %#" PRIx64 ": %s", what, offset,
                errstr (-r));
-    free (buf);
     return r;
   }
   for (uint32_t i = 0; i < size; i++)
-    img->l1[i] = be64_get (buf + (uint64_t) i * 8);
-  free (buf);
+    img->l1[i] = be64_get ((const uint8_t *) &img->l1[i]);
   return 0;
 }
 

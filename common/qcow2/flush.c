@@ -12,7 +12,11 @@
  *    (frees are applied only after a flush, see alloc.c);
  *  - one host flush per client flush when nothing depends on a
  *    refcount or copied data that is not durable yet, and none at all
- *    when nothing changed since the last flush.
+ *    when nothing changed since the last flush;
+ *  - an evicted L2 slice syncs only if it changed since the last sync
+ *    of dependencies (a generation per slice, see cache_write_entry),
+ *    so that a client that never flushes pays about one sync per
+ *    cache's worth of evictions, not one per eviction.
  *
  * Called with img->lock held.
  */
@@ -48,7 +52,10 @@ flush_write_table (struct qcow2_image *img, const uint64_t *table,
 /* Before any L2 or L1 entry reaches the disk, make durable what it
  * may point at: refcount blocks, then the refcount table entries of new
  * blocks (after the blocks: a second flush, but a block counts many
- * clusters, so it is rare).  Cache evictions call this too.
+ * clusters, so it is rare).  Cache evictions call this too, for the
+ * slices changed since the last such sync (see cache_write_entry); the
+ * reserve is counted ahead here as at a client flush, so that a client
+ * that never flushes still allocates mostly from it.
  */
 int
 flush_l2_dependencies (struct qcow2_image *img)
@@ -58,7 +65,8 @@ flush_l2_dependencies (struct qcow2_image *img)
   ASSERT_LOCKED (img);
   if (!img->dirty.l2_needs_sync_first)
     return 0;
-  if ((r = cache_writeback (img, img->caches.refcount)) < 0 ||
+  if ((r = alloc_refill_reserve (img)) < 0 ||
+      (r = cache_writeback (img, img->caches.refcount)) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
   if (img->dirty.rt_hi > img->dirty.rt_lo) {
@@ -71,6 +79,8 @@ flush_l2_dependencies (struct qcow2_image *img)
     img->dirty.rt_lo = img->dirty.rt_hi = 0;
   }
   img->dirty.l2_needs_sync_first = false;
+  img->dirty.dep_syncs++;
+  alloc_reserve_durable (img);
   return 0;
 }
 

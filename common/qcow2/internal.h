@@ -173,6 +173,11 @@ struct image_dirty {
    * contents are not durable yet: sync those before writing them.
    */
   bool l2_needs_sync_first;
+  /* Syncs of those dependencies done so far: an L2 slice last changed
+   * before the latest one depends on nothing that is not durable (see
+   * cache_write_entry).
+   */
+  uint32_t dep_syncs;
   uint64_t l1_lo, l1_hi;        /* dirty L1 entries [lo, hi) */
   uint64_t rt_lo, rt_hi;        /* dirty reftable entries [lo, hi) */
 };
