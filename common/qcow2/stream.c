@@ -46,6 +46,8 @@
  */
 #define STREAM_RETRY_MAX_S 30
 #define STREAM_RETRIES 25
+/* What is copied is flushed this often. */
+#define STREAM_FLUSH_NS (1000 * 1000000LL)
 /* Passes that find work left but copy nothing before the job stops. */
 #define STREAM_IDLE_PASSES 5
 
@@ -398,6 +400,7 @@ stream_copy (struct qcow2_stream *s, int64_t started)
 {
   uint64_t copied = 0, left;
   unsigned failures = 0, idle = 0, tenth = 0;
+  int64_t flushed = stream_now_ns ();
   int r;
 
   for (;;) {
@@ -416,6 +419,12 @@ stream_copy (struct qcow2_stream *s, int64_t started)
         continue;
       }
       failures = 0;
+      /* What is copied is kept, for a start after a crash to go on. */
+      if (stream_now_ns () - flushed > STREAM_FLUSH_NS || found == 0) {
+        if ((r = qcow2_flush (s->img)) < 0 && !stream_retry (s, r, &failures))
+          return r;
+        flushed = stream_now_ns ();
+      }
       if (found == 0)
         break;
       copied += found;
@@ -465,8 +474,13 @@ stream_base_name (struct qcow2_stream *s, char **name, const char **format)
     return 0;
   while (above->backing != s->base)
     above = above->backing;
-  /* A relative name is relative to the image that records it. */
-  if (above == s->img || !qcow2_name_is_relative (above->h.backing_file))
+  /* A relative name is relative to the image that records it: kept
+   * when that image is in the top's folder.
+   */
+  const char *a = strrchr (above->path, '/'), *t = strrchr (s->img->path, '/');
+  size_t alen = a ? a - above->path : 0, tlen = t ? t - s->img->path : 0;
+  if (above == s->img || !qcow2_name_is_relative (above->h.backing_file) ||
+      (alen == tlen && strncmp (above->path, s->img->path, alen) == 0))
     *name = strdup (above->h.backing_file);
   else
     *name = strdup (s->base->path);
