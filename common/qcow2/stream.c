@@ -651,12 +651,11 @@ stream_thread (void *arg)
   log_notice (s->img, "stream: done: %" PRIu64 " bytes copied in %.1f s "
               "(%.1f MiB/s)", done, secs,
               secs > 0 ? done / secs / (1 << 20) : 0.0);
-  stream_set_state (s, QCOW2_STREAM_DONE);
   if (s->opts.keep_backing)
     log_notice (s->img, "stream: stream-detach=false: the backing link "
                 "is kept");
-  else if ((r = stream_detach (s)) == 0)
-    stream_set_state (s, QCOW2_STREAM_DETACHED);
+  stream_set_state (s, !s->opts.keep_backing && stream_detach (s) == 0
+                       ? QCOW2_STREAM_DETACHED : QCOW2_STREAM_DONE);
   return NULL;
 
  out:
