@@ -64,3 +64,11 @@ check_killed ()
     *) cat "$tmp/check.out" >&2; fail "qemu-img check $1 after SIGKILL: $r" ;;
   esac
 }
+
+# stream_raw_base FILE: a raw base of 32 MiB: 0x11 in [0, 12M), 0x12 in
+# [20M, 24M), holes elsewhere.
+stream_raw_base ()
+{
+  qemu-img create -q -f raw "$1" 32M
+  QIO_FMT=raw qio "$1" 'write -P 0x11 0 12M' 'write -P 0x12 20M 4M'
+}

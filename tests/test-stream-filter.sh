@@ -13,8 +13,7 @@ source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/stream-functions.sh"
 
 base=$tmp/base.raw
-qemu-img create -q -f raw "$base" 32M
-QIO_FMT=raw qio "$base" 'write -P 0x11 0 8M' 'write -P 0x12 20M 2M'
+stream_raw_base "$base"
 cp "$base" "$tmp/expected"
 QIO_FMT=raw qio "$tmp/expected" 'write -P 0x33 4M 4k'
 
@@ -42,7 +41,7 @@ for detach in true false; do
   qemu-img map --output=json -f qcow2 "$ov" | /usr/bin/python3 -c '
 import json, sys
 m = json.load(sys.stdin)
-e = next(e for e in m if e["start"] <= 12 << 20 < e["start"] + e["length"])
+e = next(e for e in m if e["start"] <= 14 << 20 < e["start"] + e["length"])
 assert not e["present"] or not e["data"], e
 ' || fail "the plugin's hole was copied as data"
 done

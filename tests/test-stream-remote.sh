@@ -17,8 +17,7 @@ source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/stream-functions.sh"
 
 base=$tmp/base.raw
-qemu-img create -q -f raw "$base" 32M
-QIO_FMT=raw qio "$base" 'write -P 0x11 0 12M' 'write -P 0x12 20M 4M'
+stream_raw_base "$base"
 
 # 1. NBD, with a delay: then served with the base server gone.
 nbd_server base -r --filter=delay file "$base" delay-read=20ms

@@ -498,11 +498,10 @@ stream_base_name (struct qcow2_stream *s, char **name, const char **format)
  * old chain, after it with the new one.
  */
 static int
-stream_write_header (struct qcow2_stream *s, const char *name,
+stream_write_header (struct qcow2_image *img, const char *name,
                      const char *format)
-  TSA_REQUIRES (s->img->lock)
+  TSA_REQUIRES (img->lock)
 {
-  struct qcow2_image *img = s->img;
   struct qcow2_header *h = &img->h;
   uint8_t sector[512];
   uint64_t at = 0, len = name ? strlen (name) : 0, first = HDR_BACKING_OFFSET;
@@ -596,7 +595,7 @@ stream_detach (struct qcow2_stream *s)
   image_lock (img);
   r = flush_locked (img);
   if (r == 0)
-    r = stream_write_header (s, name, format);
+    r = stream_write_header (img, name, format);
   if (r == 0) {
     struct qcow2_image *above = img;
 
