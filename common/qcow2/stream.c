@@ -39,13 +39,15 @@
 /* While clients have requests in flight, the job waits this long at
  * most before a step (so that it still ends under a steady load).
  */
-#define STREAM_YIELD_NS (20 * 1000000LL)
+#define STREAM_YIELD_NS (100 * 1000000LL)
 #define STREAM_YIELD_POLL_NS (500 * 1000LL)
 /* Retries of a failed step: the wait doubles from 1 s up to 30 s, and
  * the job gives up after this many failures in a row (some 10 minutes).
  */
 #define STREAM_RETRY_MAX_S 30
 #define STREAM_RETRIES 25
+/* How far one look at the layers below reaches. */
+#define STREAM_HELD_SPAN (64u << 20)
 /* What is copied is flushed this often. */
 #define STREAM_FLUSH_NS (1000 * 1000000LL)
 /* Passes that find work left but copy nothing before the job stops. */
@@ -63,6 +65,12 @@ struct qcow2_stream {
   enum qcow2_stream_state state;
   uint64_t total, done;         /* atomic */
   uint64_t pos;                 /* the job's own: where the pass is */
+  /* The last answer of the layers below, which are never written:
+   * [held_lo, held_hi) is held or not (one status request of a remote
+   * layer covers many clusters).
+   */
+  uint64_t held_lo, held_hi;
+  bool held;
 };
 
 static int64_t
@@ -143,8 +151,8 @@ stream_top_gap (struct qcow2_image *img, uint64_t c, uint64_t *mask)
  * read the same once it is gone).
  */
 static int
-stream_held (struct qcow2_stream *s, uint64_t offset, uint64_t len,
-             bool *held, uint64_t *n)
+stream_held_below (struct qcow2_stream *s, uint64_t offset, uint64_t len,
+                   bool *held, uint64_t *n)
 {
   *held = false;
   *n = len;
@@ -183,6 +191,27 @@ stream_held (struct qcow2_stream *s, uint64_t offset, uint64_t len,
       return 0;
     }
   }
+  return 0;
+}
+
+/* stream_held_below, remembered. */
+static int
+stream_held (struct qcow2_stream *s, uint64_t offset, uint64_t len,
+             bool *held, uint64_t *n)
+{
+  int r;
+
+  if (offset < s->held_lo || offset >= s->held_hi) {
+    uint64_t span = MIN (s->img->size - offset, STREAM_HELD_SPAN);
+
+    if ((r = stream_held_below (s, offset, MAX (span, len), &s->held,
+                                n)) < 0)
+      return r;
+    s->held_lo = offset;
+    s->held_hi = offset + *n;
+  }
+  *held = s->held;
+  *n = MIN (len, s->held_hi - offset);
   return 0;
 }
 
