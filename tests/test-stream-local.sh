@@ -62,8 +62,14 @@ for o in (41 << 20, 61 << 20):
 ' || fail "top's map after the stream"
 total=$(sed -n 's/.*started: \([0-9]*\) bytes.*/\1/p' "$tmp/a.log")
 
-# 2. Restarted on the streamed image: nothing left to do, no backing.
-expect_refused "has no backing file to stream from" qcow2 "$tmp/a/top.qcow2" stream=true
+# 2. Started again with the same command line: served, and a notice.
+stream_serve a2 qcow2 "$tmp/a/top.qcow2" stream=true
+grep -q "stream: the image has no backing file: nothing to stream" \
+  "$tmp/a2.log" || fail "no notice on a streamed image: $(cat "$tmp/a2.log")"
+nbdsh -u "nbd+unix:///?socket=$tmp/a2.sock" \
+  -c 'assert h.pread(4096, 5 << 20) == b"\x21" * 4096' ||
+  fail "serving the streamed image again"
+stop_server a2
 
 # 3. stream-base=base.qcow2: mid merged into top, which backs onto base.
 make_chain "$tmp/b"

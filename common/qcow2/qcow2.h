@@ -304,8 +304,9 @@ struct qcow2_stream_progress {
   enum qcow2_stream_state state;
   uint64_t total, done;         /* bytes to copy, and copied */
 };
-/* A job for img, checked (the image writable, with a backing file, the
- * base found), not started: NULL with errno, the reason reported.
+/* A job for img, checked (the image writable, the base found), not
+ * started: NULL with errno, the reason reported; ENOENT: the image has
+ * no backing file, nothing to do (a notice says so).
  */
 extern struct qcow2_stream *qcow2_stream_new (struct qcow2_image *img,
                                               const struct qcow2_stream_options *opts);

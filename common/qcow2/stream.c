@@ -732,9 +732,9 @@ qcow2_stream_new (struct qcow2_image *img,
     return NULL;
   }
   if (!img->backing) {
-    log_error (img, "stream: the image has no backing file to stream "
-               "from");
-    errno = EINVAL;
+    log_notice (img, "stream: the image has no backing file: nothing to "
+                "stream");
+    errno = ENOENT;
     return NULL;
   }
   if (img->data_io != img->io) {
