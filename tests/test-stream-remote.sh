@@ -50,6 +50,14 @@ if nbdkit curl --version >/dev/null 2>&1; then
     -F raw "$top" 32M
   stream_serve http qcow2 "$top" stream=true
   wait_streamed http > /dev/null
+  # The base's helper process (nbdkit's curl plugin, started by libnbd)
+  # ended with the detach.
+  for i in $(seq 50); do
+    pgrep -f "curl.*127.0.0.1:$http_port" > /dev/null || break
+    sleep 0.1
+  done
+  ! pgrep -f "curl.*127.0.0.1:$http_port" > /dev/null ||
+    fail "the curl helper still runs after the detach"
   stop_server http
   qemu-img check -q "$top" || fail "qemu-img check (HTTP base)"
   qemu-img info "$top" | grep -q "backing file" && fail "still a backing file"
@@ -91,6 +99,29 @@ QIO_FMT=raw qio "$tmp/kill.expected" 'write -P 0x31 1M 64k'
 qemu-img check -q "$top" || fail "qemu-img check (base killed)"
 qemu-img compare -q -f qcow2 -F raw "$top" "$tmp/kill.expected" ||
   fail "the top does not read as the chain did (base killed)"
+stop_server base
+
+# 3b. The base server stalled (SIGSTOP) past remote-timeout=, then on.
+nbd_server base -r --filter=delay file "$base" delay-read=300ms
+top=$tmp/stall.qcow2
+qemu-img create -q -f qcow2 -b "nbd+unix:///?socket=$tmp/base.sock" -F raw "$top"
+stream_serve stall qcow2 "$top" stream=true remote-timeout=2
+sleep 1
+kill -STOP "$(cat "$tmp/base.pid")"
+for i in $(seq 100); do
+  grep -q "failed .*retrying in" "$tmp/stall.log" && break
+  sleep 0.1
+done
+grep -q "failed .*retrying in" "$tmp/stall.log" ||
+  fail "no notice of the retry with the base stalled: $(cat "$tmp/stall.log")"
+kill -CONT "$(cat "$tmp/base.pid")"
+d=$(wait_streamed stall 120)
+[ "$d" = "streamed: no longer depends on its backing chain" ] ||
+  fail "after the base went on: $d; $(cat "$tmp/stall.log")"
+stop_server stall
+qemu-img check -q "$top" || fail "qemu-img check (base stalled)"
+qemu-img compare -q -f qcow2 -F raw "$top" "$base" ||
+  fail "the top does not read as the chain did (base stalled)"
 stop_server base
 
 # 4. No space left: a 2 MiB tmpfs for the top (root only).

@@ -294,7 +294,8 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
 
   if (!buf)
     return -errno;
-  for (;;) {
+  /* Each round fills a run of subclusters: at most as many rounds. */
+  for (unsigned round = 0; round < QCOW2_SUBCLUSTERS; round++) {
     struct write_inflight w;
     uint64_t mask, start, end;
 
@@ -324,6 +325,7 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
     if (r < 0)
       return r;
   }
+  return 0;
 }
 
 /* The next step from s->pos: the clusters to copy (a run of clusters
