@@ -131,6 +131,7 @@ stream_top_gap (struct qcow2_image *img, uint64_t c, uint64_t *mask)
   if ((r = cluster_l2_slice (img, c, &slice, &idx)) < 0)
     return r;
   if (!slice) {
+    /* The whole cluster, as fill.c fills it. */
     *mask = img->geo.extended_l2 ? L2_ALL_ALLOC : 1;
     return 0;
   }
@@ -141,6 +142,12 @@ stream_top_gap (struct qcow2_image *img, uint64_t c, uint64_t *mask)
     *mask = st.entry == 0;
   else
     *mask = ~(st.bitmap | st.bitmap >> 32) & L2_ALL_ALLOC;
+  /* Subclusters past the end of the disk are never written. */
+  if (img->geo.extended_l2 && img->size - c < img->geo.cluster_size) {
+    uint64_t n = (img->size - c + img->geo.subcluster_size - 1)
+                 >> img->geo.subcluster_bits;
+    *mask &= (UINT64_C (1) << n) - 1;
+  }
   return 0;
 }
 
@@ -297,7 +304,7 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
   /* Each round fills a run of subclusters: at most as many rounds. */
   for (unsigned round = 0; round < QCOW2_SUBCLUSTERS; round++) {
     struct write_inflight w;
-    uint64_t mask, start, end;
+    uint64_t mask, start, end, len;
 
     image_lock (img);
     r = stream_top_gap (img, c, &mask);
@@ -315,12 +322,12 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
     }
     write_inflight_claim (img, &w, c, c + img->geo.cluster_size);
     image_unlock (img);
-    r = read_backing (img, buf, (end - start) * scs, c + start * scs);
+    len = MIN ((end - start) * scs, img->size - (c + start * scs));
+    r = read_backing (img, buf, len, c + start * scs);
     image_lock (img);
     write_inflight_unclaim (img, &w);
     if (r == 0)
-      r = write_allocating_may_unlock (img, buf, c + start * scs,
-                                       (end - start) * scs);
+      r = write_allocating_may_unlock (img, buf, c + start * scs, len);
     image_unlock (img);
     if (r < 0)
       return r;
@@ -466,8 +473,9 @@ stream_copy (struct qcow2_stream *s, int64_t started)
         log_debug (s->img, "stream: copied %" PRIu64 " bytes up to offset "
                    "%" PRIu64 " (%" PRIu64 " of %" PRIu64 ")", found,
                    s->pos, done, total);
-      while (total && tenth < 9 && done * 10 >= (tenth + 1) * total) {
-        tenth++;
+      /* One notice a step at most, at the last tenth it passed. */
+      if (total && tenth < 9 && done * 10 >= (tenth + 1) * total) {
+        tenth = MIN (done * 10 / total, 9);
         log_notice (s->img, "stream: %u%% copied (%" PRIu64 " of %" PRIu64
                     " bytes)", tenth * 10, MIN (done, total), total);
       }
