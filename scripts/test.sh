@@ -21,6 +21,8 @@ packages=(
   libclang-rt-14-dev
   # the benchmarks (bench/)
   fio
+  # bench/stream.sh: qemu-storage-daemon's block-stream job, the peer
+  qemu-system-common
   # remote backing files: QEMU's nbd, curl and ssh drivers as the
   # tests' oracle, and the HTTPS test server's certificate
   qemu-block-extra

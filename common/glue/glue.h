@@ -229,6 +229,35 @@ extern bool glue_dump_asked (void);
  */
 extern bool glue_captive (void);
 
+/* gluestream.c: stream=true (the filter: qcow2-overlay-stream=true)
+ * and its companions, as each module's table parses them.
+ */
+struct glue_stream {
+  bool on;
+  char *base;                   /* stream-base=NAME, or NULL */
+  uint64_t rate;                /* stream-rate=, bytes/s (0: no limit) */
+  bool detach;                  /* stream-detach= (true) */
+};
+extern struct glue_stream glue_stream;
+extern int qcow2_debug_stream;
+/* Once the image named name is open (before nbdkit forks): the job
+ * checked (key names stream=true in the message refusing a read-only
+ * image).  0, or -1 said.
+ */
+extern int glue_stream_prepare (struct qcow2_image *img, const char *name,
+                                const char *key, bool readonly);
+/* After the fork: the job's thread started.  0, or -1 said. */
+extern int glue_stream_start (void);
+/* Before the image closes. */
+extern void glue_stream_stop (void);
+/* Around each client request (the job yields to them). */
+extern void glue_stream_enter (void);
+extern void glue_stream_leave (void);
+/* The export description while a job runs ("streaming: 43%, ..."),
+ * or NULL.
+ */
+extern const char *glue_stream_description (void);
+
 /* --help: the options both modules take, but io-threads= (whose
  * default differs) and the create options (in each module's order).
  */

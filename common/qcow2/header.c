@@ -124,8 +124,10 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
     uint32_t type = be32_get (buf + off);
     uint32_t len = be32_get (buf + off + 4);
     off += 8;
-    if (type == QCOW2_EXT_END)
+    if (type == QCOW2_EXT_END) {
+      h->names_end = MAX (h->names_end, off);
       return 0;
+    }
     if (len > end - off) {
       log_error (img, "header extension %#" PRIx32 " at offset %#" PRIx64
                  " is too large (%" PRIu32 " bytes, only %" PRIu64
@@ -137,6 +139,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
 
     switch (type) {
     case QCOW2_EXT_BACKING_FORMAT:
+      h->backing_format_ext = off - 8;
       free (h->backing_format);
       h->backing_format = header_strndup (data, MIN (len, 64));
       if (!h->backing_format)
@@ -185,6 +188,7 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
     /* Extension data is padded to 8 bytes. */
     off += ((uint64_t) len + 7) & ~UINT64_C (7);
   }
+  h->names_end = MAX (h->names_end, off);
   return 0;
 }
 
@@ -443,6 +447,7 @@ header_read_names (struct qcow2_image *img, uint8_t *buf,
     }
     h->backing_file = header_strndup (buf + h->backing_file_offset,
                                       h->backing_file_size);
+    h->names_end = h->backing_file_offset + h->backing_file_size;
     if (!h->backing_file)
       return -errno;
   }

@@ -36,7 +36,7 @@ image_init_data_lock (struct qcow2_image *img)
   pthread_rwlockattr_destroy (&attr);
 }
 
-static void
+void
 image_free (struct qcow2_image *img)
 {
   if (!img)

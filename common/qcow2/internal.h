@@ -66,6 +66,11 @@ struct qcow2_header {
   char *backing_file;
   char *backing_format;
   char *data_file;
+  /* Where the backing format extension starts (0: none), and where the
+   * extensions (with their end mark) and the backing name end: a
+   * stream's detach (stream.c) rewrites them.
+   */
+  uint64_t backing_format_ext, names_end;
   bool has_bitmaps_ext;
   uint32_t nb_bitmaps;
   uint64_t bitmap_directory_size;
@@ -527,6 +532,10 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
                                              const struct qcow2_options *opts,
                                              const char **chain,
                                              unsigned depth);
+/* Free a layer and those below it (no flush: for layers never written,
+ * or already flushed).
+ */
+extern void image_free (struct qcow2_image *img);
 
 /* luks.c: LUKS1 headers and the data cipher. */
 /* Where a LUKS header lies: length bytes at offset in io, in the file

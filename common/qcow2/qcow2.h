@@ -267,6 +267,58 @@ extern int qcow2_flush (struct qcow2_image *img);
 extern int qcow2_fill (struct qcow2_image *img, uint64_t count,
                        uint64_t offset);
 
+/* Streaming, as QEMU's block-stream job: a thread copies into the
+ * image, while it is served, every range it allocates nothing of and
+ * that a layer of its backing chain above the base holds (as
+ * qcow2_fill copies, so that a client's write always wins), then
+ * rewrites the header's backing name to the base (or none) in one
+ * crash-safe step and closes the layers dropped.  Ranges no such layer
+ * holds stay unallocated; ranges that read as zeros become zero
+ * clusters.  What is allocated is done: a job started again goes on
+ * from where the image stands.  Notices say how far it got.
+ */
+struct qcow2_stream;
+struct qcow2_stream_options {
+  /* The first layer kept (QEMU's base): matched by the name the layer
+   * above records, its path, or the file it names; NULL: none kept.
+   */
+  const char *base;
+  uint64_t rate;                /* bytes per second; 0: no limit */
+  bool keep_backing;            /* copy only: the chain stays as it is */
+  bool debug;                   /* a debug message per step */
+  /* Client requests in flight, counted by the caller (read atomically):
+   * the job waits, a bounded time, while there are.  NULL: no count.
+   */
+  const unsigned *busy;
+};
+enum qcow2_stream_state {
+  QCOW2_STREAM_STARTING,
+  QCOW2_STREAM_RUNNING,
+  QCOW2_STREAM_WAITING,         /* a failed step, retried soon */
+  QCOW2_STREAM_DONE,            /* all copied, the link kept */
+  QCOW2_STREAM_DETACHED,        /* all copied, the layers dropped */
+  QCOW2_STREAM_FAILED,
+  QCOW2_STREAM_STOPPED,
+};
+struct qcow2_stream_progress {
+  enum qcow2_stream_state state;
+  uint64_t total, done;         /* bytes to copy, and copied */
+};
+/* A job for img, checked (the image writable, the base found), not
+ * started: NULL with errno, the reason reported; ENOENT: the image has
+ * no backing file, nothing to do (a notice says so).
+ */
+extern struct qcow2_stream *qcow2_stream_new (struct qcow2_image *img,
+                                              const struct qcow2_stream_options *opts);
+/* Start its thread (after any fork): 0 or -errno. */
+extern int qcow2_stream_start (struct qcow2_stream *s);
+extern void qcow2_stream_progress (struct qcow2_stream *s,
+                                   struct qcow2_stream_progress *p);
+/* Stop the job (where it is: a step in flight ends first) and free it,
+ * before the image is closed.
+ */
+extern void qcow2_stream_free (struct qcow2_stream *s);
+
 /* Allocate every cluster of the disk, as qemu-img's preallocation=:
  * metadata maps them (the file covers them, with holes), falloc also
  * gives them space of their own (io's preallocate), full writes zeros

@@ -54,6 +54,10 @@ extern void overlay_unload (void);
   "                                kept in the qcow2 image FILE (made if\n" \
   "                                missing); the plugin is only read.\n" \
   "qcow2-overlay-backing=<NAME>    Record NAME (raw) as FILE's backing file.\n" \
-  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n"
+  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n" \
+  "qcow2-overlay-stream=true       Copy the whole disk into FILE while\n" \
+  "                                serving it, then drop FILE's backing name.\n" \
+  "qcow2-overlay-stream-rate=<SIZE>  At most this many bytes a second.\n" \
+  "qcow2-overlay-stream-detach=false  Copy, but keep FILE's backing name.\n"
 
 #endif /* QCOW2_FILTER_H */

@@ -52,6 +52,13 @@ overlay_config (const char *key, const char *value)
   }
   if (strcmp (key, "qcow2-overlay-on-read") == 0)
     return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
+  if (strcmp (key, "qcow2-overlay-stream") == 0)
+    return glue_parse_bool (key, value, &glue_stream.on) == 0 ? 1 : -1;
+  if (strcmp (key, "qcow2-overlay-stream-rate") == 0)
+    return glue_parse_size (key, value, false, &glue_stream.rate) == 0
+           ? 1 : -1;
+  if (strcmp (key, "qcow2-overlay-stream-detach") == 0)
+    return glue_parse_bool (key, value, &glue_stream.detach) == 0 ? 1 : -1;
   return 0;
 }
 
@@ -72,9 +79,10 @@ overlay_config_complete (bool create, bool chain)
     "the plugin's)" : NULL;
 
   if (!overlay_file) {
-    if (overlay_backing || overlay_on_read) {
+    if (overlay_backing || overlay_on_read || glue_stream.on) {
       nbdkit_error ("%s needs qcow2-overlay=FILE", overlay_backing ?
-                    "qcow2-overlay-backing=" : "qcow2-overlay-on-read=");
+                    "qcow2-overlay-backing=" : overlay_on_read ?
+                    "qcow2-overlay-on-read=" : "qcow2-overlay-stream=");
       return -1;
     }
     return 0;
@@ -91,6 +99,11 @@ overlay_config_complete (bool create, bool chain)
     nbdkit_error ("qcow2-overlay=%s: preallocation= needs extended-l2=on "
                   "(a cluster preallocated whole would hide the plugin's "
                   "disk there)", overlay_file);
+    return -1;
+  }
+  if (glue_stream.on && (glue.engine.readonly || glue_server_readonly ())) {
+    nbdkit_error ("qcow2-overlay-stream=true copies the plugin's disk into "
+                  "%s: not with nbdkit -r or readonly=true", overlay_file);
     return -1;
   }
   if (overlay_on_read && (glue.engine.readonly || glue_server_readonly ())) {
@@ -274,6 +287,10 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
     overlay_undo (made);
     return -1;
   }
+  if (glue_stream_prepare (*image, overlay_file, "qcow2-overlay-stream",
+                           readonly) == -1 ||
+      glue_stream_start () == -1)
+    return -1;
   nbdkit_debug ("qcow2-overlay: %s over the plugin's disk (%" PRId64
                 " bytes)%s", overlay_file, size,
                 overlay_on_read ? ", copying what is read" : "");

@@ -887,6 +887,7 @@ qcow2_filter_after_fork (nbdkit_backend *backend)
 static void
 qcow2_filter_cleanup (nbdkit_backend *backend)
 {
+  glue_stream_stop ();
   if (image && qcow2_close (image) < 0)
     nbdkit_error ("closing the image failed: its last changes may not be "
                   "durable");
@@ -974,7 +975,7 @@ qcow2_filter_is_rotational (nbdkit_next *next, void *handle)
 static const char *
 qcow2_filter_export_description (nbdkit_next *next, void *handle)
 {
-  return NULL;
+  return glue_stream_description ();
 }
 
 /* As the plugin: any byte range, 4 KiB preferred, 32 MiB at most. */
@@ -1004,7 +1005,10 @@ qcow2_filter_pread (nbdkit_next *next, void *handle, void *buf,
                     uint32_t count, uint64_t offset, uint32_t flags,
                     int *err)
 {
-  return qcow2_filter_result (qcow2_read (image, buf, count, offset), err);
+  glue_stream_enter ();
+  int r = qcow2_read (image, buf, count, offset);
+  glue_stream_leave ();
+  return qcow2_filter_result (r, err);
 }
 
 static int
@@ -1012,8 +1016,10 @@ qcow2_filter_pwrite (nbdkit_next *next, void *handle, const void *buf,
                      uint32_t count, uint64_t offset, uint32_t flags,
                      int *err)
 {
-  return qcow2_filter_result (qcow2_write (image, buf, count, offset,
-                                           flags & NBDKIT_FLAG_FUA), err);
+  glue_stream_enter ();
+  int r = qcow2_write (image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  glue_stream_leave ();
+  return qcow2_filter_result (r, err);
 }
 
 static int

@@ -40,6 +40,7 @@ plugin_load (void)
 static void
 plugin_unload (void)
 {
+  glue_stream_stop ();
   if (image && qcow2_close (image) < 0)
     nbdkit_error ("%s: closing the image failed: its last changes may not "
                   "be durable", filename);
@@ -132,6 +133,10 @@ static const struct glue_option plugin_options[] = {
     .set = plugin_set_cache },
   { "create", GLUE_FN, .fn = plugin_config_create },
   { "size", GLUE_FN, true, .fn = glue_config_create_size },
+  { "stream", GLUE_BOOL, .dest = &glue_stream.on },
+  { "stream-base", GLUE_STRING, .dest = &glue_stream.base },
+  { "stream-rate", GLUE_SIZE, .dest = &glue_stream.rate },
+  { "stream-detach", GLUE_BOOL, .dest = &glue_stream.detach },
 };
 
 static int
@@ -371,6 +376,11 @@ plugin_create_undo (enum create_made made)
   GLUE_CONFIG_HELP \
   "io-threads=<N>                  Threads doing the pieces of a fragmented\n" \
   "                                request at once (default 4, 0: none).\n" \
+  "stream=true                     Copy the backing chain into the image\n" \
+  "                                while serving it, then drop the link.\n" \
+  "stream-base=<NAME>              Stop at this layer (it stays the backing).\n" \
+  "stream-rate=<SIZE>              At most this many bytes a second.\n" \
+  "stream-detach=false             Copy, but keep the backing link.\n" \
   "create=true|if-missing size=<SIZE>  Make the image first, with:\n" \
   "  backing=<FILE> backing-fmt=qcow2|raw data-file=<FILE> data-file-raw=on\n" \
   GLUE_CREATE_HELP \
@@ -456,6 +466,9 @@ plugin_get_ready (void)
     goto fail;
   if (glue.repair_leaks && glue_repair (image, filename) == -1)
     goto fail;
+  if (glue_stream_prepare (image, filename, "stream",
+                           glue.engine.readonly) == -1)
+    goto fail;
   return 0;
 
  fail:
@@ -463,6 +476,25 @@ plugin_get_ready (void)
   image = NULL;
   plugin_create_undo (made);
   return -1;
+}
+
+/* Threads do not survive nbdkit's fork into the background. */
+static int
+plugin_after_fork (void)
+{
+  return glue_stream_start ();
+}
+
+static void
+plugin_cleanup (void)
+{
+  glue_stream_stop ();
+}
+
+static const char *
+plugin_export_description (void *handle)
+{
+  return glue_stream_description ();
 }
 
 static void *
@@ -562,7 +594,9 @@ static int
 plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
+  glue_stream_enter ();
   int r = qcow2_read (image, buf, count, offset);
+  glue_stream_leave ();
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -596,7 +630,9 @@ static int
 plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
+  glue_stream_enter ();
   int r = qcow2_write (image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  glue_stream_leave ();
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -654,6 +690,9 @@ static struct nbdkit_plugin plugin = {
   .magic_config_key  = "file",
   .dump_plugin       = glue_dump_plugin,
   .get_ready         = plugin_get_ready,
+  .after_fork        = plugin_after_fork,
+  .cleanup           = plugin_cleanup,
+  .export_description = plugin_export_description,
   .open              = plugin_open,
   .close             = plugin_close,
   .get_size          = plugin_get_size,

@@ -1,0 +1,826 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Streaming (QEMU's block-stream job): a thread that copies into the
+ * top image every range it allocates nothing of and that a layer of
+ * the backing chain above the base holds, while clients are served;
+ * once all is copied, the header's backing name is rewritten (to none,
+ * or to the base) and the layers dropped are closed.
+ *
+ * The copy is copy-on-read's (fill.c): a run of clusters is claimed as
+ * an allocating write claims it, read from the backing chain, written,
+ * and committed only where nothing else changed it, so that a client's
+ * write always wins.  A cluster of extended L2 entries that the top
+ * allocates part of gets its other subclusters through the allocating
+ * write path, under a claim taken before the backing chain is read.
+ * Ranges no layer above the base holds stay unallocated (they read
+ * the same from the base, or as zeros); those that read as zeros
+ * become zero clusters.  What is allocated is done: a job started again
+ * goes on from where the image stands.
+ *
+ * One step (at most STREAM_STEP bytes) is in flight at a time; before
+ * each the job waits, for a bounded time, while clients have requests
+ * in flight, and keeps to the rate asked.  A step that fails for want
+ * of space ends the job; other failures (a remote layer down) are
+ * retried, waiting longer each time up to a bound.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "be.h"
+#include "checked.h"
+#include "errstr.h"
+#include "internal.h"
+#include "iszero.h"
+
+#define STREAM_STEP (1u << 20)
+/* While clients have requests in flight, the job waits this long at
+ * most before a step (so that it still ends under a steady load).
+ */
+#define STREAM_YIELD_NS (100 * 1000000LL)
+#define STREAM_YIELD_POLL_NS (500 * 1000LL)
+/* Retries of a failed step: the wait doubles from 1 s up to 30 s, and
+ * the job gives up after this many failures in a row (some 10 minutes).
+ */
+#define STREAM_RETRY_MAX_S 30
+#define STREAM_RETRIES 25
+/* How far one look at the layers below reaches. */
+#define STREAM_HELD_SPAN (64u << 20)
+/* What is copied is flushed this often. */
+#define STREAM_FLUSH_NS (1000 * 1000000LL)
+/* Passes that find work left but copy nothing before the job stops. */
+#define STREAM_IDLE_PASSES 5
+
+struct qcow2_stream {
+  struct qcow2_image *img;
+  struct qcow2_image *base;     /* the first layer kept, or NULL */
+  struct qcow2_stream_options opts;
+  pthread_t thread;
+  bool started;
+  pthread_mutex_t lock;         /* guards stop, state; cond signals stop */
+  pthread_cond_t cond;
+  bool stop;
+  enum qcow2_stream_state state;
+  uint64_t total, done;         /* atomic */
+  uint64_t pos;                 /* the job's own: where the pass is */
+  /* The last answer of the layers below, which are never written:
+   * [held_lo, held_hi) is held or not (one status request of a remote
+   * layer covers many clusters).
+   */
+  uint64_t held_lo, held_hi;
+  bool held;
+};
+
+static int64_t
+stream_now_ns (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void
+stream_set_state (struct qcow2_stream *s, enum qcow2_stream_state state)
+{
+  pthread_mutex_lock (&s->lock);
+  s->state = state;
+  pthread_mutex_unlock (&s->lock);
+}
+
+/* Sleep ns, or less if the job is told to stop: whether it is. */
+static bool
+stream_sleep (struct qcow2_stream *s, int64_t ns)
+{
+  struct timespec ts;
+  bool stop;
+
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ns += ts.tv_nsec;
+  ts.tv_sec += ns / 1000000000LL;
+  ts.tv_nsec = ns % 1000000000LL;
+  pthread_mutex_lock (&s->lock);
+  while (!s->stop &&
+         pthread_cond_timedwait (&s->cond, &s->lock, &ts) != ETIMEDOUT)
+    ;
+  stop = s->stop;
+  pthread_mutex_unlock (&s->lock);
+  return stop;
+}
+
+static bool
+stream_stopping (struct qcow2_stream *s)
+{
+  return stream_sleep (s, 0);
+}
+
+/* The subclusters of the cluster at c that the top allocates nothing
+ * of: bit i for subcluster i (bit 0 alone without extended L2).
+ */
+static int
+stream_top_gap (struct qcow2_image *img, uint64_t c, uint64_t *mask)
+  TSA_REQUIRES (img->lock)
+{
+  struct l2_state st;
+  uint8_t *slice;
+  uint64_t idx;
+  int r;
+
+  if ((r = cluster_l2_slice (img, c, &slice, &idx)) < 0)
+    return r;
+  if (!slice) {
+    /* The whole cluster, as fill.c fills it. */
+    *mask = img->geo.extended_l2 ? L2_ALL_ALLOC : 1;
+    return 0;
+  }
+  l2_get (img, slice, idx, &st);
+  if (st.compressed)
+    *mask = 0;
+  else if (!img->geo.extended_l2)
+    *mask = st.entry == 0;
+  else
+    *mask = ~(st.bitmap | st.bitmap >> 32) & L2_ALL_ALLOC;
+  /* Subclusters past the end of the disk are never written. */
+  if (img->geo.extended_l2 && img->size - c < img->geo.cluster_size) {
+    uint64_t n = (img->size - c + img->geo.subcluster_size - 1)
+                 >> img->geo.subcluster_bits;
+    *mask &= (UINT64_C (1) << n) - 1;
+  }
+  return 0;
+}
+
+/* Whether a layer above the base holds something of [offset,
+ * offset+len): *n, how far the answer holds.  A layer shorter than
+ * offset reads as zeros there, so holds it; a raw layer holds what its
+ * storage does not report as reading zeros (the bottom layer's zeros
+ * read the same once it is gone).
+ */
+static int
+stream_held_below (struct qcow2_stream *s, uint64_t offset, uint64_t len,
+                   bool *held, uint64_t *n)
+{
+  *held = false;
+  *n = len;
+  for (struct qcow2_image *l = s->img->backing; l && l != s->base;
+       l = l->backing) {
+    struct qcow2_run run;
+    int r;
+
+    if (offset >= l->size) {
+      *held = true;
+      return 0;
+    }
+    *n = MIN (*n, l->size - offset);
+    if (l->raw) {
+      uint32_t type = 0;
+      uint64_t got = *n;
+
+      if (l->io->ops->status &&
+          (r = l->io->ops->status (l->io, offset, *n, &type, &got)) < 0) {
+        log_error (l, "finding holes at %#" PRIx64 ": %s", offset,
+                   errstr (-r));
+        return r;
+      }
+      *n = MAX (MIN (got, *n), 1);
+      *held = !(type & QCOW2_EXTENT_ZERO) || l->backing;
+      return 0;
+    }
+    image_lock (l);
+    r = cluster_map (l, offset, *n, &run);
+    image_unlock (l);
+    if (r < 0)
+      return r;
+    *n = MIN (*n, run.length);
+    if (run.kind != RUN_UNALLOCATED) {
+      *held = true;
+      return 0;
+    }
+  }
+  return 0;
+}
+
+/* stream_held_below, remembered. */
+static int
+stream_held (struct qcow2_stream *s, uint64_t offset, uint64_t len,
+             bool *held, uint64_t *n)
+{
+  int r;
+
+  if (offset < s->held_lo || offset >= s->held_hi) {
+    uint64_t span = MIN (s->img->size - offset, STREAM_HELD_SPAN);
+
+    if ((r = stream_held_below (s, offset, MAX (span, len), &s->held,
+                                n)) < 0)
+      return r;
+    s->held_lo = offset;
+    s->held_hi = offset + *n;
+  }
+  *held = s->held;
+  *n = MIN (len, s->held_hi - offset);
+  return 0;
+}
+
+/* What the job must copy of the cluster at c: the subclusters (mask)
+ * the top lacks, if a layer above the base holds any part of the
+ * cluster, else none.  Past the top's backing file the top reads
+ * zeros, whatever the layers below hold: nothing to copy.
+ */
+static int
+stream_wanted (struct qcow2_stream *s, uint64_t c, uint64_t *mask)
+  TSA_EXCLUDES (s->img->lock)
+{
+  struct qcow2_image *img = s->img;
+  uint64_t cs = img->geo.cluster_size, end, pos;
+  bool held = false;
+  int r;
+
+  *mask = 0;
+  if (c >= img->backing->size)
+    return 0;
+  image_lock (img);
+  r = stream_top_gap (img, c, mask);
+  image_unlock (img);
+  if (r < 0 || *mask == 0)
+    return r;
+  end = MIN (c + cs, img->size);
+  for (pos = c; pos < end && !held; ) {
+    uint64_t n;
+
+    if ((r = stream_held (s, pos, end - pos, &held, &n)) < 0)
+      return r;
+    pos += n;
+  }
+  if (!held)
+    *mask = 0;
+  return 0;
+}
+
+static uint64_t
+stream_mask_bytes (const struct qcow2_image *img, uint64_t mask)
+{
+  if (!img->geo.extended_l2)
+    return mask ? img->geo.cluster_size : 0;
+  return (uint64_t) __builtin_popcountll (mask) * img->geo.subcluster_size;
+}
+
+/* The bytes left to copy. */
+static int
+stream_count (struct qcow2_stream *s, uint64_t *left)
+{
+  uint64_t cs = s->img->geo.cluster_size;
+
+  *left = 0;
+  for (uint64_t c = 0; c < s->img->size; c += cs) {
+    uint64_t mask;
+    int r;
+
+    if ((c & ((UINT64_C (256) << 20) - 1)) == 0 && stream_stopping (s))
+      return -ECANCELED;
+    if ((r = stream_wanted (s, c, &mask)) < 0)
+      return r;
+    *left += stream_mask_bytes (s->img, mask);
+  }
+  return 0;
+}
+
+/* The subclusters of a cluster the top allocates part of, one run of
+ * them at a time: claimed, read from the chain, then written through
+ * the allocating write path, which the claim is handed to with the
+ * lock held throughout (so no client write comes between).
+ */
+static int
+stream_partial (struct qcow2_stream *s, uint64_t c)
+  TSA_EXCLUDES (s->img->lock)
+{
+  struct qcow2_image *img = s->img;
+  uint64_t scs = img->geo.subcluster_size;
+  CLEANUP_FREE uint8_t *buf = malloc (img->geo.cluster_size);
+  int r = 0;
+
+  if (!buf)
+    return -errno;
+  /* Each round fills a run of subclusters: at most as many rounds. */
+  for (unsigned round = 0; round < QCOW2_SUBCLUSTERS; round++) {
+    struct write_inflight w;
+    uint64_t mask, start, end, len;
+
+    image_lock (img);
+    r = stream_top_gap (img, c, &mask);
+    if (r < 0 || mask == 0 ||
+        write_inflight_overlaps (img, c, c + img->geo.cluster_size)) {
+      image_unlock (img);
+      return r;
+    }
+    start = __builtin_ctzll (mask);
+    for (end = start; end < QCOW2_SUBCLUSTERS && (mask >> end & 1); end++)
+      ;
+    if ((r = state_begin_write (img)) < 0) {
+      image_unlock (img);
+      return r;
+    }
+    write_inflight_claim (img, &w, c, c + img->geo.cluster_size);
+    image_unlock (img);
+    len = MIN ((end - start) * scs, img->size - (c + start * scs));
+    r = read_backing (img, buf, len, c + start * scs);
+    image_lock (img);
+    write_inflight_unclaim (img, &w);
+    if (r == 0)
+      r = write_allocating_may_unlock (img, buf, c + start * scs, len);
+    image_unlock (img);
+    if (r < 0)
+      return r;
+  }
+  return 0;
+}
+
+/* The next step from s->pos: the clusters to copy (a run of clusters
+ * the top allocates nothing of, or one that it allocates part of),
+ * copied.  *found: bytes copied (0: nothing left after s->pos).
+ */
+static int
+stream_step (struct qcow2_stream *s, uint64_t *found)
+{
+  struct qcow2_image *img = s->img;
+  uint64_t cs = img->geo.cluster_size;
+  uint64_t full = img->geo.extended_l2 ? L2_ALL_ALLOC : 1;
+  uint64_t start, len = 0, mask = 0;
+  int r = 0;
+
+  *found = 0;
+  /* What needs nothing is passed over without pausing. */
+  while (s->pos < img->size && mask == 0) {
+    if ((r = stream_wanted (s, s->pos, &mask)) < 0)
+      return r;
+    if (mask == 0)
+      s->pos += cs;
+  }
+  start = s->pos;
+  while (mask != 0) {
+    len += cs;
+    *found += stream_mask_bytes (img, mask);
+    if (mask != full || len >= STREAM_STEP || start + len >= img->size)
+      break;
+    if ((r = stream_wanted (s, start + len, &mask)) < 0)
+      return r;
+    if (mask != full)
+      break;
+  }
+  if (len == 0)
+    return 0;
+  pthread_rwlock_rdlock (&img->data_lock);
+  if (len == cs && *found < stream_mask_bytes (img, full))
+    r = stream_partial (s, start);
+  else
+    r = fill_range (img, start, len);
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r == 0)
+    s->pos = start + len;
+  return r;
+}
+
+/* Before a step: clients first (a bounded wait), then the rate. */
+static bool
+stream_pace (struct qcow2_stream *s, int64_t started, uint64_t copied)
+{
+  int64_t until = stream_now_ns () + STREAM_YIELD_NS;
+
+  while (s->opts.busy && __atomic_load_n (s->opts.busy, __ATOMIC_RELAXED) &&
+         stream_now_ns () < until)
+    if (stream_sleep (s, STREAM_YIELD_POLL_NS))
+      return true;
+  if (s->opts.rate) {
+    int64_t due = started + (int64_t) (copied * 1e9 / s->opts.rate);
+    int64_t now = stream_now_ns ();
+
+    if (due > now)
+      return stream_sleep (s, due - now);
+  }
+  return stream_stopping (s);
+}
+
+/* A step failed with r: whether to retry it (after a wait), said. */
+static bool
+stream_retry (struct qcow2_stream *s, int r, unsigned *failures)
+{
+  unsigned wait = 1;
+
+  if (r == -ENOSPC || r == -EDQUOT || r == -EFBIG) {
+    log_notice (s->img, "stream: no space left for the copy at offset "
+                "%" PRIu64 ": the job stops (the image is consistent; "
+                "start it again with stream=true once there is room)",
+                s->pos);
+    return false;
+  }
+  if (!qcow2_can_write (s->img) || ++*failures > STREAM_RETRIES) {
+    log_notice (s->img, "stream: copying at offset %" PRIu64 " failed "
+                "(%s)%s: the job stops", s->pos, errstr (-r),
+                *failures > STREAM_RETRIES ? ", too many times" : "");
+    return false;
+  }
+  for (unsigned i = 1; i < *failures && wait < STREAM_RETRY_MAX_S; i++)
+    wait *= 2;
+  wait = MIN (wait, STREAM_RETRY_MAX_S);
+  log_notice (s->img, "stream: copying at offset %" PRIu64 " failed (%s): "
+              "retrying in %u s (attempt %u of %u)", s->pos, errstr (-r),
+              wait, *failures, STREAM_RETRIES);
+  stream_set_state (s, QCOW2_STREAM_WAITING);
+  if (stream_sleep (s, wait * 1000000000LL))
+    return false;
+  stream_set_state (s, QCOW2_STREAM_RUNNING);
+  return true;
+}
+
+/* Copy all there is: 0 when nothing is left, else -errno. */
+static int
+stream_copy (struct qcow2_stream *s, int64_t started)
+{
+  uint64_t copied = 0, left;
+  unsigned failures = 0, idle = 0, tenth = 0;
+  int64_t flushed = stream_now_ns ();
+  int r;
+
+  for (;;) {
+    uint64_t pass_copied = 0;
+
+    s->pos = 0;
+    for (;;) {
+      uint64_t found;
+
+      if (stream_pace (s, started, copied))
+        return -ECANCELED;
+      r = stream_step (s, &found);
+      if (r < 0) {
+        if (!stream_retry (s, r, &failures))
+          return r;
+        continue;
+      }
+      failures = 0;
+      /* What is copied is kept, for a start after a crash to go on. */
+      if (stream_now_ns () - flushed > STREAM_FLUSH_NS || found == 0) {
+        if ((r = qcow2_flush (s->img)) < 0 && !stream_retry (s, r, &failures))
+          return r;
+        flushed = stream_now_ns ();
+      }
+      if (found == 0)
+        break;
+      copied += found;
+      pass_copied += found;
+      uint64_t done = __atomic_add_fetch (&s->done, found, __ATOMIC_RELAXED);
+      uint64_t total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
+      if (s->opts.debug)
+        log_debug (s->img, "stream: copied %" PRIu64 " bytes up to offset "
+                   "%" PRIu64 " (%" PRIu64 " of %" PRIu64 ")", found,
+                   s->pos, done, total);
+      /* One notice a step at most, at the last tenth it passed. */
+      if (total && tenth < 9 && done * 10 >= (tenth + 1) * total) {
+        tenth = MIN (done * 10 / total, 9);
+        log_notice (s->img, "stream: %u%% copied (%" PRIu64 " of %" PRIu64
+                    " bytes)", tenth * 10, MIN (done, total), total);
+      }
+    }
+    if ((r = stream_count (s, &left)) < 0)
+      return r;
+    if (left == 0)
+      return 0;
+    /* Clusters claimed by clients, or written meanwhile: again. */
+    __atomic_store_n (&s->total, __atomic_load_n (&s->done, __ATOMIC_RELAXED)
+                      + left, __ATOMIC_RELAXED);
+    idle = pass_copied ? 0 : idle + 1;
+    if (idle >= STREAM_IDLE_PASSES) {
+      log_notice (s->img, "stream: %" PRIu64 " bytes cannot be copied (the "
+                  "clusters are shared with internal snapshots, or "
+                  "compressed): the job stops", left);
+      return -ENOTSUP;
+    }
+    if (stream_sleep (s, 100 * 1000000LL))
+      return -ECANCELED;
+  }
+}
+
+/* The header's backing name and format, as they become: none, or the
+ * base (its name resolved as the image names it, its format).
+ */
+static int
+stream_base_name (struct qcow2_stream *s, char **name, const char **format)
+{
+  struct qcow2_image *above = s->img;
+
+  *name = NULL;
+  *format = NULL;
+  if (!s->base)
+    return 0;
+  while (above->backing != s->base)
+    above = above->backing;
+  /* A relative name is relative to the image that records it: kept
+   * when that image is in the top's folder.
+   */
+  const char *a = strrchr (above->path, '/'), *t = strrchr (s->img->path, '/');
+  size_t alen = a ? a - above->path : 0, tlen = t ? t - s->img->path : 0;
+  if (above == s->img || !qcow2_name_is_relative (above->h.backing_file) ||
+      (alen == tlen && strncmp (above->path, s->img->path, alen) == 0))
+    *name = strdup (above->h.backing_file);
+  else
+    *name = strdup (s->base->path);
+  if (!*name)
+    return -errno;
+  *format = s->base->raw ? "raw" : "qcow2";
+  return 0;
+}
+
+/* Rewrite the header's backing name in one crash-safe step: the new
+ * name (if any) is written past everything the header cluster holds,
+ * and made durable; then the fields that point at it, and the backing
+ * format extension when it changes, are written in one write within
+ * the first sector.  Before the second write the image opens with its
+ * old chain, after it with the new one.
+ */
+static int
+stream_write_header (struct qcow2_image *img, const char *name,
+                     const char *format)
+  TSA_REQUIRES (img->lock)
+{
+  struct qcow2_header *h = &img->h;
+  uint8_t sector[512];
+  uint64_t at = 0, len = name ? strlen (name) : 0, first = HDR_BACKING_OFFSET;
+  uint64_t last = HDR_BACKING_SIZE + 4;
+  int r;
+
+  if (name) {
+    at = (h->names_end + 7) & ~UINT64_C (7);
+    if (len > QCOW2_MAX_BACKING_NAME || at < h->names_end ||
+        range_exceeds (at, len, img->geo.cluster_size)) {
+      log_notice (img, "stream: no room in the header cluster for the name "
+                  "of the base \"%s\": the backing link is kept", name);
+      return -ENOSPC;
+    }
+    if ((r = io_write_meta (img, name, len, at, "backing file name",
+                            OL (MAIN_HEADER))) < 0 ||
+        (r = io_flush (img)) < 0)
+      return r;
+  }
+  r = img->io->ops->pread (img->io, sector, sizeof sector, 0);
+  if (r < 0) {
+    log_error (img, "reading the header: %s", errstr (-r));
+    return r;
+  }
+  be64_put (sector + HDR_BACKING_OFFSET, at);
+  be32_put (sector + HDR_BACKING_SIZE, len);
+  if (format && h->backing_format &&
+      strcmp (format, h->backing_format) != 0) {
+    uint64_t ext = h->backing_format_ext;
+    size_t flen = strlen (format);
+
+    /* "raw" and "qcow2" both pad to 8 bytes: the extension keeps its
+     * size, so what follows it stays in place.
+     */
+    if (ext == 0 || ext + 16 > sizeof sector ||
+        ((strlen (h->backing_format) + 7) & ~7u) != 8) {
+      log_notice (img, "stream: the backing format extension cannot be "
+                  "rewritten in one step: the backing link is kept");
+      return -ENOTSUP;
+    }
+    be32_put (sector + ext + 4, flen);
+    memset (sector + ext + 8, 0, 8);
+    memcpy (sector + ext + 8, format, flen);
+    last = MAX (last, ext + 16);
+  }
+  if ((r = io_write_meta (img, sector + first, last - first, first,
+                          "header", OL (MAIN_HEADER))) < 0 ||
+      (r = io_flush (img)) < 0)
+    return r;
+  h->backing_file_offset = at;
+  h->backing_file_size = len;
+  h->names_end = MAX (h->names_end, at + len);
+  return 0;
+}
+
+/* Whether dropping the layers above the base keeps what every guest
+ * byte reads: a dropped layer shorter than the base hides the base's
+ * bytes past its end (zeros), which the top would then show.
+ */
+static bool
+stream_sizes_agree (struct qcow2_stream *s)
+{
+  uint64_t limit = s->base ? MIN (s->base->size, s->img->size) : 0;
+
+  for (struct qcow2_image *l = s->img->backing; l != s->base; l = l->backing)
+    if (l->size < limit)
+      return false;
+  return true;
+}
+
+/* Cut loose: the header names the base (or nothing), and the layers
+ * above it are closed.
+ */
+static int
+stream_detach (struct qcow2_stream *s)
+{
+  struct qcow2_image *img = s->img, *dropped = NULL;
+  CLEANUP_FREE char *name = NULL;
+  const char *format;
+  char *old_name;
+  int r;
+
+  if (!stream_sizes_agree (s)) {
+    log_notice (img, "stream: a layer above the base is shorter than the "
+                "base: the backing link is kept");
+    return -ENOTSUP;
+  }
+  if ((r = stream_base_name (s, &name, &format)) < 0)
+    return r;
+  pthread_rwlock_wrlock (&img->data_lock);
+  image_lock (img);
+  r = flush_locked (img);
+  if (r == 0)
+    r = stream_write_header (img, name, format);
+  if (r == 0) {
+    struct qcow2_image *above = img;
+
+    while (above->backing != s->base)
+      above = above->backing;
+    dropped = img->backing;
+    above->backing = NULL;
+    img->backing = s->base;
+    old_name = img->h.backing_file;
+    img->h.backing_file = name;
+    name = old_name;
+    if (format) {
+      char *f = strdup (format);
+
+      if (f) {
+        free (img->h.backing_format);
+        img->h.backing_format = f;
+      }
+    }
+  }
+  image_unlock (img);
+  pthread_rwlock_unlock (&img->data_lock);
+  if (r < 0)
+    return r;
+  image_free (dropped);
+  log_notice (img, "stream: the image no longer depends on \"%s\": its "
+              "backing file is now %s%s%s", name ? name : "",
+              img->h.backing_file ? "\"" : "",
+              img->h.backing_file ? img->h.backing_file : "none",
+              img->h.backing_file ? "\"" : "");
+  return 0;
+}
+
+static void *
+stream_thread (void *arg)
+{
+  struct qcow2_stream *s = arg;
+  int64_t started = stream_now_ns ();
+  uint64_t total;
+  int r;
+
+  if ((r = stream_count (s, &total)) < 0)
+    goto out;
+  __atomic_store_n (&s->total, total, __ATOMIC_RELAXED);
+  log_notice (s->img, "stream: started: %" PRIu64 " bytes to copy%s%s%s",
+              total, s->base ? " (down to the base \"" : "",
+              s->base ? s->base->path : "", s->base ? "\")" : "");
+  if ((r = stream_copy (s, started)) < 0)
+    goto out;
+  double secs = (stream_now_ns () - started) / 1e9;
+  uint64_t done = __atomic_load_n (&s->done, __ATOMIC_RELAXED);
+  log_notice (s->img, "stream: done: %" PRIu64 " bytes copied in %.1f s "
+              "(%.1f MiB/s)", done, secs,
+              secs > 0 ? done / secs / (1 << 20) : 0.0);
+  if (s->opts.keep_backing)
+    log_notice (s->img, "stream: stream-detach=false: the backing link "
+                "is kept");
+  stream_set_state (s, !s->opts.keep_backing && stream_detach (s) == 0
+                       ? QCOW2_STREAM_DETACHED : QCOW2_STREAM_DONE);
+  return NULL;
+
+ out:
+  stream_set_state (s, r == -ECANCELED ? QCOW2_STREAM_STOPPED
+                                       : QCOW2_STREAM_FAILED);
+  if (r == -ECANCELED)
+    log_debug (s->img, "stream: stopped at offset %" PRIu64, s->pos);
+  return NULL;
+}
+
+/* Whether the layer l is the one name names: by the name the layer
+ * above records, its path, or, resolved as the image's names are, its
+ * identity.
+ */
+static bool
+stream_is_layer (struct qcow2_image *img, const struct qcow2_image *above,
+                 const struct qcow2_image *l, const char *name)
+{
+  CLEANUP_FREE char *resolved = NULL, *why = NULL, *id = NULL;
+
+  if ((above->h.backing_file && strcmp (above->h.backing_file, name) == 0) ||
+      strcmp (l->path, name) == 0)
+    return true;
+  resolved = name_resolve (img->path, name, &why);
+  if (!resolved)
+    return false;
+  if (strcmp (resolved, l->path) == 0)
+    return true;
+  if (img->env->identity && l->id &&
+      (id = img->env->identity (img->env->opaque, resolved)))
+    return strcmp (id, l->id) == 0;
+  return false;
+}
+
+struct qcow2_stream *
+qcow2_stream_new (struct qcow2_image *img,
+                  const struct qcow2_stream_options *opts)
+{
+  struct qcow2_stream *s;
+  struct qcow2_image *base = NULL;
+
+  if (!img->writable || img->raw) {
+    log_error (img, "stream: the image must be opened read-write to "
+               "stream into it");
+    errno = EINVAL;
+    return NULL;
+  }
+  if (!img->backing) {
+    log_notice (img, "stream: the image has no backing file: nothing to "
+                "stream");
+    errno = ENOENT;
+    return NULL;
+  }
+  if (img->data_io != img->io) {
+    log_error (img, "stream: the guest data is in an external data file: "
+               "streaming into it is not supported");
+    errno = ENOTSUP;
+    return NULL;
+  }
+  if (opts->base) {
+    const struct qcow2_image *above = img;
+
+    for (base = img->backing; base; above = base, base = base->backing)
+      if (stream_is_layer (img, above, base, opts->base))
+        break;
+    if (!base || base == img->backing) {
+      log_error (img, "stream: stream-base=%s is %s", opts->base,
+                 base ? "the image's own backing file: nothing to stream"
+                      : "no layer of the backing chain below the image's "
+                        "backing file");
+      errno = EINVAL;
+      return NULL;
+    }
+  }
+  if (!(s = calloc (1, sizeof *s)))
+    return NULL;
+  s->img = img;
+  s->base = base;
+  s->opts = *opts;
+  s->opts.base = NULL;
+  s->state = QCOW2_STREAM_STARTING;
+  pthread_mutex_init (&s->lock, NULL);
+  pthread_cond_init (&s->cond, NULL);
+  return s;
+}
+
+int
+qcow2_stream_start (struct qcow2_stream *s)
+{
+  int r;
+
+  assert (!s->started);
+  stream_set_state (s, QCOW2_STREAM_RUNNING);
+  r = pthread_create (&s->thread, NULL, stream_thread, s);
+  if (r != 0) {
+    log_error (s->img, "stream: starting its thread: %s", errstr (r));
+    stream_set_state (s, QCOW2_STREAM_FAILED);
+    return -r;
+  }
+  s->started = true;
+  return 0;
+}
+
+void
+qcow2_stream_progress (struct qcow2_stream *s,
+                       struct qcow2_stream_progress *p)
+{
+  pthread_mutex_lock (&s->lock);
+  p->state = s->state;
+  pthread_mutex_unlock (&s->lock);
+  p->total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
+  p->done = MIN (__atomic_load_n (&s->done, __ATOMIC_RELAXED), p->total);
+}
+
+void
+qcow2_stream_free (struct qcow2_stream *s)
+{
+  if (!s)
+    return;
+  if (s->started) {
+    pthread_mutex_lock (&s->lock);
+    s->stop = true;
+    pthread_cond_broadcast (&s->cond);
+    pthread_mutex_unlock (&s->lock);
+    pthread_join (s->thread, NULL);
+  }
+  pthread_mutex_destroy (&s->lock);
+  pthread_cond_destroy (&s->cond);
+  free (s);
+}
