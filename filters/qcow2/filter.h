@@ -28,6 +28,17 @@ extern struct qcow2_io *filter_nextio_new (nbdkit_next *next, int64_t size,
  */
 extern int filter_lock_below (bool readonly);
 
+/* What the plugin below is, as an overlay records it: its name and
+ * the keys that say what it serves, file= as an absolute path ("file
+ * file=/srv/a.raw", "curl url=https://h/a.raw", "memory").  Set at
+ * config_complete.
+ */
+extern const char *filter_below_identity (void);
+/* The local file the plugin serves and has open (known once
+ * filter_lock_below ran), or NULL.
+ */
+extern const char *filter_below_file (void);
+
 /* overlay.c: qcow2-overlay=FILE */
 
 /* A key of the overlay: 1 if done, 0 if not the overlay's, -1 on
@@ -54,6 +65,7 @@ extern void overlay_unload (void);
   "                                kept in the qcow2 image FILE (made if\n" \
   "                                missing); the plugin is only read.\n" \
   "qcow2-overlay-backing=<NAME>    Record NAME (raw) as FILE's backing file.\n" \
-  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n"
+  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n" \
+  "qcow2-overlay-force=true        Continue a FILE made over another disk.\n"
 
 #endif /* QCOW2_FILTER_H */
