@@ -639,54 +639,66 @@ glue_create_compare (struct qcow2_image *img, const char *name)
   const struct glue_create *c = &glue.create;
   const struct qcow2_create_options *o = &c->opts;
   struct qcow2_info i;
-  char why[1024] = "";
+  /* wrong: what would serve another disk (refused); other: what only
+   * the format differs in, or a disk grown since (said, and served).
+   */
+  char wrong[1024] = "", other[1024] = "";
+  uint64_t want = c->size >= 0 ? div_round_up (c->size, 512) : 0;
 
   qcow2_get_info (img, &i);
   /* Whole sectors, as create makes it (and QEMU serves it). */
-  if (c->size >= 0 && div_round_up (c->size, 512) !=
-      div_round_up (i.size, 512))
-    glue_differs (why, sizeof why, "its virtual size is %" PRIu64 " bytes, "
-                  "not size=%" PRId64, i.size, c->size);
+  if (c->size >= 0 && want > div_round_up (i.size, 512))
+    glue_differs (wrong, sizeof wrong, "its virtual size is %" PRIu64
+                  " bytes, less than size=%" PRId64, i.size, c->size);
+  else if (c->size >= 0 && want < div_round_up (i.size, 512))
+    glue_differs (other, sizeof other, "its virtual size is %" PRIu64
+                  " bytes, more than size=%" PRId64 " (grown since it was "
+                  "made, as by qemu-img resize)", i.size, c->size);
   if (!o->luks != !i.encrypted)
-    glue_differs (why, sizeof why, "it is %sencrypted%s", i.encrypted ? ""
-                  : "not ", i.encrypted ? ", but encrypt-format= is not "
+    glue_differs (wrong, sizeof wrong, "it is %sencrypted%s", i.encrypted ?
+                  "" : "not ", i.encrypted ? ", but encrypt-format= is not "
                   "given" : ", but encrypt-format=luks is given");
+  if (o->backing && (!i.backing || strcmp (i.backing, o->backing) != 0))
+    glue_differs (wrong, sizeof wrong, "its backing file is %s%s%s, not "
+                  "backing=%s", i.backing ? "\"" : "", i.backing ? i.backing
+                  : "none", i.backing ? "\"" : "", o->backing);
   if (o->cluster_size && o->cluster_size != i.cluster_size)
-    glue_differs (why, sizeof why, "its clusters are %" PRIu64 " bytes, not "
-                  "cluster-size=%" PRIu64, i.cluster_size, o->cluster_size);
-  glue_differs_flag (why, sizeof why, c->compat_set, i.version == 2,
+    glue_differs (other, sizeof other, "its clusters are %" PRIu64 " bytes, "
+                  "not cluster-size=%" PRIu64, i.cluster_size,
+                  o->cluster_size);
+  glue_differs_flag (other, sizeof other, c->compat_set, i.version == 2,
                      o->compat_v2, "it is version 2", "it is version 3",
                      "compat", "0.10", "1.1");
-  glue_differs_flag (why, sizeof why, c->extended_l2_set, i.extended_l2,
+  glue_differs_flag (other, sizeof other, c->extended_l2_set, i.extended_l2,
                      o->extended_l2, "its L2 entries are extended",
                      "its L2 entries are not extended", "extended-l2",
                      "on", "off");
-  glue_differs_flag (why, sizeof why, c->lazy_refcounts_set,
+  glue_differs_flag (other, sizeof other, c->lazy_refcounts_set,
                      i.lazy_refcounts, o->lazy_refcounts,
                      "lazy refcounts are on", "lazy refcounts are off",
                      "lazy-refcounts", "on", "off");
   if (o->refcount_bits && o->refcount_bits != i.refcount_bits)
-    glue_differs (why, sizeof why, "its refcounts are %u bits, not "
+    glue_differs (other, sizeof other, "its refcounts are %u bits, not "
                   "refcount-bits=%u", i.refcount_bits, o->refcount_bits);
-  glue_differs_flag (why, sizeof why, c->compression_type_set, i.zstd,
+  glue_differs_flag (other, sizeof other, c->compression_type_set, i.zstd,
                      o->zstd, "its compression type is zstd",
                      "its compression type is zlib", "compression-type",
                      "zstd", "zlib");
-  glue_differs_flag (why, sizeof why, c->data_file_raw_set, i.data_file_raw,
-                     o->data_file_raw, "its data file is raw",
-                     "its data file is not raw", "data-file-raw", "on",
-                     "off");
-  if (o->backing && (!i.backing || strcmp (i.backing, o->backing) != 0))
-    glue_differs (why, sizeof why, "its backing file is %s%s%s, not "
-                  "backing=%s", i.backing ? "\"" : "", i.backing ? i.backing
-                  : "none", i.backing ? "\"" : "", o->backing);
-  if (!why[0])
-    return 0;
-  nbdkit_error ("create=if-missing: %s exists, but it is not the image the "
-                "options describe: %s.  It is left as it is: drop the "
-                "options that differ to serve it, or remove it to make a "
-                "new one", name, why);
-  return -1;
+  glue_differs_flag (other, sizeof other, c->data_file_raw_set,
+                     i.data_file_raw, o->data_file_raw,
+                     "its data file is raw", "its data file is not raw",
+                     "data-file-raw", "on", "off");
+  if (wrong[0]) {
+    nbdkit_error ("create=if-missing: %s exists, but it is another disk "
+                  "than the options describe: %s.  It is left as it is, "
+                  "and not served: give the options it has (or none, "
+                  "without create=) to serve it", name, wrong);
+    return -1;
+  }
+  if (other[0])
+    glue_noticef (name, "create=if-missing: the image there is served as "
+                  "it is: %s", other);
+  return 0;
 }
 
 int
