@@ -156,3 +156,46 @@ expect_refused "cannot go with backing=" \
 expect_refused "qcow2-overlay-backing= needs qcow2-overlay=FILE" \
   --filter=qcow2 file "$base" qcow2-overlay-backing=base.raw
 sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
+
+# As the cow filter's cow-on-read=/PATH: copy-on-read while PATH
+# exists, toggled at run time; qcow2-overlay-on-cache= as cow-on-cache=.
+# filled FILE OFFSET...: each offset's cluster is in FILE (present);
+# "-OFFSET": not.
+filled ()
+{
+  local f="$1"; shift
+  qemu-img map --output=json "json:{\"file\":{\"filename\":\"$f\"},\"backing\":null}" |
+    /usr/bin/python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+for a in sys.argv[1:]:
+    o = abs(int(a))
+    p = any(e["start"] <= o < e["start"] + e["length"] and e["present"] for e in m)
+    assert p == (not a.startswith("-")), "offset %d: present=%s" % (o, p)
+' "$@"
+}
+flag=$tmp/on-read
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/toggle.qcow2" \
+  qcow2-overlay-on-read="$flag" --run '
+  nbdsh -u "$uri" -c "h.pread(65536, 0)" &&
+  touch '"$flag"' && nbdsh -u "$uri" -c "h.pread(65536, 1 << 20)" &&
+  rm '"$flag"' && nbdsh -u "$uri" -c "h.pread(65536, 2 << 20)"' ||
+  fail "qcow2-overlay-on-read=/PATH"
+filled "$tmp/toggle.qcow2" -0 1048576 -2097152 ||
+  fail "qcow2-overlay-on-read=/PATH: copied while PATH existed only"
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/nocache.qcow2" \
+  qcow2-overlay-on-read=true qcow2-overlay-on-cache=false --run '
+  nbdsh -u "$uri" -c "h.cache(65536, 0); h.pread(65536, 1 << 20)"' ||
+  fail "qcow2-overlay-on-cache=false"
+filled "$tmp/nocache.qcow2" -0 1048576 || fail "qcow2-overlay-on-cache=false filled"
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/cache.qcow2" \
+  qcow2-overlay-on-cache=true --run '
+  nbdsh -u "$uri" -c "assert h.can_cache(); h.cache(65536, 0); h.pread(65536, 1 << 20)"' ||
+  fail "qcow2-overlay-on-cache=true"
+filled "$tmp/cache.qcow2" 0 -1048576 || fail "qcow2-overlay-on-cache=true"
+for f in toggle nocache cache; do
+  check_overlay "$tmp/$f.qcow2" || fail "qemu-img check of $f.qcow2"
+done
+expect_refused "qcow2-overlay-on-cache=true writes what is read.*not with nbdkit -r" \
+  -r --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-on-cache=true
+sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"

@@ -56,8 +56,18 @@ extern bool overlay_active (void);
  */
 extern int overlay_open (nbdkit_next *below, int64_t size, const char *name,
                          struct qcow2_image **image);
-/* What NBD cache requests do: fill FILE with qcow2-overlay-on-read. */
+/* Whether NBD cache requests are taken (in an overlay): they fill
+ * FILE with qcow2-overlay-on-cache= (by default, with
+ * qcow2-overlay-on-read=), else do nothing.
+ */
 extern int overlay_can_cache (void);
+/* Whether a cache request, now, fills FILE. */
+extern bool overlay_fills_cache (void);
+/* Whether a read, now, is copied into FILE first: with
+ * qcow2-overlay-on-read=/PATH, while PATH exists (with =true, the
+ * engine copies every read itself).
+ */
+extern bool overlay_fills_reads (void);
 extern void overlay_unload (void);
 
 #define OVERLAY_CONFIG_HELP \
@@ -65,7 +75,10 @@ extern void overlay_unload (void);
   "                                kept in the qcow2 image FILE (made if\n" \
   "                                missing); the plugin is only read.\n" \
   "qcow2-overlay-backing=<NAME>    Record NAME (raw) as FILE's backing file.\n" \
-  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n" \
+  "qcow2-overlay-on-read=true|/PATH  Copy what is read into FILE (/PATH:\n" \
+  "                                while PATH exists).\n" \
+  "qcow2-overlay-on-cache=true|false  Cache requests fill FILE (default:\n" \
+  "                                as qcow2-overlay-on-read=).\n" \
   "qcow2-overlay-force=true        Continue a FILE made over another disk.\n"
 
 #endif /* QCOW2_FILTER_H */

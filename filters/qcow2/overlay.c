@@ -30,7 +30,15 @@
 
 static char *overlay_file;      /* qcow2-overlay=, absolute */
 static char *overlay_backing;   /* qcow2-overlay-backing=, as given */
-static bool overlay_on_read;    /* qcow2-overlay-on-read= */
+static bool overlay_on_read;    /* qcow2-overlay-on-read=true */
+/* qcow2-overlay-on-read=/PATH: copy-on-read while PATH exists (as the
+ * cow filter's cow-on-read=/PATH).
+ */
+static char *overlay_on_read_path;
+/* qcow2-overlay-on-cache=: whether cache requests fill FILE (the cow
+ * filter's cow-on-cache=); -1, not given: as copy-on-read does.
+ */
+static int overlay_on_cache = -1;
 static bool overlay_force;      /* qcow2-overlay-force= */
 
 /* What a FILE made without qcow2-overlay-backing= records as its
@@ -63,8 +71,25 @@ overlay_config (const char *key, const char *value)
                     "no backing file name is recorded)");
     return overlay_backing ? 1 : -1;
   }
-  if (strcmp (key, "qcow2-overlay-on-read") == 0)
-    return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
+  if (strcmp (key, "qcow2-overlay-on-read") == 0) {
+    free (overlay_on_read_path);
+    overlay_on_read_path = NULL;
+    overlay_on_read = false;
+    if (value[0] != '/')
+      return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
+    overlay_on_read_path = strdup (value);
+    if (!overlay_on_read_path)
+      nbdkit_error ("strdup: %s", errstr (errno));
+    return overlay_on_read_path ? 1 : -1;
+  }
+  if (strcmp (key, "qcow2-overlay-on-cache") == 0) {
+    bool b;
+
+    if (glue_parse_bool (key, value, &b) == -1)
+      return -1;
+    overlay_on_cache = b;
+    return 1;
+  }
   if (strcmp (key, "qcow2-overlay-force") == 0)
     return glue_parse_bool (key, value, &overlay_force) == 0 ? 1 : -1;
   return 0;
@@ -114,10 +139,13 @@ overlay_config_complete (bool create, bool chain)
     "the plugin's)" : NULL;
 
   if (!overlay_file) {
-    if (overlay_backing || overlay_on_read || overlay_force) {
+    if (overlay_backing || overlay_on_read || overlay_on_read_path ||
+        overlay_on_cache != -1 || overlay_force) {
       nbdkit_error ("%s needs qcow2-overlay=FILE", overlay_backing ?
-                    "qcow2-overlay-backing=" : overlay_on_read ?
-                    "qcow2-overlay-on-read=" : "qcow2-overlay-force=");
+                    "qcow2-overlay-backing=" : overlay_on_read ||
+                    overlay_on_read_path ? "qcow2-overlay-on-read=" :
+                    overlay_on_cache != -1 ? "qcow2-overlay-on-cache=" :
+                    "qcow2-overlay-force=");
       return -1;
     }
     return 0;
@@ -136,9 +164,14 @@ overlay_config_complete (bool create, bool chain)
                   "disk there)", overlay_file);
     return -1;
   }
-  if (overlay_on_read && (glue.engine.readonly || glue_server_readonly ())) {
-    nbdkit_error ("qcow2-overlay-on-read=true writes what is read into %s: "
-                  "not with nbdkit -r", overlay_file);
+  if ((overlay_on_read || overlay_on_read_path || overlay_on_cache == 1) &&
+      (glue.engine.readonly || glue_server_readonly ())) {
+    nbdkit_error ("%s%s writes what is read into %s: not with nbdkit -r",
+                  overlay_on_read ? "qcow2-overlay-on-read=true" :
+                  overlay_on_read_path ? "qcow2-overlay-on-read=" :
+                  "qcow2-overlay-on-cache=true",
+                  overlay_on_read_path ? overlay_on_read_path : "",
+                  overlay_file);
     return -1;
   }
   if (!(overlay_own_name = overlay_json_name (filter_below_identity ())))
@@ -422,10 +455,26 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   return 0;
 }
 
+bool
+overlay_fills_reads (void)
+{
+  return overlay_on_read_path && access (overlay_on_read_path, F_OK) == 0;
+}
+
+bool
+overlay_fills_cache (void)
+{
+  return overlay_on_cache == -1 ? overlay_on_read || overlay_fills_reads ()
+                                : overlay_on_cache;
+}
+
 int
 overlay_can_cache (void)
 {
-  return overlay_on_read ? NBDKIT_CACHE_NATIVE : NBDKIT_CACHE_NONE;
+  /* Answered in every overlay, as the cow filter does: whether a
+   * request fills FILE may change while nbdkit runs.
+   */
+  return overlay_file ? NBDKIT_CACHE_NATIVE : NBDKIT_CACHE_NONE;
 }
 
 void
@@ -434,4 +483,5 @@ overlay_unload (void)
   free (overlay_file);
   free (overlay_backing);
   free (overlay_own_name);
+  free (overlay_on_read_path);
 }

@@ -1031,7 +1031,12 @@ qcow2_filter_pread (nbdkit_next *next, void *handle, void *buf,
                     uint32_t count, uint64_t offset, uint32_t flags,
                     int *err)
 {
-  return qcow2_filter_result (qcow2_read (image, buf, count, offset), err);
+  /* As QEMU's copy-on-read, a fill that fails fails the read. */
+  int r = overlay_fills_reads () ? qcow2_fill (image, count, offset) : 0;
+
+  if (r == 0)
+    r = qcow2_read (image, buf, count, offset);
+  return qcow2_filter_result (r, err);
 }
 
 static int
@@ -1071,11 +1076,13 @@ qcow2_filter_flush (nbdkit_next *next, void *handle, uint32_t flags,
   return qcow2_filter_result (r, err);
 }
 
-/* Copy-on-read of the range (see overlay_can_cache). */
+/* Copy-on-read of the range (see overlay_can_cache), when it is on. */
 static int
 qcow2_filter_cache (nbdkit_next *next, void *handle, uint32_t count,
                     uint64_t offset, uint32_t flags, int *err)
 {
+  if (!overlay_fills_cache ())
+    return 0;
   return qcow2_filter_result (qcow2_fill (image, count, offset), err);
 }
 
