@@ -306,6 +306,12 @@ glue_read_password (const char *value, unsigned i)
     return -1;
   if (value[0] == '+')
     whole = glue_read_whole_file (value + 1, text);
+  /* nbdkit takes the newline off what -FD holds, which cannot be read
+   * again: it is tried with one too, as QEMU reads a secret file.
+   */
+  else if (value[0] == '-' && isdigit ((unsigned char) value[1]) &&
+           asprintf (&whole, "%s\n", text) == -1)
+    whole = NULL;
   if (i >= glue.passwords_len) {
     pw = realloc (glue.passwords, (i + 1) * sizeof *pw);
     if (!pw) {

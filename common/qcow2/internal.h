@@ -218,6 +218,7 @@ struct qcow2_image {
    * go straight to io, and only size and backing are meaningful.
    */
   bool raw;
+  bool below;                   /* a backing layer (not the image served) */
   uint64_t size;                /* virtual size served */
 
   struct qcow2_header h;
@@ -531,6 +532,7 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
 struct luks_area {
   const struct qcow2_env *env;
   const char *name;
+  bool below;                   /* a backing layer's (see image.below) */
   struct qcow2_io *io;
   uint64_t offset, length;
 };

@@ -349,6 +349,7 @@ static void
 qcow2_filter_load (void)
 {
   glue_load ("qcow2", "qcow2-password", GLUE_IO_THREADS_FILTER);
+  glue_env.backing_password_key = "qcow2-backing-password";
   load_count++;
 }
 
