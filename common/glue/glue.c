@@ -42,14 +42,45 @@ glue_load (const char *name, const char *password_key, unsigned io_threads)
   load_pid = getpid ();
 }
 
+/* A size with a fraction and a unit, as qemu-img takes it ("1.5G"):
+ * the bytes (the fraction's truncated), or -1 if value is not one.
+ */
+static int64_t
+glue_parse_fraction (const char *value)
+{
+  static const char units[] = "KMGTPE";
+  const char *dot = strchr (value, '.'), *u;
+  uint64_t whole, mul = 1024;
+  long double frac;
+  char *end;
+
+  if (!dot || !isdigit ((unsigned char) value[0]) ||
+      !isdigit ((unsigned char) dot[1]))
+    return -1;
+  errno = 0;
+  whole = strtoull (value, &end, 10);
+  if (errno || end != dot)
+    return -1;
+  frac = strtold (dot, &end);   /* ".5" */
+  if (!end[0] || end[1] || !(u = strchr (units, toupper ((unsigned char) *end))))
+    return -1;
+  for (ptrdiff_t i = 0; i < u - units; i++)
+    mul *= 1024;
+  if (whole >= INT64_MAX / mul)
+    return -1;
+  return whole * mul + (uint64_t) (frac * mul);
+}
+
 int
 glue_parse_size (const char *key, const char *value, bool zero_ok,
                  uint64_t *out)
 {
-  int64_t r = nbdkit_parse_size (value);
+  int64_t r = strchr (value, '.') ? glue_parse_fraction (value)
+                                   : nbdkit_parse_size (value);
 
   if (r == -1) {
-    nbdkit_error ("%s: expected a size such as 512, 64K or 1G, not \"%s\"",
+    nbdkit_error ("%s: expected a size such as 512, 64K, 1G or 1.5G, not "
+                  "\"%s\"",
                   key, value);
     return -1;
   }
@@ -75,9 +106,10 @@ glue_parse_bool (const char *key, const char *value, bool *out)
   return 0;
 }
 
-int
-glue_parse_number (const char *key, const char *value, const char *what,
-                   uint64_t max, uint64_t *out)
+/* glue_parse_number, from min. */
+static int
+glue_parse_range (const char *key, const char *value, const char *what,
+                  uint64_t min, uint64_t max, uint64_t *out)
 {
   char *end;
   uint64_t n;
@@ -85,17 +117,25 @@ glue_parse_number (const char *key, const char *value, const char *what,
   errno = 0;
   n = strtoull (value, &end, 10);
   if (!isdigit ((unsigned char) value[0]) || *end || errno == ERANGE ||
-      n > max) {
-    if (max == UINT64_MAX)
+      n < min || n > max) {
+    if (min == 0 && max == UINT64_MAX)
       nbdkit_error ("%s: expected %s (a whole number), not \"%s\"",
                     key, what, value);
     else
-      nbdkit_error ("%s: expected %s (a whole number from 0 to %" PRIu64
-                    "), not \"%s\"", key, what, max, value);
+      nbdkit_error ("%s: expected %s (a whole number from %" PRIu64
+                    " to %" PRIu64 "), not \"%s\"", key, what, min, max,
+                    value);
     return -1;
   }
   *out = n;
   return 0;
+}
+
+int
+glue_parse_number (const char *key, const char *value, const char *what,
+                   uint64_t max, uint64_t *out)
+{
+  return glue_parse_range (key, value, what, 0, max, out);
 }
 
 /* One of a few words: its index in words (NULL-terminated), or -1
@@ -222,15 +262,10 @@ glue_config_io_threads (const char *key, const char *value)
 {
   uint64_t n;
 
-  if (glue_parse_number (key, value, "a number of threads", UINT32_MAX,
-                         &n) == -1)
+  /* A few threads already keep a host file's queue full. */
+  if (glue_parse_number (key, value, "a number of threads",
+                         GLUE_IO_THREADS_MAX, &n) == -1)
     return -1;
-  if (n > GLUE_IO_THREADS_MAX) {
-    nbdkit_error ("io-threads: at most %d, not %" PRIu64 " (a few threads "
-                  "already keep a host file's queue full)",
-                  GLUE_IO_THREADS_MAX, n);
-    return -1;
-  }
   glue.engine.io_threads = n;
   return 0;
 }
@@ -356,12 +391,11 @@ glue_set_compress (unsigned i)
 static int
 glue_config_remote_timeout (const char *key, const char *value)
 {
-  if (nbdkit_parse_unsigned (key, value, &glue.remote_timeout) == -1)
+  uint64_t n;
+
+  if (glue_parse_range (key, value, "seconds", 1, 86400, &n) == -1)
     return -1;
-  if (glue.remote_timeout == 0 || glue.remote_timeout > 86400) {
-    nbdkit_error ("%s: seconds, 1 to 86400, not %s", key, value);
-    return -1;
-  }
+  glue.remote_timeout = n;
   return 0;
 }
 
@@ -423,7 +457,7 @@ glue_config_encrypt (const char *key, const char *value)
 static void
 glue_set_compat (unsigned i)
 {
-  glue.create.opts.compat_v2 = i == 0;
+  glue.create.opts.compat_v2 = i == 0 || i == 2;   /* 0.10 or v2 */
 }
 
 int
@@ -470,7 +504,7 @@ glue_set_preallocation (unsigned i)
 static const struct glue_option glue_create_options[] = {
   { "cluster-size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
   { "cluster_size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
-  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
+  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1", "v2", "v3"),
     .set = glue_set_compat, .given = &glue.create.compat_set },
   { "extended-l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2,
     .given = &glue.create.extended_l2_set },
@@ -898,6 +932,9 @@ glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
   }
   if (why)
     glue_noticef (name, "served read-only: %s", why);
+  else if (glue.engine.snapshot)        /* asked for: not news */
+    nbdkit_debug ("%s: snapshot %s served read-only", name,
+                  glue.engine.snapshot);
   else if (!asked_readonly && (reason = qcow2_readonly_reason (img)))
     glue_noticef (name, "served read-only: %s", reason);
   return 0;
@@ -930,13 +967,13 @@ glue_dump_plugin (void)
   printf ("qcow2_zlib=yes\n");
   printf ("qcow2_zstd=yes\n");
   printf ("qcow2_versions=2,3\n");
-  printf ("qcow2_read=all images qemu-img makes (LUKS-encrypted too, "
-          "not QEMU's legacy AES)\n");
-  printf ("qcow2_write=all images it reads (new clusters compressed "
-          "with compress=; a snapshot= export is read-only)\n");
+  /* Values are tokens, as nbdkit's own keys: no spaces. */
+  printf ("qcow2_read=qemu-img-images,luks\n");
+  printf ("qcow2_write=qemu-img-images,luks,compressed\n");
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
-          "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
+          "locking,overlap-check,repair-leaks,cache-none,fast-zero,luks,"
+          "compressed-writes,persistent-overlay\n");
   printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
