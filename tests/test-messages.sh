@@ -193,3 +193,12 @@ for key in file= backing=none data-file= password= cache= snapshot= \
            options=; do
   grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
 done
+
+# The man pages' VERSION names the version configure gave (pod2man's
+# step puts it in; roff escapes the dash), where pod2man made them.
+version=$(sed -n "s/^PACKAGE_VERSION = //p" "${abs_top_builddir:-..}/Makefile")
+for page in "${abs_top_builddir:-..}"/plugins/*/*.1 "${abs_top_builddir:-..}"/filters/*/*.1; do
+  [ -f "$page" ] || continue
+  grep -q "^Part of nbdkit\\\\-qcow2 $version, built" "$page" ||
+    fail "$page: VERSION does not name $version"
+done
