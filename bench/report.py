@@ -124,8 +124,17 @@ def write_ratios(bench, rows):
     chart()
 
 
+# One colour a peer (12, distinct); past them, hues spread around the
+# wheel, so that no two peers share one.
 PEER_COLOURS = ["#1f77b4", "#9ecae1", "#ff7f0e", "#2ca02c", "#9467bd",
-                "#8c564b", "#e377c2", "#7f7f7f"]
+                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+                "#d62728", "#ffbb78"]
+
+
+def peer_colour(i):
+    if i < len(PEER_COLOURS):
+        return PEER_COLOURS[i]
+    return "hsl(%d,65%%,40%%)" % ((i * 137.5) % 360)
 
 
 def chart():
@@ -135,8 +144,7 @@ def chart():
     for r in rows:
         if r[2] not in peers:
             peers.append(r[2])
-    colour = {p: PEER_COLOURS[i % len(PEER_COLOURS)]
-              for i, p in enumerate(peers)}
+    colour = {p: peer_colour(i) for i, p in enumerate(peers)}
     # One line a (bench, case), its bars one a peer.
     lines = collections.OrderedDict()
     for bench, case, peer, value, better in rows:

@@ -5,8 +5,9 @@
 # it installs is left running or enabled: a package that ships a
 # service (openssh-server's ssh.service) starts it and enables it at
 # boot on install, so installs run under a policy-rc.d that forbids
-# starting services, and the services of every package the install
-# added (the dependencies too) are then disabled, and checked.
+# starting services (removed by a trap if interrupted), and the
+# services of every package the install added (the dependencies too)
+# are then disabled, and checked.
 
 _pkg_sudo=
 [ "$(id -u)" -eq 0 ] || _pkg_sudo=sudo
@@ -30,7 +31,7 @@ _pkg_services ()
 install_missing ()
 {
   local p missing=() added unit name before policy=/usr/sbin/policy-rc.d
-  local made_policy= r=0 bad=
+  local made_policy= r=0 bad= saved_traps sig
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
       missing+=("$p")
@@ -39,6 +40,13 @@ install_missing ()
   echo "installing ${missing[*]}"
   before=$(_pkg_installed)
   if [ ! -e "$policy" ]; then
+    # Removed if the install is interrupted too: then the caller's
+    # traps are put back before exiting, so that its EXIT trap runs.
+    saved_traps=$(trap -p INT TERM HUP)
+    for sig in HUP:129 INT:130 TERM:143; do
+      trap "$_pkg_sudo rm -f $policy; trap - INT TERM HUP;
+            eval \"\$saved_traps\"; exit ${sig#*:}" "${sig%:*}"
+    done
     # invoke-rc.d (and deb-systemd-invoke) ask it before starting a
     # service: 101, not allowed.
     printf '#!/bin/sh\nexit 101\n' | $_pkg_sudo tee "$policy" >/dev/null
@@ -48,7 +56,11 @@ install_missing ()
   $_pkg_sudo apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive $_pkg_sudo apt-get install -y -qq \
       "${missing[@]}" >/dev/null || r=$?
-  [ -z "$made_policy" ] || $_pkg_sudo rm -f "$policy"
+  if [ -n "$made_policy" ]; then
+    $_pkg_sudo rm -f "$policy"
+    trap - INT TERM HUP
+    eval "$saved_traps"
+  fi
   [ $r -eq 0 ] || return $r
   added=$(comm -13 <(echo "$before") <(_pkg_installed))
   for unit in $(_pkg_services $added); do

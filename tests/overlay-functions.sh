@@ -48,3 +48,11 @@ served_map ()
 {
   qemu-img map --output=json -f raw "$1" | map_normalize
 }
+
+# check_overlay FILE: qemu-img check of FILE alone, which QEMU opens
+# only so when FILE records our own backing name (no qcow2-overlay-
+# backing=), as the man page says.
+check_overlay ()
+{
+  qemu-img check -q "json:{\"file\":{\"filename\":\"$1\"},\"backing\":null}"
+}

@@ -4,12 +4,13 @@
 #  - a secret file made with echo, which QEMU's --object secret,file=
 #    reads with its trailing newline: password=+FILE opens the image
 #    (nbdkit reads the first line, so the whole file is tried too), and
-#    a wrong one says that both were tried;
+#    a wrong one says that both were tried; password=-FD too;
 #  - a password per layer (libvirt gives each volume its own secret):
 #    an overlay and its backing file with different passwords, served
 #    with password= and backing-password= (the plugin) or
 #    qcow2-password= and qcow2-backing-password= (the filter), a chain
-#    of three, a layer past the passwords given taking the last one;
+#    of three, a layer past the passwords given taking the last one,
+#    a wrong one for a backing file naming the key for it;
 #  - passphrase= (as nbdkit's luks filter names it) and the filter's
 #    qcow2-passphrase=.
 source "${srcdir:-.}/functions.sh"
@@ -32,6 +33,11 @@ nbdkit -U - qcow2 nl.qcow2 password=+echo.pw --run '
 echo "other" > other.pw
 expect_refused "wrong password: it opens none of the image's 1 active LUKS key slots \(nor does the whole file it was read from, as QEMU reads a secret file\)" \
   qcow2 nl.qcow2 password=+other.pw
+# The same file on a descriptor (-FD): nbdkit takes the newline off,
+# and it is tried with it too.
+nbdkit -U - qcow2 nl.qcow2 password=-3 3< echo.pw --run '
+  nbdsh -u "$uri" -c "assert h.pread(65536, 0) == b\"\x4e\" * 65536"' ||
+  fail "password=-FD with the trailing newline QEMU keeps"
 
 # Layers with passwords of their own: base (pw-base), mid over it
 # (pw-mid), top over mid (pw-top), each with data of its own.  Made by
@@ -100,8 +106,14 @@ nbdkit -U - qcow2 s-base.qcow2 create=true size=1M "${ours[@]}" \
 nbdkit -U - qcow2 s-top.qcow2 create=true backing=s-base.qcow2 \
   "${ours[@]}" password=shared --run 'nbdinfo --size "$uri"' > /dev/null ||
   fail "one password for a whole chain"
-expect_refused "base.qcow2: wrong password" \
+expect_refused "base.qcow2: wrong password.*; a backing file's own password is given with backing-password=" \
   qcow2 top.qcow2 password=pw-top backing-password=pw-mid
+# The filter opens the image once nbdkit runs: no client is served.
+nbdkit -U - --filter=qcow2 file top.qcow2 qcow2-password=pw-top \
+  --run 'nbdinfo --size "$uri"' > /dev/null 2> filter.err &&
+  fail "the filter served a chain with the wrong backing password"
+grep -q "mid.qcow2: wrong password.*; a backing file's own password is given with qcow2-backing-password=" \
+  filter.err || fail "filter: $(cat filter.err)"
 # An unencrypted overlay over an encrypted backing file: only the
 # backing file has a password.
 qemu-img create -q -f qcow2 -b top.qcow2 -F qcow2 plain.qcow2

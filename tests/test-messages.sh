@@ -25,9 +25,10 @@ expect_refused 'io-threads' qcow2 "$img" io-threads=many
 expect_refused 'locking: expected on, off or auto, not "yes please"' \
   qcow2 "$img" "locking=yes please"
 
-# io-threads: at most 64, refused at once beyond.
+# io-threads: at most 64, refused at once beyond, naming 64.
 start=$(date +%s)
-expect_refused 'io-threads: at most 64, not 100000' qcow2 "$img" io-threads=100000
+expect_refused 'io-threads: expected a number of threads \(a whole number from 0 to 64\), not "100000"' \
+  qcow2 "$img" io-threads=100000
 [ $(( $(date +%s) - start )) -lt 5 ] || fail "io-threads=100000 took long to refuse"
 nbdkit -U - qcow2 "$img" io-threads=64 --run 'nbdinfo --size "$uri"' >/dev/null ||
   fail "io-threads=64 refused"
@@ -78,36 +79,65 @@ grep -qE '^qcow2_features=.*backing.*create-if-missing' "$tmp/dump" ||
   fail "--dump-plugin lacks the features"
 # What it reads and writes, as the build does: encrypted images too,
 # and compressed writes.
-grep -q '^qcow2_read=.*LUKS' "$tmp/dump" && grep -q '^qcow2_write=' "$tmp/dump" ||
+grep -qx 'qcow2_read=qemu-img-images,luks' "$tmp/dump" &&
+  grep -qx 'qcow2_write=qemu-img-images,luks,compressed' "$tmp/dump" ||
   fail "--dump-plugin lacks qcow2_read or qcow2_write"
+grep -qE '^qcow2_features=(.*,)?luks,compressed-writes,persistent-overlay$' "$tmp/dump" ||
+  fail "--dump-plugin: qcow2_features lacks LUKS, compressed writes or the overlay"
+# Every value a token, as nbdkit's own: no spaces or brackets.
+! grep -E '^qcow2_[a-z_]*=.*[][ (){}]' "$tmp/dump" ||
+  fail "--dump-plugin: a value that is not a token"
 ! grep -qE '^qcow2_(read|write)=.*(unencrypted|uncompressed)' "$tmp/dump" ||
   fail "--dump-plugin says what the build does not: $(grep '^qcow2_[rw]' "$tmp/dump")"
 
 # Notices go through nbdkit's log: present by default, and gone with
-# --log=null (a notice written straight to stderr would remain).
-qemu-img snapshot -c s1 "$img"
-nbdkit -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
-  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export"
-grep -qE "^nbdkit: .*$img: served read-only: a snapshot is served" \
-  "$tmp/notice.log" || fail "no notice of the read-only snapshot export"
-nbdkit --log=null -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
-  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=null"
-! grep -q "served read-only" "$tmp/notice.log" ||
+# --log=null (a notice written straight to stderr would remain).  The
+# notice: create=if-missing serving a larger image than size=.
+notice='create=if-missing: the image there is served as it is: its virtual size is 4194304 bytes, more than size=1048576'
+nbdkit -U - qcow2 "$img" create=if-missing size=1M --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "create=if-missing: $(cat "$tmp/notice.log")"
+grep -qE "^nbdkit: .*$img: $notice" "$tmp/notice.log" ||
+  fail "no notice of the larger image: $(cat "$tmp/notice.log")"
+nbdkit --log=null -U - qcow2 "$img" create=if-missing size=1M \
+  --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmp/notice.log" ||
+  fail "create=if-missing, --log=null"
+! grep -q "served as it is" "$tmp/notice.log" ||
   fail "a notice bypassed nbdkit's logging"
 # A notice is not an error, and shows without -v.
-nbdkit -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
-  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export"
-grep -qE "^nbdkit: qcow2: notice: $img: served read-only: a snapshot is served$" \
+nbdkit -U - qcow2 "$img" create=if-missing size=1M --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "create=if-missing: $(cat "$tmp/notice.log")"
+grep -qE "^nbdkit: qcow2: notice: $img: $notice \(grown since it was made, as by qemu-img resize\)$" \
   "$tmp/notice.log" || fail "the notice: $(cat "$tmp/notice.log")"
 ! grep -qi error "$tmp/notice.log" || fail "a notice said as an error"
-nbdkit --log=stderr -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
-  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=stderr"
-grep -q "notice: .*served read-only" "$tmp/notice.log" ||
+nbdkit --log=stderr -U - qcow2 "$img" create=if-missing size=1M \
+  --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmp/notice.log" ||
+  fail "create=if-missing, --log=stderr"
+grep -q "notice: .*served as it is" "$tmp/notice.log" ||
   fail "--log=stderr: no notice"
-nbdkit --log=syslog -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
-  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export, --log=syslog"
-! grep -q "served read-only" "$tmp/notice.log" ||
+nbdkit --log=syslog -U - qcow2 "$img" create=if-missing size=1M \
+  --run 'nbdinfo --size "$uri"' > /dev/null 2> "$tmp/notice.log" ||
+  fail "create=if-missing, --log=syslog"
+! grep -q "served as it is" "$tmp/notice.log" ||
   fail "--log=syslog: the notice went to stderr"
+# snapshot=NAME asks for a read-only export: no notice (-v says it).
+qemu-img snapshot -c s1 "$img"
+nbdkit -v -U - qcow2 "$img" snapshot=s1 --run 'nbdinfo --size "$uri"' \
+  > /dev/null 2> "$tmp/notice.log" || fail "snapshot export"
+! grep -q "notice" "$tmp/notice.log" || fail "snapshot=s1: a notice"
+grep -q "debug: .*snapshot s1 served read-only" "$tmp/notice.log" ||
+  fail "snapshot=s1: -v does not say it is read-only"
+
+# qemu-img's spellings of compat= and fractional sizes.
+for c in v2:0.10 v3:1.1; do
+  rm -f "$tmp/c.qcow2"
+  nbdkit -U - qcow2 "$tmp/c.qcow2" create=true size=1.5G compat=${c%%:*} \
+    --run 'nbdinfo --size "$uri"' > "$tmp/c.size" || fail "compat=${c%%:*} size=1.5G"
+  [ "$(cat "$tmp/c.size")" = 1610612736 ] || fail "size=1.5G: $(cat "$tmp/c.size")"
+  qemu-img info "$tmp/c.qcow2" | grep -qx "    compat: ${c#*:}" ||
+    fail "compat=${c%%:*}: $(qemu-img info "$tmp/c.qcow2")"
+done
+expect_refused '^nbdkit: error: size: expected a size such as 512, 64K, 1G or 1.5G, not "1.5"$' \
+  qcow2 "$tmp/n.qcow2" create=true size=1.5
 
 # Parse errors say what was expected, naming the option, in one line.
 expect_refused '^nbdkit: error: encrypt-iter-time: expected milliseconds \(a whole number\), not "abc"$' \
@@ -115,8 +145,14 @@ expect_refused '^nbdkit: error: encrypt-iter-time: expected milliseconds \(a who
   encrypt-iter-time=abc
 expect_refused '^nbdkit: error: refcount-bits: expected bits \(1, 2, 4, 8, 16, 32 or 64\) \(a whole number from 0 to 64\), not "sixteen"$' \
   qcow2 "$tmp/n.qcow2" create=true size=1M refcount-bits=sixteen
-expect_refused '^nbdkit: error: io-threads: expected a number of threads \(a whole number from 0 to [0-9]+\), not "many"$' \
+expect_refused '^nbdkit: error: io-threads: expected a number of threads \(a whole number from 0 to 64\), not "many"$' \
   qcow2 "$img" io-threads=many
+expect_refused '^nbdkit: error: io-threads: expected a number of threads \(a whole number from 0 to 64\), not "-1"$' \
+  qcow2 "$img" io-threads=-1
+expect_refused '^nbdkit: error: remote-timeout: expected seconds \(a whole number from 1 to 86400\), not "abc"$' \
+  qcow2 "$img" remote-timeout=abc
+expect_refused '^nbdkit: error: remote-timeout: expected seconds \(a whole number from 1 to 86400\), not "0"$' \
+  qcow2 "$img" remote-timeout=0
 [ "$(grep -c '^nbdkit:' "$tmp/refused.err")" -eq 1 ] || fail "not one line"
 
 # qemu-img's -o list: as options=, each key as if given alone (",," a
@@ -156,4 +192,13 @@ for key in file= backing=none data-file= password= cache= snapshot= \
            encrypt-ivgen-hash-alg= encrypt-hash-alg= encrypt-iter-time= \
            options=; do
   grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
+done
+
+# The man pages' VERSION names the version configure gave (pod2man's
+# step puts it in; roff escapes the dash), where pod2man made them.
+version=$(sed -n "s/^PACKAGE_VERSION = //p" "${abs_top_builddir:-..}/Makefile")
+for page in "${abs_top_builddir:-..}"/plugins/*/*.1 "${abs_top_builddir:-..}"/filters/*/*.1; do
+  [ -f "$page" ] || continue
+  grep -q "^Part of nbdkit\\\\-qcow2 $version, built" "$page" ||
+    fail "$page: VERSION does not name $version"
 done

@@ -22,14 +22,15 @@ nbdkit -U - --filter=qcow2 --filter=latency file "$base" latency-read=1ms \
   qcow2-overlay="$ov" cluster-size=4k qcow2-overlay-on-read=true --run '
   /usr/bin/python3 '"$race"' "$uri" '"$base"' 1 600 '"$tmp/expected"' 4096' ||
   fail "two writers and a reader with copy-on-read"
-qemu-img check -q "$ov" || fail "qemu-img check"
+check_overlay "$ov" || fail "qemu-img check"
 qemu-img info "$ov" | grep -q "cluster_size: 4096" || fail "cluster-size=4k"
 nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov" \
   qcow2-overlay-on-read=true --run 'nbdcopy "$uri" '"$tmp/out.raw" ||
   fail "restart"
 cmp "$tmp/out.raw" "$tmp/expected" || fail "what was written, over the disk"
-qemu-img check -q "$ov" || fail "qemu-img check after the on-read pass"
+check_overlay "$ov" || fail "qemu-img check after the on-read pass"
 sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
+qemu-img rebase -u -b "" "$ov"
 nbdkit -U - qcow2 "$ov" --run 'nbdcopy "$uri" '"$tmp/alone.raw" ||
   fail "nbdkit qcow2 FILE"
 cmp "$tmp/alone.raw" "$tmp/expected" || fail "FILE alone"

@@ -9,7 +9,8 @@
 #  - continued at a restart: reads back the model, and block status
 #    equals qemu-img map of FILE over the plugin's file (its holes from
 #    the plugin's extents, zero clusters as zeros);
-#  - no backing name recorded, until the man page's qemu-img rebase;
+#  - no backing name QEMU opens recorded, until the man page's
+#    qemu-img rebase (test-overlay-identity.sh has what is recorded);
 #    with qcow2-overlay-backing=NAME, FILE alone (qemu-img, and our
 #    plugin) reads as what was served;
 #  - nbdkit -r leaves FILE as it was; a FILE of another size, another
@@ -47,10 +48,11 @@ grep -q "^3145728 2097152 0 1$" "$tmp/map.out" || fail "the plugin's holes"
 nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov" --run '
   /usr/bin/python3 '"$overlay_ops"' "$uri" '"$tmp/model.raw"' 1 60' ||
   fail "writes through the overlay"
-qemu-img check -q "$ov" || fail "qemu-img check of the overlay"
+check_overlay "$ov" || fail "qemu-img check of the overlay"
 sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
 qemu-img info --output=json "$ov" > "$tmp/info.json"
-grep -q '"backing-filename"' "$tmp/info.json" && fail "a backing name was recorded"
+grep -q '"backing-filename": "json:.*nbdkit-qcow2-overlay' "$tmp/info.json" ||
+  fail "not our own backing name: $(cat "$tmp/info.json")"
 grep -q '"virtual-size": 8388608' "$tmp/info.json" || fail "FILE's size"
 grep -q '"cluster-size": 65536' "$tmp/info.json" || fail "FILE's cluster size"
 
@@ -112,7 +114,7 @@ nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/prealloc.qcow2" \
   preallocation=falloc extended-l2=on --run 'nbdcopy "$uri" '"$tmp/prealloc.raw" ||
   fail "preallocation=falloc extended-l2=on"
 cmp "$tmp/prealloc.raw" "$base" || fail "a preallocated FILE hides the disk"
-qemu-img check -q "$tmp/prealloc.qcow2" || fail "qemu-img check of a preallocated FILE"
+check_overlay "$tmp/prealloc.qcow2" || fail "qemu-img check of a preallocated FILE"
 [ "$(du -k "$tmp/prealloc.qcow2" | cut -f1)" -ge 8192 ] ||
   fail "preallocation=falloc gave FILE no space"
 expect_refused "preallocation= needs extended-l2=on" \
@@ -134,10 +136,10 @@ cp "$base" "$tmp/grown.raw"
 truncate -s +1M "$tmp/grown.raw"
 expect_unserved "holds a disk of 8388608 bytes, but the plugin's disk is 9437184 bytes" \
   --filter=qcow2 file "$tmp/grown.raw" qcow2-overlay="$ov2"
-expect_unserved "records \"base.raw\" as its backing file, not \"other.raw\".*qemu-img rebase -u -b other.raw -F raw" \
+expect_unserved "records \"base.raw\" format raw \(another disk below it\).*qemu-img rebase -u -b 'other.raw' -F raw" \
   --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-backing=other.raw
 nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/plain.qcow2" --run true
-expect_unserved "records no name as its backing file, not \"base.raw\"" \
+expect_unserved "records \"json:.*\" format raw \(another disk below it\).*qemu-img rebase -u -b 'base.raw' -F raw" \
   --filter=qcow2 file "$base" qcow2-overlay="$tmp/plain.qcow2" \
   qcow2-overlay-backing=base.raw
 expect_unserved "is not a qcow2 image" \
@@ -153,4 +155,47 @@ expect_refused "cannot go with backing=" \
   --filter=qcow2 file "$base" qcow2-overlay="$ov2" backing=none
 expect_refused "qcow2-overlay-backing= needs qcow2-overlay=FILE" \
   --filter=qcow2 file "$base" qcow2-overlay-backing=base.raw
+sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
+
+# As the cow filter's cow-on-read=/PATH: copy-on-read while PATH
+# exists, toggled at run time; qcow2-overlay-on-cache= as cow-on-cache=.
+# filled FILE OFFSET...: each offset's cluster is in FILE (present);
+# "-OFFSET": not.
+filled ()
+{
+  local f="$1"; shift
+  qemu-img map --output=json "json:{\"file\":{\"filename\":\"$f\"},\"backing\":null}" |
+    /usr/bin/python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+for a in sys.argv[1:]:
+    o = abs(int(a))
+    p = any(e["start"] <= o < e["start"] + e["length"] and e["present"] for e in m)
+    assert p == (not a.startswith("-")), "offset %d: present=%s" % (o, p)
+' "$@"
+}
+flag=$tmp/on-read
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/toggle.qcow2" \
+  qcow2-overlay-on-read="$flag" --run '
+  nbdsh -u "$uri" -c "h.pread(65536, 0)" &&
+  touch '"$flag"' && nbdsh -u "$uri" -c "h.pread(65536, 1 << 20)" &&
+  rm '"$flag"' && nbdsh -u "$uri" -c "h.pread(65536, 2 << 20)"' ||
+  fail "qcow2-overlay-on-read=/PATH"
+filled "$tmp/toggle.qcow2" -0 1048576 -2097152 ||
+  fail "qcow2-overlay-on-read=/PATH: copied while PATH existed only"
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/nocache.qcow2" \
+  qcow2-overlay-on-read=true qcow2-overlay-on-cache=false --run '
+  nbdsh -u "$uri" -c "h.cache(65536, 0); h.pread(65536, 1 << 20)"' ||
+  fail "qcow2-overlay-on-cache=false"
+filled "$tmp/nocache.qcow2" -0 1048576 || fail "qcow2-overlay-on-cache=false filled"
+nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/cache.qcow2" \
+  qcow2-overlay-on-cache=true --run '
+  nbdsh -u "$uri" -c "assert h.can_cache(); h.cache(65536, 0); h.pread(65536, 1 << 20)"' ||
+  fail "qcow2-overlay-on-cache=true"
+filled "$tmp/cache.qcow2" 0 -1048576 || fail "qcow2-overlay-on-cache=true"
+for f in toggle nocache cache; do
+  check_overlay "$tmp/$f.qcow2" || fail "qemu-img check of $f.qcow2"
+done
+expect_refused "qcow2-overlay-on-cache=true writes what is read.*not with nbdkit -r" \
+  -r --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-on-cache=true
 sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"

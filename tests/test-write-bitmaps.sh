@@ -168,9 +168,16 @@ qemu-nbd -r -f qcow2 -B g64k -k "$tmp/k2.sock" "$img" 2>"$tmp/err" &&
   fail "qemu-nbd exported an in-use bitmap"
 r=0; qemu-img check -q "$img" || r=$?
 [ $r -eq 0 ] || [ $r -eq 3 ] || fail "qemu-img check after SIGKILL: exit $r"
-# Reopened and written again, the in-use bitmaps stay in use, untouched.
+# Reopened and written again, the in-use bitmaps stay in use, untouched,
+# and a notice says each is inconsistent: the next backup must be full.
 nbdkit -U - qcow2 "file=$img" \
-  --run 'nbdsh -u "$uri" -c "h.pwrite(b\"L\" * 512, 0); h.flush()"'
+  --run 'nbdsh -u "$uri" -c "h.pwrite(b\"L\" * 512, 0); h.flush()"' \
+  2> "$tmp/notice"
+for b in g64k g2m; do
+  grep -q "notice: .*bitmap \"$b\" is in use (qemu-img info: in-use): .* inconsistent .* the next backup must be a full one" \
+    "$tmp/notice" || fail "no notice of in-use bitmap $b: $(cat "$tmp/notice")"
+done
+! grep -q 'bitmap "off"' "$tmp/notice" || fail "a notice of the disabled bitmap"
 [ "$(bitmap_flags "$img" g2m)" = "in-use auto" ] ||
   fail "an in-use bitmap was cleared: $(bitmap_flags "$img" g2m)"
 qemu-img bitmap --remove "$img" g64k

@@ -143,21 +143,39 @@ nbdkit -U - qcow2 "$img" create=if-missing size=8M cluster-size=64K \
   compression-type=zlib --run 'nbdinfo --size "$uri"' > "$tmp/size" ||
   fail "create=if-missing with every format option the image has"
 [ "$(cat "$tmp/size")" = 8388608 ] || fail "create=if-missing changed the existing image"
-# An image that is not the one described is refused, saying what
-# differs, and left as it is.
+# Options that only describe the format otherwise: served as it is,
+# a notice saying what differs.
+nbdkit -U - qcow2 "$img" create=if-missing size=8M compat=0.10 \
+  extended-l2=on lazy-refcounts=on refcount-bits=8 compression-type=zstd \
+  cluster-size=4K --run 'nbdinfo --size "$uri"' > "$tmp/size" \
+  2> "$tmp/notice" || fail "create=if-missing with other format options"
+[ "$(cat "$tmp/size")" = 8388608 ] || fail "create=if-missing changed the image"
+grep -q "notice: .*create=if-missing: the image there is served as it is: its clusters are 65536 bytes, not cluster-size=4096; it is version 3, not compat=0.10; its L2 entries are not extended, not extended-l2=on; lazy refcounts are off, not lazy-refcounts=on; its refcounts are 16 bits, not refcount-bits=8; its compression type is zlib, not compression-type=zstd" \
+  "$tmp/notice" || fail "no notice of the format options: $(cat "$tmp/notice")"
+# What would serve another disk is refused, saying what differs, the
+# image left as it is (and nobody told to remove it).
 sum=$(md5sum < "$img")
-expect_refused "create=if-missing: .* exists, but it is not the image the options describe: its virtual size is 8388608 bytes, not size=1048576; its clusters are 65536 bytes, not cluster-size=4096" \
-  qcow2 "$img" create=if-missing size=1M cluster-size=4K
+expect_refused "create=if-missing: .* exists, but it is another disk than the options describe: its virtual size is 8388608 bytes, less than size=16777216.  It is left as it is, and not served: give the options it has" \
+  qcow2 "$img" create=if-missing size=16M
+grep -q "remove" "$tmp/refused.err" && fail "told to remove the image"
 expect_refused "it is not encrypted, but encrypt-format=luks is given" \
   qcow2 "$img" create=if-missing size=8M encrypt-format=luks password=x
-expect_refused "it is version 3, not compat=0.10; its L2 entries are not extended, not extended-l2=on; lazy refcounts are off, not lazy-refcounts=on; its refcounts are 16 bits, not refcount-bits=8; its compression type is zlib, not compression-type=zstd" \
-  qcow2 "$img" create=if-missing size=8M compat=0.10 extended-l2=on \
-  lazy-refcounts=on refcount-bits=8 compression-type=zstd
 expect_refused 'its backing file is none, not backing=base.qcow2' \
   qcow2 "$img" create=if-missing backing=base.qcow2
 [ "$(md5sum < "$img")" = "$sum" ] || fail "a refused create=if-missing changed the image"
 qemu-img check -q "$img" || fail "qemu-img check after create=if-missing"
 qio "$img" 'read -P 0x33 4096 4096'
+# The service disk resized by its admin: served, larger, with a notice.
+qemu-img resize -q "$img" +8M
+nbdkit -U - qcow2 "$img" create=if-missing size=8M --run 'nbdsh -u "$uri" -c "
+assert h.get_size() == 16 * 1024 * 1024
+assert h.pread(4096, 4096) == b\"\\x33\" * 4096
+h.pwrite(b\"\\x34\" * 4096, 12 << 20)
+"' 2> "$tmp/notice" || fail "create=if-missing after qemu-img resize"
+grep -q "notice: .*its virtual size is 16777216 bytes, more than size=8388608 (grown since" \
+  "$tmp/notice" || fail "no notice of the larger size: $(cat "$tmp/notice")"
+qemu-img check -q "$img" || fail "qemu-img check after the resized image was served"
+qio "$img" 'read -P 0x34 12M 4096'
 # Not a qcow2 image: left alone.
 head -c 4096 /dev/urandom > "$tmp/raw.img"
 cp "$tmp/raw.img" "$tmp/raw.copy"

@@ -41,14 +41,45 @@ glue_load (const char *name, const char *password_key, unsigned io_threads)
   load_pid = getpid ();
 }
 
+/* A size with a fraction and a unit, as qemu-img takes it ("1.5G"):
+ * the bytes (the fraction's truncated), or -1 if value is not one.
+ */
+static int64_t
+glue_parse_fraction (const char *value)
+{
+  static const char units[] = "KMGTPE";
+  const char *dot = strchr (value, '.'), *u;
+  uint64_t whole, mul = 1024;
+  long double frac;
+  char *end;
+
+  if (!dot || !isdigit ((unsigned char) value[0]) ||
+      !isdigit ((unsigned char) dot[1]))
+    return -1;
+  errno = 0;
+  whole = strtoull (value, &end, 10);
+  if (errno || end != dot)
+    return -1;
+  frac = strtold (dot, &end);   /* ".5" */
+  if (!end[0] || end[1] || !(u = strchr (units, toupper ((unsigned char) *end))))
+    return -1;
+  for (ptrdiff_t i = 0; i < u - units; i++)
+    mul *= 1024;
+  if (whole >= INT64_MAX / mul)
+    return -1;
+  return whole * mul + (uint64_t) (frac * mul);
+}
+
 int
 glue_parse_size (const char *key, const char *value, bool zero_ok,
                  uint64_t *out)
 {
-  int64_t r = nbdkit_parse_size (value);
+  int64_t r = strchr (value, '.') ? glue_parse_fraction (value)
+                                   : nbdkit_parse_size (value);
 
   if (r == -1) {
-    nbdkit_error ("%s: expected a size such as 512, 64K or 1G, not \"%s\"",
+    nbdkit_error ("%s: expected a size such as 512, 64K, 1G or 1.5G, not "
+                  "\"%s\"",
                   key, value);
     return -1;
   }
@@ -74,9 +105,10 @@ glue_parse_bool (const char *key, const char *value, bool *out)
   return 0;
 }
 
-int
-glue_parse_number (const char *key, const char *value, const char *what,
-                   uint64_t max, uint64_t *out)
+/* glue_parse_number, from min. */
+static int
+glue_parse_range (const char *key, const char *value, const char *what,
+                  uint64_t min, uint64_t max, uint64_t *out)
 {
   char *end;
   uint64_t n;
@@ -84,17 +116,25 @@ glue_parse_number (const char *key, const char *value, const char *what,
   errno = 0;
   n = strtoull (value, &end, 10);
   if (!isdigit ((unsigned char) value[0]) || *end || errno == ERANGE ||
-      n > max) {
-    if (max == UINT64_MAX)
+      n < min || n > max) {
+    if (min == 0 && max == UINT64_MAX)
       nbdkit_error ("%s: expected %s (a whole number), not \"%s\"",
                     key, what, value);
     else
-      nbdkit_error ("%s: expected %s (a whole number from 0 to %" PRIu64
-                    "), not \"%s\"", key, what, max, value);
+      nbdkit_error ("%s: expected %s (a whole number from %" PRIu64
+                    " to %" PRIu64 "), not \"%s\"", key, what, min, max,
+                    value);
     return -1;
   }
   *out = n;
   return 0;
+}
+
+int
+glue_parse_number (const char *key, const char *value, const char *what,
+                   uint64_t max, uint64_t *out)
+{
+  return glue_parse_range (key, value, what, 0, max, out);
 }
 
 /* One of a few words: its index in words (NULL-terminated), or -1
@@ -221,15 +261,10 @@ glue_config_io_threads (const char *key, const char *value)
 {
   uint64_t n;
 
-  if (glue_parse_number (key, value, "a number of threads", UINT32_MAX,
-                         &n) == -1)
+  /* A few threads already keep a host file's queue full. */
+  if (glue_parse_number (key, value, "a number of threads",
+                         GLUE_IO_THREADS_MAX, &n) == -1)
     return -1;
-  if (n > GLUE_IO_THREADS_MAX) {
-    nbdkit_error ("io-threads: at most %d, not %" PRIu64 " (a few threads "
-                  "already keep a host file's queue full)",
-                  GLUE_IO_THREADS_MAX, n);
-    return -1;
-  }
   glue.engine.io_threads = n;
   return 0;
 }
@@ -305,6 +340,12 @@ glue_read_password (const char *value, unsigned i)
     return -1;
   if (value[0] == '+')
     whole = glue_read_whole_file (value + 1, text);
+  /* nbdkit takes the newline off what -FD holds, which cannot be read
+   * again: it is tried with one too, as QEMU reads a secret file.
+   */
+  else if (value[0] == '-' && isdigit ((unsigned char) value[1]) &&
+           asprintf (&whole, "%s\n", text) == -1)
+    whole = NULL;
   if (i >= glue.passwords_len) {
     pw = realloc (glue.passwords, (i + 1) * sizeof *pw);
     if (!pw) {
@@ -349,12 +390,11 @@ glue_set_compress (unsigned i)
 static int
 glue_config_remote_timeout (const char *key, const char *value)
 {
-  if (nbdkit_parse_unsigned (key, value, &glue.remote_timeout) == -1)
+  uint64_t n;
+
+  if (glue_parse_range (key, value, "seconds", 1, 86400, &n) == -1)
     return -1;
-  if (glue.remote_timeout == 0 || glue.remote_timeout > 86400) {
-    nbdkit_error ("%s: seconds, 1 to 86400, not %s", key, value);
-    return -1;
-  }
+  glue.remote_timeout = n;
   return 0;
 }
 
@@ -424,7 +464,7 @@ glue_config_encrypt (const char *key, const char *value)
 static void
 glue_set_compat (unsigned i)
 {
-  glue.create.opts.compat_v2 = i == 0;
+  glue.create.opts.compat_v2 = i == 0 || i == 2;   /* 0.10 or v2 */
 }
 
 int
@@ -471,7 +511,7 @@ glue_set_preallocation (unsigned i)
 static const struct glue_option glue_create_options[] = {
   { "cluster-size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
   { "cluster_size", GLUE_SIZE, true, .dest = &glue.create.opts.cluster_size },
-  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1"),
+  { "compat", GLUE_WORD, true, .words = WORDS ("0.10", "1.1", "v2", "v3"),
     .set = glue_set_compat, .given = &glue.create.compat_set },
   { "extended-l2", GLUE_BOOL, true, .dest = &glue.create.opts.extended_l2,
     .given = &glue.create.extended_l2_set },
@@ -646,54 +686,66 @@ glue_create_compare (struct qcow2_image *img, const char *name)
   const struct glue_create *c = &glue.create;
   const struct qcow2_create_options *o = &c->opts;
   struct qcow2_info i;
-  char why[1024] = "";
+  /* wrong: what would serve another disk (refused); other: what only
+   * the format differs in, or a disk grown since (said, and served).
+   */
+  char wrong[1024] = "", other[1024] = "";
+  uint64_t want = c->size >= 0 ? div_round_up (c->size, 512) : 0;
 
   qcow2_get_info (img, &i);
   /* Whole sectors, as create makes it (and QEMU serves it). */
-  if (c->size >= 0 && div_round_up (c->size, 512) !=
-      div_round_up (i.size, 512))
-    glue_differs (why, sizeof why, "its virtual size is %" PRIu64 " bytes, "
-                  "not size=%" PRId64, i.size, c->size);
+  if (c->size >= 0 && want > div_round_up (i.size, 512))
+    glue_differs (wrong, sizeof wrong, "its virtual size is %" PRIu64
+                  " bytes, less than size=%" PRId64, i.size, c->size);
+  else if (c->size >= 0 && want < div_round_up (i.size, 512))
+    glue_differs (other, sizeof other, "its virtual size is %" PRIu64
+                  " bytes, more than size=%" PRId64 " (grown since it was "
+                  "made, as by qemu-img resize)", i.size, c->size);
   if (!o->luks != !i.encrypted)
-    glue_differs (why, sizeof why, "it is %sencrypted%s", i.encrypted ? ""
-                  : "not ", i.encrypted ? ", but encrypt-format= is not "
+    glue_differs (wrong, sizeof wrong, "it is %sencrypted%s", i.encrypted ?
+                  "" : "not ", i.encrypted ? ", but encrypt-format= is not "
                   "given" : ", but encrypt-format=luks is given");
+  if (o->backing && (!i.backing || strcmp (i.backing, o->backing) != 0))
+    glue_differs (wrong, sizeof wrong, "its backing file is %s%s%s, not "
+                  "backing=%s", i.backing ? "\"" : "", i.backing ? i.backing
+                  : "none", i.backing ? "\"" : "", o->backing);
   if (o->cluster_size && o->cluster_size != i.cluster_size)
-    glue_differs (why, sizeof why, "its clusters are %" PRIu64 " bytes, not "
-                  "cluster-size=%" PRIu64, i.cluster_size, o->cluster_size);
-  glue_differs_flag (why, sizeof why, c->compat_set, i.version == 2,
+    glue_differs (other, sizeof other, "its clusters are %" PRIu64 " bytes, "
+                  "not cluster-size=%" PRIu64, i.cluster_size,
+                  o->cluster_size);
+  glue_differs_flag (other, sizeof other, c->compat_set, i.version == 2,
                      o->compat_v2, "it is version 2", "it is version 3",
                      "compat", "0.10", "1.1");
-  glue_differs_flag (why, sizeof why, c->extended_l2_set, i.extended_l2,
+  glue_differs_flag (other, sizeof other, c->extended_l2_set, i.extended_l2,
                      o->extended_l2, "its L2 entries are extended",
                      "its L2 entries are not extended", "extended-l2",
                      "on", "off");
-  glue_differs_flag (why, sizeof why, c->lazy_refcounts_set,
+  glue_differs_flag (other, sizeof other, c->lazy_refcounts_set,
                      i.lazy_refcounts, o->lazy_refcounts,
                      "lazy refcounts are on", "lazy refcounts are off",
                      "lazy-refcounts", "on", "off");
   if (o->refcount_bits && o->refcount_bits != i.refcount_bits)
-    glue_differs (why, sizeof why, "its refcounts are %u bits, not "
+    glue_differs (other, sizeof other, "its refcounts are %u bits, not "
                   "refcount-bits=%u", i.refcount_bits, o->refcount_bits);
-  glue_differs_flag (why, sizeof why, c->compression_type_set, i.zstd,
+  glue_differs_flag (other, sizeof other, c->compression_type_set, i.zstd,
                      o->zstd, "its compression type is zstd",
                      "its compression type is zlib", "compression-type",
                      "zstd", "zlib");
-  glue_differs_flag (why, sizeof why, c->data_file_raw_set, i.data_file_raw,
-                     o->data_file_raw, "its data file is raw",
-                     "its data file is not raw", "data-file-raw", "on",
-                     "off");
-  if (o->backing && (!i.backing || strcmp (i.backing, o->backing) != 0))
-    glue_differs (why, sizeof why, "its backing file is %s%s%s, not "
-                  "backing=%s", i.backing ? "\"" : "", i.backing ? i.backing
-                  : "none", i.backing ? "\"" : "", o->backing);
-  if (!why[0])
-    return 0;
-  nbdkit_error ("create=if-missing: %s exists, but it is not the image the "
-                "options describe: %s.  It is left as it is: drop the "
-                "options that differ to serve it, or remove it to make a "
-                "new one", name, why);
-  return -1;
+  glue_differs_flag (other, sizeof other, c->data_file_raw_set,
+                     i.data_file_raw, o->data_file_raw,
+                     "its data file is raw", "its data file is not raw",
+                     "data-file-raw", "on", "off");
+  if (wrong[0]) {
+    nbdkit_error ("create=if-missing: %s exists, but it is another disk "
+                  "than the options describe: %s.  It is left as it is, "
+                  "and not served: give the options it has (or none, "
+                  "without create=) to serve it", name, wrong);
+    return -1;
+  }
+  if (other[0])
+    glue_noticef (name, "create=if-missing: the image there is served as "
+                  "it is: %s", other);
+  return 0;
 }
 
 int
@@ -888,6 +940,9 @@ glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
   }
   if (why)
     glue_noticef (name, "served read-only: %s", why);
+  else if (glue.engine.snapshot)        /* asked for: not news */
+    nbdkit_debug ("%s: snapshot %s served read-only", name,
+                  glue.engine.snapshot);
   else if (!asked_readonly && (reason = qcow2_readonly_reason (img)))
     glue_noticef (name, "served read-only: %s", reason);
   return 0;
@@ -920,13 +975,13 @@ glue_dump_plugin (void)
   printf ("qcow2_zlib=yes\n");
   printf ("qcow2_zstd=yes\n");
   printf ("qcow2_versions=2,3\n");
-  printf ("qcow2_read=all images qemu-img makes (LUKS-encrypted too, "
-          "not QEMU's legacy AES)\n");
-  printf ("qcow2_write=all images it reads (new clusters compressed "
-          "with compress=; a snapshot= export is read-only)\n");
+  /* Values are tokens, as nbdkit's own keys: no spaces. */
+  printf ("qcow2_read=qemu-img-images,luks\n");
+  printf ("qcow2_write=qemu-img-images,luks,compressed\n");
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
-          "locking,overlap-check,repair-leaks,cache-none,fast-zero\n");
+          "locking,overlap-check,repair-leaks,cache-none,fast-zero,luks,"
+          "compressed-writes,persistent-overlay\n");
   printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);

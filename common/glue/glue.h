@@ -133,9 +133,11 @@ glue_password (void)
 {
   return glue.passwords_len ? glue.passwords[0].text : NULL;
 }
-/* create=if-missing found the image name, opened as img: 0 if it is
- * the image glue.create describes (size=, encryption and the format
- * options given), else -1 with what differs said.
+/* create=if-missing found the image name, opened as img: -1 (said) if
+ * serving it would serve another disk than glue.create describes
+ * (smaller than size=, other encryption, other backing file), else 0,
+ * with a notice if it is larger (resized since) or other format
+ * options differ.
  */
 extern int glue_create_compare (struct qcow2_image *img, const char *name);
 /* An image made (when: the option making it, "create=true") with a

@@ -266,6 +266,14 @@ bitmap_open (struct qcow2_image *img)
                                 (uint64_t) e->table_size * 8,
                                 QCOW2_OL_BITMAP_DIRECTORY_BIT)) < 0)
       return r;
+    /* The user's next incremental backup would miss changes. */
+    if ((e->flags & BME_FLAG_IN_USE) && !img->below)
+      log_notice (img, "bitmap \"%.*s\" is in use (qemu-img info: "
+                  "in-use): the image was not closed cleanly while it "
+                  "tracked changes, so it is inconsistent and left as it "
+                  "is; the next backup must be a full one (qemu-img bitmap "
+                  "--remove, then --add, starts a new bitmap)",
+                  (int) e->name_size, e->name);
     if ((e->flags & (BME_FLAG_AUTO | BME_FLAG_IN_USE)) != BME_FLAG_AUTO)
       continue;
     b->t[b->nt].e = e;

@@ -543,5 +543,6 @@ qcow2_get_info (const struct qcow2_image *img, struct qcow2_info *info)
     .encrypted = h->crypt_method != 0,
     .data_file_raw = img->data_file_raw,
     .backing = h->backing_file,
+    .backing_format = h->backing_format,
   };
 }

@@ -177,7 +177,7 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
     return -EINVAL;
   }
   const struct luks_area where = {
-    .env = img->env, .name = img->path, .io = img->io,
+    .env = img->env, .name = img->path, .below = img->below, .io = img->io,
     .offset = img->h.crypto_offset, .length = img->h.crypto_length,
   };
   if ((r = luks_open (&where, opts->passwords_len && opts->passwords[0].text
@@ -315,6 +315,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   img->env = env;
   img->io = io;
   img->id = id;
+  img->below = depth > 0;
   img->caches.debug = opts->debug_cache;
   img->path = strdup (path);
   if (!img->path) {

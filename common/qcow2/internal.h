@@ -228,6 +228,7 @@ struct qcow2_image {
    * go straight to io, and only size and backing are meaningful.
    */
   bool raw;
+  bool below;                   /* a backing layer (not the image served) */
   uint64_t size;                /* virtual size served */
 
   struct qcow2_header h;
@@ -545,6 +546,7 @@ extern void image_free (struct qcow2_image *img);
 struct luks_area {
   const struct qcow2_env *env;
   const char *name;
+  bool below;                   /* a backing layer's (see image.below) */
   struct qcow2_io *io;
   uint64_t offset, length;
 };

@@ -143,6 +143,8 @@ struct qcow2_env {
    * messages (NULL: "password").
    */
   const char *password_key;
+  /* And the one of backing files' passwords (NULL: "backing-password"). */
+  const char *backing_password_key;
 };
 
 #endif /* QCOW2_IO_H */

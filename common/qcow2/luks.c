@@ -221,6 +221,13 @@ luks_password_key (const struct qcow2_env *env)
   return env->password_key ? env->password_key : "password";
 }
 
+static const char *
+luks_backing_password_key (const struct qcow2_env *env)
+{
+  return env->backing_password_key ? env->backing_password_key
+                                   : "backing-password";
+}
+
 /* The parts of a setup looked up by name: what each is, the create
  * option that names it, and the names supported.
  */
@@ -720,9 +727,12 @@ luks_open (const struct luks_area *where, const struct qcow2_password *pw,
     goto out;
   if (r == 0) {
     luks_error (where, "wrong password: it opens none of the image's %u "
-                "active LUKS key slots%s", active, pw->whole_file ? " (nor "
-                "does the whole file it was read from, as QEMU reads a "
-                "secret file)" : "");
+                "active LUKS key slots%s%s%s%s", active, pw->whole_file ?
+                " (nor does the whole file it was read from, as QEMU reads "
+                "a secret file)" : "", where->below ? "; a backing file's "
+                "own password is given with " : "", where->below ?
+                luks_backing_password_key (where->env) : "",
+                where->below ? "=" : "");
     r = -EACCES;
     goto out;
   }

@@ -222,6 +222,7 @@ struct qcow2_info {
   unsigned version, refcount_bits;
   bool extended_l2, lazy_refcounts, zstd, encrypted, data_file_raw;
   const char *backing;          /* the backing file name recorded */
+  const char *backing_format;   /* and its format, or NULL */
 };
 extern void qcow2_get_info (const struct qcow2_image *img,
                             struct qcow2_info *info);

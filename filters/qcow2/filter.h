@@ -28,6 +28,17 @@ extern struct qcow2_io *filter_nextio_new (nbdkit_next *next, int64_t size,
  */
 extern int filter_lock_below (bool readonly);
 
+/* What the plugin below is, as an overlay records it: its name and
+ * the keys that say what it serves, file= as an absolute path ("file
+ * file=/srv/a.raw", "curl url=https://h/a.raw", "memory").  Set at
+ * config_complete.
+ */
+extern const char *filter_below_identity (void);
+/* The local file the plugin serves and has open (known once
+ * filter_lock_below ran), or NULL.
+ */
+extern const char *filter_below_file (void);
+
 /* overlay.c: qcow2-overlay=FILE */
 
 /* A key of the overlay: 1 if done, 0 if not the overlay's, -1 on
@@ -45,8 +56,18 @@ extern bool overlay_active (void);
  */
 extern int overlay_open (nbdkit_next *below, int64_t size, const char *name,
                          struct qcow2_image **image);
-/* What NBD cache requests do: fill FILE with qcow2-overlay-on-read. */
+/* Whether NBD cache requests are taken (in an overlay): they fill
+ * FILE with qcow2-overlay-on-cache= (by default, with
+ * qcow2-overlay-on-read=), else do nothing.
+ */
 extern int overlay_can_cache (void);
+/* Whether a cache request, now, fills FILE. */
+extern bool overlay_fills_cache (void);
+/* Whether a read, now, is copied into FILE first: with
+ * qcow2-overlay-on-read=/PATH, while PATH exists (with =true, the
+ * engine copies every read itself).
+ */
+extern bool overlay_fills_reads (void);
 extern void overlay_unload (void);
 
 #define OVERLAY_CONFIG_HELP \
@@ -54,7 +75,11 @@ extern void overlay_unload (void);
   "                                kept in the qcow2 image FILE (made if\n" \
   "                                missing); the plugin is only read.\n" \
   "qcow2-overlay-backing=<NAME>    Record NAME (raw) as FILE's backing file.\n" \
-  "qcow2-overlay-on-read=true      Copy what is read into FILE.\n" \
+  "qcow2-overlay-on-read=true|/PATH  Copy what is read into FILE (/PATH:\n" \
+  "                                while PATH exists).\n" \
+  "qcow2-overlay-on-cache=true|false  Cache requests fill FILE (default:\n" \
+  "                                as qcow2-overlay-on-read=).\n" \
+  "qcow2-overlay-force=true        Continue a FILE made over another disk.\n" \
   "qcow2-overlay-stream=true       Copy the whole disk into FILE while\n" \
   "                                serving it, then drop FILE's backing name.\n" \
   "qcow2-overlay-stream-rate=<SIZE>  At most this many bytes a second.\n" \

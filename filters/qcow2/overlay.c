@@ -30,7 +30,28 @@
 
 static char *overlay_file;      /* qcow2-overlay=, absolute */
 static char *overlay_backing;   /* qcow2-overlay-backing=, as given */
-static bool overlay_on_read;    /* qcow2-overlay-on-read= */
+static bool overlay_on_read;    /* qcow2-overlay-on-read=true */
+/* qcow2-overlay-on-read=/PATH: copy-on-read while PATH exists (as the
+ * cow filter's cow-on-read=/PATH).
+ */
+static char *overlay_on_read_path;
+/* qcow2-overlay-on-cache=: whether cache requests fill FILE (the cow
+ * filter's cow-on-cache=); -1, not given: as copy-on-read does.
+ */
+static int overlay_on_cache = -1;
+static bool overlay_force;      /* qcow2-overlay-force= */
+
+/* What a FILE made without qcow2-overlay-backing= records as its
+ * backing file (format raw): a json: name of a driver QEMU does not
+ * have, so that QEMU refuses FILE ("Unknown driver") rather than read
+ * it as a whole disk, holding what the plugin below is (see
+ * filter_below_identity).
+ */
+#define OVERLAY_JSON_HEAD \
+  "json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbdkit-qcow2-overlay\"," \
+  "\"plugin\":\""
+#define OVERLAY_JSON_TAIL "\"}}"
+static char *overlay_own_name;
 
 int
 overlay_config (const char *key, const char *value)
@@ -50,8 +71,27 @@ overlay_config (const char *key, const char *value)
                     "no backing file name is recorded)");
     return overlay_backing ? 1 : -1;
   }
-  if (strcmp (key, "qcow2-overlay-on-read") == 0)
-    return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
+  if (strcmp (key, "qcow2-overlay-on-read") == 0) {
+    free (overlay_on_read_path);
+    overlay_on_read_path = NULL;
+    overlay_on_read = false;
+    if (value[0] != '/')
+      return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
+    overlay_on_read_path = strdup (value);
+    if (!overlay_on_read_path)
+      nbdkit_error ("strdup: %s", errstr (errno));
+    return overlay_on_read_path ? 1 : -1;
+  }
+  if (strcmp (key, "qcow2-overlay-on-cache") == 0) {
+    bool b;
+
+    if (glue_parse_bool (key, value, &b) == -1)
+      return -1;
+    overlay_on_cache = b;
+    return 1;
+  }
+  if (strcmp (key, "qcow2-overlay-force") == 0)
+    return glue_parse_bool (key, value, &overlay_force) == 0 ? 1 : -1;
   if (strcmp (key, "qcow2-overlay-stream") == 0)
     return glue_parse_bool (key, value, &glue_stream.on) == 0 ? 1 : -1;
   if (strcmp (key, "qcow2-overlay-stream-rate") == 0)
@@ -68,6 +108,33 @@ overlay_active (void)
   return overlay_file != NULL;
 }
 
+/* OVERLAY_JSON_HEAD, what (JSON-escaped), OVERLAY_JSON_TAIL; NULL on
+ * error (said).
+ */
+static char *
+overlay_json_name (const char *what)
+{
+  size_t len = strlen (OVERLAY_JSON_HEAD) + 6 * strlen (what) +
+    strlen (OVERLAY_JSON_TAIL) + 1;
+  char *name = malloc (len), *p;
+
+  if (!name) {
+    nbdkit_error ("malloc: %s", errstr (errno));
+    return NULL;
+  }
+  p = stpcpy (name, OVERLAY_JSON_HEAD);
+  for (const unsigned char *c = (const unsigned char *) what; *c; c++) {
+    if (*c == '"' || *c == '\\')
+      *p++ = '\\', *p++ = *c;
+    else if (*c < 0x20)
+      p += sprintf (p, "\\u%04x", *c);
+    else
+      *p++ = *c;
+  }
+  strcpy (p, OVERLAY_JSON_TAIL);
+  return name;
+}
+
 int
 overlay_config_complete (bool create, bool chain)
 {
@@ -79,10 +146,14 @@ overlay_config_complete (bool create, bool chain)
     "the plugin's)" : NULL;
 
   if (!overlay_file) {
-    if (overlay_backing || overlay_on_read || glue_stream.on) {
+    if (overlay_backing || overlay_on_read || overlay_on_read_path ||
+        overlay_on_cache != -1 || overlay_force || glue_stream.on) {
       nbdkit_error ("%s needs qcow2-overlay=FILE", overlay_backing ?
-                    "qcow2-overlay-backing=" : overlay_on_read ?
-                    "qcow2-overlay-on-read=" : "qcow2-overlay-stream=");
+                    "qcow2-overlay-backing=" : overlay_on_read ||
+                    overlay_on_read_path ? "qcow2-overlay-on-read=" :
+                    overlay_on_cache != -1 ? "qcow2-overlay-on-cache=" :
+                    overlay_force ? "qcow2-overlay-force=" :
+                    "qcow2-overlay-stream=");
       return -1;
     }
     return 0;
@@ -106,14 +177,24 @@ overlay_config_complete (bool create, bool chain)
                   "%s: not with nbdkit -r or readonly=true", overlay_file);
     return -1;
   }
-  if (overlay_on_read && (glue.engine.readonly || glue_server_readonly ())) {
-    nbdkit_error ("qcow2-overlay-on-read=true writes what is read into %s: "
-                  "not with nbdkit -r", overlay_file);
+  if ((overlay_on_read || overlay_on_read_path || overlay_on_cache == 1) &&
+      (glue.engine.readonly || glue_server_readonly ())) {
+    nbdkit_error ("%s%s writes what is read into %s: not with nbdkit -r",
+                  overlay_on_read ? "qcow2-overlay-on-read=true" :
+                  overlay_on_read_path ? "qcow2-overlay-on-read=" :
+                  "qcow2-overlay-on-cache=true",
+                  overlay_on_read_path ? overlay_on_read_path : "",
+                  overlay_file);
     return -1;
   }
-  /* FILE's backing file, if named, is the plugin's disk: raw. */
-  glue.create.opts.backing = overlay_backing;
-  glue.create.opts.backing_format = overlay_backing ? "raw" : NULL;
+  if (!(overlay_own_name = overlay_json_name (filter_below_identity ())))
+    return -1;
+  /* FILE's backing file is the plugin's disk, raw: the name given, else
+   * ours, which QEMU refuses.
+   */
+  glue.create.opts.backing = overlay_backing ? overlay_backing
+                                             : overlay_own_name;
+  glue.create.opts.backing_format = "raw";
   glue.create.opts.size = 0;
   return qcow2_create_check (&glue_env, &glue.create.opts) < 0 ? -1 : 0;
 }
@@ -175,6 +256,33 @@ overlay_make_file (bool existed, int64_t size, enum overlay_made *made)
   return io;
 }
 
+/* 1 if paths a and b are one file, 0 if two, -1 if either is missing. */
+static int
+overlay_same_file (const char *a, const char *b)
+{
+  struct stat sa, sb;
+
+  if (stat (a, &sa) == -1 || stat (b, &sb) == -1)
+    return -1;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Whether FILE is the file the plugin serves (said): it would hold
+ * the changes to itself.
+ */
+static bool
+overlay_is_below (void)
+{
+  const char *served = filter_below_file ();
+
+  if (!served || overlay_same_file (overlay_file, served) != 1)
+    return false;
+  nbdkit_error ("qcow2-overlay=%s is the file the plugin serves: FILE keeps "
+                "the changes to the plugin's disk, so it is another file "
+                "(a new one is made)", overlay_file);
+  return true;
+}
+
 /* FILE, opened for the engine: made if missing or empty, else as it
  * is.  NULL on error (said).
  */
@@ -204,33 +312,101 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
   return io;
 }
 
-/* FILE continued must be an overlay of this disk: as large, and
- * naming qcow2-overlay-backing= if given.  0, or -1 said.
+/* Whether the backing file name recorded, if a local file, is another
+ * file than the one the plugin serves, where that file is the disk
+ * (as large: no filter between makes another disk of it, as the xz or
+ * partition filters do): then FILE sits on another disk.  A name that
+ * is not a local file (a URL, a file since moved) cannot be compared.
+ */
+static bool
+overlay_other_file (const char *name, int64_t size)
+{
+  const char *served = filter_below_file ();
+  struct stat st;
+  char *path;
+  bool other;
+
+  if (!served || (name[0] != '/' && !qcow2_name_is_relative (name)) ||
+      stat (served, &st) == -1 || st.st_size != size)
+    return false;
+  if (name[0] == '/')
+    path = strdup (name);
+  else if (asprintf (&path, "%.*s/%s",
+                     (int) (strrchr (overlay_file, '/') - overlay_file),
+                     overlay_file, name) == -1)
+    path = NULL;
+  if (!path)
+    return false;
+  other = overlay_same_file (path, served) == 0;
+  free (path);
+  return other;
+}
+
+/* What FILE's backing file name says of the disk below it, against
+ * what is given: NULL if it is this disk, else why not.
+ */
+static const char *
+overlay_mismatch (const struct qcow2_info *i, const char *given,
+                  int64_t size)
+{
+  if (!i->backing)
+    return "a standalone image, whose unallocated clusters read as zeros "
+      "in QEMU";
+  if (i->backing_format && strcmp (i->backing_format, "raw") != 0)
+    return "a chain of its own, which QEMU reads and the plugin's disk "
+      "would stand in for";
+  if (strcmp (i->backing, given) != 0 &&
+      (overlay_backing || strncmp (i->backing, OVERLAY_JSON_HEAD,
+                                   strlen (OVERLAY_JSON_HEAD)) == 0))
+    return "another disk below it";
+  if (overlay_other_file (i->backing, size))
+    return "another file below it than the plugin's";
+  return NULL;
+}
+
+/* FILE continued must be an overlay of this disk: as large, and made
+ * over it (its backing file name: qcow2-overlay-backing= if given,
+ * else ours, naming the plugin, or the plugin's file).  0, or -1 said.
  */
 static int
 overlay_check (struct qcow2_image *img, int64_t size)
 {
   uint64_t want = (size + 511) & ~INT64_C (511);
-  const char *name = qcow2_get_backing_name (img);
+  const char *given = overlay_backing ? overlay_backing : overlay_own_name;
+  const char *why;
+  struct qcow2_info i;
 
-  if (qcow2_get_size (img) != want) {
+  qcow2_get_info (img, &i);
+  if (i.size != want) {
     nbdkit_error ("qcow2-overlay: %s holds a disk of %" PRIu64 " bytes, but "
                   "the plugin's disk is %" PRId64 " bytes: an overlay is "
                   "as large as the disk below it (if the plugin's disk has "
                   "grown, \"qemu-img resize %s %" PRIu64 "\" grows %s)",
-                  overlay_file, qcow2_get_size (img), size, overlay_file,
+                  overlay_file, i.size, size, overlay_file,
                   want, overlay_file);
     return -1;
   }
-  if (overlay_backing && (!name || strcmp (name, overlay_backing) != 0)) {
-    nbdkit_error ("qcow2-overlay: %s records %s%s%s as its backing file, "
-                  "not \"%s\": \"qemu-img rebase -u -b %s -F raw %s\" "
-                  "records the new name", overlay_file, name ? "\"" : "",
-                  name ? name : "no name", name ? "\"" : "", overlay_backing,
-                  overlay_backing, overlay_file);
-    return -1;
+  if (!(why = overlay_mismatch (&i, given, size)))
+    return 0;
+  if (overlay_force) {
+    glue_noticef (overlay_file, "qcow2-overlay-force=true: served over "
+                  "%s although FILE records %s%s%s%s%s",
+                  filter_below_identity (),
+                  i.backing ? "\"" : "no backing file", i.backing ?
+                  i.backing : "", i.backing ? "\"" : "",
+                  i.backing_format ? " format " : "",
+                  i.backing_format ? i.backing_format : "");
+    return 0;
   }
-  return 0;
+  nbdkit_error ("qcow2-overlay: %s records %s%s%s%s%s (%s), but the "
+                "plugin serves %s: \"qemu-img rebase -u -b '%s' -F raw %s\" records it, "
+                "if FILE's changes belong over it; else name a new FILE "
+                "(qcow2-overlay-force=true serves it anyway)", overlay_file,
+                i.backing ? "\"" : "no backing file", i.backing ? i.backing
+                : "", i.backing ? "\"" : "", i.backing_format ? " format "
+                : "", i.backing_format ? i.backing_format : "", why,
+                filter_below_identity (), given, overlay_file);
+  return -1;
 }
 
 int
@@ -246,8 +422,17 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   /* A local file the plugin serves is locked as QEMU locks a backing
    * file: no one may write it while it is under FILE.
    */
-  if (filter_lock_below (true) == -1 ||
-      !(io = overlay_open_file (readonly, size, &made)))
+  if (filter_lock_below (true) == -1 || overlay_is_below ())
+    return -1;
+  if (overlay_backing && !overlay_force &&
+      overlay_other_file (overlay_backing, size)) {
+    nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
+                  "plugin's (%s): FILE's backing file is the plugin's disk "
+                  "(qcow2-overlay-force=true records it anyway)",
+                  overlay_backing, filter_below_file ());
+    return -1;
+  }
+  if (!(io = overlay_open_file (readonly, size, &made)))
     return -1;
   opts.readonly = readonly;
   opts.copy_on_read = overlay_on_read;
@@ -297,10 +482,26 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   return 0;
 }
 
+bool
+overlay_fills_reads (void)
+{
+  return overlay_on_read_path && access (overlay_on_read_path, F_OK) == 0;
+}
+
+bool
+overlay_fills_cache (void)
+{
+  return overlay_on_cache == -1 ? overlay_on_read || overlay_fills_reads ()
+                                : overlay_on_cache;
+}
+
 int
 overlay_can_cache (void)
 {
-  return overlay_on_read ? NBDKIT_CACHE_NATIVE : NBDKIT_CACHE_NONE;
+  /* Answered in every overlay, as the cow filter does: whether a
+   * request fills FILE may change while nbdkit runs.
+   */
+  return overlay_file ? NBDKIT_CACHE_NATIVE : NBDKIT_CACHE_NONE;
 }
 
 void
@@ -308,4 +509,6 @@ overlay_unload (void)
 {
   free (overlay_file);
   free (overlay_backing);
+  free (overlay_own_name);
+  free (overlay_on_read_path);
 }

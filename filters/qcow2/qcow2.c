@@ -75,6 +75,12 @@ static struct qcow2_io *below_file_lock;
 static char *image_name;
 static char *below_keys;
 
+/* The plugin and those keys, file= as an absolute path: what an
+ * overlay records of the disk it sits on (filter_below_identity).
+ */
+static char *below_id_keys;
+static char *below_identity;
+
 /* create=true: format the plugin's export (if empty) at open. */
 static bool create;
 
@@ -343,6 +349,7 @@ static void
 qcow2_filter_load (void)
 {
   glue_load ("qcow2", "qcow2-password", GLUE_IO_THREADS_FILTER);
+  glue_env.backing_password_key = "qcow2-backing-password";
   load_count++;
 }
 
@@ -361,6 +368,8 @@ qcow2_filter_unload (void)
   free (backing_chain);
   free (below_file);
   free (below_keys);
+  free (below_id_keys);
+  free (below_identity);
   free (image_name);
   overlay_unload ();
 }
@@ -371,10 +380,11 @@ static const char *const naming_keys[] = {
   "export",
 };
 
-/* key=value noted in below_keys; a URL's user and password left out. */
+/* key=value appended to *keys; a URL's user and password left out. */
 static int
-qcow2_filter_note_key (const char *key, const char *value)
+qcow2_filter_note_key (char **keys_p, const char *key, const char *value)
 {
+  const char *old = *keys_p;
   const char *scheme = strstr (value, "://");
   const char *at = scheme ? strchr (scheme + 3, '@') : NULL;
   const char *slash = scheme ? strchr (scheme + 3, '/') : NULL;
@@ -382,18 +392,18 @@ qcow2_filter_note_key (const char *key, const char *value)
   int r;
 
   if (at && (!slash || at < slash))
-    r = asprintf (&keys, "%s%s%s=%.*s%s", below_keys ? below_keys : "",
-                  below_keys ? " " : "", key, (int) (scheme + 3 - value),
+    r = asprintf (&keys, "%s%s%s=%.*s%s", old ? old : "",
+                  old ? " " : "", key, (int) (scheme + 3 - value),
                   value, at + 1);
   else
-    r = asprintf (&keys, "%s%s%s=%s", below_keys ? below_keys : "",
-                  below_keys ? " " : "", key, value);
+    r = asprintf (&keys, "%s%s%s=%s", old ? old : "",
+                  old ? " " : "", key, value);
   if (r == -1) {
     nbdkit_error ("asprintf: %s", errstr (errno));
     return -1;
   }
-  free (below_keys);
-  below_keys = keys;
+  free (*keys_p);
+  *keys_p = keys;
   return 0;
 }
 
@@ -417,7 +427,10 @@ qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   for (size_t i = 0; r == 0 && i < sizeof naming_keys / sizeof *naming_keys;
        i++)
     if (strcmp (key, naming_keys[i]) == 0 &&
-        qcow2_filter_note_key (key, value) == -1)
+        (qcow2_filter_note_key (&below_keys, key, value) == -1 ||
+         qcow2_filter_note_key (&below_id_keys, key,
+                                strcmp (key, "file") == 0 && below_file ?
+                                below_file : value) == -1))
       return -1;
   if (r == 0)
     return next (nxdata, key, value);
@@ -465,7 +478,10 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
     return -1;
   }
   if (asprintf (&image_name, "%s %s", plugin[0] ? plugin : "the plugin's",
-                below_keys ? below_keys : "export") == -1) {
+                below_keys ? below_keys : "export") == -1 ||
+      asprintf (&below_identity, "%s%s%s", plugin[0] ? plugin : "plugin",
+                below_id_keys ? " " : "",
+                below_id_keys ? below_id_keys : "") == -1) {
     nbdkit_error ("asprintf: %s", errstr (errno));
     return -1;
   }
@@ -616,6 +632,18 @@ qcow2_filter_fail_start (void)
 {
   if (glue_captive ())
     qcow2_filter_each_fd (qcow2_filter_refuse_queue, NULL);
+}
+
+const char *
+filter_below_identity (void)
+{
+  return below_identity;
+}
+
+const char *
+filter_below_file (void)
+{
+  return below_file_is_image ? below_file : NULL;
 }
 
 /* When the plugin serves one local file, QEMU's locks on it, held by
@@ -1005,8 +1033,13 @@ qcow2_filter_pread (nbdkit_next *next, void *handle, void *buf,
                     uint32_t count, uint64_t offset, uint32_t flags,
                     int *err)
 {
+  int r;
+
   glue_stream_enter ();
-  int r = qcow2_read (image, buf, count, offset);
+  /* As QEMU's copy-on-read, a fill that fails fails the read. */
+  r = overlay_fills_reads () ? qcow2_fill (image, count, offset) : 0;
+  if (r == 0)
+    r = qcow2_read (image, buf, count, offset);
   glue_stream_leave ();
   return qcow2_filter_result (r, err);
 }
@@ -1050,11 +1083,13 @@ qcow2_filter_flush (nbdkit_next *next, void *handle, uint32_t flags,
   return qcow2_filter_result (r, err);
 }
 
-/* Copy-on-read of the range (see overlay_can_cache). */
+/* Copy-on-read of the range (see overlay_can_cache), when it is on. */
 static int
 qcow2_filter_cache (nbdkit_next *next, void *handle, uint32_t count,
                     uint64_t offset, uint32_t flags, int *err)
 {
+  if (!overlay_fills_cache ())
+    return 0;
   return qcow2_filter_result (qcow2_fill (image, count, offset), err);
 }
 
