@@ -23,10 +23,12 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -202,6 +204,35 @@ nbdio_wake (struct nbdio_conn *c)
   (void) r;                     /* a full pipe wakes it anyway */
 }
 
+/* The helper's socket, in the folder libnbd made for it
+ * (/tmp/libnbdXXXXXX), is not needed once connected: removed now, not
+ * at nbd_close, which a server killed or forked into the background
+ * never reaches.  The helper listening on it learns its name only from
+ * the connection.
+ */
+static void
+nbdio_unlink_socket (struct nbd_handle *h)
+{
+  struct sockaddr_un addr;
+  socklen_t len = sizeof addr;
+  char *slash;
+
+  memset (&addr, 0, sizeof addr);
+  if (getpeername (nbd_aio_get_fd (h), (struct sockaddr *) &addr, &len) == -1
+      || addr.sun_family != AF_UNIX || len <= offsetof (struct sockaddr_un,
+                                                        sun_path)
+      || len > sizeof addr)
+    return;
+  addr.sun_path[sizeof addr.sun_path - 1] = '\0';
+  slash = strrchr (addr.sun_path, '/');
+  if (strncmp (addr.sun_path, "/tmp/libnbd", 11) != 0 || !slash ||
+      strcmp (slash, "/sock") != 0)
+    return;
+  unlink (addr.sun_path);
+  *slash = '\0';
+  rmdir (addr.sun_path);
+}
+
 /* A new handle, connected within the timeout; NULL with *why. */
 static struct nbd_handle *
 nbdio_connect (struct nbdio_conn *c, char **why)
@@ -220,8 +251,21 @@ nbdio_connect (struct nbdio_conn *c, char **why)
   if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
       nbd_set_pread_initialize (h, false) == -1)
     goto fail;
-  r = io->argv ? nbd_aio_connect_systemd_socket_activation (h, io->argv)
-               : nbd_aio_connect_uri (h, io->uri);
+  if (io->argv) {
+    /* libnbd forks and execs nbdkit within this call, which inherits
+     * this thread's signal mask: nbdkit's threads and ours block every
+     * signal, and a helper started so would never take the SIGTERM of
+     * --exit-with-parent.  Signals arriving meanwhile run the serving
+     * nbdkit's handlers here, which any of its threads may run.
+     */
+    sigset_t none, old;
+    sigemptyset (&none);
+    pthread_sigmask (SIG_SETMASK, &none, &old);
+    r = nbd_aio_connect_systemd_socket_activation (h, io->argv);
+    pthread_sigmask (SIG_SETMASK, &old, NULL);
+  }
+  else
+    r = nbd_aio_connect_uri (h, io->uri);
   while (r != -1 && !nbd_aio_is_ready (h)) {
     uint64_t now = nbdio_now_ms ();
     short revents;
@@ -241,8 +285,11 @@ nbdio_connect (struct nbdio_conn *c, char **why)
     }
     nbdio_notify (h, revents);
   }
-  if (r != -1)
+  if (r != -1) {
+    if (io->argv)
+      nbdio_unlink_socket (h);
     return h;
+  }
  fail:
   *why = nbdio_connect_error (io);
  out:
