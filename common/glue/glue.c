@@ -1022,6 +1022,12 @@ glue_remote_debug (const char *msg)
   nbdkit_debug ("%s", msg);
 }
 
+static void
+glue_remote_notice (const char *name, const char *msg)
+{
+  glue_notice (NULL, name, msg);
+}
+
 /* Remote storage, through libnbd. */
 static struct qcow2_io *
 glue_open_remote (void *opaque, const struct qcow2_remote *remote,
@@ -1031,6 +1037,7 @@ glue_open_remote (void *opaque, const struct qcow2_remote *remote,
     .timeout = glue.remote_timeout,
     .error = glue_remote_error,
     .debug = glue_remote_debug,
+    .notice = glue_remote_notice,
   };
 
   return nbdio_open (remote, &opts, why);

@@ -64,6 +64,9 @@ struct nbdio_conn {
   int fd;                       /* its socket */
   int shut_fd;                  /* our descriptor of the socket, or -1 */
   unsigned users;               /* threads submitting to h right now */
+  unsigned gen;                 /* its number (io->conn_seq) */
+  bool shut;                    /* READY but not served: not used again */
+  bool timed_out;               /* atomic: dropped for the timeout */
   bool stopping;
   int wake[2];                  /* wakes the thread from poll: its own */
   /* Atomic: commands submitted and not yet completed, and when the
@@ -88,6 +91,7 @@ struct nbdio {
   pthread_mutex_t lock;
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
+  unsigned conn_seq;            /* connections made so far (atomic) */
   bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
@@ -99,19 +103,36 @@ struct nbdio {
   size_t status_n;
 };
 
+/* What a message is (false and true: debug and error).  A notice's
+ * text does not start with the storage's name: the notice callback
+ * gets it apart.
+ */
+enum nbdio_level { NBDIO_DEBUG, NBDIO_ERROR, NBDIO_NOTICE };
+
 static void __attribute__ ((format (printf, 3, 4)))
-nbdio_say (struct nbdio *io, bool error, const char *fmt, ...)
+nbdio_say (struct nbdio *io, enum nbdio_level level, const char *fmt, ...)
 {
-  void (*fn) (const char *) = error ? io->opts.error : io->opts.debug;
+  void (*fn) (const char *) =
+    level == NBDIO_DEBUG ? io->opts.debug : io->opts.error;
   char msg[1024];
   va_list ap;
 
-  if (!fn)
+  if (!fn && !(level == NBDIO_NOTICE && io->opts.notice))
     return;
   va_start (ap, fmt);
   vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
-  fn (msg);
+  if (level == NBDIO_NOTICE && io->opts.notice)
+    io->opts.notice (io->name, msg);
+  else if (level == NBDIO_NOTICE) {
+    char *named;
+    if (asprintf (&named, "%s: %s", io->name, msg) >= 0) {
+      fn (named);
+      free (named);
+    }
+  }
+  else
+    fn (msg);
 }
 
 static uint64_t
@@ -344,6 +365,9 @@ nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
   c->fd = nbd_aio_get_fd (h);
   c->shut_fd = fcntl (c->fd, F_DUPFD_CLOEXEC, 0);
   c->state = CONN_READY;
+  c->gen = __atomic_add_fetch (&c->io->conn_seq, 1, __ATOMIC_RELEASE);
+  c->shut = false;
+  c->timed_out = false;
   pthread_cond_broadcast (&c->io->changed);
 }
 
@@ -381,7 +405,7 @@ nbdio_conn_thread (void *arg)
   }
   nbdio_ready (c, h);
   if (io->lost)
-    nbdio_say (io, true, "%s: connected again", io->name);
+    nbdio_say (io, NBDIO_NOTICE, "connected again");
   io->lost = false;
   pthread_mutex_unlock (&io->lock);
 
@@ -405,6 +429,7 @@ nbdio_conn_thread (void *arg)
                    "requests waiting on it fail, and the next one "
                    "connects again", io->name, io->opts.timeout);
         timed_out = true;
+        __atomic_store_n (&c->timed_out, true, __ATOMIC_RELEASE);
         shutdown (c->shut_fd, SHUT_RDWR);
       }
       deadline = now + io->opts.timeout * UINT64_C (1000);
@@ -417,12 +442,18 @@ nbdio_conn_thread (void *arg)
   }
 
   pthread_mutex_lock (&io->lock);
-  if (!c->stopping) {
+  if (c->shut && !c->stopping) {
+    nbdio_say (io, NBDIO_NOTICE, "the server no longer serves a "
+               "connection (shutting down?): its requests are asked again "
+               "on a new one");
+    c->state = CONN_DEAD;
+  }
+  else if (!c->stopping) {
     io->lost = true;
     if (!timed_out)
-      nbdio_say (io, true, "%s: the connection was lost (%s): requests "
-                 "waiting on it fail, and the next one connects again",
-                 io->name, nbd_get_error () ? nbd_get_error ()
+      nbdio_say (io, NBDIO_NOTICE, "the connection was lost (%s): "
+                 "requests waiting on it are asked again on a new one",
+                 nbd_get_error () ? nbd_get_error ()
                  : "the server closed it");
     c->state = CONN_DEAD;
   }
@@ -517,7 +548,7 @@ nbdio_acquire (struct nbdio *io, char **why)
       if ((k->state == CONN_READY || k->state == CONN_CONNECTING) &&
           k->pid != getpid ())
         k->state = CONN_DEAD;           /* the process before a fork */
-      if (k->state == CONN_READY &&
+      if (k->state == CONN_READY && !k->shut &&
           (!best || __atomic_load_n (&k->inflight, __ATOMIC_RELAXED)
                     < __atomic_load_n (&best->inflight, __ATOMIC_RELAXED)))
         best = k;
@@ -588,6 +619,9 @@ struct nbdio_wait {
 struct nbdio_cmd {
   struct nbdio_wait *w;
   struct nbdio_conn *c;
+  unsigned gen;                 /* the connection it was sent on */
+  unsigned seen;                /* the last connection made by then */
+  bool retried;
   uint8_t *buf;
   uint32_t len;
   uint64_t offset;
@@ -661,6 +695,8 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
     return;
   }
   cmd->c = c;
+  cmd->gen = c->gen;
+  cmd->seen = __atomic_load_n (&io->conn_seq, __ATOMIC_ACQUIRE);
   pthread_mutex_lock (&cmd->w->lock);
   cmd->w->pending++;
   pthread_mutex_unlock (&cmd->w->lock);
@@ -683,11 +719,16 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
     pthread_mutex_lock (&cmd->w->lock);
     cmd->w->pending--;
     pthread_mutex_unlock (&cmd->w->lock);
-    if (!*said)
+    /* Found closed: not served (see nbdio_retry). */
+    if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
+      cmd->err = ESHUTDOWN;
+    else if (!*said)
       nbdio_say (io, true, "%s: %s", io->name, nbd_get_error ());
-    *said = true;
-    if (*cmd->result == 0)
-      *cmd->result = -EIO;
+    if (cmd->err != ESHUTDOWN) {
+      *said = true;
+      if (*cmd->result == 0)
+        *cmd->result = -EIO;
+    }
   }
   /* libnbd sent what it could at once; the thread sends the rest. */
   else if (nbd_aio_get_direction (c->h) & LIBNBD_AIO_DIRECTION_WRITE)
@@ -695,14 +736,69 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   nbdio_release (c);
 }
 
-/* Wait for the commands submitted, then gather their results. */
 static void
-nbdio_wait_all (struct nbdio_wait *w, struct nbdio_cmd *cmds, size_t n)
+nbdio_wait_pending (struct nbdio_wait *w)
 {
   pthread_mutex_lock (&w->lock);
   while (w->pending > 0)
     pthread_cond_wait (&w->done, &w->lock);
   pthread_mutex_unlock (&w->lock);
+}
+
+/* Commands the server did not serve (it is shutting down, and answered
+ * ESHUTDOWN; or their connection was found closed, or closed with them
+ * in flight, other than for the timeout) go once more, on a new
+ * connection: a planned restart of the server costs no request (reads
+ * and block status may be asked twice).  Their connection is not used
+ * again: its thread, woken, finds it shut down; nor are the others
+ * made before it was sent, to the same server going away (what they
+ * have in flight fails, and is asked again the same way).
+ */
+static void
+nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
+             bool status, bool *said)
+{
+  for (size_t i = 0; i < n; i++) {
+    struct nbdio_cmd *cmd = &cmds[i];
+    struct nbdio_conn *c = cmd->c;
+
+    if ((cmd->err != ESHUTDOWN && cmd->err != ENOTCONN) || cmd->retried)
+      continue;
+    pthread_mutex_lock (&io->lock);
+    if (cmd->err == ENOTCONN && c->gen == cmd->gen &&
+        __atomic_load_n (&c->timed_out, __ATOMIC_ACQUIRE)) {
+      pthread_mutex_unlock (&io->lock);
+      continue;
+    }
+    for (unsigned j = 0; j < io->nconns; j++) {
+      struct nbdio_conn *k = &io->conns[j];
+      if (k->state == CONN_READY && !k->shut && k->pid == getpid () &&
+          k->gen <= cmd->seen) {
+        k->shut = true;
+        shutdown (k->shut_fd, SHUT_RDWR);
+        nbdio_wake (k);
+      }
+    }
+    pthread_mutex_unlock (&io->lock);
+    cmd->retried = true;
+    cmd->err = 0;
+    free (cmd->ext);
+    cmd->ext = NULL;
+    cmd->next = 0;
+    nbdio_submit (io, cmd, status, said);
+  }
+}
+
+/* Wait for the commands submitted (status: block status), retried once
+ * if not served, then gather their results.
+ */
+static void
+nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
+                struct nbdio_cmd *cmds, size_t n, bool status, bool *said)
+{
+  nbdio_wait_pending (w);
+  nbdio_retry (io, cmds, n, status, said);
+  nbdio_wait_pending (w);
   for (size_t i = 0; i < n; i++) {
     struct nbdio_cmd *cmd = &cmds[i];
     if (cmd->err && *cmd->result == 0)
@@ -791,7 +887,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
     if (cmds[i].len && *cmds[i].result == 0)
       nbdio_submit (io, &cmds[i], false, &said);
   }
-  nbdio_wait_all (&w, cmds, ncmds);
+  nbdio_wait_all (io, &w, cmds, ncmds, false, &said);
   free (cmds);
 }
 
@@ -906,7 +1002,7 @@ nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
   /* Asked for as much as the protocol's 32 bits allow. */
   cmd.len = MIN (io->size - offset, UINT32_MAX & ~UINT32_C (65535));
   nbdio_submit (io, &cmd, true, &said);
-  nbdio_wait_all (&w, &cmd, 1);
+  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
   if (r == 0 && (!cmd.ext || cmd.next == 0))
     r = -EIO;                   /* a server that answered nothing */
   if (r == 0) {
