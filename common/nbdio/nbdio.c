@@ -16,6 +16,7 @@
  * (into the background): the connections of the process before the
  * fork are left, and new ones made.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -1113,6 +1115,44 @@ nbdio_arg (char ***argv, size_t *n, const char *key, const char *value,
   return r;
 }
 
+/* An NBD URL with its socket= made absolute, against the folder we are
+ * in now (as QEMU, which connects before it forks): nbdkit forking into
+ * the background changes to /, and connects again from there.
+ */
+static char *
+nbdio_socket_uri (const char *url)
+{
+  const char *q = strchr (url, '?'), *sock = NULL;
+  char *cwd, *r = NULL;
+  FILE *fp;
+  size_t len;
+
+  for (const char *p = q; p; p = strchr (p + 1, '&'))
+    if (strncmp (p + 1, "socket=", 7) == 0)
+      sock = p + 8;
+  if (!sock || *sock == '/' || strncasecmp (sock, "%2f", 3) == 0)
+    return strdup (url);
+  if (!(cwd = getcwd (NULL, 0)) || !(fp = open_memstream (&r, &len))) {
+    free (cwd);
+    return NULL;
+  }
+  fprintf (fp, "%.*s", (int) (sock - url), url);
+  /* The folder percent-encoded, as libnbd decodes the query. */
+  for (const char *c = cwd; *c; c++) {
+    if (isalnum ((unsigned char) *c) || strchr ("/-._~", *c))
+      fputc (*c, fp);
+    else
+      fprintf (fp, "%%%02X", (unsigned char) *c);
+  }
+  fprintf (fp, "/%s", sock);
+  free (cwd);
+  if (fclose (fp) != 0) {
+    free (r);
+    return NULL;
+  }
+  return r;
+}
+
 /* The nbdkit serving an http(s) or ssh URL: its arguments, or -1 with
  * *why.
  */
@@ -1220,7 +1260,7 @@ nbdio_open (const struct qcow2_remote *remote,
   if (!(io->name = strdup (remote->url)))
     e = errno;
   else if (strncmp (remote->url, "nbd", 3) == 0) {
-    if (!(io->uri = strdup (remote->url)))
+    if (!(io->uri = nbdio_socket_uri (remote->url)))
       e = errno;
   }
   else if ((e = -nbdio_nbdkit_argv (io, remote, &msg)) != 0)
