@@ -4,7 +4,8 @@
 # server end with the server that uses them, however it ends: killed
 # (SIGKILL: nothing of ours runs), forked into the background (the
 # process that opened the image exits), or --run ending; and none
-# leaves its socket folder (/tmp/libnbdXXXXXX) behind.
+# leaves its socket folder (/tmp/libnbdXXXXXX) behind.  One that cannot
+# be started (no nbdkit in PATH) is said so.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
@@ -80,3 +81,10 @@ rm -f "$tmp/helpers"
 PATH=$tmp/bin:$PATH nbdkit -U - qcow2 "$ovl" --run "nbdsh -u \"\$uri\" -c '$reads'" ||
   fail "reads over the web server with --run"
 helpers_gone "--run"
+
+# No nbdkit in PATH for the helper (the wrapper runs nbdkit by its path).
+mkdir "$tmp/empty"
+! PATH=$tmp/empty /bin/bash "$(type -P nbdkit)" -U "$tmp/r.sock" qcow2 "$ovl" \
+  2> "$tmp/nopath.err" || fail "nbdkit started without a helper"
+grep -q "nbdkit's curl plugin could not be started: nbdkit not found in PATH" \
+  "$tmp/nopath.err" || fail "no helper, said otherwise: $(cat "$tmp/nopath.err")"

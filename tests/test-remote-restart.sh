@@ -4,7 +4,7 @@
 # answers ESHUTDOWN on the connections it has, and exits once its
 # clients leave) costs no request: what our idle connections are asked
 # next goes to the new server, without an error, and we leave the old
-# one.
+# one.  A server gone for good: said once.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
@@ -48,3 +48,11 @@ reads 2 || fail "reads after the restart failed: $(cat "$tmp/q.err")"
 for i in $(seq 50); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$old" 2>/dev/null || fail "the old server still waits for us"
 [ "$conns" -ge 3 ] || echo "$0: note: only $conns sockets before the restart"
+
+# The server gone for good: the requests fail, and the failure to
+# connect is said once, not once a request.
+stop_server base
+cp "$tmp/q.err" "$tmp/q.err.before"
+! reads 4 2>/dev/null || fail "reads succeeded with no server"
+n=$(diff "$tmp/q.err.before" "$tmp/q.err" | grep -c "cannot connect") || true
+[ "$n" -eq 1 ] || fail "the failure to connect said $n times: $(cat "$tmp/q.err")"

@@ -94,6 +94,7 @@ struct nbdio {
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
   unsigned conn_seq;            /* connections made so far (atomic) */
+  unsigned said_failures;       /* failures said so far */
   bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
@@ -146,6 +147,29 @@ nbdio_now_ms (void)
   return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Is cmd an executable file in a folder of PATH? */
+static bool
+nbdio_in_path (const char *cmd)
+{
+  const char *p = getenv ("PATH");
+
+  while (p && *p) {
+    size_t n = strcspn (p, ":");
+    char *f;
+    bool ok;
+
+    /* An empty folder is the current one. */
+    if (asprintf (&f, "%.*s/%s", n ? (int) n : 1, n ? p : ".", cmd) < 0)
+      return true;              /* not known: libnbd's error says */
+    ok = access (f, X_OK) == 0;
+    free (f);
+    if (ok)
+      return true;
+    p += n + (p[n] == ':');
+  }
+  return false;
+}
+
 /* Connecting: libnbd's error (without the name of the call), with
  * what the user can do about it.
  */
@@ -156,6 +180,12 @@ nbdio_connect_error (struct nbdio *io)
   int e = nbd_get_errno ();
   char *why;
 
+  /* libnbd sees only the connection reset. */
+  if (io->argv && !nbdio_in_path (io->argv[0]))
+    return asprintf (&why, "nbdkit's %s plugin could not be started: "
+                     "%s not found in PATH (install nbdkit and its %s "
+                     "plugin, or add its folder to PATH)", io->argv[3],
+                     io->argv[0], io->argv[3]) < 0 ? NULL : why;
   if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
     err = strstr (err, ": ") + 2;
   if (io->argv && err && strstr (err, "handshake"))
@@ -570,9 +600,12 @@ nbdio_acquire (struct nbdio *io, char **why)
       continue;
     }
     if (!best && io->failures != failures) {
-      /* An attempt made since this request came failed. */
-      errno = EIO;
-      if (why)
+      /* An attempt made since this request came failed: said for the
+       * first request it fails (EALREADY: for the others).
+       */
+      errno = io->said_failures == io->failures ? EALREADY : EIO;
+      io->said_failures = io->failures;
+      if (why && errno == EIO)
         *why = io->last_why ? strdup (io->last_why) : NULL;
       break;
     }
@@ -687,7 +720,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   c = nbdio_acquire (io, &why);
   if (!c) {
     int e = errno;
-    if (!*said)
+    if (!*said && e != EALREADY)
       nbdio_say (io, true, "%s: cannot connect: %s", io->name,
                  why ? why : errstr (e));
     *said = true;
