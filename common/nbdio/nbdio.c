@@ -94,7 +94,7 @@ struct nbdio {
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
   unsigned conn_seq;            /* connections made so far (atomic) */
-  unsigned said_failures;       /* failures said so far */
+  bool down_said;               /* failing to connect said, not said back */
   bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
@@ -438,7 +438,7 @@ nbdio_conn_thread (void *arg)
   nbdio_ready (c, h);
   if (io->lost)
     nbdio_say (io, NBDIO_NOTICE, "connected again");
-  io->lost = false;
+  io->lost = io->down_said = false;
   pthread_mutex_unlock (&io->lock);
 
  poll:
@@ -601,10 +601,11 @@ nbdio_acquire (struct nbdio *io, char **why)
     }
     if (!best && io->failures != failures) {
       /* An attempt made since this request came failed: said for the
-       * first request it fails (EALREADY: for the others).
+       * first request it fails until a connection is made again
+       * (EALREADY: for the others).
        */
-      errno = io->said_failures == io->failures ? EALREADY : EIO;
-      io->said_failures = io->failures;
+      errno = io->down_said ? EALREADY : EIO;
+      io->down_said = true;
       if (why && errno == EIO)
         *why = io->last_why ? strdup (io->last_why) : NULL;
       break;
