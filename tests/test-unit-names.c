@@ -87,6 +87,8 @@ test_names (void)
               "nbd+unix:///e?socket=/tmp/s sslverify=1 timeout=0 cookie=");
   check_name ("nbd:h:1234", "raw", "nbd://h:1234/",
               "nbd://h:1234/ sslverify=1 timeout=0 cookie=");
+  check_name ("nbd:[::1]:10810:exportname=e", "raw", "nbd://[::1]:10810/e",
+              "nbd://[::1]:10810/e sslverify=1 timeout=0 cookie=");
   /* json: nested, dotted, legacy keys; the format from the name. */
   check_name ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbd\","
               "\"server\":{\"type\":\"unix\",\"path\":\"/run/nbd sock\"}}}",
@@ -302,6 +304,11 @@ test_refused (void)
                  "\"host-key-check\":{\"mode\":\"hash\",\"type\":\"md5\","
                  "\"hash\":\"00\"}}}", ENOTSUP, "host key check \"hash\"");
   check_refused ("nbd:nowhere", EINVAL, "not an NBD name QEMU knows");
+  /* An IPv6 address in a legacy name: in brackets, as QEMU takes it. */
+  check_refused ("nbd:::1:10809", EINVAL, "not an NBD name QEMU knows");
+  check_refused ("nbd:fe80::1:10809", EINVAL, "not an NBD name QEMU knows");
+  check_refused ("nbd:[::1:10809", EINVAL, "not an NBD name QEMU knows");
+  check_refused ("nbd:[::1]10809", EINVAL, "not an NBD name QEMU knows");
   /* Remote storage that is not there. */
   check_refused ("nbd://h/x", ENOENT, "cannot open backing file "
                  "\"nbd://h/x\"");

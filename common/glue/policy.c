@@ -130,6 +130,12 @@ glue_policy_debug (const char *msg)
   nbdkit_debug ("%s", msg);
 }
 
+static void
+glue_policy_notice (const char *name, const char *msg)
+{
+  glue_notice (NULL, name, msg);
+}
+
 /* A local file (glue_env.open): allowed by backing-protocols=, and
  * under backing-root= once every symbolic link is followed.  The file
  * opened is the one checked, by its resolved name (a name changed in
@@ -179,6 +185,7 @@ glue_policy_open_remote (void *opaque, const struct qcow2_remote *remote,
     .timeout = glue.remote_timeout,
     .error = glue_policy_error,
     .debug = glue_policy_debug,
+    .notice = glue_policy_notice,
     .tls_certificates = p->tls_certificates,
     .tls_psk_file = p->tls_psk_file,
     .tls_username = p->tls_username,

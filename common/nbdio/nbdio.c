@@ -16,6 +16,7 @@
  * (into the background): the connections of the process before the
  * fork are left, and new ones made.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -23,10 +24,13 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +66,9 @@ struct nbdio_conn {
   int fd;                       /* its socket */
   int shut_fd;                  /* our descriptor of the socket, or -1 */
   unsigned users;               /* threads submitting to h right now */
+  unsigned gen;                 /* its number (io->conn_seq) */
+  bool shut;                    /* READY but not served: not used again */
+  bool timed_out;               /* atomic: dropped for the timeout */
   bool stopping;
   int wake[2];                  /* wakes the thread from poll: its own */
   /* Atomic: commands submitted and not yet completed, and when the
@@ -86,6 +93,8 @@ struct nbdio {
   pthread_mutex_t lock;
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
+  unsigned conn_seq;            /* connections made so far (atomic) */
+  bool down_said;               /* failing to connect said, not said back */
   bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
@@ -97,19 +106,36 @@ struct nbdio {
   size_t status_n;
 };
 
+/* What a message is (false and true: debug and error).  A notice's
+ * text does not start with the storage's name: the notice callback
+ * gets it apart.
+ */
+enum nbdio_level { NBDIO_DEBUG, NBDIO_ERROR, NBDIO_NOTICE };
+
 static void __attribute__ ((format (printf, 3, 4)))
-nbdio_say (struct nbdio *io, bool error, const char *fmt, ...)
+nbdio_say (struct nbdio *io, enum nbdio_level level, const char *fmt, ...)
 {
-  void (*fn) (const char *) = error ? io->opts.error : io->opts.debug;
+  void (*fn) (const char *) =
+    level == NBDIO_DEBUG ? io->opts.debug : io->opts.error;
   char msg[1024];
   va_list ap;
 
-  if (!fn)
+  if (!fn && !(level == NBDIO_NOTICE && io->opts.notice))
     return;
   va_start (ap, fmt);
   vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
-  fn (msg);
+  if (level == NBDIO_NOTICE && io->opts.notice)
+    io->opts.notice (io->name, msg);
+  else if (level == NBDIO_NOTICE) {
+    char *named;
+    if (asprintf (&named, "%s: %s", io->name, msg) >= 0) {
+      fn (named);
+      free (named);
+    }
+  }
+  else
+    fn (msg);
 }
 
 static uint64_t
@@ -119,6 +145,29 @@ nbdio_now_ms (void)
 
   clock_gettime (CLOCK_MONOTONIC, &ts);
   return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Is cmd an executable file in a folder of PATH? */
+static bool
+nbdio_in_path (const char *cmd)
+{
+  const char *p = getenv ("PATH");
+
+  while (p && *p) {
+    size_t n = strcspn (p, ":");
+    char *f;
+    bool ok;
+
+    /* An empty folder is the current one. */
+    if (asprintf (&f, "%.*s/%s", n ? (int) n : 1, n ? p : ".", cmd) < 0)
+      return true;              /* not known: libnbd's error says */
+    ok = access (f, X_OK) == 0;
+    free (f);
+    if (ok)
+      return true;
+    p += n + (p[n] == ':');
+  }
+  return false;
 }
 
 /* Connecting: libnbd's error (without the name of the call), with
@@ -131,6 +180,12 @@ nbdio_connect_error (struct nbdio *io)
   int e = nbd_get_errno ();
   char *why;
 
+  /* libnbd sees only the connection reset. */
+  if (io->argv && !nbdio_in_path (io->argv[0]))
+    return asprintf (&why, "nbdkit's %s plugin could not be started: "
+                     "%s not found in PATH (install nbdkit and its %s "
+                     "plugin, or add its folder to PATH)", io->argv[3],
+                     io->argv[0], io->argv[3]) < 0 ? NULL : why;
   if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
     err = strstr (err, ": ") + 2;
   if (io->argv && err && strstr (err, "handshake"))
@@ -202,6 +257,35 @@ nbdio_wake (struct nbdio_conn *c)
   (void) r;                     /* a full pipe wakes it anyway */
 }
 
+/* The helper's socket, in the folder libnbd made for it
+ * (/tmp/libnbdXXXXXX), is not needed once connected: removed now, not
+ * at nbd_close, which a server killed or forked into the background
+ * never reaches.  The helper listening on it learns its name only from
+ * the connection.
+ */
+static void
+nbdio_unlink_socket (struct nbd_handle *h)
+{
+  struct sockaddr_un addr;
+  socklen_t len = sizeof addr;
+  char *slash;
+
+  memset (&addr, 0, sizeof addr);
+  if (getpeername (nbd_aio_get_fd (h), (struct sockaddr *) &addr, &len) == -1
+      || addr.sun_family != AF_UNIX || len <= offsetof (struct sockaddr_un,
+                                                        sun_path)
+      || len > sizeof addr)
+    return;
+  addr.sun_path[sizeof addr.sun_path - 1] = '\0';
+  slash = strrchr (addr.sun_path, '/');
+  if (strncmp (addr.sun_path, "/tmp/libnbd", 11) != 0 || !slash ||
+      strcmp (slash, "/sock") != 0)
+    return;
+  unlink (addr.sun_path);
+  *slash = '\0';
+  rmdir (addr.sun_path);
+}
+
 /* A new handle, connected within the timeout; NULL with *why. */
 static struct nbd_handle *
 nbdio_connect (struct nbdio_conn *c, char **why)
@@ -228,8 +312,21 @@ nbdio_connect (struct nbdio_conn *c, char **why)
       (io->opts.tls_username &&
        nbd_set_tls_username (h, io->opts.tls_username) == -1))
     goto fail;
-  r = io->argv ? nbd_aio_connect_systemd_socket_activation (h, io->argv)
-               : nbd_aio_connect_uri (h, io->uri);
+  if (io->argv) {
+    /* libnbd forks and execs nbdkit within this call, which inherits
+     * this thread's signal mask: nbdkit's threads and ours block every
+     * signal, and a helper started so would never take the SIGTERM of
+     * --exit-with-parent.  Signals arriving meanwhile run the serving
+     * nbdkit's handlers here, which any of its threads may run.
+     */
+    sigset_t none, old;
+    sigemptyset (&none);
+    pthread_sigmask (SIG_SETMASK, &none, &old);
+    r = nbd_aio_connect_systemd_socket_activation (h, io->argv);
+    pthread_sigmask (SIG_SETMASK, &old, NULL);
+  }
+  else
+    r = nbd_aio_connect_uri (h, io->uri);
   while (r != -1 && !nbd_aio_is_ready (h)) {
     uint64_t now = nbdio_now_ms ();
     short revents;
@@ -249,8 +346,11 @@ nbdio_connect (struct nbdio_conn *c, char **why)
     }
     nbdio_notify (h, revents);
   }
-  if (r != -1)
+  if (r != -1) {
+    if (io->argv)
+      nbdio_unlink_socket (h);
     return h;
+  }
  fail:
   *why = nbdio_connect_error (io);
  out:
@@ -305,6 +405,9 @@ nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
   c->fd = nbd_aio_get_fd (h);
   c->shut_fd = fcntl (c->fd, F_DUPFD_CLOEXEC, 0);
   c->state = CONN_READY;
+  c->gen = __atomic_add_fetch (&c->io->conn_seq, 1, __ATOMIC_RELEASE);
+  c->shut = false;
+  c->timed_out = false;
   pthread_cond_broadcast (&c->io->changed);
 }
 
@@ -342,8 +445,8 @@ nbdio_conn_thread (void *arg)
   }
   nbdio_ready (c, h);
   if (io->lost)
-    nbdio_say (io, true, "%s: connected again", io->name);
-  io->lost = false;
+    nbdio_say (io, NBDIO_NOTICE, "connected again");
+  io->lost = io->down_said = false;
   pthread_mutex_unlock (&io->lock);
 
  poll:
@@ -366,6 +469,7 @@ nbdio_conn_thread (void *arg)
                    "requests waiting on it fail, and the next one "
                    "connects again", io->name, io->opts.timeout);
         timed_out = true;
+        __atomic_store_n (&c->timed_out, true, __ATOMIC_RELEASE);
         shutdown (c->shut_fd, SHUT_RDWR);
       }
       deadline = now + io->opts.timeout * UINT64_C (1000);
@@ -378,12 +482,18 @@ nbdio_conn_thread (void *arg)
   }
 
   pthread_mutex_lock (&io->lock);
-  if (!c->stopping) {
+  if (c->shut && !c->stopping) {
+    nbdio_say (io, NBDIO_NOTICE, "the server no longer serves a "
+               "connection (shutting down?): its requests are asked again "
+               "on a new one");
+    c->state = CONN_DEAD;
+  }
+  else if (!c->stopping) {
     io->lost = true;
     if (!timed_out)
-      nbdio_say (io, true, "%s: the connection was lost (%s): requests "
-                 "waiting on it fail, and the next one connects again",
-                 io->name, nbd_get_error () ? nbd_get_error ()
+      nbdio_say (io, NBDIO_NOTICE, "the connection was lost (%s): "
+                 "requests waiting on it are asked again on a new one",
+                 nbd_get_error () ? nbd_get_error ()
                  : "the server closed it");
     c->state = CONN_DEAD;
   }
@@ -478,7 +588,7 @@ nbdio_acquire (struct nbdio *io, char **why)
       if ((k->state == CONN_READY || k->state == CONN_CONNECTING) &&
           k->pid != getpid ())
         k->state = CONN_DEAD;           /* the process before a fork */
-      if (k->state == CONN_READY &&
+      if (k->state == CONN_READY && !k->shut &&
           (!best || __atomic_load_n (&k->inflight, __ATOMIC_RELAXED)
                     < __atomic_load_n (&best->inflight, __ATOMIC_RELAXED)))
         best = k;
@@ -498,9 +608,13 @@ nbdio_acquire (struct nbdio *io, char **why)
       continue;
     }
     if (!best && io->failures != failures) {
-      /* An attempt made since this request came failed. */
-      errno = EIO;
-      if (why)
+      /* An attempt made since this request came failed: said for the
+       * first request it fails until a connection is made again
+       * (EALREADY: for the others).
+       */
+      errno = io->down_said ? EALREADY : EIO;
+      io->down_said = true;
+      if (why && errno == EIO)
         *why = io->last_why ? strdup (io->last_why) : NULL;
       break;
     }
@@ -549,6 +663,9 @@ struct nbdio_wait {
 struct nbdio_cmd {
   struct nbdio_wait *w;
   struct nbdio_conn *c;
+  unsigned gen;                 /* the connection it was sent on */
+  unsigned seen;                /* the last connection made by then */
+  bool retried;
   uint8_t *buf;
   uint32_t len;
   uint64_t offset;
@@ -702,7 +819,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   c = nbdio_acquire (io, &why);
   if (!c) {
     int e = errno;
-    if (!*said)
+    if (!*said && e != EALREADY)
       nbdio_say (io, true, "%s: cannot connect: %s", io->name,
                  why ? why : errstr (e));
     *said = true;
@@ -712,6 +829,8 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
     return;
   }
   cmd->c = c;
+  cmd->gen = c->gen;
+  cmd->seen = __atomic_load_n (&io->conn_seq, __ATOMIC_ACQUIRE);
   pthread_mutex_lock (&cmd->w->lock);
   cmd->w->pending++;
   pthread_mutex_unlock (&cmd->w->lock);
@@ -737,11 +856,16 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
     pthread_mutex_lock (&cmd->w->lock);
     cmd->w->pending--;
     pthread_mutex_unlock (&cmd->w->lock);
-    if (!*said)
+    /* Found closed: not served (see nbdio_retry). */
+    if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
+      cmd->err = ESHUTDOWN;
+    else if (!*said)
       nbdio_say (io, true, "%s: %s", io->name, nbd_get_error ());
-    *said = true;
-    if (*cmd->result == 0)
-      *cmd->result = -EIO;
+    if (cmd->err != ESHUTDOWN) {
+      *said = true;
+      if (*cmd->result == 0)
+        *cmd->result = -EIO;
+    }
   }
   /* libnbd sent what it could at once; the thread sends the rest. */
   else if (nbd_aio_get_direction (c->h) & LIBNBD_AIO_DIRECTION_WRITE)
@@ -749,14 +873,69 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   nbdio_release (c);
 }
 
-/* Wait for the commands submitted, then gather their results. */
 static void
-nbdio_wait_all (struct nbdio_wait *w, struct nbdio_cmd *cmds, size_t n)
+nbdio_wait_pending (struct nbdio_wait *w)
 {
   pthread_mutex_lock (&w->lock);
   while (w->pending > 0)
     pthread_cond_wait (&w->done, &w->lock);
   pthread_mutex_unlock (&w->lock);
+}
+
+/* Commands the server did not serve (it is shutting down, and answered
+ * ESHUTDOWN; or their connection was found closed, or closed with them
+ * in flight, other than for the timeout) go once more, on a new
+ * connection: a planned restart of the server costs no request (reads
+ * and block status may be asked twice).  Their connection is not used
+ * again: its thread, woken, finds it shut down; nor are the others
+ * made before it was sent, to the same server going away (what they
+ * have in flight fails, and is asked again the same way).
+ */
+static void
+nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
+             bool status, bool *said)
+{
+  for (size_t i = 0; i < n; i++) {
+    struct nbdio_cmd *cmd = &cmds[i];
+    struct nbdio_conn *c = cmd->c;
+
+    if ((cmd->err != ESHUTDOWN && cmd->err != ENOTCONN) || cmd->retried)
+      continue;
+    pthread_mutex_lock (&io->lock);
+    if (cmd->err == ENOTCONN && c->gen == cmd->gen &&
+        __atomic_load_n (&c->timed_out, __ATOMIC_ACQUIRE)) {
+      pthread_mutex_unlock (&io->lock);
+      continue;
+    }
+    for (unsigned j = 0; j < io->nconns; j++) {
+      struct nbdio_conn *k = &io->conns[j];
+      if (k->state == CONN_READY && !k->shut && k->pid == getpid () &&
+          k->gen <= cmd->seen) {
+        k->shut = true;
+        shutdown (k->shut_fd, SHUT_RDWR);
+        nbdio_wake (k);
+      }
+    }
+    pthread_mutex_unlock (&io->lock);
+    cmd->retried = true;
+    cmd->err = 0;
+    free (cmd->ext);
+    cmd->ext = NULL;
+    cmd->next = 0;
+    nbdio_submit (io, cmd, status, said);
+  }
+}
+
+/* Wait for the commands submitted (status: block status), retried once
+ * if not served, then gather their results.
+ */
+static void
+nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
+                struct nbdio_cmd *cmds, size_t n, bool status, bool *said)
+{
+  nbdio_wait_pending (w);
+  nbdio_retry (io, cmds, n, status, said);
+  nbdio_wait_pending (w);
   for (size_t i = 0; i < n; i++) {
     struct nbdio_cmd *cmd = &cmds[i];
     if (cmd->err && *cmd->result == 0)
@@ -846,7 +1025,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
     if (cmds[i].len && *cmds[i].result == 0)
       nbdio_submit (io, &cmds[i], false, &said);
   }
-  nbdio_wait_all (&w, cmds, ncmds);
+  nbdio_wait_all (io, &w, cmds, ncmds, false, &said);
   free (cmds);
 }
 
@@ -961,7 +1140,7 @@ nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
   /* Asked for as much as the protocol's 32 bits allow. */
   cmd.len = MIN (io->size - offset, UINT32_MAX & ~UINT32_C (65535));
   nbdio_submit (io, &cmd, true, &said);
-  nbdio_wait_all (&w, &cmd, 1);
+  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
   if (r == 0 && (!cmd.ext || cmd.next == 0))
     r = -EIO;                   /* a server that answered nothing */
   if (r == 0) {
@@ -1069,6 +1248,44 @@ nbdio_arg (char ***argv, size_t *n, const char *key, const char *value,
     }
   }
   free (v);
+  return r;
+}
+
+/* An NBD URL with its socket= made absolute, against the folder we are
+ * in now (as QEMU, which connects before it forks): nbdkit forking into
+ * the background changes to /, and connects again from there.
+ */
+static char *
+nbdio_socket_uri (const char *url)
+{
+  const char *q = strchr (url, '?'), *sock = NULL;
+  char *cwd, *r = NULL;
+  FILE *fp;
+  size_t len;
+
+  for (const char *p = q; p; p = strchr (p + 1, '&'))
+    if (strncmp (p + 1, "socket=", 7) == 0)
+      sock = p + 8;
+  if (!sock || *sock == '/' || strncasecmp (sock, "%2f", 3) == 0)
+    return strdup (url);
+  if (!(cwd = getcwd (NULL, 0)) || !(fp = open_memstream (&r, &len))) {
+    free (cwd);
+    return NULL;
+  }
+  fprintf (fp, "%.*s", (int) (sock - url), url);
+  /* The folder percent-encoded, as libnbd decodes the query. */
+  for (const char *c = cwd; *c; c++) {
+    if (isalnum ((unsigned char) *c) || strchr ("/-._~", *c))
+      fputc (*c, fp);
+    else
+      fprintf (fp, "%%%02X", (unsigned char) *c);
+  }
+  fprintf (fp, "/%s", sock);
+  free (cwd);
+  if (fclose (fp) != 0) {
+    free (r);
+    return NULL;
+  }
   return r;
 }
 
@@ -1200,7 +1417,7 @@ nbdio_open (const struct qcow2_remote *remote,
   if (!(io->name = strdup (remote->url)))
     e = errno;
   else if (strncmp (remote->url, "nbd", 3) == 0) {
-    if (!(io->uri = strdup (remote->url)))
+    if (!(io->uri = nbdio_socket_uri (remote->url)))
       e = errno;
   }
   else if ((e = -nbdio_nbdkit_argv (io, remote, &msg)) != 0)

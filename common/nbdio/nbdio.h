@@ -27,6 +27,11 @@ struct nbdio_options {
    */
   void (*error) (const char *msg);
   void (*debug) (const char *msg);
+  /* Optional: what is said about the storage (its URL: name) that is
+   * not an error, such as a connection lost and made again (the error
+   * callback without it).
+   */
+  void (*notice) (const char *name, const char *msg);
   /* Optional: TLS credentials for nbds:// and nbds+unix:// (libnbd's
    * nbd_set_tls_certificates, nbd_set_tls_psk_file and
    * nbd_set_tls_username), given by the admin, never by an image.

@@ -492,7 +492,9 @@ name_nbd_url (struct name_spec *spec, const char *host, const char *port,
 }
 
 /* QEMU's legacy NBD names: nbd:unix:PATH[:exportname=E] and
- * nbd:HOST:PORT[:exportname=E].
+ * nbd:HOST:PORT[:exportname=E], HOST an IPv6 address in brackets: as
+ * QEMU's inet_parse, the host ends at the first colon otherwise, and
+ * the rest is the port.
  */
 static int
 name_parse_nbd_legacy (const char *name, struct name_spec *spec, char **why)
@@ -506,11 +508,19 @@ name_parse_nbd_legacy (const char *name, struct name_spec *spec, char **why)
     return -ENOMEM;
   if (exp)
     exp += strlen (":exportname=");
+  if (addr[0] == '[')
+    colon = strchr (addr, ']');
+  else
+    colon = addr;
+  if (colon)
+    colon = strchr (colon, ':');
   if (strncmp (addr, "unix:", 5) == 0)
     r = name_nbd_url (spec, NULL, NULL, addr + 5, exp, why);
-  else if ((colon = strrchr (addr, ':')) && colon > addr && colon[1]) {
-    *colon = '\0';
-    r = name_nbd_url (spec, addr, colon + 1, NULL, exp, why);
+  else if (colon && colon > addr && colon[1] && !strchr (colon + 1, ':') &&
+           (addr[0] != '[' || colon[-1] == ']')) {
+    bool v6 = addr[0] == '[';
+    colon[v6 ? -1 : 0] = '\0';
+    r = name_nbd_url (spec, addr + v6, colon + 1, NULL, exp, why);
   }
   else
     r = name_fail (why, -EINVAL, "\"%s\" is not an NBD name QEMU knows: "

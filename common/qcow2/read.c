@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "checked.h"
 #include "errstr.h"
@@ -33,11 +34,20 @@ read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
  * works for a qcow2 layer whose clusters lie anywhere in its file.
  * Backing layers are never written, so a window never goes stale.
  *
+ * It starts with the second read of a sequential run (a lone read, such
+ * as the first sector's, gets what it asked for), with as much again
+ * as the read (READAHEAD_MIN at least), doubled by each further read of
+ * the run up to READAHEAD_WINDOW, and never more than the link was
+ * measured to deliver in READAHEAD_MS: over a slow link a small read
+ * does not wait for megabytes it did not ask for.
+ *
  * Reads that fall in a window being filled wait for it (a client with
  * several sequential requests in flight); two windows, so that one
  * stays readable while the other fills.
  */
 #define READAHEAD_WINDOW (4u << 20)
+#define READAHEAD_MIN (64u << 10)
+#define READAHEAD_MS 200
 
 enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
 
@@ -45,6 +55,8 @@ struct readahead {
   pthread_mutex_t lock;         /* guards all below */
   pthread_cond_t filled;        /* a window stopped filling */
   uint64_t next;                /* where the last read ended */
+  unsigned run;                 /* reads that continued the one before */
+  uint64_t rate;                /* bytes a second the layer gave (0: ?) */
   struct {
     enum window_state state;
     uint64_t start, len;
@@ -61,6 +73,7 @@ readahead_new (void)
     return NULL;
   pthread_mutex_init (&ra->lock, NULL);
   pthread_cond_init (&ra->filled, NULL);
+  ra->next = UINT64_MAX;        /* the first read starts no run */
   return ra;
 }
 
@@ -98,6 +111,8 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
   i = readahead_find (ra, offset, offset + count);
   if (i >= 0 && ra->w[i].state == WINDOW_FULL) {
     memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
+    if (offset == ra->next)
+      ra->run++;
     ra->next = MAX (ra->next, offset + count);
   }
   else
@@ -115,14 +130,62 @@ readahead_note (struct readahead *ra, uint64_t end)
   pthread_mutex_unlock (&ra->lock);
 }
 
+static uint64_t
+readahead_now_us (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* How much to read after a read of count bytes (ra->lock held). */
+static uint64_t
+readahead_extra (const struct readahead *ra, uint64_t count)
+{
+  uint64_t w;
+
+  if (ra->run == 0)
+    return 0;
+  w = MIN (count, READAHEAD_WINDOW);
+  w = MAX (w, READAHEAD_MIN) << MIN (ra->run - 1, 8u);
+  w = MIN (w, READAHEAD_WINDOW);
+  if (ra->rate)
+    w = MIN (w, ra->rate / (1000 / READAHEAD_MS));
+  /* Ending where a read of the run will: one that straddled the end
+   * would fetch the part it shares with the window again.
+   */
+  return w - w % (count <= w ? count : READAHEAD_MIN);
+}
+
+/* Read len bytes at offset of b, and learn the link's rate from it:
+ * what it delivers (latency included) averaged with what it did.
+ */
+static int
+readahead_timed (struct qcow2_image *b, uint8_t *buf, uint64_t len,
+                 uint64_t offset)
+{
+  struct readahead *ra = b->readahead;
+  uint64_t t = readahead_now_us (), rate;
+  int r = layer_read (b, buf, len, offset);
+
+  t = readahead_now_us () - t;
+  if (r == 0) {
+    rate = len * 1000000 / MAX (t, 1);
+    pthread_mutex_lock (&ra->lock);
+    ra->rate = ra->rate ? ra->rate / 2 + rate / 2 : rate;
+    pthread_mutex_unlock (&ra->lock);
+  }
+  return r;
+}
+
 static int
 readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
                 uint64_t offset)
 {
   struct readahead *ra = b->readahead;
-  uint64_t end = offset + count, len;
+  uint64_t end = offset + count, len, extra;
   uint8_t *wbuf;
-  bool seq;
   int i, r;
 
   pthread_mutex_lock (&ra->lock);
@@ -135,18 +198,19 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
     pthread_mutex_unlock (&ra->lock);
     return 0;
   }
-  seq = offset == ra->next;
+  ra->run = offset == ra->next ? ra->run + 1 : 0;
   ra->next = end;
+  extra = readahead_extra (ra, count);
   /* A window to fill: not the one filling, nor a request as large. */
   i = ra->w[0].state == WINDOW_FILLING ? 1
       : ra->w[1].state == WINDOW_FILLING ? 0
       : ra->w[0].start > ra->w[1].start;
-  len = MIN (end + READAHEAD_WINDOW, b->size) - offset;
-  wbuf = seq && count < READAHEAD_WINDOW && ra->w[i].state != WINDOW_FILLING
-         ? malloc (len) : NULL;
+  len = MIN (end + extra, b->size) - offset;
+  wbuf = len > count && count < READAHEAD_WINDOW &&
+         ra->w[i].state != WINDOW_FILLING ? malloc (len) : NULL;
   if (!wbuf) {
     pthread_mutex_unlock (&ra->lock);
-    return layer_read (b, buf, count, offset);
+    return readahead_timed (b, buf, count, offset);
   }
   free (ra->w[i].buf);
   ra->w[i].buf = wbuf;
@@ -155,7 +219,7 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
   ra->w[i].state = WINDOW_FILLING;
   pthread_mutex_unlock (&ra->lock);
 
-  r = layer_read (b, wbuf, len, offset);
+  r = readahead_timed (b, wbuf, len, offset);
   if (r == 0)
     memcpy (buf, wbuf, count);
 
