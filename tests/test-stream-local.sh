@@ -137,7 +137,7 @@ expect_refused "stream=true copies the backing chain into .*read-only" \
 # 7. SIGKILL mid-stream (slowed down by stream-rate=), then again.
 make_chain "$tmp/k"
 stream_serve k qcow2 "$tmp/k/top.qcow2" stream=true stream-rate=4M
-sleep 2
+sleep 3
 d=$(stream_description k)
 case "$d" in "streaming: "*%*) ;; *) fail "description while streaming: $d" ;; esac
 kill -9 "$(cat "$tmp/k.pid")"
