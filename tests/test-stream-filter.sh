@@ -11,6 +11,7 @@ set -e
 requires qemu-img qemu-io nbdinfo nbdsh
 source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/stream-functions.sh"
+source "${srcdir:-.}/overlay-functions.sh"
 
 base=$tmp/base.raw
 stream_raw_base "$base"
@@ -32,6 +33,15 @@ for detach in true false; do
     [ "$d" = "streamed: no longer depends on its backing chain" ] ||
       fail "description: $d"
     qemu-img info "$ov" | grep -q "backing file" && fail "still a backing file"
+    # FILE stands alone now: the filter over the plugin refuses it,
+    # naming the plugin that serves it; the plugin serves the disk.
+    expect_unserved "standalone image.*streamed in.*nbdkit qcow2 FILE" \
+      --filter=qcow2 file "$base" qcow2-overlay="$ov" \
+      qcow2-overlay-backing=base.raw
+    nbdkit -U - qcow2 "$ov" --run "nbdcopy \"\$uri\" $tmp/served.raw" ||
+      fail "nbdkit qcow2 FILE after the stream"
+    cmp "$tmp/served.raw" "$tmp/expected" ||
+      fail "the streamed FILE served alone differs from the disk"
   else
     qemu-img info "$ov" | grep -q "backing file: base.raw" ||
       fail "the backing name went with qcow2-overlay-stream-detach=false"

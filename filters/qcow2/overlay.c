@@ -351,7 +351,8 @@ overlay_mismatch (const struct qcow2_info *i, const char *given,
 {
   if (!i->backing)
     return "a standalone image, whose unallocated clusters read as zeros "
-      "in QEMU";
+      "in QEMU; one streamed in by qcow2-overlay-stream=true holds the "
+      "whole disk: serve it with \"nbdkit qcow2 FILE\"";
   if (i->backing_format && strcmp (i->backing_format, "raw") != 0)
     return "a chain of its own, which QEMU reads and the plugin's disk "
       "would stand in for";
