@@ -42,6 +42,7 @@
 #define CACHE_DEFAULT_MAX (32u << 20)   /* QEMU's default cap on Linux */
 #define CACHE_DEFAULT_SLICE 4096
 #define CACHE_MIN_SLICES 2
+#define CACHE_GROW_FIRST_BYTES (64u << 10)
 #define REFCOUNT_CACHE_BLOCKS 16
 #define NO_ENTRY UINT32_MAX
 #define NO_KEY UINT64_MAX
@@ -63,16 +64,28 @@ struct cache_entry {
   uint32_t stale : 1;           /* loading, but dropped from the hash */
 };
 
+/* Chunks of a cache's entries (see struct meta_cache): enough to grow
+ * from one entry to 2^31.
+ */
+#define CACHE_CHUNKS 33
+
 struct meta_cache {
   const char *what;             /* "L2 slice", "refcount block" */
   bool is_l2;
   uint64_t entry_size;
-  uint32_t n;
+  uint32_t n;                   /* entries now */
+  uint32_t max;                 /* entries it may grow to (see cache_grow) */
   struct cache_entry *e;
 #ifdef CACHE_RELOCATE
   uint8_t **data;               /* n entries, each its allocation */
 #else
-  uint8_t *data;                /* n entries of entry_size bytes */
+  /* The entries' data, in chunks that never move (a slice is read into
+   * its entry with img->lock released): chunk 0 holds the first
+   * first_n entries, chunk k > 0 the entries from first_n << (k - 1)
+   * to first_n << k (or to max).
+   */
+  uint8_t *chunk[CACHE_CHUNKS];
+  uint32_t nchunks, first_n;
 #endif
   uint32_t *buckets;
   uint32_t bucket_mask;
@@ -149,7 +162,12 @@ cache_data (const struct meta_cache *c, uint32_t i)
 #ifdef CACHE_RELOCATE
   return c->data[i];
 #else
-  return c->data + (uint64_t) i * c->entry_size;
+  uint32_t q = i / c->first_n;
+  uint32_t k = q ? 32 - __builtin_clz (q) : 0;
+  uint32_t base = k ? c->first_n << (k - 1) : 0;
+
+  assert (k < c->nchunks);
+  return c->chunk[k] + (uint64_t) (i - base) * c->entry_size;
 #endif
 }
 
@@ -163,8 +181,18 @@ cache_index (const struct meta_cache *c, const uint8_t *p)
   for (i = 0; i < c->n && c->data[i] != p; i++)
     ;
 #else
-  assert (p >= c->data && (uint64_t) (p - c->data) % c->entry_size == 0);
-  i = (uint64_t) (p - c->data) / c->entry_size;
+  uint32_t k, base = 0, len = c->first_n;
+
+  for (k = 0; k < c->nchunks; k++) {
+    if (p >= c->chunk[k] &&
+        (uint64_t) (p - c->chunk[k]) < (uint64_t) len * c->entry_size)
+      break;
+    base += len;
+    len = c->first_n << k;
+  }
+  assert (k < c->nchunks &&
+          (uint64_t) (p - c->chunk[k]) % c->entry_size == 0);
+  i = base + (uint64_t) (p - c->chunk[k]) / c->entry_size;
 #endif
   assert (i < c->n);
   return i;
@@ -186,18 +214,31 @@ cache_retire (struct meta_cache *c, uint32_t i)
 #endif
 }
 
+/* Data for entries [c->n, n): 0, or -1 with nothing changed. */
 static int
-cache_alloc_data (struct meta_cache *c, uint64_t bytes)
+cache_alloc_data (struct meta_cache *c, uint32_t n)
 {
 #ifdef CACHE_RELOCATE
-  if (!(c->data = calloc (c->n, sizeof *c->data)))
+  uint8_t **data = realloc (c->data, n * sizeof *c->data);
+
+  if (!data)
     return -1;
-  for (uint32_t i = 0; i < c->n; i++)
-    if (!(c->data[i] = malloc (c->entry_size)))
+  c->data = data;
+  for (uint32_t i = c->n; i < n; i++)
+    if (!(c->data[i] = malloc (c->entry_size))) {
+      while (i-- > c->n)
+        free (c->data[i]);
       return -1;
+    }
   return 0;
 #else
-  return (c->data = malloc (bytes)) ? 0 : -1;
+  uint8_t *chunk = malloc ((uint64_t) (n - c->n) * c->entry_size);
+
+  if (!chunk)
+    return -1;
+  assert (c->nchunks < CACHE_CHUNKS);
+  c->chunk[c->nchunks++] = chunk;
+  return 0;
 #endif
 }
 
@@ -207,24 +248,96 @@ cache_free_data (struct meta_cache *c)
 #ifdef CACHE_RELOCATE
   for (uint32_t i = 0; c->data && i < c->n; i++)
     free (c->data[i]);
-#endif
   free (c->data);
+#else
+  for (uint32_t k = 0; k < c->nchunks; k++)
+    free (c->chunk[k]);
+#endif
 }
 
+/* Entries [c->n, n) start free, at the LRU tail (taken first). */
+static void
+cache_add_entries (struct meta_cache *c, uint32_t n)
+{
+  for (uint32_t i = c->n; i < n; i++) {
+    c->e[i] = (struct cache_entry) { .key = NO_KEY, .hash_next = NO_ENTRY };
+    cache_lru_push_tail (c, i);
+  }
+  c->n = n;
+}
+
+static void
+cache_hash_insert (struct meta_cache *c, uint32_t i)
+{
+  uint32_t b = cache_bucket (c, c->e[i].key);
+
+  c->e[i].hash_next = c->buckets[b];
+  c->buckets[b] = i;
+}
+
+/* Hash buckets for n entries (twice as many, a power of two): 0, or -1
+ * with the old ones kept.
+ */
+static int
+cache_size_buckets (struct meta_cache *c, uint32_t n)
+{
+  uint64_t nbuckets = 1;
+  uint32_t *b;
+
+  while (nbuckets < (uint64_t) n * 2)
+    nbuckets <<= 1;
+  if (c->buckets && nbuckets == (uint64_t) c->bucket_mask + 1)
+    return 0;
+  if (!(b = malloc (nbuckets * sizeof *b)))
+    return -1;
+  free (c->buckets);
+  c->buckets = b;
+  c->bucket_mask = nbuckets - 1;
+  memset (b, 0xff, nbuckets * sizeof *b);
+  /* Entries in the hash: those holding a table, and those loading
+   * that were not dropped.
+   */
+  for (uint32_t i = 0; i < c->n; i++)
+    if (c->e[i].key != NO_KEY && !c->e[i].stale)
+      cache_hash_insert (c, i);
+  return 0;
+}
+
+/* A full cache that may grow doubles (up to max) instead of evicting,
+ * so that a layer's cache costs what its use needs.  Without memory it
+ * stays as it is and evicts.
+ */
+static void
+cache_grow (struct meta_cache *c)
+{
+  uint32_t n = MIN ((uint64_t) c->max, (uint64_t) c->n * 2);
+  struct cache_entry *e;
+
+  assert (n > c->n);
+  if (!(e = realloc (c->e, n * sizeof *e)))
+    return;
+  c->e = e;
+  if (cache_alloc_data (c, n) < 0)
+    return;
+  cache_add_entries (c, n);
+  /* Longer chains if this fails: slower, still right. */
+  cache_size_buckets (c, n);
+}
+
+/* A cache of first entries, growing up to max (see cache_grow). */
 struct meta_cache *
-cache_create (enum cache_kind kind, uint64_t entry_size,
-              uint64_t entries)
+cache_create_growing (enum cache_kind kind, uint64_t entry_size,
+                      uint64_t first, uint64_t max)
 {
   struct meta_cache *c;
-  uint64_t bytes, nbuckets = 1;
+  uint64_t bytes;
 
-  if (entries > UINT32_MAX / 4 ||
-      mul_overflow_u64 (entry_size, entries, &bytes)) {
+  assert (first >= 1 && first <= max);
+  if (max > UINT32_MAX / 4 ||
+      mul_overflow_u64 (entry_size, max, &bytes)) {
     errno = EFBIG;
     return NULL;
   }
-  while (nbuckets < entries * 2)
-    nbuckets <<= 1;
 
   c = calloc (1, sizeof *c);
   if (!c)
@@ -233,23 +346,30 @@ cache_create (enum cache_kind kind, uint64_t entry_size,
   c->is_l2 = kind == CACHE_L2;
   c->what = c->is_l2 ? "L2 slice" : "refcount block";
   c->entry_size = entry_size;
-  c->n = entries;
-  c->e = calloc (entries, sizeof *c->e);
-  c->buckets = malloc (nbuckets * sizeof *c->buckets);
-  if (!c->e || cache_alloc_data (c, bytes) < 0 || !c->buckets) {
+  c->max = max;
+#ifndef CACHE_RELOCATE
+  c->first_n = first;
+#endif
+  c->lru_head = c->lru_tail = NO_ENTRY;
+  c->e = malloc (first * sizeof *c->e);
+  if (!c->e || cache_alloc_data (c, first) < 0) {
     cache_destroy (c);
     errno = ENOMEM;
     return NULL;
   }
-  c->bucket_mask = nbuckets - 1;
-  memset (c->buckets, 0xff, nbuckets * sizeof *c->buckets);
-  c->lru_head = c->lru_tail = NO_ENTRY;
-  for (uint32_t i = 0; i < c->n; i++) {
-    c->e[i].key = NO_KEY;
-    c->e[i].hash_next = NO_ENTRY;
-    cache_lru_push_head (c, i);
+  cache_add_entries (c, first);
+  if (cache_size_buckets (c, first) < 0) {
+    cache_destroy (c);
+    errno = ENOMEM;
+    return NULL;
   }
   return c;
+}
+
+struct meta_cache *
+cache_create (enum cache_kind kind, uint64_t entry_size, uint64_t entries)
+{
+  return cache_create_growing (kind, entry_size, entries, entries);
 }
 
 void
@@ -386,19 +506,18 @@ cache_hit (struct qcow2_image *img, struct meta_cache *c, uint32_t i)
 static void
 cache_insert (struct meta_cache *c, uint32_t i, uint64_t host_offset)
 {
-  uint32_t b = cache_bucket (c, host_offset);
-
   c->e[i].key = host_offset;
-  c->e[i].hash_next = c->buckets[b];
-  c->buckets[b] = i;
+  cache_hash_insert (c, i);
 }
 
+/* Read into dst (an entry's data, found under img->lock: the cache may
+ * grow meanwhile) what is at host_offset.
+ */
 static int
-cache_read_entry (struct qcow2_image *img, struct meta_cache *c, uint32_t i,
-                  uint64_t host_offset)
+cache_read_entry (struct qcow2_image *img, const struct meta_cache *c,
+                  uint8_t *dst, uint64_t host_offset)
 {
-  int r = img->io->ops->pread (img->io, cache_data (c, i), c->entry_size,
-                               host_offset);
+  int r = img->io->ops->pread (img->io, dst, c->entry_size, host_offset);
   if (r < 0) {
     log_error (img, "reading %s at %#" PRIx64 ": %s", c->what,
                host_offset, errstr (-r));
@@ -433,6 +552,8 @@ cache_lookup (struct qcow2_image *img, struct meta_cache *c,
   }
 
   c->misses++;
+  if (c->n < c->max && c->e[c->lru_tail].key != NO_KEY)
+    cache_grow (c);
   if ((r = cache_evict (img, c, &i)) < 0)
     return r;
   if (img->caches.debug && c->is_l2)
@@ -440,7 +561,7 @@ cache_lookup (struct qcow2_image *img, struct meta_cache *c,
   *data = cache_data (c, i);
   if (fresh)
     memset (*data, 0, c->entry_size);
-  else if ((r = cache_read_entry (img, c, i, host_offset)) < 0)
+  else if ((r = cache_read_entry (img, c, *data, host_offset)) < 0)
     return r;
   cache_insert (c, i, host_offset);
   cache_lru_unlink (c, i);
@@ -497,6 +618,8 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
   /* Half the entries stay in the LRU list, and a dirty victim is
    * written back under the lock: then read under the lock too.
    */
+  if (c->n < c->max && c->e[c->lru_tail].key != NO_KEY)
+    cache_grow (c);
   if (c->nloading >= c->n / 2 || c->e[c->lru_tail].dirty)
     return cache_get (img, c, host_offset, data);
 
@@ -511,8 +634,9 @@ cache_get_may_unlock (struct qcow2_image *img, struct meta_cache *c,
   c->e[i].loading = true;
   c->nloading++;
   assert (c->nloading <= c->n / 2);
+  *data = cache_data (c, i);
   image_unlock (img);
-  r = cache_read_entry (img, c, i, host_offset);
+  r = cache_read_entry (img, c, *data, host_offset);
   image_lock (img);
   *released = true;
   c->e[i].loading = false;
@@ -611,14 +735,15 @@ cache_forget (struct meta_cache *c, uint64_t offset, uint64_t len)
 
 /* Size the L2 cache as QEMU does by default: enough to cover the whole
  * disk, capped; slices of the cluster size when everything fits, else
- * small slices so that a miss costs little.  The refcount cache is a
- * few whole blocks.
+ * small slices so that a miss costs little.  A read-only layer's
+ * default cache starts at 64 KiB and grows to that.  The refcount
+ * cache is a few whole blocks.
  */
 int
 cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
 {
   uint64_t clusters = div_round_up (img->size, img->geo.cluster_size);
-  uint64_t full, size, slice;
+  uint64_t full, size, slice, n, first;
 
   /* L2 bytes needed to map the whole disk, in whole clusters. */
   full = clusters * img->geo.l2_entry_size;
@@ -645,8 +770,13 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
   else
     slice = MIN (CACHE_DEFAULT_SLICE, img->geo.cluster_size);
 
-  img->caches.l2 = cache_create (CACHE_L2, slice,
-                                 MAX (size / slice, CACHE_MIN_SLICES));
+  n = MAX (size / slice, CACHE_MIN_SLICES);
+  /* A read-only layer's default cache (a backing file's) grows with
+   * use: a deep chain of large disks costs what is read of it.
+   */
+  first = opts->readonly && !opts->l2_cache_size
+    ? MIN (n, MAX (CACHE_GROW_FIRST_BYTES / slice, CACHE_MIN_SLICES)) : n;
+  img->caches.l2 = cache_create_growing (CACHE_L2, slice, first, n);
   img->caches.refcount = cache_create (CACHE_REFCOUNT, img->geo.cluster_size,
                                        REFCOUNT_CACHE_BLOCKS);
   if (!img->caches.l2 || !img->caches.refcount) {

@@ -573,6 +573,8 @@ check_run (struct qcow2_image *img, bool fix_leaks,
   int r;
 
   ASSERT_LOCKED (img);
+  if ((r = refcount_load_table (img)) < 0)
+    return r;
   /* Written back first: evicting a dirty L2 slice during the walk may
    * count the reserve again (flush_l2_dependencies), past cr.n.
    */

@@ -248,7 +248,8 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts)
     return r;
   if ((r = image_open_crypto (img, opts)) < 0)
     return r;
-  if ((r = refcount_load_table (img)) < 0)
+  if (!opts->readonly && !opts->snapshot &&
+      (r = refcount_load_table (img)) < 0)
     return r;
   if ((r = snapshot_read_table (img)) < 0)
     return r;

@@ -582,6 +582,10 @@ enum cache_kind { CACHE_L2, CACHE_REFCOUNT };
 extern struct meta_cache *cache_create (enum cache_kind kind,
                                         uint64_t entry_size,
                                         uint64_t entries);
+extern struct meta_cache *cache_create_growing (enum cache_kind kind,
+                                                uint64_t entry_size,
+                                                uint64_t first,
+                                                uint64_t max);
 extern void cache_destroy (struct meta_cache *c);
 extern void cache_replace_refcount (struct qcow2_image *img,
                                     struct meta_cache *c)

@@ -398,17 +398,29 @@ read_piece_error (struct qcow2_image *img, const struct pool_piece *p)
   return io_errno (p->r);
 }
 
-/* Read n runs mapped from offset into buf, by the pool if given and
- * there is more than one piece to read.  Needs no lock.
+/* What a batch needs (its runs, their pieces and the pieces' merged
+ * and grouped forms), about 12 KiB: on the heap, so that a read
+ * through a deep backing chain (a layer_read per layer) takes little
+ * stack per layer.
  */
-static int
-read_runs (struct qcow2_image *img, uint8_t *buf,
-           const struct qcow2_run *runs, size_t n, uint64_t offset,
-           struct io_pool *pool)
-{
+struct read_batch {
+  struct qcow2_run runs[READ_BATCH];
   struct pool_piece pieces[READ_BATCH], below[READ_BATCH];
   struct iovec iov[READ_BATCH];
   struct qcow2_io_read reads[2 * READ_BATCH];
+};
+
+/* Read the n runs of rb mapped from offset into buf, by the pool if
+ * given and there is more than one piece to read.  Needs no lock.
+ */
+static int
+read_runs (struct qcow2_image *img, uint8_t *buf, struct read_batch *rb,
+           size_t n, uint64_t offset, struct io_pool *pool)
+{
+  const struct qcow2_run *runs = rb->runs;
+  struct pool_piece *pieces = rb->pieces, *below = rb->below;
+  struct iovec *iov = rb->iov;
+  struct qcow2_io_read *reads = rb->reads;
   struct pool_batch batch = { .pieces = pieces, .n = 0 };
   size_t nd, nb;
   int r;
@@ -441,11 +453,15 @@ int
 layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
             uint64_t offset)
 {
+  CLEANUP_FREE struct read_batch *rb = NULL;
+
   if (img->raw)
     return read_raw (img, buf, count, offset);
+  if (!(rb = malloc (sizeof *rb)))
+    return -ENOMEM;
 
   while (count > 0) {
-    struct qcow2_run runs[READ_BATCH];
+    struct qcow2_run *runs = rb->runs;
     struct io_pool *pool = NULL;
     uint64_t len = 0;
     size_t n = 0;
@@ -463,7 +479,7 @@ layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
     if (r == 0 && read_pieces (runs, n) > 1)
       pool = pool_get (img);
     image_unlock (img);
-    if (r < 0 || (r = read_runs (img, buf, runs, n, offset, pool)) < 0)
+    if (r < 0 || (r = read_runs (img, buf, rb, n, offset, pool)) < 0)
       return r;
     buf += len;
     offset += len;
@@ -480,12 +496,16 @@ int
 read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
              uint64_t offset)
 {
+  CLEANUP_FREE struct read_batch *rb = NULL;
+
   ASSERT_LOCKED (img);
   if (img->raw)
     return read_raw (img, buf, count, offset);
+  if (!(rb = malloc (sizeof *rb)))
+    return -ENOMEM;
 
   while (count > 0) {
-    struct qcow2_run runs[READ_BATCH];
+    struct qcow2_run *runs = rb->runs;
     uint64_t len = 0;
     size_t n = 0;
     int r = 0;
@@ -494,7 +514,7 @@ read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
            (r = cluster_map (img, offset + len, count - len,
                              &runs[n])) == 0)
       len += runs[n++].length;
-    if (r < 0 || (r = read_runs (img, buf, runs, n, offset, NULL)) < 0)
+    if (r < 0 || (r = read_runs (img, buf, rb, n, offset, NULL)) < 0)
       return r;
     buf += len;
     offset += len;

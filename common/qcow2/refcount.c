@@ -14,30 +14,36 @@
 
 #define REFTABLE_OFFSET_MASK 0xfffffffffffffe00ULL
 
+/* The refcount table, read into place and byte-swapped there: at open
+ * for an image that may be written, at the first need (a check, the
+ * preallocation probe) for a read-only one, so that a backing layer
+ * never pays for it.  Then a no-op.
+ */
 int
 refcount_load_table (struct qcow2_image *img)
 {
   uint64_t n = (uint64_t) img->h.refcount_table_clusters
     * img->geo.cluster_size / 8;
-  uint8_t *buf = malloc (n * 8);
+  uint64_t *table;
   int r;
 
-  img->reftable = malloc (n * sizeof *img->reftable);
-  if (!buf || !img->reftable) {
-    free (buf);
+  ASSERT_LOCKED (img);
+  if (img->reftable)
+    return 0;
+  if (!(table = malloc (MAX (n, 1) * sizeof *table)))
     return -ENOMEM;
-  }
-  r = img->io->ops->pread (img->io, buf, n * 8, img->h.refcount_table_offset);
+  r = img->io->ops->pread (img->io, table, n * 8,
+                           img->h.refcount_table_offset);
   if (r < 0) {
     log_error (img, "reading the refcount table at %#" PRIx64 ": %s",
                img->h.refcount_table_offset, errstr (-r));
-    free (buf);
+    free (table);
     return r;
   }
   for (uint64_t i = 0; i < n; i++)
-    img->reftable[i] = be64_get (buf + i * 8);
+    table[i] = be64_get ((const uint8_t *) &table[i]);
+  img->reftable = table;
   img->reftable_size = n;
-  free (buf);
   return 0;
 }
 
@@ -197,6 +203,8 @@ refcount_read (struct qcow2_image *img, uint64_t cluster, uint64_t *refcount)
   uint8_t *data;
   int r;
 
+  if ((r = refcount_load_table (img)) < 0)
+    return r;
   if (idx >= img->reftable_size ||
       (img->reftable[idx] & REFTABLE_OFFSET_MASK) == 0) {
     *refcount = 0;
