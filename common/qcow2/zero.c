@@ -155,8 +155,57 @@ zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
   return n;
 }
 
-/* How one piece of a zero request is done. */
-enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
+/* How one piece of a zero request is done (ZERO_WHOLE: a part of a
+ * cluster, the whole made a zero cluster).
+ */
+enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_WHOLE, ZERO_UNITS,
+                ZERO_DATA };
+
+/* Stops at the first extent that does not read as zeros. */
+static int
+zero_extent_check (void *opaque, uint64_t offset, uint64_t length,
+                   uint32_t type)
+{
+  bool *zero = opaque;
+
+  if (type & QCOW2_EXTENT_ZERO)
+    return 0;
+  *zero = false;
+  return 1;
+}
+
+/* Whether the cluster at cstart holds nothing of its own and its
+ * backing file shows zeros there by block status (as QEMU's is_zero
+ * asks it, before it makes a partial zero a zero cluster).
+ */
+static int
+zero_cluster_shows_zero (struct qcow2_image *img, uint64_t cstart,
+                         bool *zero)
+  TSA_REQUIRES (img->lock)
+{
+  uint64_t offset = cstart;
+  uint64_t len = MIN (img->geo.cluster_size, img->size - cstart);
+
+  *zero = true;
+  while (len > 0 && *zero) {
+    struct qcow2_run run;
+    int r = cluster_map (img, offset, len, &run);
+    if (r < 0)
+      return r;
+    if (run.kind == RUN_DATA || run.kind == RUN_COMPRESSED)
+      *zero = false;
+    else if (run.kind == RUN_UNALLOCATED && img->backing &&
+             offset < img->backing->size &&
+             (r = layer_extents (img->backing, offset,
+                                 MIN (run.length,
+                                      img->backing->size - offset),
+                                 false, zero_extent_check, zero)) < 0)
+      return r;
+    offset += run.length;
+    len -= run.length;
+  }
+  return 0;
+}
 
 static int
 zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
@@ -177,6 +226,12 @@ zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
   else if (img->geo.extended_l2 &&
            !((in | n) & (img->geo.subcluster_size - 1)))
     *how = ZERO_UNITS;
+  else if (img->h.version >= 3 && !img->geo.extended_l2) {
+    /* Over a backing file showing zeros, QEMU makes a zero cluster. */
+    if ((r = zero_cluster_shows_zero (img, offset - in, &zero)) < 0)
+      return r;
+    *how = zero ? ZERO_WHOLE : ZERO_DATA;
+  }
   else
     *how = ZERO_DATA;
   return 0;
@@ -221,6 +276,9 @@ zero_piece_unlocks (struct qcow2_image *img,
   if (r == 0 && how == ZERO_METADATA)
     r = zero_cluster (img, offset, may_trim ? ZERO_CLUSTER_MAY_FREE
                                             : ZERO_CLUSTER_KEEP);
+  else if (r == 0 && how == ZERO_WHOLE)
+    r = zero_cluster (img, offset & ~(img->geo.cluster_size - 1),
+                      ZERO_CLUSTER_KEEP);
   else if (r == 0 && how == ZERO_UNITS)
     r = zero_units (img, offset, *n, !may_trim);
   if (r == 1 || (r == 0 && how == ZERO_DATA))
