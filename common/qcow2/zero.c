@@ -161,52 +161,6 @@ zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
 enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_WHOLE, ZERO_UNITS,
                 ZERO_DATA };
 
-/* Stops at the first extent that does not read as zeros. */
-static int
-zero_extent_check (void *opaque, uint64_t offset, uint64_t length,
-                   uint32_t type)
-{
-  bool *zero = opaque;
-
-  if (type & QCOW2_EXTENT_ZERO)
-    return 0;
-  *zero = false;
-  return 1;
-}
-
-/* Whether the cluster at cstart holds nothing of its own and its
- * backing file shows zeros there by block status (as QEMU's is_zero
- * asks it, before it makes a partial zero a zero cluster).
- */
-static int
-zero_cluster_shows_zero (struct qcow2_image *img, uint64_t cstart,
-                         bool *zero)
-  TSA_REQUIRES (img->lock)
-{
-  uint64_t offset = cstart;
-  uint64_t len = MIN (img->geo.cluster_size, img->size - cstart);
-
-  *zero = true;
-  while (len > 0 && *zero) {
-    struct qcow2_run run;
-    int r = cluster_map (img, offset, len, &run);
-    if (r < 0)
-      return r;
-    if (run.kind == RUN_DATA || run.kind == RUN_COMPRESSED)
-      *zero = false;
-    else if (run.kind == RUN_UNALLOCATED && img->backing &&
-             offset < img->backing->size &&
-             (r = layer_extents (img->backing, offset,
-                                 MIN (run.length,
-                                      img->backing->size - offset),
-                                 false, zero_extent_check, zero)) < 0)
-      return r;
-    offset += run.length;
-    len -= run.length;
-  }
-  return 0;
-}
-
 static int
 zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
            enum zero_how *how)
@@ -228,7 +182,9 @@ zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
     *how = ZERO_UNITS;
   else if (img->h.version >= 3 && !img->geo.extended_l2) {
     /* Over a backing file showing zeros, QEMU makes a zero cluster. */
-    if ((r = zero_cluster_shows_zero (img, offset - in, &zero)) < 0)
+    if ((r = write_shows_zero (img, offset - in,
+                               MIN (cs, img->size - (offset - in)),
+                               &zero)) < 0)
       return r;
     *how = zero ? ZERO_WHOLE : ZERO_DATA;
   }
