@@ -782,6 +782,9 @@ extern uint64_t write_unit_mask (const struct qcow2_image *img,
 extern int write_reads_zero (struct qcow2_image *img, uint64_t offset,
                              uint64_t len, bool *zero)
   TSA_REQUIRES (img->lock);
+extern int write_shows_zero (struct qcow2_image *img, uint64_t offset,
+                             uint64_t len, bool *zero)
+  TSA_REQUIRES (img->lock);
 extern int write_release_old (struct qcow2_image *img,
                               const struct l2_state *s, uint64_t fresh,
                               uint64_t fresh_len)

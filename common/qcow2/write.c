@@ -35,10 +35,27 @@ write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
   return (n >= 32 ? L2_ALL_ALLOC : ((UINT64_C (1) << n) - 1)) << first;
 }
 
-/* Whether the guest reads zeros from [offset, offset+len) now. */
-int
-write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
-                  bool *zero)
+/* Stops at the first extent that does not read as zeros. */
+static int
+write_extent_zero (void *opaque, uint64_t offset, uint64_t length,
+                   uint32_t type)
+{
+  bool *zero = opaque;
+
+  if (type & QCOW2_EXTENT_ZERO)
+    return 0;
+  *zero = false;
+  return 1;
+}
+
+/* Whether the guest reads zeros from [offset, offset+len) now: where the
+ * backing file shows, by its block status if ask_backing (as QEMU's
+ * is_zero asks), else taken as not zero.
+ */
+static int
+write_zero_runs (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                 bool ask_backing, bool *zero)
+  TSA_REQUIRES (img->lock)
 {
   *zero = true;
   while (len > 0 && *zero) {
@@ -49,12 +66,33 @@ write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
     if (run.kind == RUN_DATA || run.kind == RUN_COMPRESSED)
       *zero = false;
     else if (run.kind == RUN_UNALLOCATED && img->backing &&
-             offset < img->backing->size)
-      *zero = false;
+             offset < img->backing->size) {
+      if (!ask_backing)
+        *zero = false;
+      else if ((r = layer_extents (img->backing, offset,
+                                   MIN (run.length,
+                                        img->backing->size - offset),
+                                   false, write_extent_zero, zero)) < 0)
+        return r;
+    }
     offset += run.length;
     len -= run.length;
   }
   return 0;
+}
+
+int
+write_reads_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                  bool *zero)
+{
+  return write_zero_runs (img, offset, len, false, zero);
+}
+
+int
+write_shows_zero (struct qcow2_image *img, uint64_t offset, uint64_t len,
+                  bool *zero)
+{
+  return write_zero_runs (img, offset, len, true, zero);
 }
 
 /* A cluster written in place must be one a sound image could have:

@@ -155,8 +155,11 @@ zero_piece (struct qcow2_image *img, uint64_t offset, uint64_t count)
   return n;
 }
 
-/* How one piece of a zero request is done. */
-enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_UNITS, ZERO_DATA };
+/* How one piece of a zero request is done (ZERO_WHOLE: a part of a
+ * cluster, the whole made a zero cluster).
+ */
+enum zero_how { ZERO_NOTHING, ZERO_METADATA, ZERO_WHOLE, ZERO_UNITS,
+                ZERO_DATA };
 
 static int
 zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
@@ -177,6 +180,14 @@ zero_plan (struct qcow2_image *img, uint64_t offset, uint64_t n,
   else if (img->geo.extended_l2 &&
            !((in | n) & (img->geo.subcluster_size - 1)))
     *how = ZERO_UNITS;
+  else if (img->h.version >= 3 && !img->geo.extended_l2) {
+    /* Over a backing file showing zeros, QEMU makes a zero cluster. */
+    if ((r = write_shows_zero (img, offset - in,
+                               MIN (cs, img->size - (offset - in)),
+                               &zero)) < 0)
+      return r;
+    *how = zero ? ZERO_WHOLE : ZERO_DATA;
+  }
   else
     *how = ZERO_DATA;
   return 0;
@@ -221,6 +232,9 @@ zero_piece_unlocks (struct qcow2_image *img,
   if (r == 0 && how == ZERO_METADATA)
     r = zero_cluster (img, offset, may_trim ? ZERO_CLUSTER_MAY_FREE
                                             : ZERO_CLUSTER_KEEP);
+  else if (r == 0 && how == ZERO_WHOLE)
+    r = zero_cluster (img, offset & ~(img->geo.cluster_size - 1),
+                      ZERO_CLUSTER_KEEP);
   else if (r == 0 && how == ZERO_UNITS)
     r = zero_units (img, offset, *n, !may_trim);
   if (r == 1 || (r == 0 && how == ZERO_DATA))
