@@ -197,7 +197,7 @@ test_deep_chain (void)
   struct memenv *me = memenv_new ();
   const uint64_t layers[] = { 1001, MAX_BACKING + 1, MAX_BACKING + 2 };
   struct model *models = calloc (MAX_BACKING + 2, sizeof *models);
-  char (*names)[24] = calloc (MAX_BACKING + 3, sizeof *names);
+  char (*names)[48] = calloc (MAX_BACKING + 3, sizeof *names);
   struct ib top, ib;
   struct qcow2_image *img;
 
