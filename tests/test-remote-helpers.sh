@@ -73,6 +73,18 @@ rm -f "$tmp/helpers"
 PATH=$tmp/bin:$PATH nbd_server q qcow2 "$ovl"
 nbdsh -u "nbd+unix:///?socket=$tmp/q.sock" -c "$reads" ||
   fail "reads over the web server"
+# A helper's folder goes once it is connected; one still connecting
+# when SIGKILL lands keeps it (nothing of ours runs after SIGKILL), so
+# wait for the connections the reads started, then kill.
+for i in $(seq 100); do
+  left=
+  while read -r pid sock; do
+    [ ! -e "${sock%/sock}" ] || left+=" ${sock%/sock}"
+  done < "$tmp/helpers"
+  [ -n "$left" ] || break
+  sleep 0.1
+done
+[ -z "$left" ] || fail "folders not removed once connected:$left"
 kill -9 "$(cat "$tmp/q.pid")"
 helpers_gone "SIGKILL"
 
