@@ -39,6 +39,7 @@
 #include "checked.h"
 #include "errstr.h"
 #include "nbdio.h"
+#include "monotonic.h"
 
 /* What one NBD request may carry when the server does not say (the
  * NBD protocol's recommendation).
@@ -141,10 +142,7 @@ nbdio_say (struct nbdio *io, enum nbdio_level level, const char *fmt, ...)
 static uint64_t
 nbdio_now_ms (void)
 {
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  return monotonic_ns () / 1000000;
 }
 
 /* Is cmd an executable file in a folder of PATH? */

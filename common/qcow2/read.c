@@ -13,6 +13,7 @@
 #include "checked.h"
 #include "errstr.h"
 #include "internal.h"
+#include "monotonic.h"
 
 /* A run that is not allocated reads from the backing layer, as far as
  * it goes: how many bytes of [offset, offset+len) that is.
@@ -133,10 +134,7 @@ readahead_note (struct readahead *ra, uint64_t end)
 static uint64_t
 readahead_now_us (void)
 {
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+  return monotonic_ns () / 1000;
 }
 
 /* How much to read after a read of count bytes (ra->lock held). */

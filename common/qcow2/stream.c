@@ -33,6 +33,7 @@
 #include "checked.h"
 #include "errstr.h"
 #include "internal.h"
+#include "monotonic.h"
 #include "iszero.h"
 
 #define STREAM_STEP (1u << 20)
@@ -72,15 +73,6 @@ struct qcow2_stream {
   uint64_t held_lo, held_hi;
   bool held;
 };
-
-static int64_t
-stream_now_ns (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static void
 stream_set_state (struct qcow2_stream *s, enum qcow2_stream_state state)
@@ -384,15 +376,15 @@ stream_step (struct qcow2_stream *s, uint64_t *found)
 static bool
 stream_pace (struct qcow2_stream *s, int64_t started, uint64_t copied)
 {
-  int64_t until = stream_now_ns () + STREAM_YIELD_NS;
+  int64_t until = (int64_t) monotonic_ns () + STREAM_YIELD_NS;
 
   while (s->opts.busy && __atomic_load_n (s->opts.busy, __ATOMIC_RELAXED) &&
-         stream_now_ns () < until)
+         (int64_t) monotonic_ns () < until)
     if (stream_sleep (s, STREAM_YIELD_POLL_NS))
       return true;
   if (s->opts.rate) {
     int64_t due = started + (int64_t) (copied * 1e9 / s->opts.rate);
-    int64_t now = stream_now_ns ();
+    int64_t now = (int64_t) monotonic_ns ();
 
     if (due > now)
       return stream_sleep (s, due - now);
@@ -438,7 +430,7 @@ stream_copy (struct qcow2_stream *s, int64_t started)
 {
   uint64_t copied = 0, left;
   unsigned failures = 0, idle = 0, tenth = 0;
-  int64_t flushed = stream_now_ns ();
+  int64_t flushed = (int64_t) monotonic_ns ();
   int r;
 
   for (;;) {
@@ -458,10 +450,10 @@ stream_copy (struct qcow2_stream *s, int64_t started)
       }
       failures = 0;
       /* What is copied is kept, for a start after a crash to go on. */
-      if (stream_now_ns () - flushed > STREAM_FLUSH_NS || found == 0) {
+      if ((int64_t) monotonic_ns () - flushed > STREAM_FLUSH_NS || found == 0) {
         if ((r = qcow2_flush (s->img)) < 0 && !stream_retry (s, r, &failures))
           return r;
-        flushed = stream_now_ns ();
+        flushed = (int64_t) monotonic_ns ();
       }
       if (found == 0)
         break;
@@ -672,7 +664,7 @@ static void *
 stream_thread (void *arg)
 {
   struct qcow2_stream *s = arg;
-  int64_t started = stream_now_ns ();
+  int64_t started = (int64_t) monotonic_ns ();
   uint64_t total;
   int r;
 
@@ -684,7 +676,7 @@ stream_thread (void *arg)
               s->base ? s->base->path : "", s->base ? "\")" : "");
   if ((r = stream_copy (s, started)) < 0)
     goto out;
-  double secs = (stream_now_ns () - started) / 1e9;
+  double secs = ((int64_t) monotonic_ns () - started) / 1e9;
   uint64_t done = __atomic_load_n (&s->done, __ATOMIC_RELAXED);
   log_notice (s->img, "stream: done: %" PRIu64 " bytes copied in %.1f s "
               "(%.1f MiB/s)", done, secs,
