@@ -238,7 +238,7 @@ refcount_switch_table (struct qcow2_image *img, const uint8_t *area,
     return r;
   /* The table's offset and size are adjacent fields: one write. */
   be64_put (hdr, offset);
-  be32_put (hdr + HDR_REFTABLE_CLUSTERS - HDR_REFTABLE_OFFSET, table_clusters);
+  be32_put (hdr + (HDR_REFTABLE_CLUSTERS - HDR_REFTABLE_OFFSET), table_clusters);
   if ((r = io_write_meta (img, hdr, sizeof hdr, HDR_REFTABLE_OFFSET, "header",
                           OL (MAIN_HEADER))) < 0 ||
       (r = io_flush (img)) < 0)
