@@ -7,9 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <syslog.h>
-#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -26,11 +23,8 @@ struct glue_state glue = {
 NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
 NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
-/* The module's name, and the process nbdkit loaded it in (a notice
- * from another ran after nbdkit forked).
- */
+/* The module's name, in notices. */
 static const char *module_name = "qcow2";
-static pid_t load_pid;
 
 void
 glue_load (const char *name, const char *password_key, unsigned io_threads)
@@ -38,7 +32,7 @@ glue_load (const char *name, const char *password_key, unsigned io_threads)
   module_name = name;
   glue_env.password_key = password_key;
   glue.engine.io_threads = io_threads;
-  load_pid = getpid ();
+  glue_introspect_load ();
 }
 
 /* A size with a fraction and a unit, as qemu-img takes it ("1.5G"):
@@ -826,92 +820,10 @@ glue_debug (void *opaque, const char *msg)
   nbdkit_debug ("%s", msg);
 }
 
-/* Each argument of nbdkit's command line in turn to fn, with the one
- * after it (or NULL), up to "--" or until fn returns true: true if it
- * did.
- */
-static bool
-glue_cmdline (bool (*fn) (const char *arg, const char *next, void *opaque),
-              void *opaque)
-{
-  static char buf[16384];
-  static size_t n;
-  static bool read_once;
-
-  if (!read_once) {
-    FILE *fp = fopen ("/proc/self/cmdline", "r");
-
-    read_once = true;
-    if (fp) {
-      n = fread (buf, 1, sizeof buf - 1, fp);
-      fclose (fp);
-    }
-    buf[n] = '\0';
-  }
-  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
-    size_t next = i + strlen (buf + i) + 1;
-
-    if (strcmp (buf + i, "--") == 0)
-      break;
-    if (fn (buf + i, next < n ? buf + next : NULL, opaque))
-      return true;
-  }
-  return false;
-}
-
-/* --log=WHERE or --log WHERE (the last one counts). */
-static bool
-glue_cmdline_log (const char *arg, const char *next, void *opaque)
-{
-  const char **where = opaque;
-
-  if (strncmp (arg, "--log=", 6) == 0)
-    *where = arg + 6;
-  else if (strcmp (arg, "--log") == 0 && next)
-    *where = next;
-  return false;
-}
-
-/* Where nbdkit logs (main.c's log_to): "stderr", "syslog", "null" or
- * a file's absolute path (nbdkit 1.34 and later).
- */
-static const char *
-glue_log_destination (void)
-{
-  const char *where = "default";
-
-  glue_cmdline (glue_cmdline_log, &where);
-  if (strcmp (where, "default") == 0)
-    /* nbdkit logs to syslog once it forked into the background: a
-     * process other than the one that loaded us, but for the server
-     * --run forks, which stays in the foreground.
-     */
-    where = getpid () != load_pid && !glue_captive () ? "syslog" : "stderr";
-  return where;
-}
-
 void
 glue_notice (void *opaque, const char *path, const char *msg)
 {
-  const char *where = glue_log_destination ();
-  FILE *fp = NULL;
-
-  if (strcmp (where, "null") == 0)
-    return;
-  if (strcmp (where, "syslog") == 0) {
-    syslog (LOG_DAEMON | LOG_NOTICE, "%s: notice: %s: %s", module_name, path,
-            msg);
-    return;
-  }
-  if (where[0] == '/' && !(fp = fopen (where, "a")))
-    return;
-  if (!fp)
-    fp = stderr;
-  flockfile (fp);
-  fprintf (fp, "nbdkit: %s: notice: %s: %s\n", module_name, path, msg);
-  funlockfile (fp);
-  if (fp != stderr)
-    fclose (fp);
+  glue_log_notice (module_name, path, msg);
 }
 
 void
@@ -1014,45 +926,6 @@ glue_repair (struct qcow2_image *img, const char *name)
   nbdkit_debug ("repair=leaks: %" PRIu64 " leaked clusters reclaimed",
                 res.leaks_fixed);
   return 0;
-}
-
-static bool
-glue_cmdline_readonly (const char *a, const char *next, void *opaque)
-{
-  if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
-    return true;
-  /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
-  return a[0] == '-' && a[1] != '-' && a[1] &&
-    strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r');
-}
-
-bool
-glue_server_readonly (void)
-{
-  return glue_cmdline (glue_cmdline_readonly, NULL);
-}
-
-static bool
-glue_cmdline_dump (const char *a, const char *next, void *opaque)
-{
-  return strcmp (a, "--dump-plugin") == 0;
-}
-
-bool
-glue_dump_asked (void)
-{
-  return glue_cmdline (glue_cmdline_dump, NULL);
-}
-
-bool
-glue_captive (void)
-{
-  char parent[64];
-  struct stat self, other;
-
-  snprintf (parent, sizeof parent, "/proc/%ld/exe", (long) getppid ());
-  return stat ("/proc/self/exe", &self) == 0 && stat (parent, &other) == 0 &&
-    self.st_dev == other.st_dev && self.st_ino == other.st_ino;
 }
 
 /* Files not locked where locking=auto finds no OFD locks. */

@@ -220,16 +220,31 @@ extern void glue_flushed (struct qcow2_image *img);
 /* nbdkit --dump-plugin: what this build reads and writes (qcow2_*). */
 extern void glue_dump_plugin (void);
 
-/* What nbdkit's command line says (nbdkit, up to 1.45, does not tell
- * modules before the first connection): whether it serves read-only
- * (-r), and whether it was asked to --dump-plugin.
+/* nbdkit-introspect.c: what nbdkit's API does not tell modules,
+ * inferred (that file says from what, and what would retire it).
  */
+extern void glue_introspect_load (void);
+/* Whether nbdkit serves read-only (-r), before any connection. */
 extern bool glue_server_readonly (void);
+/* Whether nbdkit was asked to --dump-plugin (for nbdkit < 1.35.9). */
 extern bool glue_dump_asked (void);
-/* Whether this process is the server that nbdkit --run forked for
- * its command (its parent, running the command, is nbdkit too).
- */
+/* Whether nbdkit runs a --run command. */
 extern bool glue_captive (void);
+/* A notice of the module, on path, where nbdkit logs (glue_notice). */
+extern void glue_log_notice (const char *module, const char *path,
+                             const char *msg);
+/* The name of the plugin nbdkit loaded ("file"), or "" if not known. */
+#define GLUE_PLUGIN_NAME_MAX 64
+extern void glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX]);
+/* open (opaque), with nbdkit's "no connection in this thread" error
+ * (logged when a plugin asks for a client's export name in a context
+ * that has no client) left out of nbdkit's stderr.
+ */
+extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
+/* The server failed at start: under --run, the command's client is
+ * refused rather than left waiting.
+ */
+extern void glue_refuse_clients (void);
 
 /* gluestream.c: stream=true (the filter: qcow2-overlay-stream=true)
  * and its companions, as each module's table parses them.

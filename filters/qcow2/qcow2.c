@@ -6,18 +6,14 @@
  * see one image, as with the plugin.  Backing files are local files or
  * remote storage (URLs, json: names), as with the plugin.
  */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,13 +54,14 @@ static char **backing_chain;
 static unsigned backing_chain_len;
 
 /* file=, passed on to the plugin (nbdkit's file plugin, or another
- * that takes the key), and how often: a single local file that the
- * plugin has open is the image, locked as the plugin locks its image,
- * and named by its path (messages, relative backing file names).
+ * that takes the key), and how often: a single local file that nbdkit's
+ * file plugin serves is the image, locked as the plugin locks its
+ * image, and named by its path (messages, relative backing file names).
  */
 static char *below_file;
 static unsigned below_file_count;
 static bool below_file_is_image;
+static bool below_file_plugin;  /* the plugin is nbdkit's file plugin */
 static struct qcow2_io *below_file_lock;
 
 /* What names the image in messages otherwise: the plugin and the keys
@@ -437,32 +434,11 @@ qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
   return r == 1 ? 0 : -1;
 }
 
-/* The name of the plugin nbdkit loaded (nbdkit-NAME-plugin.so), into
- * the buffer opaque points to.
- */
-static int
-qcow2_filter_find_plugin (struct dl_phdr_info *info, size_t size,
-                          void *opaque)
-{
-  const char *base = strrchr (info->dlpi_name, '/');
-  char *name = opaque;
-  size_t len;
-
-  base = base ? base + 1 : info->dlpi_name;
-  len = strlen (base);
-  if (strncmp (base, "nbdkit-", 7) != 0 || len < 7 + 10 ||
-      strcmp (base + len - 10, "-plugin.so") != 0 || len - 17 >= 64)
-    return 0;
-  memcpy (name, base + 7, len - 17);
-  name[len - 17] = '\0';
-  return 1;
-}
-
 static int
 qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                               nbdkit_backend *nxdata)
 {
-  char plugin[64] = "";
+  char plugin[GLUE_PLUGIN_NAME_MAX];
 
   if (load_count > 1) {
     nbdkit_error ("--filter=qcow2 is given %u times: one qcow2 filter "
@@ -470,7 +446,8 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                   "share its state)", load_count);
     return -1;
   }
-  dl_iterate_phdr (qcow2_filter_find_plugin, plugin);
+  glue_plugin_name (plugin);
+  below_file_plugin = strcmp (plugin, "file") == 0;
   if (strcmp (plugin, "qcow2") == 0) {
     nbdkit_error ("--filter=qcow2 over the qcow2 plugin: the plugin "
                   "serves the image already; use one of them (nbdkit "
@@ -554,86 +531,6 @@ qcow2_filter_get_ready (int thread_model)
   return 0;
 }
 
-/* Each descriptor this process has open to fn, until it returns
- * true: true if it did.
- */
-static bool
-qcow2_filter_each_fd (bool (*fn) (int fd, const void *opaque),
-                      const void *opaque)
-{
-  DIR *d = opendir ("/proc/self/fd");
-  struct dirent *e;
-  bool found = false;
-
-  if (!d)
-    return false;
-  while (!found && (e = readdir (d)) != NULL) {
-    char *end;
-    long fd = strtol (e->d_name, &end, 10);
-
-    if (*end == '\0' && fd != dirfd (d))
-      found = fn ((int) fd, opaque);
-  }
-  closedir (d);
-  return found;
-}
-
-static bool
-qcow2_filter_fd_is (int fd, const void *opaque)
-{
-  const struct stat *st = opaque;
-  struct stat fst;
-
-  return fstat (fd, &fst) == 0 &&
-    fst.st_dev == st->st_dev && fst.st_ino == st->st_ino;
-}
-
-/* Whether this process has st's file open (the plugin below, after
- * opening its context: nbdkit's file plugin opens at open).
- */
-static bool
-qcow2_filter_file_is_open (const struct stat *st)
-{
-  return qcow2_filter_each_fd (qcow2_filter_fd_is, st);
-}
-
-/* A listening socket: the connections queued on it are taken, and
- * left open, so that they close as this process exits and their
- * clients (the --run command) end after it, making nbdkit's status
- * this process's; then it is shut down (connecting to it is refused,
- * for every process sharing it: shutting it down first would reset
- * the queued ones at once), and what came in between taken too.
- */
-static bool
-qcow2_filter_refuse_queue (int fd, const void *opaque)
-{
-  int listening = 0;
-  socklen_t len = sizeof listening;
-
-  if (getsockopt (fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1 ||
-      !listening)
-    return false;
-  fcntl (fd, F_SETFL, fcntl (fd, F_GETFL) | O_NONBLOCK);
-  while (accept (fd, NULL, NULL) >= 0)
-    ;
-  shutdown (fd, SHUT_RDWR);
-  while (accept (fd, NULL, NULL) >= 0)
-    ;
-  return false;
-}
-
-/* The server cannot serve, and nbdkit exits at once (after_fork
- * failed).  Under --run, the command runs already, and the sockets it
- * connects to are shared with its process: left open, its client would
- * wait for ever for a server that is gone.
- */
-static void
-qcow2_filter_fail_start (void)
-{
-  if (glue_captive ())
-    qcow2_filter_each_fd (qcow2_filter_refuse_queue, NULL);
-}
-
 const char *
 filter_below_identity (void)
 {
@@ -658,10 +555,10 @@ filter_lock_below (bool readonly)
 
   if (below_file_count != 1 || !below_file)
     return 0;
-  if (stat (below_file, &st) == -1 || !S_ISREG (st.st_mode)
-      || !qcow2_filter_file_is_open (&st)) {
-    nbdkit_debug ("%s: not locked: the plugin below has no such local "
-                  "file open", below_file);
+  if (!below_file_plugin || stat (below_file, &st) == -1 ||
+      !S_ISREG (st.st_mode)) {
+    nbdkit_debug ("%s: not locked: the plugin below is not nbdkit's file "
+                  "plugin serving this local file", below_file);
     return 0;
   }
   below_file_is_image = true;
@@ -783,47 +680,29 @@ qcow2_filter_hint_empty (const char *name, int64_t size)
                   "create=true virtual-size=SIZE makes one in it", name);
 }
 
-/* What nbdkit logs when a plugin asks for the client's export name at
- * open (the nbd plugin does) in a shared context, which has no client
- * (1.32 to 1.43; "no context" from 1.44): harmless, the plugin then
- * uses its own export=.
- */
-static bool
-qcow2_filter_no_client_line (const char *line)
+struct context_open {
+  nbdkit_backend *backend;
+  bool readonly;
+};
+
+static void *
+qcow2_filter_context_open_1 (void *opaque)
 {
-  return strstr (line, ": error: no connection in this thread\n") ||
-    strstr (line, ": error: no context in this thread\n") ||
-    strstr (line, ": error: no context->exportname in this thread\n");
+  struct context_open *c = opaque;
+
+  return nbdkit_next_context_open (c->backend, c->readonly, "", 1);
 }
 
-/* The context into the plugin, shared by all connections: nbdkit's
- * stderr is caught while the plugin opens, and all but that line goes
- * on.
+/* The context into the plugin, shared by all connections (it has no
+ * client: nbdkit's complaint of the nbd plugin asking for the client's
+ * export name is left out).
  */
 static nbdkit_next *
 qcow2_filter_context_open (nbdkit_backend *backend, bool readonly)
 {
-  FILE *caught = tmpfile ();
-  int saved = caught ? dup (STDERR_FILENO) : -1;
-  char *line = NULL;
-  size_t len = 0;
-  nbdkit_next *next;
+  struct context_open c = { backend, readonly };
 
-  if (saved >= 0)
-    dup2 (fileno (caught), STDERR_FILENO);
-  next = nbdkit_next_context_open (backend, readonly, "", 1);
-  if (saved >= 0) {
-    dup2 (saved, STDERR_FILENO);
-    close (saved);
-    rewind (caught);
-    while (getline (&line, &len, caught) != -1)
-      if (!qcow2_filter_no_client_line (line))
-        fputs (line, stderr);
-    free (line);
-  }
-  if (caught)
-    fclose (caught);
-  return next;
+  return glue_quiet_open (qcow2_filter_context_open_1, &c);
 }
 
 /* The image opened once, read-write if the plugin is writable and
@@ -906,7 +785,7 @@ static int
 qcow2_filter_after_fork (nbdkit_backend *backend)
 {
   if (qcow2_filter_open_image (backend) == -1) {
-    qcow2_filter_fail_start ();
+    glue_refuse_clients ();
     return -1;
   }
   return 0;
