@@ -45,7 +45,7 @@ static bool overlay_force;      /* qcow2-overlay-force= */
  * backing file (format raw): a json: name of a driver QEMU does not
  * have, so that QEMU refuses FILE ("Unknown driver") rather than read
  * it as a whole disk, holding what the plugin below is (see
- * filter_below_identity).
+ * below_identity).
  */
 #define OVERLAY_JSON_HEAD \
   "json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbdkit-qcow2-overlay\"," \
@@ -53,53 +53,72 @@ static bool overlay_force;      /* qcow2-overlay-force= */
 #define OVERLAY_JSON_TAIL "\"}}"
 static char *overlay_own_name;
 
+static int
+overlay_config_file (const char *key, const char *value)
+{
+  free (overlay_file);
+  overlay_file = value[0] ? nbdkit_absolute_path (value) : NULL;
+  if (!value[0])
+    nbdkit_error ("qcow2-overlay: empty file name");
+  return overlay_file ? 0 : -1;
+}
+
+static int
+overlay_config_backing (const char *key, const char *value)
+{
+  free (overlay_backing);
+  overlay_backing = value[0] ? strdup (value) : NULL;
+  if (!value[0])
+    nbdkit_error ("qcow2-overlay-backing: empty name (without the key, "
+                  "no backing file name is recorded)");
+  return overlay_backing ? 0 : -1;
+}
+
+/* true|false, or /PATH. */
+static int
+overlay_config_on_read (const char *key, const char *value)
+{
+  free (overlay_on_read_path);
+  overlay_on_read_path = NULL;
+  overlay_on_read = false;
+  if (value[0] != '/')
+    return glue_parse_bool (key, value, &overlay_on_read);
+  overlay_on_read_path = strdup (value);
+  if (!overlay_on_read_path)
+    nbdkit_error ("strdup: %s", errstr (errno));
+  return overlay_on_read_path ? 0 : -1;
+}
+
+static int
+overlay_config_on_cache (const char *key, const char *value)
+{
+  bool b;
+
+  if (glue_parse_bool (key, value, &b) == -1)
+    return -1;
+  overlay_on_cache = b;
+  return 0;
+}
+
+static const struct glue_option overlay_options[] = {
+  { "qcow2-overlay", GLUE_FN, .any_value = true, .fn = overlay_config_file },
+  { "qcow2-overlay-backing", GLUE_FN, .any_value = true,
+    .fn = overlay_config_backing },
+  { "qcow2-overlay-on-read", GLUE_FN, .any_value = true,
+    .fn = overlay_config_on_read },
+  { "qcow2-overlay-on-cache", GLUE_FN, .fn = overlay_config_on_cache },
+  { "qcow2-overlay-force", GLUE_BOOL, .dest = &overlay_force },
+  { "qcow2-overlay-stream", GLUE_BOOL, .dest = &glue_stream.on },
+  { "qcow2-overlay-stream-rate", GLUE_SIZE, .dest = &glue_stream.rate },
+  { "qcow2-overlay-stream-detach", GLUE_BOOL, .dest = &glue_stream.detach },
+};
+
 int
 overlay_config (const char *key, const char *value)
 {
-  if (strcmp (key, "qcow2-overlay") == 0) {
-    free (overlay_file);
-    overlay_file = value[0] ? nbdkit_absolute_path (value) : NULL;
-    if (!value[0])
-      nbdkit_error ("qcow2-overlay: empty file name");
-    return overlay_file ? 1 : -1;
-  }
-  if (strcmp (key, "qcow2-overlay-backing") == 0) {
-    free (overlay_backing);
-    overlay_backing = value[0] ? strdup (value) : NULL;
-    if (!value[0])
-      nbdkit_error ("qcow2-overlay-backing: empty name (without the key, "
-                    "no backing file name is recorded)");
-    return overlay_backing ? 1 : -1;
-  }
-  if (strcmp (key, "qcow2-overlay-on-read") == 0) {
-    free (overlay_on_read_path);
-    overlay_on_read_path = NULL;
-    overlay_on_read = false;
-    if (value[0] != '/')
-      return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
-    overlay_on_read_path = strdup (value);
-    if (!overlay_on_read_path)
-      nbdkit_error ("strdup: %s", errstr (errno));
-    return overlay_on_read_path ? 1 : -1;
-  }
-  if (strcmp (key, "qcow2-overlay-on-cache") == 0) {
-    bool b;
-
-    if (glue_parse_bool (key, value, &b) == -1)
-      return -1;
-    overlay_on_cache = b;
-    return 1;
-  }
-  if (strcmp (key, "qcow2-overlay-force") == 0)
-    return glue_parse_bool (key, value, &overlay_force) == 0 ? 1 : -1;
-  if (strcmp (key, "qcow2-overlay-stream") == 0)
-    return glue_parse_bool (key, value, &glue_stream.on) == 0 ? 1 : -1;
-  if (strcmp (key, "qcow2-overlay-stream-rate") == 0)
-    return glue_parse_size (key, value, false, &glue_stream.rate) == 0
-           ? 1 : -1;
-  if (strcmp (key, "qcow2-overlay-stream-detach") == 0)
-    return glue_parse_bool (key, value, &glue_stream.detach) == 0 ? 1 : -1;
-  return 0;
+  return glue_config_rows (overlay_options,
+                           sizeof overlay_options / sizeof *overlay_options,
+                           key, value, NULL);
 }
 
 bool
@@ -187,7 +206,7 @@ overlay_config_complete (bool create, bool chain)
                   overlay_file);
     return -1;
   }
-  if (!(overlay_own_name = overlay_json_name (filter_below_identity ())))
+  if (!(overlay_own_name = overlay_json_name (below_identity ())))
     return -1;
   /* FILE's backing file is the plugin's disk, raw: the name given, else
    * ours, which QEMU refuses.
@@ -273,7 +292,7 @@ overlay_same_file (const char *a, const char *b)
 static bool
 overlay_is_below (void)
 {
-  const char *served = filter_below_file ();
+  const char *served = below_local_file ();
 
   if (!served || overlay_same_file (overlay_file, served) != 1)
     return false;
@@ -321,7 +340,7 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
 static bool
 overlay_other_file (const char *name, int64_t size)
 {
-  const char *served = filter_below_file ();
+  const char *served = below_local_file ();
   struct stat st;
   char *path;
   bool other;
@@ -392,7 +411,7 @@ overlay_check (struct qcow2_image *img, int64_t size)
   if (overlay_force) {
     glue_noticef (overlay_file, "qcow2-overlay-force=true: served over "
                   "%s although FILE records %s%s%s%s%s",
-                  filter_below_identity (),
+                  below_identity (),
                   i.backing ? "\"" : "no backing file", i.backing ?
                   i.backing : "", i.backing ? "\"" : "",
                   i.backing_format ? " format " : "",
@@ -406,7 +425,7 @@ overlay_check (struct qcow2_image *img, int64_t size)
                 i.backing ? "\"" : "no backing file", i.backing ? i.backing
                 : "", i.backing ? "\"" : "", i.backing_format ? " format "
                 : "", i.backing_format ? i.backing_format : "", why,
-                filter_below_identity (), given, overlay_file);
+                below_identity (), given, overlay_file);
   return -1;
 }
 
@@ -423,14 +442,14 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   /* A local file the plugin serves is locked as QEMU locks a backing
    * file: no one may write it while it is under FILE.
    */
-  if (filter_lock_below (true) == -1 || overlay_is_below ())
+  if (below_lock_file (true) == -1 || overlay_is_below ())
     return -1;
   if (overlay_backing && !overlay_force &&
       overlay_other_file (overlay_backing, size)) {
     nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
                   "plugin's (%s): FILE's backing file is the plugin's disk "
                   "(qcow2-overlay-force=true records it anyway)",
-                  overlay_backing, filter_below_file ());
+                  overlay_backing, below_local_file ());
     return -1;
   }
   if (!(io = overlay_open_file (readonly, size, &made)))
@@ -438,7 +457,7 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   opts.readonly = readonly;
   opts.copy_on_read = overlay_on_read;
   opts.backing_io_name = name;
-  opts.backing_io = filter_nextio_new (below, size,
+  opts.backing_io = below_nextio_new (below, size,
                                        NEXTIO_READONLY | NEXTIO_EXTENTS);
   if (!opts.backing_io) {
     io->ops->close (io);

@@ -109,11 +109,15 @@ static const struct glue_option plugin_options[] = {
    * resolve against the image's folder.
    */
   { "file", GLUE_PATH, .dest = &filename },
-  { "password", GLUE_FN, .fn = glue_config_password },
+  { "password", GLUE_FN, .any_value = true,
+    .fn = glue_config_password },
   /* nbdkit's luks filter calls it passphrase=. */
-  { "passphrase", GLUE_FN, .fn = glue_config_password },
-  { "backing-password", GLUE_FN, .fn = glue_config_backing_password },
-  { "backing-passphrase", GLUE_FN, .fn = glue_config_backing_password },
+  { "passphrase", GLUE_FN, .any_value = true,
+    .fn = glue_config_password },
+  { "backing-password", GLUE_FN, .any_value = true,
+    .fn = glue_config_backing_password },
+  { "backing-passphrase", GLUE_FN, .any_value = true,
+    .fn = glue_config_backing_password },
   { "data-file", GLUE_FN, .fn = plugin_config_data_file },
   { "data_file", GLUE_FN, .fn = plugin_config_data_file },
   { "backing", GLUE_FN, .fn = plugin_config_backing },
