@@ -4,6 +4,7 @@
  * it), and what is said of an image once open (read-only, repaired,
  * the cache's and flushes' totals, --dump-plugin).
  */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@ static const char *module_name = "qcow2";
 void
 glue_load (const char *name, const char *password_key, unsigned io_threads)
 {
+  assert (io_threads <= GLUE_IO_THREADS_MAX);
   module_name = name;
   glue_env.password_key = password_key;
   glue.engine.io_threads = io_threads;

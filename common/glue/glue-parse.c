@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The glue's parsers of option values, each error naming the key. */
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -119,6 +120,7 @@ glue_parse_word (const char *key, const char *value,
       return i;
     n = i + 1;
   }
+  assert (n > 0);               /* a row offers at least one word */
   for (size_t i = 0; i < n; i++)
     snprintf (list + strlen (list), sizeof list - strlen (list), "%s%s",
               i == 0 ? "" : i + 1 < n ? ", " : " or ", words[i]);

@@ -3,6 +3,7 @@
  * qcow2-* spellings): read as nbdkit reads them, kept for the engine
  * until the image is open, then wiped.
  */
+#include <assert.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +56,11 @@ glue_read_password (const char *value, unsigned i)
 {
   struct qcow2_password *pw;
   char *text, *whole = NULL;
+
+  /* The image's is 0 (perhaps given after a backing layer's), each
+   * backing layer's the next: none skipped.
+   */
+  assert (i <= MAX (glue.passwords_len, 1));
 
   if (nbdkit_read_password (value, &text) == -1)
     return -1;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The nbdkit glue the qcow2 plugin and filter share (see glue.h). */
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -53,6 +54,9 @@ glue_config_rows (const struct glue_option *t, size_t n, const char *key,
     *row = o;
   if (!o)
     return 0;
+  /* A table's row names where its value goes. */
+  assert (o->kind == GLUE_FN ? o->fn != NULL
+          : o->kind == GLUE_WORD ? o->words && o->set : o->dest != NULL);
   if (o->kind != GLUE_PATH && o->kind != GLUE_STRING && !o->any_value &&
       glue_holds_list (value)) {
     nbdkit_error ("%s: \"%s\" holds more options: a qemu-img -o list is "
@@ -341,6 +345,7 @@ glue_config_options (const struct glue_option *t, size_t n,
       if (p[0] == ',')
         p++;                    /* ",," */
     }
+    assert (q - copy <= p - list);      /* never longer than the list */
     *q = '\0';
     if (*p)
       p++;
@@ -420,6 +425,8 @@ glue_differs (char *buf, size_t size, const char *fmt, ...)
 {
   size_t n = strlen (buf);
   va_list ap;
+
+  assert (n < size);
 
   if (n + 2 >= size)
     return;

@@ -6,8 +6,8 @@
  * plugin's thread model asks it.  It calls nothing of the filter's
  * other files.
  */
+#include <assert.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +22,7 @@
 #include "fileio.h"
 #include "filter.h"
 #include "glue.h"
+#include "lock.h"
 #include "qcow2.h"
 
 /* The most the engine asks of the plugin in one call (its requests are
@@ -56,10 +57,12 @@ static char *identity;
 
 /* When the plugin's thread model does not allow requests in parallel
  * (nbdkit tells get_ready), the engine's calls into it, which may come
- * from several threads at once (its I/O pool, flushes), take turns.
+ * from several threads at once (its I/O pool, flushes), take turns:
+ * each call into the plugin is made holding below_lock, which is only
+ * taken (nextio_turn) when below_serialized.
  */
 static bool below_serialized;
-static pthread_mutex_t below_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lock below_lock = LOCK_INITIALIZER;
 
 /* The plugin's export, as the engine's storage: it cannot grow. */
 struct nextio {
@@ -69,47 +72,70 @@ struct nextio {
   bool can_flush, can_trim, can_extents;
 };
 
-static void
-nextio_lock (void)
+/* One call into the plugin: its error in *err. */
+enum nextio_op { NEXTIO_READ, NEXTIO_WRITE, NEXTIO_TRIM, NEXTIO_FLUSH,
+                 NEXTIO_STATUS };
+struct nextio_call {
+  enum nextio_op op;
+  uint8_t *buf;                 /* read into, or written (not changed) */
+  uint32_t len;
+  uint64_t offset;
+  struct nbdkit_extents *extents;
+};
+
+static int
+nextio_call (nbdkit_next *next, const struct nextio_call *c, int *err)
+  TSA_REQUIRES (below_lock)
 {
-  if (below_serialized)
-    pthread_mutex_lock (&below_lock);
+  assert (c->len <= NEXT_MAX);
+  assert ((c->buf != NULL) == (c->op == NEXTIO_READ || c->op == NEXTIO_WRITE));
+  switch (c->op) {
+  case NEXTIO_READ:
+    return next->pread (next, c->buf, c->len, c->offset, 0, err);
+  case NEXTIO_WRITE:
+    return next->pwrite (next, c->buf, c->len, c->offset, 0, err);
+  case NEXTIO_TRIM:
+    return next->trim (next, c->len, c->offset, 0, err);
+  case NEXTIO_FLUSH:
+    return next->flush (next, 0, err);
+  case NEXTIO_STATUS:
+    return next->extents (next, c->len, c->offset, 0, c->extents, err);
+  }
+  abort ();
 }
 
-static void
-nextio_unlock (void)
+/* The call, in its turn: 0, or -errno. */
+static int
+nextio_turn (nbdkit_next *next, const struct nextio_call *c)
 {
-  if (below_serialized)
-    pthread_mutex_unlock (&below_lock);
+  int err = 0;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
+
+  if (nextio_call (next, c, &err) == -1)
+    return -(err ? err : EIO);
+  return 0;
 }
 
 /* [offset, offset+count) read, written or trimmed in calls of at most
  * NEXT_MAX bytes.
  */
-enum nextio_op { NEXTIO_READ, NEXTIO_WRITE, NEXTIO_TRIM };
-
 static int
 nextio_chunks (struct nextio *n, enum nextio_op op, uint8_t *buf,
                size_t count, uint64_t offset)
 {
-  int err = 0;
-
+  assert (op == NEXTIO_READ || op == NEXTIO_WRITE || op == NEXTIO_TRIM);
   while (count > 0) {
-    uint32_t len = count < NEXT_MAX ? count : NEXT_MAX;
-    nbdkit_next *next = n->next;
-    int r;
+    struct nextio_call c = {
+      .op = op, .buf = buf, .len = MIN (count, NEXT_MAX), .offset = offset,
+    };
+    int r = nextio_turn (n->next, &c);
 
-    nextio_lock ();
-    r = op == NEXTIO_READ ? next->pread (next, buf, len, offset, 0, &err)
-      : op == NEXTIO_WRITE ? next->pwrite (next, buf, len, offset, 0, &err)
-      : next->trim (next, len, offset, 0, &err);
-    nextio_unlock ();
-    if (r == -1)
-      return -(err ? err : EIO);
+    if (r < 0)
+      return r;
     if (buf)
-      buf += len;
-    offset += len;
-    count -= len;
+      buf += c.len;
+    offset += c.len;
+    count -= c.len;
   }
   return 0;
 }
@@ -148,17 +174,14 @@ static int
 nextio_flush (struct qcow2_io *io)
 {
   struct nextio *n = (struct nextio *) io;
-  int err = 0, r;
+  struct nextio_call c = { .op = NEXTIO_FLUSH };
 
   /* A plugin that cannot flush (nbdkit's memory plugin) has nothing to
    * make durable.
    */
   if (!n->can_flush)
     return 0;
-  nextio_lock ();
-  r = n->next->flush (n->next, 0, &err);
-  nextio_unlock ();
-  return r == -1 ? -(err ? err : EIO) : 0;
+  return nextio_turn (n->next, &c);
 }
 
 static int
@@ -186,25 +209,21 @@ nextio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
                uint32_t *type, uint64_t *len)
 {
   struct nextio *n = (struct nextio *) io;
-  struct nbdkit_extents *e;
-  int err = 0, r;
+  struct nextio_call c = { .op = NEXTIO_STATUS, .offset = offset };
+  int r;
 
   *type = offset >= n->size ? QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO : 0;
   *len = count;
   if (offset >= n->size || !n->can_extents)
     return 0;
-  count = MIN (count, MIN (n->size - offset, NEXT_MAX));
-  if (!(e = nbdkit_extents_new (offset, n->size)))
+  c.len = MIN (count, MIN (n->size - offset, NEXT_MAX));
+  if (!(c.extents = nbdkit_extents_new (offset, n->size)))
     return -errno;
-  nextio_lock ();
-  r = n->next->extents (n->next, count, offset, 0, e, &err);
-  nextio_unlock ();
-  if (r == -1)
-    r = -(err ? err : EIO);
-  else {
+  r = nextio_turn (n->next, &c);
+  if (r == 0) {
     *len = 0;
-    for (size_t i = 0; i < nbdkit_extents_count (e); i++) {
-      struct nbdkit_extent x = nbdkit_get_extent (e, i);
+    for (size_t i = 0; i < nbdkit_extents_count (c.extents); i++) {
+      struct nbdkit_extent x = nbdkit_get_extent (c.extents, i);
       uint32_t t = x.type & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
 
       if (i == 0)
@@ -214,8 +233,9 @@ nextio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
       *len = x.offset + x.length - offset;
     }
     r = *len ? 0 : -EIO;
+    assert (r < 0 || *len <= n->size - offset);   /* nbdkit clips */
   }
-  nbdkit_extents_free (e);
+  nbdkit_extents_free (c.extents);
   return r;
 }
 
@@ -320,6 +340,7 @@ below_lock_file (bool readonly)
                   "plugin serving this local file", below_file);
     return 0;
   }
+  assert (!below_file_lock);    /* the image opens once */
   below_file_is_image = true;
   below_file_lock = fileio_open_with (below_file, readonly,
                                       &glue_file_options, &why);
@@ -414,12 +435,11 @@ below_get_ready (int thread_model)
 int
 below_pread (nbdkit_next *next, void *buf, uint32_t count, uint64_t offset)
 {
-  int err = 0, r;
+  struct nextio_call c = {
+    .op = NEXTIO_READ, .buf = buf, .len = count, .offset = offset,
+  };
 
-  nextio_lock ();
-  r = next->pread (next, buf, count, offset, 0, &err);
-  nextio_unlock ();
-  return r;
+  return nextio_turn (next, &c) < 0 ? -1 : 0;
 }
 
 void

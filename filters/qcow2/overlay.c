@@ -10,6 +10,7 @@
  * plugin, and what NBD cache requests name, is copied into FILE (the
  * engine's copy_on_read and qcow2_fill).
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -150,6 +151,7 @@ overlay_json_name (const char *what)
     else
       *p++ = *c;
   }
+  assert ((size_t) (p - name) + strlen (OVERLAY_JSON_TAIL) < len);
   strcpy (p, OVERLAY_JSON_TAIL);
   return name;
 }
@@ -438,6 +440,8 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   enum overlay_made made;
   struct qcow2_io *io;
   int e;
+
+  assert (overlay_file && overlay_own_name);    /* overlay_active () */
 
   /* A local file the plugin serves is locked as QEMU locks a backing
    * file: no one may write it while it is under FILE.

@@ -6,6 +6,7 @@
  * see one image, as with the plugin.  Backing files are local files or
  * remote storage (URLs, json: names), as with the plugin.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -300,8 +301,10 @@ qcow2_filter_name_files (const char **name, char **dir)
 
   if (backing_dir || !file)
     *dir = strdup (backing_dir ? backing_dir : start_dir);
-  else  /* an absolute path: it has a slash */
+  else {
+    assert (file[0] == '/');    /* nbdkit_absolute_path made it */
     *dir = strndup (file, strrchr (file, '/') - file);
+  }
   if (!*dir) {
     nbdkit_error ("strdup: %s", errstr (errno));
     return -1;
@@ -460,6 +463,7 @@ qcow2_filter_close (void *handle)
 static int64_t
 qcow2_filter_get_size (nbdkit_next *next, void *handle)
 {
+  assert (image != NULL);       /* opened at after_fork, or no server */
   return qcow2_get_size (image);
 }
 

@@ -3,6 +3,7 @@
  * common/qcow2.  The image is opened once, in get_ready, and shared by
  * every connection; the engine does its own locking.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -345,6 +346,7 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
     return -1;
   }
   *iop = io;
+  assert (*made != MADE_NOTHING);
   return 0;
 }
 
@@ -473,6 +475,7 @@ plugin_get_ready (void)
   if (glue_stream_prepare (image, filename, "stream",
                            glue.engine.readonly) == -1)
     goto fail;
+  assert (image != NULL);
   return 0;
 
  fail:
