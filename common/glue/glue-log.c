@@ -61,6 +61,20 @@ glue_noticef (const char *path, const char *fmt, ...)
   va_end (ap);
 }
 
+void
+glue_hint (const char *fmt, ...)
+{
+  va_list ap;
+  char *msg;
+
+  va_start (ap, fmt);
+  if (vasprintf (&msg, fmt, ap) >= 0) {
+    nbdkit_error ("hint: %s", msg);
+    free (msg);
+  }
+  va_end (ap);
+}
+
 int
 glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
              const char *why)
@@ -139,9 +153,10 @@ glue_repair (struct qcow2_image *img, const char *name)
   if (qcow2_check (img, true, &res) < 0)
     return -1;
   if (res.corruptions) {
-    nbdkit_error ("repair=leaks: %s: %" PRIu64 " errors remain that a leak "
-                  "repair cannot fix (\"qemu-img check\" tells more): not "
-                  "served", name, res.corruptions);
+    nbdkit_error ("repair=leaks: %s: %" PRIu64 " errors remain: not served",
+                  name, res.corruptions);
+    glue_hint ("a leak repair cannot fix them: \"qemu-img check\" tells "
+               "more");
     return -1;
   }
   nbdkit_debug ("repair=leaks: %" PRIu64 " leaked clusters reclaimed",

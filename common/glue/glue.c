@@ -141,10 +141,10 @@ glue_config_overlap_structure (const char *key, const char *value)
   bool on;
 
   if (bit == -1) {
-    nbdkit_error ("%s: unknown structure (main-header, active-l1, "
-                  "active-l2, refcount-table, refcount-block, "
-                  "snapshot-table, inactive-l1, inactive-l2, "
-                  "bitmap-directory)", key);
+    nbdkit_error ("%s: unknown structure", key);
+    glue_hint ("the structures are main-header, active-l1, active-l2, "
+               "refcount-table, refcount-block, snapshot-table, "
+               "inactive-l1, inactive-l2 and bitmap-directory");
     return -1;
   }
   if (glue_parse_bool (key, value, &on) == -1)
@@ -518,10 +518,9 @@ glue_create_compare (struct qcow2_image *img, const char *name)
                      "its data file is raw", "its data file is not raw",
                      "data-file-raw", "on", "off");
   if (wrong[0]) {
-    nbdkit_error ("create=if-missing: %s exists, but it is another disk "
-                  "than the options describe: %s.  It is left as it is, "
-                  "and not served: give the options it has (or none, "
-                  "without create=) to serve it", name, wrong);
+    nbdkit_error ("create=if-missing: %s is another disk: %s", name, wrong);
+    glue_hint ("it is left as it is, and not served: give the options it "
+               "has (or none, without create=) to serve it");
     return -1;
   }
   if (other[0])

@@ -210,6 +210,11 @@ extern void glue_debug (void *opaque, const char *msg);
 extern void glue_notice (void *opaque, const char *path, const char *msg);
 extern void glue_noticef (const char *path, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+/* The remedy of the error just said, as a second line ("hint: ..."):
+ * errors are one short line (what failed, where), as nbdkit's.
+ */
+extern void glue_hint (const char *fmt, ...)
+  __attribute__ ((format (printf, 1, 2)));
 
 /* Local files (the plugin's image, every backing file): how they are
  * opened (locking=, cache=), and the engine's environment opening them,

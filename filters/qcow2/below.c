@@ -403,9 +403,9 @@ below_config_complete (void)
   glue_plugin_name (plugin);
   below_file_plugin = strcmp (plugin, "file") == 0;
   if (strcmp (plugin, "qcow2") == 0) {
-    nbdkit_error ("--filter=qcow2 over the qcow2 plugin: the plugin "
-                  "serves the image already; use one of them (nbdkit "
-                  "qcow2 FILE, or nbdkit --filter=qcow2 file FILE)");
+    nbdkit_error ("--filter=qcow2 over the qcow2 plugin");
+    glue_hint ("the plugin serves the image already: use one of them "
+               "(nbdkit qcow2 FILE, or nbdkit --filter=qcow2 file FILE)");
     return -1;
   }
   if (asprintf (&image_name, "%s %s", plugin[0] ? plugin : "the plugin's",

@@ -188,9 +188,10 @@ overlay_config_complete (bool create, bool chain)
    */
   if (glue.create.opts.preallocation != QCOW2_PREALLOC_OFF &&
       !glue.create.opts.extended_l2) {
-    nbdkit_error ("qcow2-overlay=%s: preallocation= needs extended-l2=on "
-                  "(a cluster preallocated whole would hide the plugin's "
-                  "disk there)", overlay_file);
+    nbdkit_error ("qcow2-overlay=%s: preallocation= needs extended-l2=on",
+                  overlay_file);
+    glue_hint ("a cluster preallocated whole would hide the plugin's disk "
+               "there");
     return -1;
   }
   if (glue_stream.on && (glue.engine.readonly || glue_server_readonly ())) {
@@ -298,9 +299,10 @@ overlay_is_below (void)
 
   if (!served || overlay_same_file (overlay_file, served) != 1)
     return false;
-  nbdkit_error ("qcow2-overlay=%s is the file the plugin serves: FILE keeps "
-                "the changes to the plugin's disk, so it is another file "
-                "(a new one is made)", overlay_file);
+  nbdkit_error ("qcow2-overlay=%s is the file the plugin serves",
+                overlay_file);
+  glue_hint ("FILE keeps the changes to the plugin's disk: name another "
+             "file (a new one is made)");
   return true;
 }
 
@@ -401,11 +403,11 @@ overlay_check (struct qcow2_image *img, int64_t size)
   qcow2_get_info (img, &i);
   if (i.size != want) {
     nbdkit_error ("qcow2-overlay: %s holds a disk of %" PRIu64 " bytes, but "
-                  "the plugin's disk is %" PRId64 " bytes: an overlay is "
-                  "as large as the disk below it (if the plugin's disk has "
-                  "grown, \"qemu-img resize %s %" PRIu64 "\" grows %s)",
-                  overlay_file, i.size, size, overlay_file,
-                  want, overlay_file);
+                  "the plugin's disk is %" PRId64 " bytes", overlay_file,
+                  i.size, size);
+    glue_hint ("an overlay is as large as the disk below it: if the "
+               "plugin's disk has grown, \"qemu-img resize %s %" PRIu64
+               "\" grows FILE", overlay_file, want);
     return -1;
   }
   if (!(why = overlay_mismatch (&i, given, size)))
@@ -421,13 +423,15 @@ overlay_check (struct qcow2_image *img, int64_t size)
     return 0;
   }
   nbdkit_error ("qcow2-overlay: %s records %s%s%s%s%s (%s), but the "
-                "plugin serves %s: \"qemu-img rebase -u -b '%s' -F raw %s\" records it, "
-                "if FILE's changes belong over it; else name a new FILE "
-                "(qcow2-overlay-force=true serves it anyway)", overlay_file,
+                "plugin serves %s", overlay_file,
                 i.backing ? "\"" : "no backing file", i.backing ? i.backing
                 : "", i.backing ? "\"" : "", i.backing_format ? " format "
                 : "", i.backing_format ? i.backing_format : "", why,
-                below_identity (), given, overlay_file);
+                below_identity ());
+  glue_hint ("if FILE's changes belong over it, \"qemu-img rebase -u -b "
+             "'%s' -F raw %s\" records it; else name a new FILE "
+             "(qcow2-overlay-force=true serves it anyway)", given,
+             overlay_file);
   return -1;
 }
 
@@ -451,9 +455,9 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   if (overlay_backing && !overlay_force &&
       overlay_other_file (overlay_backing, size)) {
     nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
-                  "plugin's (%s): FILE's backing file is the plugin's disk "
-                  "(qcow2-overlay-force=true records it anyway)",
-                  overlay_backing, below_local_file ());
+                  "plugin's (%s)", overlay_backing, below_local_file ());
+    glue_hint ("FILE's backing file is the plugin's disk "
+               "(qcow2-overlay-force=true records it anyway)");
     return -1;
   }
   if (!(io = overlay_open_file (readonly, size, &made)))

@@ -160,9 +160,9 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                               nbdkit_backend *nxdata)
 {
   if (load_count > 1) {
-    nbdkit_error ("--filter=qcow2 is given %u times: one qcow2 filter "
-                  "serves the image (the same filter loaded twice would "
-                  "share its state)", load_count);
+    nbdkit_error ("--filter=qcow2 is given %u times", load_count);
+    glue_hint ("one qcow2 filter serves the image (the same filter loaded "
+               "twice would share its state)");
     return -1;
   }
   if (below_config_complete () == -1)
@@ -254,13 +254,13 @@ qcow2_filter_create (struct qcow2_io *io, const char *name)
   if (need > size) {
     nbdkit_error ("create=true: %s is %" PRIu64 " bytes, and the image's "
                   "metadata%s needs %" PRIu64 " (virtual-size=%" PRIu64
-                  ", %" PRIu64 "-byte clusters): give the export more, or "
-                  "the disk less", name, size,
+                  ", %" PRIu64 "-byte clusters)", name, size,
                   glue.create.opts.preallocation != QCOW2_PREALLOC_OFF ?
                   " with its data preallocated" : "", need,
                   glue.create.opts.size,
                   glue.create.opts.cluster_size ? glue.create.opts.cluster_size
                                                 : 65536);
+    glue_hint ("give the export more, or the disk less");
     return -1;
   }
   if (!(buf = malloc (len ? len : 1))) {

@@ -233,9 +233,9 @@ plugin_probe_backing (void)
       /* A raw file could hold anything, even a qcow2 header later:
        * QEMU made the format of a backing file mandatory for that.
        */
-      nbdkit_error ("backing file %s is not a qcow2 image: if it is a raw "
-                    "image, say so with backing-fmt=raw (qemu-img create "
-                    "-F raw)", path);
+      nbdkit_error ("backing file %s is not a qcow2 image", path);
+      glue_hint ("if it is a raw image, say so with backing-fmt=raw "
+                 "(qemu-img create -F raw)");
       io->ops->close (io);
       goto out;
     }
@@ -280,9 +280,10 @@ plugin_create_file (const char *path, enum create_made *made)
 
     if (!existed && e != EEXIST)
       unlink (path);                    /* made, then not opened */
-    if (e == EEXIST)
-      nbdkit_error ("create: %s already exists and is not empty: remove it, "
-                    "drop create=true, or use create=if-missing", path);
+    if (e == EEXIST) {
+      nbdkit_error ("create: %s already exists and is not empty", path);
+      glue_hint ("remove it, drop create=true, or use create=if-missing");
+    }
     else
       nbdkit_error ("create: %s: %s", path, why ? why : errstr (e));
     free (why);
