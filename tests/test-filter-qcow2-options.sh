@@ -90,7 +90,7 @@ done
 # Names: the plugin and its keys, not a path that does not exist.
 refused '^nbdkit: error: memory export: not a qcow2 image' \
   --filter=qcow2 memory 1M
-grep -q 'memory export holds no image yet .*create=true virtual-size=SIZE' \
+grep -q '^nbdkit: error: hint: memory export holds no image yet .*create=true virtual-size=SIZE' \
   "$tmp/refused.err" || fail "no hint for an export of zeros"
 ! grep -q '/image' "$tmp/refused.err" || fail "a made-up path named"
 head -c 1M /dev/urandom > "$tmp/notq.img"

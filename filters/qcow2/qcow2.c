@@ -176,15 +176,17 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
     return -1;
   }
   if (create && glue.create.size == -1) {
-    nbdkit_error ("create=true needs virtual-size= (the size of the disk "
-                  "the image made in the plugin's export holds)");
+    nbdkit_error ("create=true needs virtual-size=");
+    glue_hint ("virtual-size= is the size of the disk the image made in "
+               "the plugin's export holds");
     return -1;
   }
   if (create && glue_create_check_password ("create=true") == -1)
     return -1;
   if (create && backing_chain_len > 0) {
-    nbdkit_error ("create=true makes an image without a backing file: "
-                  "backing= names the chain of an image served");
+    nbdkit_error ("create=true makes an image without a backing file");
+    glue_hint ("backing= names the chain of an image served: give one of "
+               "create=true and backing=");
     return -1;
   }
   /* Checked before anything is written: the export of a plugin has no
@@ -193,7 +195,8 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   if (glue.create.opts.preallocation == QCOW2_PREALLOC_FALLOC &&
       !overlay_active ()) {
     nbdkit_error ("preallocation=falloc: a plugin's export cannot allocate "
-                  "space without writing it (preallocation=full can)");
+                  "space");
+    glue_hint ("preallocation=full can: it writes the space");
     return -1;
   }
   glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
@@ -340,8 +343,8 @@ qcow2_filter_hint_empty (const char *name, int64_t size)
 
   if (r == 0 && (len == 0 || (buf[0] == 0 &&
                               memcmp (buf, buf + 1, len - 1) == 0)))
-    nbdkit_error ("%s holds no image yet (it starts with zeros): "
-                  "create=true virtual-size=SIZE makes one in it", name);
+    glue_hint ("%s holds no image yet (it starts with zeros): "
+               "create=true virtual-size=SIZE makes one in it", name);
 }
 
 /* The image opened once, read-write if the plugin is writable and
@@ -379,8 +382,9 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   if (below_lock_file (readonly) == -1)
     return -1;
   if (create && readonly) {
-    nbdkit_error ("create=true: the export is read-only (nbdkit -r, "
-                  "readonly=true, or a plugin that cannot write)");
+    nbdkit_error ("create=true: the export is read-only");
+    glue_hint ("it is made read-only by nbdkit -r, readonly=true, or a "
+               "plugin that cannot write");
     return -1;
   }
   if (qcow2_filter_name_files (&name, &dir) == -1)
