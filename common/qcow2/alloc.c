@@ -481,8 +481,9 @@ alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
   if (!*has)
     log_error (img, "corrupt image: a reference to the cluster at host "
                "offset %#" PRIx64 " is dropped, but the cluster is free "
-               "(refcount %" PRIu64 "%s): left as is (qemu-img check -r all "
-               "repairs the image)", c << img->geo.cluster_bits, rc,
+               "(refcount %" PRIu64 "%s): left as is\n"
+               "qemu-img check -r all repairs the image",
+               c << img->geo.cluster_bits, rc,
                rc ? ", counted ahead for new allocations" : "");
   return 0;
 }

@@ -171,9 +171,8 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
   if (img->h.crypt_method != QCOW2_CRYPT_LUKS)
     return 0;
   if (img->data_file_raw) {
-    log_error (img, "the image is LUKS-encrypted but says its external data "
-               "file is raw (autoclear bit 1): encrypted data is not a raw "
-               "image of the disk");
+    log_error (img, "LUKS-encrypted image with a raw external data file "
+               "(autoclear bit 1): encrypted data is not a raw disk");
     return -EINVAL;
   }
   const struct luks_area where = {
@@ -207,8 +206,9 @@ image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
   if (opts->compress_type >= 0 &&
       opts->compress_type != img->h.compression_type) {
     log_error (img, "compress=%s, but the image's compressed clusters are "
-               "%s (its compression type is set when it is made: "
-               "compression-type= with create=true)",
+               "%s\n"
+               "an image's compression type is set when it is made "
+               "(compression-type= with create=true)",
                names[opts->compress_type & 1],
                names[img->h.compression_type & 1]);
     return -EINVAL;

@@ -413,9 +413,9 @@ stream_retry (struct qcow2_stream *s, int r, unsigned *failures)
 
   if (r == -ENOSPC || r == -EDQUOT || r == -EFBIG) {
     log_notice (s->img, "stream: no space left for the copy at offset "
-                "%" PRIu64 ": the job stops (the image is consistent; "
-                "start it again with stream=true once there is room)",
-                s->pos);
+                "%" PRIu64 ": the job stops\n"
+                "the image is consistent: start the job again with "
+                "stream=true once there is room", s->pos);
     return false;
   }
   if (!qcow2_can_write (s->img) || ++*failures > STREAM_RETRIES) {

@@ -124,14 +124,14 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
 {
   if (host >= image_file_size (img)) {
     log_error (img, "corrupt image: guest data at host offset %#" PRIx64
-               " lies beyond the end of the file: its reference is left "
-               "as is", host);
+               " lies beyond the end of the file: reference left as is",
+               host);
     return 0;
   }
   if (host < fresh + fresh_len && fresh < host + len) {
     log_error (img, "corrupt image: guest data at host offset %#" PRIx64
-               " lies in a cluster whose refcount said it was free: its "
-               "reference is left as is", host);
+               " lies in a cluster whose refcount said it was free: "
+               "reference left as is", host);
     return 0;
   }
   for (uint64_t c = host >> img->geo.cluster_bits;
@@ -962,7 +962,8 @@ qcow2_preallocate (struct qcow2_image *img, enum qcow2_preallocation mode)
     mode = QCOW2_PREALLOC_FULL;
   if (mode == QCOW2_PREALLOC_FALLOC && !img->data_io->ops->preallocate) {
     log_error (img, "preallocation=falloc: this storage cannot allocate "
-               "space without writing it (preallocation=full can)");
+               "space without writing it\n"
+               "preallocation=full can");
     return -EOPNOTSUPP;
   }
   if (mode == QCOW2_PREALLOC_FULL && !(zeros = calloc (1, cs)))
