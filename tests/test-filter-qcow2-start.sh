@@ -87,8 +87,10 @@ wait
 # -v says what is served.
 cp "$tmp/img.qcow2" "$tmp/corrupt.qcow2"
 /usr/bin/python3 "${srcdir:-.}/qcow2-patch.py" "$tmp/corrupt.qcow2" set-bits 72 2
-start_fails corrupt "$tmp/corrupt.qcow2: image is marked corrupt .*nbdkit -r serves it read-only" \
+start_fails corrupt "$tmp/corrupt.qcow2: image is marked corrupt .*refusing write access$" \
   --filter=qcow2 file "$tmp/corrupt.qcow2"
+grep -q "^qemu-img check -r all repairs it; nbdkit -r serves it read-only$" \
+  "$tmp/corrupt.err" || fail "corrupt: no remedy on the next line"
 nbdkit -v -U - --filter=qcow2 file "$tmp/corrupt.qcow2" \
   --run 'nbdinfo --size "$uri"' 2> "$tmp/rw.err" &&
   fail "a corrupt image served without -r"

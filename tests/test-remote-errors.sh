@@ -40,7 +40,7 @@ refused 'getaddrinfo: hostname "no-such-host.invalid".*: does the host name reso
   "nbd://no-such-host.invalid/"
 refused 'server refused TLS.*\(the server does not offer TLS: nbd:// and nbd\+unix:// connect without it\)' \
   "nbds+unix:///?socket=$sock"
-refused 'backing file "json:.*": the sum of offset \(0\) and size \(8388608\) is more than the storage.s size \(4194304\): is this the right export\?' \
+refused 'backing file "json:.*": the sum of offset \(0\) and size \(8388608\) is more than the storage.s size \(4194304\)$' \
   'json:{"driver":"raw","size":8388608,"file":{"driver":"nbd","server":{"type":"unix","path":"'"$sock"'"}}}'
 refused 'json: driver "gluster" is not supported: raw or qcow2 over file, nbd, http, https or ssh are' \
   'json:{"driver":"raw","file":{"driver":"gluster","volume":"v","path":"p"}}'

@@ -174,8 +174,9 @@ nbdkit -U - qcow2 "file=$img" \
   --run 'nbdsh -u "$uri" -c "h.pwrite(b\"L\" * 512, 0); h.flush()"' \
   2> "$tmp/notice"
 for b in g64k g2m; do
-  grep -q "notice: .*bitmap \"$b\" is in use (qemu-img info: in-use): .* inconsistent .* the next backup must be a full one" \
-    "$tmp/notice" || fail "no notice of in-use bitmap $b: $(cat "$tmp/notice")"
+  grep -A1 "notice: .*bitmap \"$b\" is in use (qemu-img info: in-use): inconsistent" \
+    "$tmp/notice" | grep -q "the next backup must be a full one" ||
+    fail "no notice of in-use bitmap $b: $(cat "$tmp/notice")"
 done
 ! grep -q 'bitmap "off"' "$tmp/notice" || fail "a notice of the disabled bitmap"
 [ "$(bitmap_flags "$img" g2m)" = "in-use auto" ] ||

@@ -28,6 +28,14 @@
 #define TSA_RELEASE(...) TSA_ATTR (release_capability (__VA_ARGS__))
 /* The function is called without these held (it takes them itself). */
 #define TSA_EXCLUDES(...) TSA_ATTR (locks_excluded (__VA_ARGS__))
+/* The same for a lock held shared (a reader's hold of a rwlock). */
+#define TSA_REQUIRES_SHARED(...) \
+  TSA_ATTR (requires_shared_capability (__VA_ARGS__))
+#define TSA_ACQUIRE_SHARED(...) \
+  TSA_ATTR (acquire_shared_capability (__VA_ARGS__))
+/* Releases a lock however it is held. */
+#define TSA_RELEASE_GENERIC(...) \
+  TSA_ATTR (release_generic_capability (__VA_ARGS__))
 /* The function's body is not checked: only for the few functions that
  * implement a lock's primitives.
  */

@@ -445,6 +445,21 @@ alloc_clusters (struct qcow2_image *img, uint64_t n, uint64_t *host_offset,
   return alloc_clusters_upto (img, n, n, host_offset, &len, zeroed);
 }
 
+/* The n clusters from host_offset that alloc_clusters gave are unused:
+ * a write to them failed before anything pointed at them.  Their
+ * references go back, so that a full disk leaves no leak behind.
+ */
+void
+alloc_clusters_unused (struct qcow2_image *img, uint64_t host_offset,
+                       uint64_t n)
+{
+  uint64_t first = host_offset >> img->geo.cluster_bits;
+
+  ASSERT_LOCKED (img);
+  for (uint64_t c = first; c < first + n; c++)
+    refcount_update (img, c, -1, NULL);
+}
+
 /* Whether cluster c still has a reference to drop.  In a corrupt
  * image it may not: the allocator takes a cluster whose refcount is 0,
  * or counts it into the reserve, though a table still points at it,
@@ -466,8 +481,9 @@ alloc_has_reference (struct qcow2_image *img, uint64_t c, bool *has)
   if (!*has)
     log_error (img, "corrupt image: a reference to the cluster at host "
                "offset %#" PRIx64 " is dropped, but the cluster is free "
-               "(refcount %" PRIu64 "%s): left as is (qemu-img check -r all "
-               "repairs the image)", c << img->geo.cluster_bits, rc,
+               "(refcount %" PRIu64 "%s): left as is\n"
+               "qemu-img check -r all repairs the image",
+               c << img->geo.cluster_bits, rc,
                rc ? ", counted ahead for new allocations" : "");
   return 0;
 }
@@ -550,11 +566,12 @@ alloc_bytes (struct qcow2_image *img, uint64_t len, uint64_t *host)
 void
 alloc_bytes_unused (struct qcow2_image *img, uint64_t host, uint64_t len)
 {
-  ASSERT_LOCKED (img);
+  uint64_t first = host >> img->geo.cluster_bits;
+
   assert (len > 0 && len <= img->geo.cluster_size);
-  for (uint64_t c = host >> img->geo.cluster_bits;
-       c <= (host + len - 1) >> img->geo.cluster_bits; c++)
-    refcount_update (img, c, -1, NULL);
+  alloc_clusters_unused (img, host & ~(img->geo.cluster_size - 1),
+                         ((host + len - 1) >> img->geo.cluster_bits)
+                         - first + 1);
   img->alloc.free_byte_offset = 0;
 }
 

@@ -33,8 +33,9 @@ backing_open_storage (const struct qcow2_image *img, const char *what,
     io = env->open (env->opaque, spec->path, readonly, &why);
   else if (!readonly) {
     log_error (img, "cannot open %s \"%s\" for writing: remote storage is "
-               "only read; serve the image read-only (readonly=true, or "
-               "nbdkit -r)", what, name);
+               "only read\n"
+               "serve the image read-only (readonly=true, or nbdkit -r)",
+               what, name);
     errno = EROFS;
     return NULL;
   }
@@ -71,7 +72,8 @@ backing_open_storage (const struct qcow2_image *img, const char *what,
                len > (uint64_t) size - spec->raw_offset)) {
       log_error (img, "%s \"%s\": the sum of offset (%" PRIu64 ") and "
                  "size (%" PRIu64 ") is more than the storage's size "
-                 "(%" PRId64 "): is this the right export?", what, name,
+                 "(%" PRId64 ")\n"
+                 "is this the right export?", what, name,
                  spec->raw_offset, len, size);
       e = EINVAL;
     }
@@ -265,8 +267,8 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
       (r = backing_check_loop_early (img, chain, depth, path, &spec)) < 0)
     goto out;
   layer_opts.no_backing |= spec.no_backing;
-  io = backing_open_storage (img, what, named ? "" : "; backing=none "
-                             "serves the image without it, and \"qemu-img "
+  io = backing_open_storage (img, what, named ? "" : "\nbacking=none "
+                             "serves the image without it; \"qemu-img "
                              "rebase -u -b NEW-NAME -F FORMAT IMAGE\" gives "
                              "the image its new name", path, &spec, true, &id);
   r = io ? backing_attach (img, io, path, id, format, &layer_opts, chain,
@@ -380,7 +382,7 @@ data_file_open (struct qcow2_image *img, const struct qcow2_options *opts)
   }
   /* Written with the image: guest data lives there. */
   else if ((img->data_io = backing_open_storage (
-              img, what, "; data-file=FILE names where it is", path, &spec,
+              img, what, "\ndata-file=FILE names where it is", path, &spec,
               opts->readonly || opts->snapshot, &id)) != NULL)
     free (id);
   else {

@@ -176,8 +176,8 @@ bitmap_check_entry (struct qcow2_image *img, const struct bitmap_entry *e)
   if (!why)
     return 0;
   log_error (img, "bitmap \"%.*s\" %s: it cannot be kept up to date, so the "
-             "image cannot be written (as in QEMU); serve it read-only",
-             e->name_size, e->name, why);
+             "image cannot be written (as in QEMU)\n"
+             "serve it read-only", e->name_size, e->name, why);
   return -ENOTSUP;
 }
 
@@ -269,11 +269,11 @@ bitmap_open (struct qcow2_image *img)
     /* The user's next incremental backup would miss changes. */
     if ((e->flags & BME_FLAG_IN_USE) && !img->below)
       log_notice (img, "bitmap \"%.*s\" is in use (qemu-img info: "
-                  "in-use): the image was not closed cleanly while it "
-                  "tracked changes, so it is inconsistent and left as it "
-                  "is; the next backup must be a full one (qemu-img bitmap "
-                  "--remove, then --add, starts a new bitmap)",
-                  (int) e->name_size, e->name);
+                  "in-use): inconsistent, left as it is\n"
+                  "the image was not closed cleanly while the bitmap "
+                  "tracked changes: the next backup must be a full one "
+                  "(qemu-img bitmap --remove, then --add, starts a new "
+                  "bitmap)", (int) e->name_size, e->name);
     if ((e->flags & (BME_FLAG_AUTO | BME_FLAG_IN_USE)) != BME_FLAG_AUTO)
       continue;
     b->t[b->nt].e = e;

@@ -365,10 +365,9 @@ cluster_l2_slice_writable (struct qcow2_image *img, uint64_t offset,
   if (l2_offset == 0) {
     /* The table must read as zeros on disk before L1 points at it. */
     uint8_t *zeros = calloc (1, cs);
-    if (!zeros)
-      return -ENOMEM;
-    r = io_write_meta (img, zeros, cs, new_offset, "new L2 table",
-                       OL (ACTIVE_L2));
+    r = zeros ? io_write_meta (img, zeros, cs, new_offset, "new L2 table",
+                               OL (ACTIVE_L2))
+              : -ENOMEM;
     free (zeros);
     fresh = true;
   }
@@ -378,7 +377,7 @@ cluster_l2_slice_writable (struct qcow2_image *img, uint64_t offset,
       r = alloc_free_later (img, l2_offset, cs);
   }
   if (r < 0) {
-    refcount_update (img, new_offset >> img->geo.cluster_bits, -1, NULL);
+    alloc_clusters_unused (img, new_offset, 1);
     return r;
   }
   /* The map learns of the new table; a copied one stays in use by a

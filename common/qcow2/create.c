@@ -181,8 +181,9 @@ qcow2_create_check (const struct qcow2_env *env,
   if (o->backing && o->preallocation != QCOW2_PREALLOC_OFF &&
       !o->extended_l2) {
     env_err (env, "a backing file and preallocation can only be used "
-             "together with extended-l2=on (as in qemu-img): the "
-             "preallocated clusters would hide the backing file's data");
+             "together with extended-l2=on (as in qemu-img)\n"
+             "else the preallocated clusters would hide the backing file's "
+             "data");
     return -EINVAL;
   }
   if (o->luks && (r = luks_format_check (env, o->luks, &crypto_len)) < 0)

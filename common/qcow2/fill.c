@@ -199,6 +199,35 @@ fill_commit (struct qcow2_image *img, uint64_t start, uint64_t n,
   return r;
 }
 
+/* The run of clusters a fill works on, claimed. */
+struct fill_run {
+  uint64_t start, n;
+  uint8_t *buf;                 /* n clusters */
+  uint64_t *host;               /* see fill_alloc */
+};
+
+/* What a fill does with the run claimed and img->lock released
+ * (write_claim_may_unlock's io): the backing file read, new clusters
+ * for the data (under the lock), the data written.
+ */
+static int
+fill_data_unlocked (struct qcow2_image *img, void *opaque)
+  TSA_EXCLUDES (img->lock)
+{
+  const struct fill_run *f = opaque;
+  int r = read_backing (img, f->buf, f->n * img->geo.cluster_size,
+                        f->start);
+
+  if (r == 0) {
+    image_lock (img);
+    r = fill_alloc (img, f->buf, f->n, f->host);
+    image_unlock (img);
+  }
+  if (r == 0)
+    r = fill_write (img, f->buf, f->n, f->host);
+  return r;
+}
+
 /* Fill the n clusters from start, which fill_find found.  Called with
  * img->lock held; returns with it released.
  */
@@ -206,10 +235,10 @@ static int
 fill_run_unlocks (struct qcow2_image *img, uint64_t start, uint64_t n)
   TSA_RELEASE (img->lock)
 {
-  uint64_t cs = img->geo.cluster_size, len = n * cs, done = 0;
-  CLEANUP_FREE uint8_t *buf = malloc (len);
+  CLEANUP_FREE uint8_t *buf = malloc (n * img->geo.cluster_size);
   CLEANUP_FREE uint64_t *host = calloc (n, sizeof *host);
-  struct write_inflight w;
+  struct fill_run f = { .start = start, .n = n, .buf = buf, .host = host };
+  uint64_t done = 0;
   int r;
 
   if (!buf || !host)
@@ -220,23 +249,14 @@ fill_run_unlocks (struct qcow2_image *img, uint64_t start, uint64_t n)
     image_unlock (img);
     return r;
   }
-  write_inflight_claim (img, &w, start, start + len);
-  image_unlock (img);
-  r = read_backing (img, buf, len, start);
-  image_lock (img);
-  if (r == 0)
-    r = fill_alloc (img, buf, n, host);
-  image_unlock (img);
-  if (r == 0)
-    r = fill_write (img, buf, n, host);
-  image_lock (img);
-  write_inflight_unclaim (img, &w);
+  r = write_claim_may_unlock (img, start, start + n * img->geo.cluster_size,
+                              fill_data_unlocked, &f);
   if (r == 0)
     r = fill_commit (img, start, n, host, &done);
   /* Clusters nothing points at go back (a full disk leaves no leak). */
   for (uint64_t i = done; r < 0 && i < n; i++)
     if (host[i])
-      refcount_update (img, host[i] >> img->geo.cluster_bits, -1, NULL);
+      alloc_clusters_unused (img, host[i], 1);
   image_unlock (img);
   return r;
 }
@@ -246,7 +266,7 @@ fill_run_unlocks (struct qcow2_image *img, uint64_t start, uint64_t n)
  */
 int
 fill_range (struct qcow2_image *img, uint64_t offset, uint64_t count)
-  TSA_EXCLUDES (img->lock)
+  TSA_EXCLUDES (img->lock) TSA_REQUIRES_SHARED (img->data_lock)
 {
   uint64_t pos, end;
   int r = 0;
@@ -279,8 +299,8 @@ qcow2_fill (struct qcow2_image *img, uint64_t count, uint64_t offset)
                img->size);
     return -EINVAL;
   }
-  pthread_rwlock_rdlock (&img->data_lock);
+  image_data_rdlock (img);
   r = fill_range (img, offset, count);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   return r;
 }

@@ -152,7 +152,7 @@ qcow2_flush (struct qcow2_image *img)
   if (r < 0 || !frees)
     return r;
 
-  pthread_rwlock_wrlock (&img->data_lock);
+  image_data_wrlock (img);
   image_lock (img);
   r = alloc_apply_frees (img, img->alloc.pending_durable);
   /* Written now, synced by the next flush: a process killed before it
@@ -161,6 +161,6 @@ qcow2_flush (struct qcow2_image *img)
   if (r == 0)
     r = cache_writeback (img, img->caches.refcount);
   image_unlock (img);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   return r;
 }

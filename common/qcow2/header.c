@@ -390,13 +390,13 @@ header_read_fields (struct qcow2_image *img)
   img->geo.cluster_size = UINT64_C (1) << h->cluster_bits;
 
   if (h->crypt_method == QCOW2_CRYPT_AES) {
-    log_error (img, "image is encrypted with QEMU's legacy AES method "
-               "(crypt_method 1 at header offset %d), which is not "
-               "supported: convert it to LUKS with \"qemu-img convert "
+    log_error (img, "legacy AES method (crypt_method 1 at header offset "
+               "%d) is not supported\n"
+               "convert the image to LUKS: qemu-img convert "
                "--object secret,id=s0,data=PASSWORD --image-opts "
                "driver=qcow2,file.filename=IMAGE,encrypt.key-secret=s0 "
                "-O qcow2 -o encrypt.format=luks,encrypt.key-secret=s0 "
-               "NEW.qcow2\"", HDR_CRYPT);
+               "NEW.qcow2", HDR_CRYPT);
     return -ENOTSUP;
   }
   if (h->crypt_method != 0 && h->crypt_method != QCOW2_CRYPT_LUKS) {

@@ -84,8 +84,9 @@ io_signal_corruption (struct qcow2_image *img, const char *fmt, va_list ap)
     marked = !(image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT)
                & QCOW2_INCOMPAT_CORRUPT);
   log_error (img, "corrupt image: %s%s", msg, marked ? "; the image is "
-             "marked corrupt, and will not be written until \"qemu-img "
-             "check -r all\" repairs it" : "");
+             "marked corrupt\n"
+             "it will not be written until qemu-img check -r all repairs "
+             "it" : "");
   return marked;
 }
 
@@ -289,9 +290,9 @@ io_flush (struct qcow2_image *img)
 
   ASSERT_LOCKED (img);
   if (img->host.flush_failed) {
-    log_error (img, "an earlier flush failed: what was written since the "
-               "flush before it may be lost, so no flush can succeed until "
-               "the image is opened again");
+    log_error (img, "flush refused: an earlier flush failed, so what was "
+               "written since may be lost\n"
+               "open the image again");
     return -EIO;
   }
   if (img->data_io != img->io &&

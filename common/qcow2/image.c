@@ -32,7 +32,7 @@ image_init_data_lock (struct qcow2_image *img)
   pthread_rwlockattr_setkind_np (&attr,
                                  PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
 #endif
-  pthread_rwlock_init (&img->data_lock, &attr);
+  pthread_rwlock_init (&img->data_lock.rwlock, &attr);
   pthread_rwlockattr_destroy (&attr);
 }
 
@@ -65,7 +65,7 @@ image_free (struct qcow2_image *img)
   free (img->alloc.pending_free);
   alloc_free_reserve (img);
   pthread_mutex_destroy (&img->lock.mutex);
-  pthread_rwlock_destroy (&img->data_lock);
+  pthread_rwlock_destroy (&img->data_lock.rwlock);
   pthread_cond_destroy (&img->inflight_done);
   free (img);
 }
@@ -171,9 +171,8 @@ image_open_crypto (struct qcow2_image *img, const struct qcow2_options *opts)
   if (img->h.crypt_method != QCOW2_CRYPT_LUKS)
     return 0;
   if (img->data_file_raw) {
-    log_error (img, "the image is LUKS-encrypted but says its external data "
-               "file is raw (autoclear bit 1): encrypted data is not a raw "
-               "image of the disk");
+    log_error (img, "LUKS-encrypted image with a raw external data file "
+               "(autoclear bit 1): encrypted data is not a raw disk");
     return -EINVAL;
   }
   const struct luks_area where = {
@@ -207,8 +206,9 @@ image_set_compress (struct qcow2_image *img, const struct qcow2_options *opts)
   if (opts->compress_type >= 0 &&
       opts->compress_type != img->h.compression_type) {
     log_error (img, "compress=%s, but the image's compressed clusters are "
-               "%s (its compression type is set when it is made: "
-               "compression-type= with create=true)",
+               "%s\n"
+               "an image's compression type is set when it is made "
+               "(compression-type= with create=true)",
                names[opts->compress_type & 1],
                names[img->h.compression_type & 1]);
     return -EINVAL;
@@ -421,14 +421,14 @@ qcow2_close (struct qcow2_image *img)
   if (!img)
     return 0;
   if (img->writable) {
-    pthread_rwlock_wrlock (&img->data_lock);
+    image_data_wrlock (img);
     image_lock (img);
     io_sync_corrupt (img);
     r = state_close (img);
     if (r < 0)
       io_mark_dirty (img);
     image_unlock (img);
-    pthread_rwlock_unlock (&img->data_lock);
+    image_data_unlock (img);
   }
   image_free (img);
   return r;
@@ -474,12 +474,12 @@ qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
                "the virtual size %" PRIu64, count, offset, img->size);
     return -EINVAL;
   }
-  pthread_rwlock_rdlock (&img->data_lock);
+  image_data_rdlock (img);
   /* As QEMU's copy-on-read, a fill that fails fails the read. */
   r = img->copy_on_read ? fill_range (img, offset, count) : 0;
   if (r == 0)
     r = layer_read (img, buf, count, offset);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   return r;
 }
 
@@ -492,9 +492,9 @@ qcow2_extents (struct qcow2_image *img, uint64_t offset, uint64_t count,
                "beyond the virtual size %" PRIu64, count, offset, img->size);
     return -EINVAL;
   }
-  pthread_rwlock_rdlock (&img->data_lock);
+  image_data_rdlock (img);
   int r = layer_extents (img, offset, count, req_one, add, opaque);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   return r;
 }
 
@@ -517,7 +517,7 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
     return 0;
   if (fix_leaks && (r = qcow2_check_writable (img)) < 0)
     return r;
-  pthread_rwlock_wrlock (&img->data_lock);
+  image_data_wrlock (img);
   image_lock (img);
   /* An image left dirty gets its refcounts rebuilt first (and a
    * rebuild leaves no leak).
@@ -526,6 +526,6 @@ qcow2_check (struct qcow2_image *img, bool fix_leaks,
   if (r == 0)
     r = check_run (img, fix_leaks, res);
   image_unlock (img);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   return r;
 }

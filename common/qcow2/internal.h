@@ -216,6 +216,11 @@ struct TSA_CAPABILITY ("mutex") image_mutex {
   pthread_mutex_t mutex;
 };
 
+/* img->data_lock, the same way: a rwlock, held shared or exclusively. */
+struct TSA_CAPABILITY ("rwlock") image_rwlock {
+  pthread_rwlock_t rwlock;
+};
+
 struct qcow2_image {
   const struct qcow2_env *env;
   char *path;                   /* as given; names resolve against it */
@@ -322,7 +327,8 @@ struct qcow2_image {
    * says.  "_unlocks" functions are called with it and return without
    * it (the request loop's pieces).  "_locked" names the variant, for a
    * holder of the lock, of a function that otherwise takes it
-   * (read_locked, flush_locked).
+   * (read_locked, flush_locked).  "_unlocked" names a function called
+   * without it (write_claim_may_unlock's io).
    *
    * Checked by clang (-Wthread-safety, see tsa.h; configure turns it
    * on with clang, and CI builds with it): a function that needs the
@@ -334,13 +340,16 @@ struct qcow2_image {
    * data I/O at offsets looked up) carry nothing.  Fields cannot be
    * marked (clang does not resolve a sibling member in C), so the
    * analysis checks who calls what holding what, not each access.
+   * data_lock is a capability too (image_data_rdlock, _wrlock,
+   * _unlock); a function called holding it shared says
+   * TSA_REQUIRES_SHARED (img->data_lock).
    */
   struct image_mutex lock;
 #ifndef NDEBUG
   pthread_t lock_holder;        /* valid while lock_held */
   bool lock_held;
 #endif
-  pthread_rwlock_t data_lock;
+  struct image_rwlock data_lock;
   /* Guest ranges being written by allocating writes with the lock
    * released (write.c): other writes and zeroes of them wait for
    * inflight_done.
@@ -456,6 +465,30 @@ image_released (struct qcow2_image *img)
 #ifndef NDEBUG
   assert (!image_lock_held (img));
 #endif
+}
+
+/* data_lock's primitives: held shared by requests, exclusively by
+ * the release of freed clusters (see the lock contract above).
+ */
+static inline void
+image_data_rdlock (struct qcow2_image *img)
+  TSA_ACQUIRE_SHARED (img->data_lock) TSA_NO_TSA
+{
+  pthread_rwlock_rdlock (&img->data_lock.rwlock);
+}
+
+static inline void
+image_data_wrlock (struct qcow2_image *img)
+  TSA_ACQUIRE (img->data_lock) TSA_NO_TSA
+{
+  pthread_rwlock_wrlock (&img->data_lock.rwlock);
+}
+
+static inline void
+image_data_unlock (struct qcow2_image *img)
+  TSA_RELEASE_GENERIC (img->data_lock) TSA_NO_TSA
+{
+  pthread_rwlock_unlock (&img->data_lock.rwlock);
 }
 
 /* The largest refcount the image's width holds. */
@@ -708,6 +741,9 @@ extern int alloc_clusters_upto (struct qcow2_image *img, uint64_t n,
                                 uint64_t max, uint64_t *host_offset,
                                 uint64_t *len, bool *zeroed)
   TSA_REQUIRES (img->lock);
+extern void alloc_clusters_unused (struct qcow2_image *img,
+                                   uint64_t host_offset, uint64_t n)
+  TSA_REQUIRES (img->lock);
 extern int alloc_free_later (struct qcow2_image *img, uint64_t host_offset,
                              uint64_t bytes)
   TSA_REQUIRES (img->lock);
@@ -759,9 +795,11 @@ struct write_request {
 };
 extern int write_request (struct qcow2_image *img,
                           const struct write_request *req)
-  TSA_EXCLUDES (img->lock);
+  TSA_EXCLUDES (img->lock, img->data_lock);
 /* A guest range claimed by a request working on it with img->lock
- * released (see write.c), and what fill.c shares of the claims.
+ * released (see write.c): whether one overlaps a range, and the one
+ * way to claim (write_claim_may_unlock), which fill.c and stream.c
+ * share.
  */
 struct write_inflight {
   uint64_t start, end;
@@ -770,12 +808,11 @@ struct write_inflight {
 extern bool write_inflight_overlaps (struct qcow2_image *img, uint64_t start,
                                      uint64_t end)
   TSA_REQUIRES (img->lock);
-extern void write_inflight_claim (struct qcow2_image *img,
-                                  struct write_inflight *w, uint64_t start,
-                                  uint64_t end)
-  TSA_REQUIRES (img->lock);
-extern void write_inflight_unclaim (struct qcow2_image *img,
-                                    struct write_inflight *w)
+extern int write_claim_may_unlock (struct qcow2_image *img, uint64_t start,
+                                   uint64_t end,
+                                   int (*io) (struct qcow2_image *img,
+                                              void *opaque),
+                                   void *opaque)
   TSA_REQUIRES (img->lock);
 extern uint64_t write_unit_mask (const struct qcow2_image *img,
                                  uint64_t start, uint64_t end);
@@ -807,7 +844,7 @@ extern int write_allocating_may_unlock (struct qcow2_image *img,
  */
 extern int fill_range (struct qcow2_image *img, uint64_t offset,
                        uint64_t count)
-  TSA_EXCLUDES (img->lock);
+  TSA_EXCLUDES (img->lock) TSA_REQUIRES_SHARED (img->data_lock);
 
 /* hostio.c */
 extern int io_write_meta (struct qcow2_image *img, const void *buf,
@@ -1033,7 +1070,7 @@ extern int check_rebuild_refcounts (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 extern int check_run (struct qcow2_image *img, bool fix_leaks,
                       struct qcow2_check_result *res)
-  TSA_REQUIRES (img->lock);
+  TSA_REQUIRES (img->lock, img->data_lock);
 
 /* read.c */
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,

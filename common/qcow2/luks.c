@@ -729,7 +729,7 @@ luks_open (const struct luks_area *where, const struct qcow2_password *pw,
     luks_error (where, "wrong password: it opens none of the image's %u "
                 "active LUKS key slots%s%s%s%s", active, pw->whole_file ?
                 " (nor does the whole file it was read from, as QEMU reads "
-                "a secret file)" : "", where->below ? "; a backing file's "
+                "a secret file)" : "", where->below ? "\na backing file's "
                 "own password is given with " : "", where->below ?
                 luks_backing_password_key (where->env) : "",
                 where->below ? "=" : "");
@@ -838,9 +838,9 @@ luks_setup_from (const struct qcow2_env *env,
     if (strcmp (luks_ciphers[j].alg, alg) == 0)
       s->cipher = &luks_ciphers[j];
   if (!s->cipher) {
-    env_err (env, "encrypt-cipher-alg=%s is not supported (aes-128, aes-192, "
-             "aes-256, cast5-128, serpent-128/192/256, twofish-128/192/256 "
-             "are)", alg);
+    env_err (env, "encrypt-cipher-alg=%s is not supported\n"
+             "supported: aes-128, aes-192, aes-256, cast5-128, "
+             "serpent-128/192/256, twofish-128/192/256", alg);
     return -ENOTSUP;
   }
   if ((part = luks_lookup (s, mode, ivgen, ivhash, hash)) < 0 &&
@@ -856,8 +856,9 @@ luks_setup_from (const struct qcow2_env *env,
   /* QEMU (7.2) fails an assertion on key material of part sectors. */
   if ((uint64_t) s->key_bytes * LUKS_STRIPES % QCOW2_CRYPT_SECTOR) {
     env_err (env, "encryption %s-%s: QEMU cannot open an image whose key "
-             "material is not whole sectors (%" PRIu32 "-byte keys): use "
-             "xts, or a 128- or 256-bit cipher", alg, mode, s->key_bytes);
+             "material is not whole sectors (%" PRIu32 "-byte keys)\n"
+             "use xts, or a 128- or 256-bit cipher", alg, mode,
+             s->key_bytes);
     return -ENOTSUP;
   }
   if ((why = luks_check_setup (s))) {

@@ -110,8 +110,9 @@ overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
 {
   log_error (img, "overlap guard: a write of %" PRIu64 " bytes at host "
              "offset %#" PRIx64 " would overwrite the %s at %#" PRIx64 ": "
-             "refused, and the image is marked corrupt",
-             len, offset, overlap_name (bit), at);
+             "refused; the image is marked corrupt\n"
+             "it will not be written until qemu-img check -r all repairs "
+             "it", len, offset, overlap_name (bit), at);
   image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT);
 }
 

@@ -127,10 +127,8 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
    * be missing in an image that is not corrupt (QEMU refuses too).
    */
   if (offset == 0)
-    return io_corrupt (img, "refcount table entry 0 is empty, so the "
-                       "header's cluster has no refcount, and no refcount "
-                       "block can be made in its place: allocation "
-                       "refused");
+    return io_corrupt (img, "refcount table entry 0 is empty (the header's "
+                       "cluster has no refcount): allocation refused");
 
   r = cache_get_new (img, img->caches.refcount, offset, &block);
   if (r < 0)

@@ -44,8 +44,9 @@ qcow2_check_writable (struct qcow2_image *img)
   }
   if (qcow2_is_corrupt (img)) {
     log_error (img, "image is marked corrupt (incompatible feature bit 1): "
-               "refusing write access; \"qemu-img check -r all\" repairs "
-               "it, and nbdkit -r serves it read-only");
+               "refusing write access\n"
+               "qemu-img check -r all repairs it; nbdkit -r serves it "
+               "read-only");
     return -EPERM;
   }
   if (!img->writable) {

@@ -277,6 +277,20 @@ stream_count (struct qcow2_stream *s, uint64_t *left)
   return 0;
 }
 
+/* A read of the chain below (write_claim_may_unlock's io). */
+struct stream_read {
+  uint8_t *buf;
+  uint64_t len, offset;
+};
+
+static int
+stream_read_unlocked (struct qcow2_image *img, void *opaque)
+{
+  const struct stream_read *rd = opaque;
+
+  return read_backing (img, rd->buf, rd->len, rd->offset);
+}
+
 /* The subclusters of a cluster the top allocates part of, one run of
  * them at a time: claimed, read from the chain, then written through
  * the allocating write path, which the claim is handed to with the
@@ -295,7 +309,6 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
     return -errno;
   /* Each round fills a run of subclusters: at most as many rounds. */
   for (unsigned round = 0; round < QCOW2_SUBCLUSTERS; round++) {
-    struct write_inflight w;
     uint64_t mask, start, end, len;
 
     image_lock (img);
@@ -312,12 +325,12 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
       image_unlock (img);
       return r;
     }
-    write_inflight_claim (img, &w, c, c + img->geo.cluster_size);
-    image_unlock (img);
     len = MIN ((end - start) * scs, img->size - (c + start * scs));
-    r = read_backing (img, buf, len, c + start * scs);
-    image_lock (img);
-    write_inflight_unclaim (img, &w);
+    r = write_claim_may_unlock (img, c, c + img->geo.cluster_size,
+                                stream_read_unlocked,
+                                &(struct stream_read) {
+                                  .buf = buf, .len = len,
+                                  .offset = c + start * scs });
     if (r == 0)
       r = write_allocating_may_unlock (img, buf, c + start * scs, len);
     image_unlock (img);
@@ -361,12 +374,12 @@ stream_step (struct qcow2_stream *s, uint64_t *found)
   }
   if (len == 0)
     return 0;
-  pthread_rwlock_rdlock (&img->data_lock);
+  image_data_rdlock (img);
   if (len == cs && *found < stream_mask_bytes (img, full))
     r = stream_partial (s, start);
   else
     r = fill_range (img, start, len);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   if (r == 0)
     s->pos = start + len;
   return r;
@@ -400,9 +413,9 @@ stream_retry (struct qcow2_stream *s, int r, unsigned *failures)
 
   if (r == -ENOSPC || r == -EDQUOT || r == -EFBIG) {
     log_notice (s->img, "stream: no space left for the copy at offset "
-                "%" PRIu64 ": the job stops (the image is consistent; "
-                "start it again with stream=true once there is room)",
-                s->pos);
+                "%" PRIu64 ": the job stops\n"
+                "the image is consistent: start the job again with "
+                "stream=true once there is room", s->pos);
     return false;
   }
   if (!qcow2_can_write (s->img) || ++*failures > STREAM_RETRIES) {
@@ -622,7 +635,7 @@ stream_detach (struct qcow2_stream *s)
   }
   if ((r = stream_base_name (s, &name, &format)) < 0)
     return r;
-  pthread_rwlock_wrlock (&img->data_lock);
+  image_data_wrlock (img);
   image_lock (img);
   r = flush_locked (img);
   if (r == 0)
@@ -648,7 +661,7 @@ stream_detach (struct qcow2_stream *s)
     }
   }
   image_unlock (img);
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   if (r < 0)
     return r;
   image_free (dropped);

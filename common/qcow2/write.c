@@ -124,14 +124,14 @@ write_release_data (struct qcow2_image *img, uint64_t host, uint64_t len,
 {
   if (host >= image_file_size (img)) {
     log_error (img, "corrupt image: guest data at host offset %#" PRIx64
-               " lies beyond the end of the file: its reference is left "
-               "as is", host);
+               " lies beyond the end of the file: reference left as is",
+               host);
     return 0;
   }
   if (host < fresh + fresh_len && fresh < host + len) {
     log_error (img, "corrupt image: guest data at host offset %#" PRIx64
-               " lies in a cluster whose refcount said it was free: its "
-               "reference is left as is", host);
+               " lies in a cluster whose refcount said it was free: "
+               "reference left as is", host);
     return 0;
   }
   for (uint64_t c = host >> img->geo.cluster_bits;
@@ -217,35 +217,40 @@ write_inflight_wait (struct qcow2_image *img, uint64_t start, uint64_t end)
     image_wait (img, &img->inflight_done);
 }
 
-/* Claim guest [start, end); the caller then releases img->lock. */
-void
-write_inflight_claim (struct qcow2_image *img, struct write_inflight *w,
-                      uint64_t start, uint64_t end)
-  TSA_REQUIRES (img->lock)
+/* Run io (img, opaque) with img->lock released, guest [start, end)
+ * claimed meanwhile: every allocating write, fill and compressed write
+ * does its I/O so.  The claim keeps the clusters' L2 entries as they
+ * were, but the caller looks their slice up again (it may have been
+ * evicted) and re-checks anything else it looked up before.
+ */
+int
+write_claim_may_unlock (struct qcow2_image *img, uint64_t start, uint64_t end,
+                        int (*io) (struct qcow2_image *img, void *opaque),
+                        void *opaque)
 {
-  w->start = start;
-  w->end = end;
-  w->next = img->inflight;
-  img->inflight = w;
-}
-
-/* Give the range back, with img->lock taken again. */
-void
-write_inflight_unclaim (struct qcow2_image *img, struct write_inflight *w)
-  TSA_REQUIRES (img->lock)
-{
+  struct write_inflight w = { .start = start, .end = end,
+                              .next = img->inflight };
   struct write_inflight **p;
+  int r;
 
-  for (p = &img->inflight; *p != w; p = &(*p)->next)
+  ASSERT_LOCKED (img);
+  assert (start < end);
+  img->inflight = &w;
+  image_unlock (img);
+  r = io (img, opaque);
+  image_lock (img);
+  for (p = &img->inflight; *p != &w; p = &(*p)->next)
     assert (*p);
-  *p = w->next;
+  *p = w.next;
   pthread_cond_broadcast (&img->inflight_done);
+  return r;
 }
 
 /* An allocating write of [offset, offset+len) within one cluster, as
  * planned under the lock (write_alloc_plan).
  */
 struct write_alloc {
+  const uint8_t *data;          /* the client's */
   uint64_t offset, len;
   uint64_t cstart, in;          /* the cluster, and offset within it */
   struct l2_state old;          /* its entry before */
@@ -271,8 +276,8 @@ struct write_alloc {
  * given back by write_alloc_commit if the write fails).
  */
 static int
-write_alloc_plan (struct qcow2_image *img, uint64_t offset, uint64_t len,
-                  struct write_alloc *a)
+write_alloc_plan (struct qcow2_image *img, const uint8_t *data,
+                  uint64_t offset, uint64_t len, struct write_alloc *a)
   TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
@@ -284,7 +289,7 @@ write_alloc_plan (struct qcow2_image *img, uint64_t offset, uint64_t len,
   ASSERT_LOCKED (img);
   assert (len > 0 && (offset & (cs - 1)) + len <= cs);
   *a = (struct write_alloc) {
-    .offset = offset, .len = len,
+    .data = data, .offset = offset, .len = len,
     .cstart = offset & ~(cs - 1), .in = offset & (cs - 1),
     .external = img->data_io != img->io,
   };
@@ -367,7 +372,6 @@ write_alloc_plan (struct qcow2_image *img, uint64_t offset, uint64_t len,
  */
 static int
 write_alloc_data (struct qcow2_image *img, const struct write_alloc *a,
-                  const uint8_t *data,
                   int (*read) (struct qcow2_image *, uint8_t *, uint64_t,
                                uint64_t))
 {
@@ -376,7 +380,7 @@ write_alloc_data (struct qcow2_image *img, const struct write_alloc *a,
   int r = 0;
 
   if (a->simple)
-    return io_write_checked (img, data, a->len, a->target + a->in);
+    return io_write_checked (img, a->data, a->len, a->target + a->in);
   if (!(buf = malloc (a->end - a->start)))
     return -ENOMEM;
   if (a->need_head && a->need_tail && gap <= COW_MERGE_GAP)
@@ -394,7 +398,7 @@ write_alloc_data (struct qcow2_image *img, const struct write_alloc *a,
               a->end - a->in - a->len);
   }
   if (r == 0) {
-    memcpy (buf + a->in - a->start, data, a->len);
+    memcpy (buf + a->in - a->start, a->data, a->len);
     r = io_write_checked (img, buf, a->end - a->start,
                           a->target + a->start);
   }
@@ -422,7 +426,7 @@ write_alloc_commit (struct qcow2_image *img, const struct write_alloc *a,
      * disk must not leave a leak behind).
      */
     if (a->counted)
-      refcount_update (img, a->target >> img->geo.cluster_bits, -1, NULL);
+      alloc_clusters_unused (img, a->target, 1);
     return r;
   }
 
@@ -468,11 +472,18 @@ write_allocating (struct qcow2_image *img, const uint8_t *data,
                   uint64_t offset, uint64_t len)
 {
   struct write_alloc a;
-  int r = write_alloc_plan (img, offset, len, &a);
+  int r = write_alloc_plan (img, data, offset, len, &a);
 
   if (r == 0)
-    r = write_alloc_data (img, &a, data, read_locked);
+    r = write_alloc_data (img, &a, read_locked);
   return write_alloc_commit (img, &a, r);
+}
+
+/* write_alloc_data without the lock (write_claim_may_unlock's io). */
+static int
+write_alloc_data_unlocked (struct qcow2_image *img, void *a)
+{
+  return write_alloc_data (img, a, layer_read);
 }
 
 /* As write_allocating, but the lock is released while the data is read
@@ -484,18 +495,27 @@ write_allocating_may_unlock (struct qcow2_image *img, const uint8_t *data,
                              uint64_t offset, uint64_t len)
 {
   struct write_alloc a;
-  struct write_inflight w;
-  int r = write_alloc_plan (img, offset, len, &a);
+  int r = write_alloc_plan (img, data, offset, len, &a);
 
-  if (r == 0) {
-    write_inflight_claim (img, &w, a.cstart,
-                          a.cstart + img->geo.cluster_size);
-    image_unlock (img);
-    r = write_alloc_data (img, &a, data, layer_read);
-    image_lock (img);
-    write_inflight_unclaim (img, &w);
-  }
+  if (r == 0)
+    r = write_claim_may_unlock (img, a.cstart,
+                                a.cstart + img->geo.cluster_size,
+                                write_alloc_data_unlocked, &a);
   return write_alloc_commit (img, &a, r);
+}
+
+/* A host write of data already checked (write_claim_may_unlock's io). */
+struct write_host {
+  const uint8_t *buf;
+  uint64_t len, offset;
+};
+
+static int
+write_host_unlocked (struct qcow2_image *img, void *opaque)
+{
+  const struct write_host *h = opaque;
+
+  return io_write_checked (img, h->buf, h->len, h->offset);
 }
 
 /* At most this many clusters are allocated and written together. */
@@ -504,20 +524,21 @@ write_allocating_may_unlock (struct qcow2_image *img, const uint8_t *data,
 /* Write whole clusters from offset (count bytes, at least one cluster,
  * offset aligned) into newly allocated clusters, as many as lie in one
  * L2 slice, need a new cluster and find free clusters together, with
- * one allocation and one write; *done is the number of bytes written.  Nothing needs
- * copying, since every cluster is overwritten whole.  Called with the
- * lock held; *done is 0 if the first cluster is not such a cluster.
+ * one allocation and one write; *done is the number of bytes written,
+ * 0 if the first cluster is not such a cluster.  Nothing needs
+ * copying, since every cluster is overwritten whole.  The lock is
+ * released while the data is written, the clusters claimed meanwhile.
  */
 static int
-write_allocating_run (struct qcow2_image *img, const uint8_t *data,
-                      uint64_t offset, uint64_t count, uint64_t *done)
+write_allocating_run_may_unlock (struct qcow2_image *img,
+                                 const uint8_t *data, uint64_t offset,
+                                 uint64_t count, uint64_t *done)
   TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
   uint64_t slice_entries =
     cache_entry_size (img->caches.l2) / img->geo.l2_entry_size;
   struct l2_state old[WRITE_RUN_MAX];
-  struct write_inflight w;
   uint64_t idx, k, target;
   uint8_t *slice;
   bool zeroed, old_zero;
@@ -549,16 +570,14 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
    * file and end past it.
    */
   io_note_end (img, target + k * cs);
-  if ((r = io_check_data (img, k * cs, target)) == 0) {
-    write_inflight_claim (img, &w, offset, offset + k * cs);
-    image_unlock (img);
-    r = io_write_checked (img, data, k * cs, target);
-    image_lock (img);
-    write_inflight_unclaim (img, &w);
-  }
+  if ((r = io_check_data (img, k * cs, target)) == 0)
+    r = write_claim_may_unlock (img, offset, offset + k * cs,
+                                write_host_unlocked,
+                                &(struct write_host) {
+                                  .buf = data, .len = k * cs,
+                                  .offset = target });
   if (r < 0) {
-    for (uint64_t i = 0; i < k; i++)
-      refcount_update (img, (target >> img->geo.cluster_bits) + i, -1, NULL);
+    alloc_clusters_unused (img, target, k);
     return r;
   }
   io_note_written (img, target + k * cs);
@@ -574,7 +593,8 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   /* As in write_allocating: zeros over zeros need no ordering, in
    * clusters the file durably covers (and not encrypted).
    */
-  if (!zeroed || img->luks || !old_zero || target + (k - 1) * cs >= img->host.durable_end)
+  if (!zeroed || img->luks || !old_zero ||
+      target + (k - 1) * cs >= img->host.durable_end)
     flush_mark_dependency (img);
   *done = k * cs;
   for (uint64_t i = 0; i < k; i++)
@@ -583,23 +603,39 @@ write_allocating_run (struct qcow2_image *img, const uint8_t *data,
   return 0;
 }
 
+/* A cluster compressed (write_claim_may_unlock's io): out, len as
+ * compress_cluster gives them.
+ */
+struct write_compress {
+  const uint8_t *data, *out;
+  ssize_t len;
+};
+
+static int
+write_compress_unlocked (struct qcow2_image *img, void *opaque)
+{
+  struct write_compress *c = opaque;
+
+  c->len = compress_cluster (img, c->data, &c->out);
+  return c->len < 0 ? c->len : 0;
+}
+
 /* Store the whole cluster at offset compressed, if it is not allocated
  * (QEMU's compress driver never overwrites) and compresses to less
  * than a cluster: *done is then the cluster's size, else 0 and nothing
- * changed.  Called with the lock held; it is released while the
- * cluster is compressed, the cluster claimed meanwhile.
+ * changed.  The lock is released while the cluster is compressed, the
+ * cluster claimed meanwhile.
  */
 static int
-write_compressed (struct qcow2_image *img, const uint8_t *data,
-                  uint64_t offset, uint64_t *done)
+write_compressed_may_unlock (struct qcow2_image *img, const uint8_t *data,
+                             uint64_t offset, uint64_t *done)
   TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size, idx, host;
-  struct write_inflight w;
+  struct write_compress c = { .data = data };
   struct l2_state s;
-  const uint8_t *out;
   uint8_t *slice;
-  ssize_t len;
+  uint64_t len;
   int r;
 
   *done = 0;
@@ -610,15 +646,13 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
       write_inflight_overlaps (img, offset, offset + cs))
     return 0;
 
-  write_inflight_claim (img, &w, offset, offset + cs);
-  image_unlock (img);
-  len = compress_cluster (img, data, &out);
-  image_lock (img);
-  write_inflight_unclaim (img, &w);
-  if (len == -ENOSPC)
+  r = write_claim_may_unlock (img, offset, offset + cs,
+                              write_compress_unlocked, &c);
+  if (r == -ENOSPC)
     return 0;                   /* stored as it is */
-  if (len < 0)
-    return len;
+  if (r < 0)
+    return r;
+  len = c.len;
 
   /* The claim kept the entry as it was; the slice may be gone. */
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0 ||
@@ -631,7 +665,7 @@ write_compressed (struct qcow2_image *img, const uint8_t *data,
     r = -EFBIG;
   }
   else if ((r = io_check_data (img, len, host)) == 0)
-    r = io_write_checked (img, out, len, host);
+    r = io_write_checked (img, c.out, len, host);
   if (r < 0) {
     alloc_bytes_unused (img, host, len);
     return r;
@@ -775,7 +809,7 @@ write_request (struct qcow2_image *img, const struct write_request *req)
   uint64_t offset = req->offset, count = req->count;
   int r = 0;
 
-  pthread_rwlock_rdlock (&img->data_lock);
+  image_data_rdlock (img);
   if (req->record)
     bitmap_record (img, offset, count);
   while (count > 0 && r == 0) {
@@ -795,7 +829,7 @@ write_request (struct qcow2_image *img, const struct write_request *req)
     offset += n;
     count -= n;
   }
-  pthread_rwlock_unlock (&img->data_lock);
+  image_data_unlock (img);
   if (r == 0 && req->fua)
     r = qcow2_flush (img);
   return r;
@@ -839,14 +873,14 @@ write_piece_unlocks (struct qcow2_image *img,
     return write_pieces (img, pool, &batch);
   }
   if (r == 0 && img->compress && whole) {
-    r = write_compressed (img, p, offset, &done);
+    r = write_compressed_may_unlock (img, p, offset, &done);
     /* Cluster by cluster, as qemu-img convert -c: the next cluster of
      * the request may compress though this one did not.
      */
     count = cs;
   }
   if (r == 0 && !done && whole)
-    r = write_allocating_run (img, p, offset, count, &done);
+    r = write_allocating_run_may_unlock (img, p, offset, count, &done);
   if (done)
     *n = done;
   else if (r == 0)
@@ -928,7 +962,8 @@ qcow2_preallocate (struct qcow2_image *img, enum qcow2_preallocation mode)
     mode = QCOW2_PREALLOC_FULL;
   if (mode == QCOW2_PREALLOC_FALLOC && !img->data_io->ops->preallocate) {
     log_error (img, "preallocation=falloc: this storage cannot allocate "
-               "space without writing it (preallocation=full can)");
+               "space without writing it\n"
+               "preallocation=full can");
     return -EOPNOTSUPP;
   }
   if (mode == QCOW2_PREALLOC_FULL && !(zeros = calloc (1, cs)))
