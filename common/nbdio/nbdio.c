@@ -16,6 +16,7 @@
  * (into the background): the connections of the process before the
  * fork are left, and new ones made.
  */
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -55,6 +56,33 @@ enum conn_state {
 };
 
 struct nbdio;
+
+/* Block status is asked in spans as long as the protocol allows (4 GiB)
+ * and the replies kept: nbdcopy's and a guest's queries cost a round
+ * trip a span, not one a query.  At most this many spans of at most
+ * NBDIO_STATUS_EXTENTS extents each (a longer reply is kept up to
+ * there): some 1.5 MiB at most.
+ */
+#define NBDIO_STATUS_SPANS 8
+#define NBDIO_STATUS_EXTENTS 16384
+/* A span starts at a multiple of this before the offset asked (when
+ * the extents up to it fit): queries in any order, such as a client's
+ * threads' each in its own part of the disk, cost one round trip a
+ * span.
+ */
+#define NBDIO_STATUS_ALIGN (64u << 20)
+
+struct nbdio_extent {
+  uint64_t end;                 /* where it ends (it starts at the last's) */
+  uint32_t type;                /* QCOW2_EXTENT_* */
+};
+
+struct nbdio_span {
+  uint64_t start;               /* where the first extent starts */
+  struct nbdio_extent *ext;     /* NULL: an empty slot */
+  size_t n;                     /* > 0 in a slot in use */
+  uint64_t used;                /* io->status_tick at its last use */
+};
 
 struct nbdio_conn {
   struct nbdio *io;
@@ -100,11 +128,12 @@ struct nbdio {
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
 
-  /* The last block status reply: extents from status_start. */
+  /* Block status replies kept (the storage never changes while open):
+   * the least recently used goes first.
+   */
   pthread_mutex_t status_lock;
-  uint64_t status_start;
-  uint32_t *status_ext;         /* length, flags pairs */
-  size_t status_n;
+  struct nbdio_span spans[NBDIO_STATUS_SPANS];
+  uint64_t status_tick;         /* uses so far, for spans[].used */
 };
 
 /* What a message is (false and true: debug and error).  A notice's
@@ -1086,42 +1115,128 @@ nbdio_size (struct qcow2_io *io)
   return ((struct nbdio *) io)->size;
 }
 
-/* The extent at offset from the last reply, if it covers it. */
+/* The extent at offset from the spans kept, if one covers it
+ * (io->status_lock held).
+ */
+static bool
+nbdio_span_find (struct nbdio *io, uint64_t offset, uint32_t *type,
+                 uint64_t *len)
+{
+  for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++) {
+    struct nbdio_span *sp = &io->spans[i];
+    size_t lo = 0, hi = sp->n;
+
+    if (sp->n == 0 || offset < sp->start || offset >= sp->ext[sp->n - 1].end)
+      continue;
+    /* The first extent ending after offset. */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (sp->ext[mid].end > offset)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    assert (lo < sp->n);
+    *type = sp->ext[lo].type;
+    *len = sp->ext[lo].end - offset;
+    sp->used = ++io->status_tick;
+    return true;
+  }
+  return false;
+}
+
 static bool
 nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
                      uint64_t *len)
 {
-  bool found = false;
-  uint64_t pos;
+  bool found;
 
   pthread_mutex_lock (&io->status_lock);
-  pos = io->status_start;
-  for (size_t i = 0; i < io->status_n && pos <= offset; i++) {
-    uint64_t l = io->status_ext[2 * i];
-    if (offset < pos + l) {
-      *type = io->status_ext[2 * i + 1]
-              & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
-      *len = pos + l - offset;
-      found = true;
-      break;
-    }
-    pos += l;
-  }
+  found = nbdio_span_find (io, offset, type, len);
   pthread_mutex_unlock (&io->status_lock);
   return found;
 }
 
-/* Block status: one request answers the runs after it too. */
+/* Keep the reply to a block status at start (n length, flags pairs),
+ * in the place of the span used least recently, and what it says of
+ * offset: 1, 0 if it ends before offset, or -EIO if it says nothing
+ * (the server answered no extent, or only empty ones).
+ */
+static int
+nbdio_status_keep (struct nbdio *io, uint64_t start, const uint32_t *pairs,
+                   size_t n, uint64_t offset, uint32_t *type, uint64_t *len)
+{
+  struct nbdio_extent *ext;
+  struct nbdio_span *victim = &io->spans[0];
+  uint64_t pos = start;
+  size_t k = 0;
+  int r;
+
+  n = MIN (n, NBDIO_STATUS_EXTENTS);
+  if (n == 0 || !(ext = malloc (n * sizeof *ext)))
+    return n == 0 ? -EIO : -ENOMEM;
+  /* Extents past the end (a server may round up the last) are cut
+   * there; empty ones, which the protocol forbids, are skipped.
+   */
+  for (size_t i = 0; i < n && pos < io->size; i++) {
+    if (pairs[2 * i] == 0)
+      continue;
+    pos += MIN (pairs[2 * i], io->size - pos);
+    ext[k++] = (struct nbdio_extent) {
+      .end = pos,
+      .type = pairs[2 * i + 1] & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO) };
+  }
+  if (k == 0) {
+    free (ext);
+    return -EIO;
+  }
+  pthread_mutex_lock (&io->status_lock);
+  for (unsigned i = 1; i < NBDIO_STATUS_SPANS; i++)
+    if (io->spans[i].used < victim->used)
+      victim = &io->spans[i];
+  free (victim->ext);
+  *victim = (struct nbdio_span) { .start = start, .ext = ext, .n = k };
+  r = nbdio_span_find (io, offset, type, len);
+  pthread_mutex_unlock (&io->status_lock);
+  return r;
+}
+
+/* Ask the server for the extents from start (as far as the protocol's
+ * 32 bits allow), keep them, and say what they say of offset (as
+ * nbdio_status_keep).
+ */
+static int
+nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
+                  uint32_t *type, uint64_t *len)
+{
+  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                          .done = PTHREAD_COND_INITIALIZER };
+  int r = 0;
+  struct nbdio_cmd cmd = {
+    .w = &w, .offset = start, .result = &r,
+    .len = MIN (io->size - start, UINT32_MAX & ~UINT32_C (65535)) };
+  bool said = false;
+
+  assert (start <= offset && offset < io->size);
+  nbdio_submit (io, &cmd, true, &said);
+  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
+  if (r == 0 &&
+      (r = nbdio_status_keep (io, start, cmd.ext, cmd.ext ? cmd.next : 0,
+                              offset, type, len)) == -EIO)
+    nbdio_say (io, true, "%s: the server answered a block status at %"
+               PRIu64 " with no extent there", io->name, start);
+  free (cmd.ext);
+  return r;
+}
+
+/* Block status: asked in spans, which are kept (NBDIO_STATUS_SPANS). */
 static int
 nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
               uint32_t *type, uint64_t *len)
 {
   struct nbdio *io = (struct nbdio *) qio;
-  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
-                          .done = PTHREAD_COND_INITIALIZER };
-  int r = 0;
-  struct nbdio_cmd cmd = { .w = &w, .offset = offset, .result = &r };
-  bool said = false;
+  uint64_t start = offset & ~(uint64_t) (NBDIO_STATUS_ALIGN - 1);
+  int r;
 
   if (offset >= io->size) {
     *type = QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO;
@@ -1135,25 +1250,11 @@ nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
   }
   if (nbdio_status_cached (io, offset, type, len))
     return 0;
-  /* Asked for as much as the protocol's 32 bits allow. */
-  cmd.len = MIN (io->size - offset, UINT32_MAX & ~UINT32_C (65535));
-  nbdio_submit (io, &cmd, true, &said);
-  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
-  if (r == 0 && (!cmd.ext || cmd.next == 0))
-    r = -EIO;                   /* a server that answered nothing */
-  if (r == 0) {
-    pthread_mutex_lock (&io->status_lock);
-    free (io->status_ext);
-    io->status_ext = cmd.ext;
-    io->status_n = cmd.next;
-    io->status_start = offset;
-    cmd.ext = NULL;
-    pthread_mutex_unlock (&io->status_lock);
-    if (!nbdio_status_cached (io, offset, type, len))
-      r = -EIO;
-  }
-  free (cmd.ext);
-  return r;
+  r = nbdio_status_ask (io, start, offset, type, len);
+  /* The reply from the aligned start ended before offset. */
+  if (r == 0 && start < offset)
+    r = nbdio_status_ask (io, offset, offset, type, len);
+  return r == 0 ? -EIO : MIN (r, 0);
 }
 
 static void
@@ -1178,7 +1279,8 @@ nbdio_close (struct qcow2_io *qio)
   free (io->uri);
   free (io->name);
   free (io->last_why);
-  free (io->status_ext);
+  for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++)
+    free (io->spans[i].ext);
   pthread_mutex_destroy (&io->lock);
   pthread_cond_destroy (&io->changed);
   pthread_mutex_destroy (&io->status_lock);
