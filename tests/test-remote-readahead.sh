@@ -5,7 +5,9 @@
 # slow link delivers in a short time: one small read (the first
 # sector's) fetches no more than it asked for, two adjacent reads no
 # megabytes, while a long sequential run is still read in few large
-# requests.  Block status of the base is asked in large spans and kept: queries
+# requests.  A reader with many sequential requests in flight is not
+# throttled: they reach the base together (and read the right bytes).
+# Block status of the base is asked in large spans and kept: queries
 # in any order cost one request, and the extents are the base's.  What
 # the base's server was asked is counted by nbdkit's log filter.
 source "${srcdir:-.}/functions.sh"
@@ -64,6 +66,32 @@ for o in range(0, 16 << 20, 65536):
     assert h.pread(65536, o) == b"\x11" * 65536')
 [ "$n" -le 64 ] || fail "256 sequential reads of 64 KiB took $n requests"
 [ "$bytes" -le $((16 << 20)) ] || fail "reading 16 MiB fetched $bytes bytes"
+
+# 16 sequential requests of 64 KiB in flight at a time over 4 MiB of
+# varied data, 5 ms a read: they go out together, each with its bytes,
+# and nothing is fetched twice.
+export deep=$tmp/deep.raw
+/usr/bin/python3 -c '
+import random, sys
+random.seed(7)
+open(sys.argv[1], "wb").write(random.randbytes(4 << 20))' "$deep"
+read -r n bytes most _ < <(fetched '
+import os
+want = open(os.environ["deep"], "rb").read()
+bufs, o = {}, 0
+while o < len(want) or h.aio_in_flight() > 0:
+    while o < len(want) and h.aio_in_flight() < 16:
+        bufs[o] = nbd.Buffer(65536)
+        h.aio_pread(bufs[o], o)
+        o += 65536
+    h.poll(-1)
+for c, b in bufs.items():
+    assert b.to_bytearray() == want[c:c + 65536], "bytes at %d" % c
+' "$deep" delay delay-read=5ms)
+[ "$most" -ge 4 ] ||
+  fail "16 sequential requests in flight reached the base $most at a time"
+[ "$bytes" -le $((4 << 20)) ] ||
+  fail "reading 4 MiB 16 requests at a time fetched $bytes bytes"
 
 # Block status over a base of 16 extents, asked from the end backwards:
 # one request to the base, and the map is the base's (qemu-img map).
