@@ -56,6 +56,7 @@ read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
 #define READAHEAD_WINDOW (4u << 20)
 #define READAHEAD_MIN (64u << 10)
 #define READAHEAD_MS 200
+#define READAHEAD_DEEP 8
 
 enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
 
@@ -65,6 +66,11 @@ struct readahead {
   uint64_t next;                /* where the last read ended */
   unsigned run;                 /* reads that continued the one before */
   unsigned busy;                /* reads of the layer under way */
+  /* Reads lately that came while others were under way, up to
+   * READAHEAD_DEEP, less one per read that came alone: windows are for
+   * a reader at 0 only.
+   */
+  unsigned deep;
   uint64_t rate;                /* bytes a second the layer gave (0: ?) */
   struct {
     enum window_state state;
@@ -214,21 +220,27 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
   int i, r;
 
   pthread_mutex_lock (&ra->lock);
-  while ((i = readahead_find (ra, offset, end)) >= 0 &&
-         ra->w[i].state == WINDOW_FILLING)
-    pthread_cond_wait (&ra->filled, &ra->lock);
+  if ((i = readahead_find (ra, offset, end)) >= 0 &&
+      ra->w[i].state == WINDOW_FILLING) {
+    ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
+    while ((i = readahead_find (ra, offset, end)) >= 0 &&
+           ra->w[i].state == WINDOW_FILLING)
+      pthread_cond_wait (&ra->filled, &ra->lock);
+  }
   if (i >= 0) {
     memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
     ra->next = MAX (ra->next, end);
     pthread_mutex_unlock (&ra->lock);
     return 0;
   }
-  /* A deep reader: what it asks for now, and its run starts again when
-   * it reads one request at a time.
+  /* A deep reader: what it asks for now; its run starts again once it
+   * has read one request at a time for a while.
    */
-  if (ra->busy > 0) {
+  if (ra->busy > 0 || ra->deep > 0) {
+    ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
+               : ra->deep - 1;
     ra->run = 0;
-    ra->next = offset == ra->next ? end : MAX (ra->next, end);
+    ra->next = MAX (ra->next, end);
     r = readahead_direct (b, buf, count, offset);
     pthread_mutex_unlock (&ra->lock);
     return r;
