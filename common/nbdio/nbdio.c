@@ -41,6 +41,7 @@
 #include "errstr.h"
 #include "nbdio.h"
 #include "monotonic.h"
+#include "tsa.h"
 
 /* What one NBD request may carry when the server does not say (the
  * NBD protocol's recommendation).
@@ -56,6 +57,28 @@ enum conn_state {
 };
 
 struct nbdio;
+
+/* A mutex that clang's thread-safety analysis knows as a capability
+ * (pthread_mutex_t itself cannot be marked): io->lock, io->status_lock
+ * and a wait's lock.
+ */
+struct TSA_CAPABILITY ("mutex") nbdio_mutex {
+  pthread_mutex_t m;
+};
+
+static void
+nbdio_lock (struct nbdio_mutex *l)
+  TSA_ACQUIRE (*l) TSA_NO_TSA
+{
+  pthread_mutex_lock (&l->m);
+}
+
+static void
+nbdio_unlock (struct nbdio_mutex *l)
+  TSA_RELEASE (*l) TSA_NO_TSA
+{
+  pthread_mutex_unlock (&l->m);
+}
 
 /* Block status is asked in spans as long as the protocol allows (4 GiB)
  * and the replies kept: nbdcopy's and a guest's queries cost a round
@@ -86,7 +109,9 @@ struct nbdio_span {
 
 struct nbdio_conn {
   struct nbdio *io;
-  /* Under io->lock. */
+  /* Under io->lock (clang cannot check fields in C: the functions
+   * that need it say so).
+   */
   enum conn_state state;
   bool has_thread;              /* thread to be joined (this process's) */
   pthread_t thread;
@@ -113,13 +138,14 @@ struct nbdio {
   char *name;                   /* the URL, for messages */
   char *uri;                    /* an NBD server's, or NULL */
   char **argv;                  /* or the nbdkit to start */
+  const char *plugin;           /* its plugin: "curl" or "ssh" */
   struct nbdio_options opts;
   unsigned nconns;              /* connections allowed */
   uint64_t size;                /* the export's, fixed at open */
   uint32_t block_min, block_max;
   bool has_status;              /* base:allocation */
 
-  pthread_mutex_t lock;
+  struct nbdio_mutex lock;
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
   unsigned conn_seq;            /* connections made so far (atomic) */
@@ -131,7 +157,7 @@ struct nbdio {
   /* Block status replies kept (the storage never changes while open):
    * the least recently used goes first.
    */
-  pthread_mutex_t status_lock;
+  struct nbdio_mutex status_lock;
   struct nbdio_span spans[NBDIO_STATUS_SPANS];
   uint64_t status_tick;         /* uses so far, for spans[].used */
 };
@@ -211,14 +237,14 @@ nbdio_connect_error (struct nbdio *io)
   if (io->argv && !nbdio_in_path (io->argv[0]))
     return asprintf (&why, "nbdkit's %s plugin could not be started: "
                      "%s not found in PATH (install nbdkit and its %s "
-                     "plugin, or add its folder to PATH)", io->argv[3],
-                     io->argv[0], io->argv[3]) < 0 ? NULL : why;
+                     "plugin, or add its folder to PATH)", io->plugin,
+                     io->argv[0], io->plugin) < 0 ? NULL : why;
   if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
     err = strstr (err, ": ") + 2;
   if (io->argv && err && strstr (err, "handshake"))
     /* nbdkit said why on stderr; libnbd only saw it give up. */
     return asprintf (&why, "nbdkit's %s plugin cannot serve it (its "
-                     "message is above)", io->argv[3]) < 0 ? NULL : why;
+                     "message is above)", io->plugin) < 0 ? NULL : why;
   if (asprintf (&why, "%s%s", err ? err : "the connection failed",
                 e == ECONNREFUSED || e == ENOENT
                 ? ": is the NBD server running?"
@@ -386,48 +412,69 @@ nbdio_connect (struct nbdio_conn *c, char **why)
   return NULL;
 }
 
-/* A connected handle: does it serve what was opened? */
-static int
-nbdio_check_export (struct nbdio *io, struct nbd_handle *h, bool first,
-                    char **why)
+/* The export's size through h, or -1 with *why. */
+static int64_t
+nbdio_export_size (struct nbdio *io, struct nbd_handle *h, char **why)
 {
   int64_t size = nbd_get_size (h);
 
-  *why = NULL;
-  if (size == -1) {
-    *why = nbdio_connect_error (io);
+  *why = size == -1 ? nbdio_connect_error (io) : NULL;
+  return size;
+}
+
+/* A handle connected again: does it serve what was opened? */
+static int
+nbdio_check_export (struct nbdio *io, struct nbd_handle *h, char **why)
+{
+  int64_t size = nbdio_export_size (io, h, why);
+
+  if (size == -1)
     return -1;
-  }
-  if (!first && (uint64_t) size != io->size) {
+  if ((uint64_t) size != io->size) {
     if (asprintf (why, "the export's size is now %" PRId64 ", not %" PRIu64
                   ": it is not the storage that was opened", size,
                   io->size) < 0)
       *why = NULL;
     return -1;
   }
-  if (first) {
-    int64_t min = nbd_get_block_size (h, LIBNBD_SIZE_MINIMUM);
-    int64_t max = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
-    io->size = size;
-    io->block_min = min > 1 && min <= 65536 ? min : 1;
-    io->block_max = max >= io->block_min && max < NBDIO_MAX_REQUEST
-                    ? max & ~(io->block_min - 1) : NBDIO_MAX_REQUEST;
-    io->has_status =
-      nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
-    /* A server may serve each connection's requests a few at a time
-     * (nbdkit: --threads each): where it allows several connections,
-     * more are made as the load needs.
-     */
-    if (io->uri && nbd_can_multi_conn (h) == 1)
-      io->nconns = NBDIO_MAX_CONNS;
-  }
   return 0;
 }
 
-/* c is connected through h (io->lock held, or c not shared yet). */
+/* The first handle: what the export is (its size, the requests it
+ * takes, block status, how many connections).
+ */
+static int
+nbdio_init_export (struct nbdio *io, struct nbd_handle *h, char **why)
+{
+  int64_t size = nbdio_export_size (io, h, why);
+  int64_t min, max;
+
+  if (size == -1)
+    return -1;
+  min = nbd_get_block_size (h, LIBNBD_SIZE_MINIMUM);
+  max = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
+  io->size = size;
+  io->block_min = min > 1 && min <= 65536 ? min : 1;
+  io->block_max = max >= io->block_min && max < NBDIO_MAX_REQUEST
+                  ? max & ~(io->block_min - 1) : NBDIO_MAX_REQUEST;
+  io->has_status =
+    nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  /* A server may serve each connection's requests a few at a time
+   * (nbdkit: --threads each): where it allows several connections,
+   * more are made as the load needs.
+   */
+  if (io->uri && nbd_can_multi_conn (h) == 1)
+    io->nconns = NBDIO_MAX_CONNS;
+  return 0;
+}
+
+/* c is connected through h. */
 static void
 nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
+  TSA_REQUIRES (c->io->lock)
 {
+  assert (c->state == CONN_CONNECTING || c->state == CONN_UNUSED);
+  assert (!c->h && c->users == 0);
   c->h = h;
   c->fd = nbd_aio_get_fd (h);
   c->shut_fd = fcntl (c->fd, F_DUPFD_CLOEXEC, 0);
@@ -438,24 +485,19 @@ nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
   pthread_cond_broadcast (&c->io->changed);
 }
 
-/* The thread of a connection: connect, then run the state machine
- * until the connection dies or is closed.
+/* c's thread connects again: the handle, or NULL (c failed, and why
+ * kept for the requests waiting).
  */
-static void *
-nbdio_conn_thread (void *arg)
+static struct nbd_handle *
+nbdio_conn_reconnect (struct nbdio_conn *c)
 {
-  struct nbdio_conn *c = arg;
   struct nbdio *io = c->io;
-  struct nbd_handle *h = c->h;
   char *why = NULL;
-  bool timed_out = false;
+  struct nbd_handle *h = nbdio_connect (c, &why);
 
-  /* Connected at open, in the thread that opened. */
-  if (h)
-    goto poll;
-  h = nbdio_connect (c, &why);
-  pthread_mutex_lock (&io->lock);
-  if (h && nbdio_check_export (io, h, false, &why) == -1) {
+  nbdio_lock (&io->lock);
+  assert (c->state == CONN_CONNECTING && !c->h);
+  if (h && nbdio_check_export (io, h, &why) == -1) {
     nbd_kill_subprocess (h, SIGKILL);
     nbd_close (h);
     h = NULL;
@@ -467,16 +509,26 @@ nbdio_conn_thread (void *arg)
     free (io->last_why);
     io->last_why = why;
     pthread_cond_broadcast (&io->changed);
-    pthread_mutex_unlock (&io->lock);
+    nbdio_unlock (&io->lock);
     return NULL;
   }
   nbdio_ready (c, h);
   if (io->lost)
     nbdio_say (io, NBDIO_NOTICE, "connected again");
   io->lost = io->down_said = false;
-  pthread_mutex_unlock (&io->lock);
+  nbdio_unlock (&io->lock);
+  return h;
+}
 
- poll:
+/* c's thread runs the state machine of h until the connection dies or
+ * is closed; then c is dead (to be reaped).
+ */
+static void
+nbdio_conn_serve (struct nbdio_conn *c, struct nbd_handle *h)
+{
+  struct nbdio *io = c->io;
+  bool timed_out = false;
+
   while (!nbd_aio_is_dead (h) && !nbd_aio_is_closed (h) &&
          !__atomic_load_n (&c->stopping, __ATOMIC_RELAXED)) {
     uint64_t deadline = __atomic_load_n (&c->progress_ms, __ATOMIC_ACQUIRE)
@@ -508,7 +560,8 @@ nbdio_conn_thread (void *arg)
     nbdio_notify (h, revents);
   }
 
-  pthread_mutex_lock (&io->lock);
+  nbdio_lock (&io->lock);
+  assert (c->state == CONN_READY && c->h == h);
   if (c->shut && !c->stopping) {
     nbdio_say (io, NBDIO_NOTICE, "the server no longer serves a "
                "connection (shutting down?): its requests are asked again "
@@ -525,16 +578,30 @@ nbdio_conn_thread (void *arg)
     c->state = CONN_DEAD;
   }
   pthread_cond_broadcast (&io->changed);
-  pthread_mutex_unlock (&io->lock);
+  nbdio_unlock (&io->lock);
+}
+
+/* The thread of a connection: connect (unless connected at open, in
+ * the thread that opened), then serve.
+ */
+static void *
+nbdio_conn_thread (void *arg)
+{
+  struct nbdio_conn *c = arg;
+  struct nbd_handle *h = c->h ? c->h : nbdio_conn_reconnect (c);
+
+  if (h)
+    nbdio_conn_serve (c, h);
   return NULL;
 }
 
-/* Start c's thread (io->lock held): it connects (the state becomes
+/* Start c's thread: it connects (the state becomes
  * CONN_CONNECTING) unless c is connected already.  Signals are the
  * server's.
  */
 static int
 nbdio_start (struct nbdio_conn *c)
+  TSA_REQUIRES (c->io->lock)
 {
   sigset_t all, old;
   int e;
@@ -542,6 +609,8 @@ nbdio_start (struct nbdio_conn *c)
   /* The thread's own pipe: after a fork, a thread of the process
    * before it may poll the pipes it had.
    */
+  assert (!c->has_thread && c->wake[0] == -1);
+  assert (c->h ? c->state == CONN_READY : c->state == CONN_UNUSED);
   if (pipe2 (c->wake, O_CLOEXEC | O_NONBLOCK) == -1)
     return -errno;
   if (!c->h) {
@@ -564,8 +633,11 @@ nbdio_start (struct nbdio_conn *c)
   return 0;
 }
 
-/* Forget c's last connection (io->lock held; no thread submits to it,
- * and its thread has finished or does not exist in this process).
+/* Forget c's last connection: no thread submits to it, and its
+ * thread has finished, or does not exist in this process, or was told
+ * to stop by nbdio_close (which joins it without io->lock, which the
+ * thread takes to end).  io->lock is held, but in nbdio_close, when no
+ * other thread uses io.
  */
 static void
 nbdio_reap (struct nbdio_conn *c)
@@ -604,7 +676,7 @@ nbdio_acquire (struct nbdio *io, char **why)
   unsigned failures;
   struct nbdio_conn *c = NULL;
 
-  pthread_mutex_lock (&io->lock);
+  nbdio_lock (&io->lock);
   failures = io->failures;
   for (;;) {
     struct nbdio_conn *best = NULL, *slot = NULL;
@@ -660,26 +732,27 @@ nbdio_acquire (struct nbdio *io, char **why)
         break;
       }
     }
-    pthread_cond_wait (&io->changed, &io->lock);
+    pthread_cond_wait (&io->changed, &io->lock.m);
   }
   if (c)
     c->users++;
-  pthread_mutex_unlock (&io->lock);
+  nbdio_unlock (&io->lock);
   return c;
 }
 
 static void
 nbdio_release (struct nbdio_conn *c)
 {
-  pthread_mutex_lock (&c->io->lock);
+  nbdio_lock (&c->io->lock);
+  assert (c->users > 0);
   if (--c->users == 0)
     pthread_cond_broadcast (&c->io->changed);
-  pthread_mutex_unlock (&c->io->lock);
+  nbdio_unlock (&c->io->lock);
 }
 
 /* A set of commands waited for together. */
 struct nbdio_wait {
-  pthread_mutex_t lock;
+  struct nbdio_mutex lock;
   pthread_cond_t done;
   unsigned pending;
 };
@@ -806,12 +879,14 @@ nbdio_done (void *opaque, int *error)
                : "chunks not covering all of it", cmd->delivered);
     *error = EIO;
   }
-  __atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE);
-  pthread_mutex_lock (&w->lock);
+  if (__atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE) == 0)
+    assert (!"a command completed twice");
+  nbdio_lock (&w->lock);
+  assert (w->pending > 0);
   cmd->err = *error;
   if (--w->pending == 0)
     pthread_cond_broadcast (&w->done);
-  pthread_mutex_unlock (&w->lock);
+  nbdio_unlock (&w->lock);
   return 1;
 }
 
@@ -858,9 +933,9 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   cmd->c = c;
   cmd->gen = c->gen;
   cmd->seen = __atomic_load_n (&io->conn_seq, __ATOMIC_ACQUIRE);
-  pthread_mutex_lock (&cmd->w->lock);
+  nbdio_lock (&cmd->w->lock);
   cmd->w->pending++;
-  pthread_mutex_unlock (&cmd->w->lock);
+  nbdio_unlock (&cmd->w->lock);
   if (__atomic_fetch_add (&c->inflight, 1, __ATOMIC_ACQ_REL) == 0)
     __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
   if (status)
@@ -880,9 +955,9 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   if (cookie == -1) {
     /* Not queued: no completion will come. */
     __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock (&cmd->w->lock);
+    nbdio_lock (&cmd->w->lock);
     cmd->w->pending--;
-    pthread_mutex_unlock (&cmd->w->lock);
+    nbdio_unlock (&cmd->w->lock);
     /* Found closed: not served (see nbdio_retry). */
     if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
       cmd->err = ESHUTDOWN;
@@ -903,10 +978,10 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
 static void
 nbdio_wait_pending (struct nbdio_wait *w)
 {
-  pthread_mutex_lock (&w->lock);
+  nbdio_lock (&w->lock);
   while (w->pending > 0)
-    pthread_cond_wait (&w->done, &w->lock);
-  pthread_mutex_unlock (&w->lock);
+    pthread_cond_wait (&w->done, &w->lock.m);
+  nbdio_unlock (&w->lock);
 }
 
 /* Commands the server did not serve (it is shutting down, and answered
@@ -928,10 +1003,10 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
 
     if ((cmd->err != ESHUTDOWN && cmd->err != ENOTCONN) || cmd->retried)
       continue;
-    pthread_mutex_lock (&io->lock);
+    nbdio_lock (&io->lock);
     if (cmd->err == ENOTCONN && c->gen == cmd->gen &&
         __atomic_load_n (&c->timed_out, __ATOMIC_ACQUIRE)) {
-      pthread_mutex_unlock (&io->lock);
+      nbdio_unlock (&io->lock);
       continue;
     }
     for (unsigned j = 0; j < io->nconns; j++) {
@@ -943,7 +1018,7 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
         nbdio_wake (k);
       }
     }
-    pthread_mutex_unlock (&io->lock);
+    nbdio_unlock (&io->lock);
     cmd->retried = true;
     cmd->err = 0;
     free (cmd->ext);
@@ -976,7 +1051,7 @@ nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
 
 /* Commands reading [offset, offset+count) into buf (the part within
  * the export), aligned to the server's minimum block size and cut at
- * its maximum, into cmds from *n on (NULL: just count them).
+ * its maximum, into cmds (NULL: just count them): how many.
  */
 static size_t
 nbdio_plan_read (struct nbdio *io, uint8_t *buf, size_t count,
@@ -1018,7 +1093,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
                   size_t n)
 {
   struct nbdio *io = (struct nbdio *) qio;
-  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
+  struct nbdio_wait w = { .lock = { PTHREAD_MUTEX_INITIALIZER },
                           .done = PTHREAD_COND_INITIALIZER };
   struct nbdio_cmd *cmds;
   size_t ncmds = 0;
@@ -1116,11 +1191,11 @@ nbdio_size (struct qcow2_io *io)
 }
 
 /* The extent at offset from the spans kept, if one covers it
- * (io->status_lock held).
  */
 static bool
 nbdio_span_find (struct nbdio *io, uint64_t offset, uint32_t *type,
                  uint64_t *len)
+  TSA_REQUIRES (io->status_lock)
 {
   for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++) {
     struct nbdio_span *sp = &io->spans[i];
@@ -1151,9 +1226,9 @@ nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
 {
   bool found;
 
-  pthread_mutex_lock (&io->status_lock);
+  nbdio_lock (&io->status_lock);
   found = nbdio_span_find (io, offset, type, len);
-  pthread_mutex_unlock (&io->status_lock);
+  nbdio_unlock (&io->status_lock);
   return found;
 }
 
@@ -1190,14 +1265,14 @@ nbdio_status_keep (struct nbdio *io, uint64_t start, const uint32_t *pairs,
     free (ext);
     return -EIO;
   }
-  pthread_mutex_lock (&io->status_lock);
+  nbdio_lock (&io->status_lock);
   for (unsigned i = 1; i < NBDIO_STATUS_SPANS; i++)
     if (io->spans[i].used < victim->used)
       victim = &io->spans[i];
   free (victim->ext);
   *victim = (struct nbdio_span) { .start = start, .ext = ext, .n = k };
   r = nbdio_span_find (io, offset, type, len);
-  pthread_mutex_unlock (&io->status_lock);
+  nbdio_unlock (&io->status_lock);
   return r;
 }
 
@@ -1209,7 +1284,7 @@ static int
 nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
                   uint32_t *type, uint64_t *len)
 {
-  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
+  struct nbdio_wait w = { .lock = { PTHREAD_MUTEX_INITIALIZER },
                           .done = PTHREAD_COND_INITIALIZER };
   int r = 0;
   struct nbdio_cmd cmd = {
@@ -1262,7 +1337,7 @@ nbdio_close (struct qcow2_io *qio)
 {
   struct nbdio *io = (struct nbdio *) qio;
 
-  pthread_mutex_lock (&io->lock);
+  nbdio_lock (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++) {
     struct nbdio_conn *c = &io->conns[i];
     if (c->has_thread && c->pid == getpid ()) {
@@ -1270,7 +1345,7 @@ nbdio_close (struct qcow2_io *qio)
       nbdio_wake (c);
     }
   }
-  pthread_mutex_unlock (&io->lock);
+  nbdio_unlock (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++)
     nbdio_reap (&io->conns[i]);
   for (char **a = io->argv; a && *a; a++)
@@ -1281,9 +1356,9 @@ nbdio_close (struct qcow2_io *qio)
   free (io->last_why);
   for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++)
     free (io->spans[i].ext);
-  pthread_mutex_destroy (&io->lock);
+  pthread_mutex_destroy (&io->lock.m);
   pthread_cond_destroy (&io->changed);
-  pthread_mutex_destroy (&io->status_lock);
+  pthread_mutex_destroy (&io->status_lock.m);
   free (io);
 }
 
@@ -1405,6 +1480,7 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
   for (const char *a = "nbdkit\0-r\0--exit-with-parent\0"; *a;
        a += strlen (a) + 1)
     r |= nbdio_arg (argv, &n, NULL, a, strlen (a), false);
+  io->plugin = ssh ? "ssh" : "curl";
   if (!ssh) {
     char t[32];
     r |= nbdio_arg (argv, &n, NULL, "curl", 4, false);
@@ -1505,9 +1581,9 @@ nbdio_open (const struct qcow2_remote *remote,
     io->opts = *opts;
   if (!io->opts.timeout)
     io->opts.timeout = NBDIO_TIMEOUT;
-  pthread_mutex_init (&io->lock, NULL);
+  pthread_mutex_init (&io->lock.m, NULL);
   pthread_cond_init (&io->changed, NULL);
-  pthread_mutex_init (&io->status_lock, NULL);
+  pthread_mutex_init (&io->status_lock.m, NULL);
   io->block_min = 1;
   io->block_max = NBDIO_MAX_REQUEST;
   io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1 : NBDIO_MAX_CONNS;
@@ -1533,7 +1609,7 @@ nbdio_open (const struct qcow2_remote *remote,
   c->pid = getpid ();
   {
     struct nbd_handle *h = nbdio_connect (c, &msg);
-    if (!h || nbdio_check_export (io, h, true, &msg) == -1) {
+    if (!h || nbdio_init_export (io, h, &msg) == -1) {
       if (h) {
         nbd_kill_subprocess (h, SIGKILL);
         nbd_close (h);
@@ -1541,7 +1617,9 @@ nbdio_open (const struct qcow2_remote *remote,
       e = ENXIO;
       goto fail;
     }
+    nbdio_lock (&io->lock);
     nbdio_ready (c, h);
+    nbdio_unlock (&io->lock);
   }
   nbdio_say (io, false, "%s: %" PRIu64 " bytes, requests of %" PRIu32
              " to %" PRIu32 " bytes, %s, up to %u connection%s", io->name,
