@@ -468,21 +468,22 @@ nbdio_init_export (struct nbdio *io, struct nbd_handle *h, char **why)
   return 0;
 }
 
-/* c is connected through h. */
+/* c (of io) is connected through h. */
 static void
-nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
-  TSA_REQUIRES (c->io->lock)
+nbdio_ready (struct nbdio *io, struct nbdio_conn *c, struct nbd_handle *h)
+  TSA_REQUIRES (io->lock)
 {
+  assert (c->io == io);
   assert (c->state == CONN_CONNECTING || c->state == CONN_UNUSED);
   assert (!c->h && c->users == 0);
   c->h = h;
   c->fd = nbd_aio_get_fd (h);
   c->shut_fd = fcntl (c->fd, F_DUPFD_CLOEXEC, 0);
   c->state = CONN_READY;
-  c->gen = __atomic_add_fetch (&c->io->conn_seq, 1, __ATOMIC_RELEASE);
+  c->gen = __atomic_add_fetch (&io->conn_seq, 1, __ATOMIC_RELEASE);
   c->shut = false;
   c->timed_out = false;
-  pthread_cond_broadcast (&c->io->changed);
+  pthread_cond_broadcast (&io->changed);
 }
 
 /* c's thread connects again: the handle, or NULL (c failed, and why
@@ -512,7 +513,7 @@ nbdio_conn_reconnect (struct nbdio_conn *c)
     nbdio_unlock (&io->lock);
     return NULL;
   }
-  nbdio_ready (c, h);
+  nbdio_ready (io, c, h);
   if (io->lost)
     nbdio_say (io, NBDIO_NOTICE, "connected again");
   io->lost = io->down_said = false;
@@ -600,8 +601,8 @@ nbdio_conn_thread (void *arg)
  * server's.
  */
 static int
-nbdio_start (struct nbdio_conn *c)
-  TSA_REQUIRES (c->io->lock)
+nbdio_start (struct nbdio *io, struct nbdio_conn *c)
+  TSA_REQUIRES (io->lock)
 {
   sigset_t all, old;
   int e;
@@ -700,7 +701,7 @@ nbdio_acquire (struct nbdio *io, char **why)
                  __atomic_load_n (&best->inflight, __ATOMIC_RELAXED) == 0)) {
       c = best;
       /* Connected at open: its thread starts with its first use. */
-      if (!c->has_thread && nbdio_start (c) < 0)
+      if (!c->has_thread && nbdio_start (io, c) < 0)
         c->state = CONN_DEAD;
       else
         break;
@@ -720,7 +721,7 @@ nbdio_acquire (struct nbdio *io, char **why)
     if (slot && !connecting) {
       int e;
       nbdio_reap (slot);
-      if ((e = nbdio_start (slot)) < 0) {
+      if ((e = nbdio_start (io, slot)) < 0) {
         errno = -e;
         if (why && asprintf (why, "cannot start a thread: %s",
                              errstr (-e)) < 0)
@@ -1618,7 +1619,7 @@ nbdio_open (const struct qcow2_remote *remote,
       goto fail;
     }
     nbdio_lock (&io->lock);
-    nbdio_ready (c, h);
+    nbdio_ready (io, c, h);
     nbdio_unlock (&io->lock);
   }
   nbdio_say (io, false, "%s: %" PRIu64 " bytes, requests of %" PRIu32
