@@ -90,7 +90,7 @@ done
 # Names: the plugin and its keys, not a path that does not exist.
 refused '^nbdkit: error: memory export: not a qcow2 image' \
   --filter=qcow2 memory 1M
-grep -q 'memory export holds no image yet .*create=true virtual-size=SIZE' \
+grep -q '^nbdkit: error: hint: memory export holds no image yet .*create=true virtual-size=SIZE' \
   "$tmp/refused.err" || fail "no hint for an export of zeros"
 ! grep -q '/image' "$tmp/refused.err" || fail "a made-up path named"
 head -c 1M /dev/urandom > "$tmp/notq.img"
@@ -115,8 +115,10 @@ fi
 # Stacked twice, or over the qcow2 plugin: refused, saying why.
 refused '^nbdkit: error: --filter=qcow2 is given 2 times' \
   --filter=qcow2 --filter=qcow2 file "$tmp/img.qcow2"
-refused '^nbdkit: error: --filter=qcow2 over the qcow2 plugin: the plugin serves the image already' \
+refused '^nbdkit: error: --filter=qcow2 over the qcow2 plugin$' \
   --filter=qcow2 qcow2 "$tmp/img.qcow2"
+grep -q '^nbdkit: error: hint: the plugin serves the image already' "$tmp/refused.err" ||
+  fail "no hint: $(cat "$tmp/refused.err")"
 
 # An image too big for the export: the sizes said.
 refused '^nbdkit: error: create=true: memory export is 1048576 bytes, and the image.s metadata needs [0-9]+ \(virtual-size=109951162777600, 65536-byte clusters\)' \

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The engine's layering (common/qcow2/README's order, internal.h's
 # circles and owned parts of struct qcow2_image), checked on the
-# objects just built and the sources: see layering.py.
+# objects just built and the sources: see layering.py.  Then the rim's
+# (the plugin and the qcow2 filter over the glue, over the backends,
+# over the engine): see layering-rim.py.
 source "${srcdir:-.}/functions.sh"
 requires nm python3
 
@@ -35,4 +37,30 @@ python3 "$srcdir/layering.py" "$q/README" "$q/internal.h" "$archive" \
   "$tmp/write.c" > "$tmp/write.out" && fail "a write of img->alloc passed"
 grep -q "write.c:3: writes alloc, which alloc.c owns" "$tmp/write.out" ||
   fail "the write is not named: $(cat "$tmp/write.out")"
+# The rim: the plugin's, the filter's, the glue's and the backends'
+# objects.
+rim=("$abs_top_builddir"/plugins/qcow2/.libs/nbdkit_qcow2_plugin_la-qcow2.o
+     "$abs_top_builddir"/filters/qcow2/.libs/nbdkit_qcow2_filter_la-*.o
+     "$abs_top_builddir"/common/.libs/lib{glue,fileio,nbdio,memio}.a
+     "$archive")
+for o in "${rim[@]}"; do [ -f "$o" ] || fail "$o not built"; done
+python3 "$srcdir/layering-rim.py" "${rim[@]}" ||
+  fail "the rim's layering is broken (see above)"
+
+# It sees what it checks: a backend calling the glue, and the filter's
+# backend calling the overlay, are caught.
+printf 'void glue_noticef (void);\nvoid fileio_f (void) { glue_noticef (); }\n' \
+  > "$tmp/fileio.c"
+cc -c -o "$tmp/libfileio_la-fileio.o" "$tmp/fileio.c"
+printf '_Bool overlay_active (void);\n_Bool below_f (void) { return overlay_active (); }\n' \
+  > "$tmp/below.c"
+cc -c -o "$tmp/nbdkit_qcow2_filter_la-below.o" "$tmp/below.c"
+python3 "$srcdir/layering-rim.py" "$tmp/libfileio_la-fileio.o" \
+  "$tmp/nbdkit_qcow2_filter_la-below.o" \
+  "$abs_top_builddir"/filters/qcow2/.libs/nbdkit_qcow2_filter_la-overlay.o \
+  "$abs_top_builddir"/common/.libs/libglue.a > "$tmp/rim.out" &&
+  fail "upward calls in the rim passed"
+grep -q "backend/fileio.c -> glue/glue-log.c: glue_noticef" "$tmp/rim.out" &&
+  grep -q "filter/below.c -> filter/overlay.c: overlay_active" "$tmp/rim.out" ||
+  fail "the upward calls are not named: $(cat "$tmp/rim.out")"
 echo "OK"

@@ -136,12 +136,16 @@ cp "$base" "$tmp/grown.raw"
 truncate -s +1M "$tmp/grown.raw"
 expect_unserved "holds a disk of 8388608 bytes, but the plugin's disk is 9437184 bytes" \
   --filter=qcow2 file "$tmp/grown.raw" qcow2-overlay="$ov2"
-expect_unserved "records \"base.raw\" format raw \(another disk below it\).*qemu-img rebase -u -b 'other.raw' -F raw" \
+expect_unserved "records \"base.raw\" format raw \(another disk below it\)" \
   --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-backing=other.raw
+grep -q "^nbdkit: error: hint: .*qemu-img rebase -u -b 'other.raw' -F raw" \
+  "$tmp/unserved.err" || fail "no rebase command: $(cat "$tmp/unserved.err")"
 nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$tmp/plain.qcow2" --run true
-expect_unserved "records \"json:.*\" format raw \(another disk below it\).*qemu-img rebase -u -b 'base.raw' -F raw" \
+expect_unserved "records \"json:.*\" format raw \(another disk below it\)" \
   --filter=qcow2 file "$base" qcow2-overlay="$tmp/plain.qcow2" \
   qcow2-overlay-backing=base.raw
+grep -q "^nbdkit: error: hint: .*qemu-img rebase -u -b 'base.raw' -F raw" \
+  "$tmp/unserved.err" || fail "no rebase command: $(cat "$tmp/unserved.err")"
 expect_unserved "is not a qcow2 image" \
   --filter=qcow2 file "$base" qcow2-overlay="$tmp/model.raw"
 expect_unserved "does not exist, and nbdkit serves read-only" \

@@ -155,8 +155,10 @@ grep -q "notice: .*create=if-missing: the image there is served as it is: its cl
 # What would serve another disk is refused, saying what differs, the
 # image left as it is (and nobody told to remove it).
 sum=$(md5sum < "$img")
-expect_refused "create=if-missing: .* exists, but it is another disk than the options describe: its virtual size is 8388608 bytes, less than size=16777216.  It is left as it is, and not served: give the options it has" \
+expect_refused "^nbdkit: error: create=if-missing: .* is another disk: its virtual size is 8388608 bytes, less than size=16777216$" \
   qcow2 "$img" create=if-missing size=16M
+grep -q "^nbdkit: error: hint: it is left as it is, and not served: give the options it has" \
+  "$tmp/refused.err" || fail "no hint: $(cat "$tmp/refused.err")"
 grep -q "remove" "$tmp/refused.err" && fail "told to remove the image"
 expect_refused "it is not encrypted, but encrypt-format=luks is given" \
   qcow2 "$img" create=if-missing size=8M encrypt-format=luks password=x
@@ -196,8 +198,10 @@ for c in true if-missing; do
     qcow2 "$tmp/pw.qcow2" create=$c size=1M password=x
   [ ! -e "$tmp/pw.qcow2" ] || fail "create=$c password= made an image"
 done
-expect_refused 'already exists and is not empty.*create=if-missing' \
+expect_refused 'already exists and is not empty$' \
   qcow2 "$img" create=true size=1M
+grep -q '^nbdkit: error: hint: .*create=if-missing' "$tmp/refused.err" ||
+  fail "no hint: $(cat "$tmp/refused.err")"
 
 # The systemd unit of the man page: socket activation, create=if-missing,
 # and a restart that serves the same disk.

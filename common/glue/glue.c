@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The nbdkit glue the qcow2 plugin and filter share (see glue.h). */
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -7,9 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <syslog.h>
-#include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -26,139 +24,6 @@ struct glue_state glue = {
 NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
 NBDKIT_DLL_PUBLIC int qcow2_debug_flush = 0;
 
-/* The module's name, and the process nbdkit loaded it in (a notice
- * from another ran after nbdkit forked).
- */
-static const char *module_name = "qcow2";
-static pid_t load_pid;
-
-void
-glue_load (const char *name, const char *password_key, unsigned io_threads)
-{
-  module_name = name;
-  glue_env.password_key = password_key;
-  glue.engine.io_threads = io_threads;
-  load_pid = getpid ();
-}
-
-/* A size with a fraction and a unit, as qemu-img takes it ("1.5G"):
- * the bytes (the fraction's truncated), or -1 if value is not one.
- */
-static int64_t
-glue_parse_fraction (const char *value)
-{
-  static const char units[] = "KMGTPE";
-  const char *dot = strchr (value, '.'), *u;
-  uint64_t whole, mul = 1024;
-  long double frac;
-  char *end;
-
-  if (!dot || !isdigit ((unsigned char) value[0]) ||
-      !isdigit ((unsigned char) dot[1]))
-    return -1;
-  errno = 0;
-  whole = strtoull (value, &end, 10);
-  if (errno || end != dot)
-    return -1;
-  frac = strtold (dot, &end);   /* ".5" */
-  if (!end[0] || end[1] || !(u = strchr (units, toupper ((unsigned char) *end))))
-    return -1;
-  for (ptrdiff_t i = 0; i < u - units; i++)
-    mul *= 1024;
-  if (whole >= INT64_MAX / mul)
-    return -1;
-  return whole * mul + (uint64_t) (frac * mul);
-}
-
-int
-glue_parse_size (const char *key, const char *value, bool zero_ok,
-                 uint64_t *out)
-{
-  int64_t r = strchr (value, '.') ? glue_parse_fraction (value)
-                                   : nbdkit_parse_size (value);
-
-  if (r == -1) {
-    nbdkit_error ("%s: expected a size such as 512, 64K, 1G or 1.5G, not "
-                  "\"%s\"",
-                  key, value);
-    return -1;
-  }
-  if (r == 0 && !zero_ok) {
-    nbdkit_error ("%s must not be zero", key);
-    return -1;
-  }
-  *out = r;
-  return 0;
-}
-
-int
-glue_parse_bool (const char *key, const char *value, bool *out)
-{
-  int r = nbdkit_parse_bool (value);
-
-  if (r == -1) {
-    nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
-                  "\"%s\"", key, value);
-    return -1;
-  }
-  *out = r;
-  return 0;
-}
-
-/* glue_parse_number, from min. */
-static int
-glue_parse_range (const char *key, const char *value, const char *what,
-                  uint64_t min, uint64_t max, uint64_t *out)
-{
-  char *end;
-  uint64_t n;
-
-  errno = 0;
-  n = strtoull (value, &end, 10);
-  if (!isdigit ((unsigned char) value[0]) || *end || errno == ERANGE ||
-      n < min || n > max) {
-    if (min == 0 && max == UINT64_MAX)
-      nbdkit_error ("%s: expected %s (a whole number), not \"%s\"",
-                    key, what, value);
-    else
-      nbdkit_error ("%s: expected %s (a whole number from %" PRIu64
-                    " to %" PRIu64 "), not \"%s\"", key, what, min, max,
-                    value);
-    return -1;
-  }
-  *out = n;
-  return 0;
-}
-
-int
-glue_parse_number (const char *key, const char *value, const char *what,
-                   uint64_t max, uint64_t *out)
-{
-  return glue_parse_range (key, value, what, 0, max, out);
-}
-
-/* One of a few words: its index in words (NULL-terminated), or -1
- * with an error listing them.
- */
-static int
-glue_parse_word (const char *key, const char *value,
-                 const char *const *words)
-{
-  char list[256] = "";
-  size_t n = 0;
-
-  for (size_t i = 0; words[i]; i++) {
-    if (strcmp (value, words[i]) == 0)
-      return i;
-    n = i + 1;
-  }
-  for (size_t i = 0; i < n; i++)
-    snprintf (list + strlen (list), sizeof list - strlen (list), "%s%s",
-              i == 0 ? "" : i + 1 < n ? ", " : " or ", words[i]);
-  nbdkit_error ("%s: expected %s, not \"%s\"", key, list, value);
-  return -1;
-}
-
 /* Whether value goes on with ",KEY=" (a qemu-img -o list pasted as
  * one key's value).
  */
@@ -174,11 +39,8 @@ glue_holds_list (const char *value)
   return false;
 }
 
-/* key=value by the table t of n rows: 1 if done, 0 if the table has no
- * such key, -1 on error (said, naming the key).  *row: the row used.
- */
-static int
-glue_config_table (const struct glue_option *t, size_t n, const char *key,
+int
+glue_config_rows (const struct glue_option *t, size_t n, const char *key,
                    const char *value, const struct glue_option **row)
 {
   const struct glue_option *o = NULL;
@@ -192,8 +54,10 @@ glue_config_table (const struct glue_option *t, size_t n, const char *key,
     *row = o;
   if (!o)
     return 0;
-  if (o->kind != GLUE_PATH && o->kind != GLUE_STRING &&
-      o->fn != glue_config_password && o->fn != glue_config_backing_password &&
+  /* A table's row names where its value goes. */
+  assert (o->kind == GLUE_FN ? o->fn != NULL
+          : o->kind == GLUE_WORD ? o->words && o->set : o->dest != NULL);
+  if (o->kind != GLUE_PATH && o->kind != GLUE_STRING && !o->any_value &&
       glue_holds_list (value)) {
     nbdkit_error ("%s: \"%s\" holds more options: a qemu-img -o list is "
                   "given as options=%s=%s", key, value, key, value);
@@ -277,10 +141,10 @@ glue_config_overlap_structure (const char *key, const char *value)
   bool on;
 
   if (bit == -1) {
-    nbdkit_error ("%s: unknown structure (main-header, active-l1, "
-                  "active-l2, refcount-table, refcount-block, "
-                  "snapshot-table, inactive-l1, inactive-l2, "
-                  "bitmap-directory)", key);
+    nbdkit_error ("%s: unknown structure", key);
+    glue_hint ("the structures are main-header, active-l1, active-l2, "
+               "refcount-table, refcount-block, snapshot-table, "
+               "inactive-l1, inactive-l2 and bitmap-directory");
     return -1;
   }
   if (glue_parse_bool (key, value, &on) == -1)
@@ -293,91 +157,6 @@ glue_config_overlap_structure (const char *key, const char *value)
 }
 
 #define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
-
-/* Wipe and free a string holding a secret. */
-static void
-glue_wipe (const char *p)
-{
-  if (p) {
-    explicit_bzero ((char *) p, strlen (p));
-    free ((char *) p);
-  }
-}
-
-/* The whole of the file a +FILE password came from, if it holds more
- * than nbdkit read (its first line, without the newline): NULL if not,
- * or if it cannot be read (nbdkit's reading stands).
- */
-static char *
-glue_read_whole_file (const char *path, const char *text)
-{
-  char buf[4096];
-  size_t n = 0;
-  FILE *fp = fopen (path, "r");
-  char *whole = NULL;
-
-  if (!fp)
-    return NULL;
-  n = fread (buf, 1, sizeof buf - 1, fp);
-  if (!ferror (fp) && feof (fp)) {
-    buf[n] = '\0';
-    if (strlen (buf) == n && strcmp (buf, text) != 0)
-      whole = strdup (buf);
-  }
-  fclose (fp);
-  explicit_bzero (buf, sizeof buf);
-  return whole;
-}
-
-/* Read a password (SECRET, -, +FILE or -FD) into layer i's. */
-static int
-glue_read_password (const char *value, unsigned i)
-{
-  struct qcow2_password *pw;
-  char *text, *whole = NULL;
-
-  if (nbdkit_read_password (value, &text) == -1)
-    return -1;
-  if (value[0] == '+')
-    whole = glue_read_whole_file (value + 1, text);
-  /* nbdkit takes the newline off what -FD holds, which cannot be read
-   * again: it is tried with one too, as QEMU reads a secret file.
-   */
-  else if (value[0] == '-' && isdigit ((unsigned char) value[1]) &&
-           asprintf (&whole, "%s\n", text) == -1)
-    whole = NULL;
-  if (i >= glue.passwords_len) {
-    pw = realloc (glue.passwords, (i + 1) * sizeof *pw);
-    if (!pw) {
-      nbdkit_error ("%s: out of memory", value);
-      glue_wipe (text);
-      glue_wipe (whole);
-      return -1;
-    }
-    memset (pw + glue.passwords_len, 0,
-            (i + 1 - glue.passwords_len) * sizeof *pw);
-    glue.passwords = pw;
-    glue.passwords_len = i + 1;
-  }
-  pw = &glue.passwords[i];
-  glue_wipe (pw->text);
-  glue_wipe (pw->whole_file);
-  pw->text = text;
-  pw->whole_file = whole;
-  return 0;
-}
-
-int
-glue_config_password (const char *key, const char *value)
-{
-  return glue_read_password (value, 0);
-}
-
-int
-glue_config_backing_password (const char *key, const char *value)
-{
-  return glue_read_password (value, MAX (glue.passwords_len, 1));
-}
 
 /* compress=off|on|zlib|zstd: on is the image's compression type. */
 static void
@@ -566,6 +345,7 @@ glue_config_options (const struct glue_option *t, size_t n,
       if (p[0] == ',')
         p++;                    /* ",," */
     }
+    assert (q - copy <= p - list);      /* never longer than the list */
     *q = '\0';
     if (*p)
       p++;
@@ -619,16 +399,16 @@ glue_config (const struct glue_option *t, size_t n, const char *key,
     dashed[7] = '-';
     key = dashed;
   }
-  r = glue_config_table (glue_options,
+  r = glue_config_rows (glue_options,
                              sizeof glue_options / sizeof *glue_options,
                              key, value, NULL);
 
   if (r == 0)
-    r = glue_config_table (glue_create_options,
+    r = glue_config_rows (glue_create_options,
                            sizeof glue_create_options
                            / sizeof *glue_create_options, key, value, &o);
   if (r == 0)
-    r = glue_config_table (t, n, key, value, &o);
+    r = glue_config_rows (t, n, key, value, &o);
   if (r == 1 && o && o->create_only && !glue.create.first_key)
     glue.create.first_key = o->key;
   if (row)
@@ -645,6 +425,8 @@ glue_differs (char *buf, size_t size, const char *fmt, ...)
 {
   size_t n = strlen (buf);
   va_list ap;
+
+  assert (n < size);
 
   if (n + 2 >= size)
     return;
@@ -736,10 +518,9 @@ glue_create_compare (struct qcow2_image *img, const char *name)
                      "its data file is raw", "its data file is not raw",
                      "data-file-raw", "on", "off");
   if (wrong[0]) {
-    nbdkit_error ("create=if-missing: %s exists, but it is another disk "
-                  "than the options describe: %s.  It is left as it is, "
-                  "and not served: give the options it has (or none, "
-                  "without create=) to serve it", name, wrong);
+    nbdkit_error ("create=if-missing: %s is another disk: %s", name, wrong);
+    glue_hint ("it is left as it is, and not served: give the options it "
+               "has (or none, without create=) to serve it");
     return -1;
   }
   if (other[0])
@@ -785,21 +566,6 @@ glue_config_complete (void)
 }
 
 void
-glue_forget_password (void)
-{
-  for (unsigned i = 0; i < glue.passwords_len; i++) {
-    glue_wipe (glue.passwords[i].text);
-    glue_wipe (glue.passwords[i].whole_file);
-  }
-  free (glue.passwords);
-  glue.passwords = NULL;
-  glue.passwords_len = 0;
-  glue.engine.passwords = NULL;
-  glue.engine.passwords_len = 0;
-  glue.create.luks.password = NULL;
-}
-
-void
 glue_unload (void)
 {
   struct qcow2_luks_options *l = &glue.create.luks;
@@ -814,265 +580,9 @@ glue_unload (void)
   glue_policy_free ();
 }
 
-void
-glue_error (void *opaque, const char *msg)
-{
-  nbdkit_error ("%s", msg);
-}
-
-void
-glue_debug (void *opaque, const char *msg)
-{
-  nbdkit_debug ("%s", msg);
-}
-
-/* Each argument of nbdkit's command line in turn to fn, with the one
- * after it (or NULL), up to "--" or until fn returns true: true if it
- * did.
+/* The engine's environment: files through the policy (policy.c),
+ * messages to nbdkit's log (glue-log.c).
  */
-static bool
-glue_cmdline (bool (*fn) (const char *arg, const char *next, void *opaque),
-              void *opaque)
-{
-  static char buf[16384];
-  static size_t n;
-  static bool read_once;
-
-  if (!read_once) {
-    FILE *fp = fopen ("/proc/self/cmdline", "r");
-
-    read_once = true;
-    if (fp) {
-      n = fread (buf, 1, sizeof buf - 1, fp);
-      fclose (fp);
-    }
-    buf[n] = '\0';
-  }
-  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
-    size_t next = i + strlen (buf + i) + 1;
-
-    if (strcmp (buf + i, "--") == 0)
-      break;
-    if (fn (buf + i, next < n ? buf + next : NULL, opaque))
-      return true;
-  }
-  return false;
-}
-
-/* --log=WHERE or --log WHERE (the last one counts). */
-static bool
-glue_cmdline_log (const char *arg, const char *next, void *opaque)
-{
-  const char **where = opaque;
-
-  if (strncmp (arg, "--log=", 6) == 0)
-    *where = arg + 6;
-  else if (strcmp (arg, "--log") == 0 && next)
-    *where = next;
-  return false;
-}
-
-/* Where nbdkit logs (main.c's log_to): "stderr", "syslog", "null" or
- * a file's absolute path (nbdkit 1.34 and later).
- */
-static const char *
-glue_log_destination (void)
-{
-  const char *where = "default";
-
-  glue_cmdline (glue_cmdline_log, &where);
-  if (strcmp (where, "default") == 0)
-    /* nbdkit logs to syslog once it forked into the background: a
-     * process other than the one that loaded us, but for the server
-     * --run forks, which stays in the foreground.
-     */
-    where = getpid () != load_pid && !glue_captive () ? "syslog" : "stderr";
-  return where;
-}
-
-void
-glue_notice (void *opaque, const char *path, const char *msg)
-{
-  const char *where = glue_log_destination ();
-  FILE *fp = NULL;
-
-  if (strcmp (where, "null") == 0)
-    return;
-  if (strcmp (where, "syslog") == 0) {
-    syslog (LOG_DAEMON | LOG_NOTICE, "%s: notice: %s: %s", module_name, path,
-            msg);
-    return;
-  }
-  if (where[0] == '/' && !(fp = fopen (where, "a")))
-    return;
-  if (!fp)
-    fp = stderr;
-  flockfile (fp);
-  fprintf (fp, "nbdkit: %s: notice: %s: %s\n", module_name, path, msg);
-  funlockfile (fp);
-  if (fp != stderr)
-    fclose (fp);
-}
-
-void
-glue_noticef (const char *path, const char *fmt, ...)
-{
-  va_list ap;
-  char *msg;
-
-  va_start (ap, fmt);
-  if (vasprintf (&msg, fmt, ap) >= 0) {
-    glue_notice (NULL, path, msg);
-    free (msg);
-  }
-  va_end (ap);
-}
-
-int
-glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
-             const char *why)
-{
-  const char *reason;
-
-  if (qcow2_is_corrupt (img) && !asked_readonly && !glue.engine.snapshot) {
-    qcow2_check_writable (img);         /* says why, and what to do */
-    return -1;
-  }
-  if (why)
-    glue_noticef (name, "served read-only: %s", why);
-  else if (glue.engine.snapshot)        /* asked for: not news */
-    nbdkit_debug ("%s: snapshot %s served read-only", name,
-                  glue.engine.snapshot);
-  else if (!asked_readonly && (reason = qcow2_readonly_reason (img)))
-    glue_noticef (name, "served read-only: %s", reason);
-  return 0;
-}
-
-void
-glue_close_stats (struct qcow2_image *img)
-{
-  struct qcow2_cache_stats st;
-
-  if (!qcow2_debug_cache)
-    return;
-  qcow2_cache_stats (img, &st);
-  nbdkit_debug ("L2 cache: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
-                " evictions (%" PRIu64 " slices of %" PRIu64 " bytes)",
-                st.hits, st.misses, st.evictions, st.slices, st.slice_size);
-}
-
-void
-glue_flushed (struct qcow2_image *img)
-{
-  if (qcow2_debug_flush)
-    nbdkit_debug ("flush: %" PRIu64 " host flushes so far",
-                  qcow2_host_flushes (img));
-}
-
-void
-glue_dump_plugin (void)
-{
-  printf ("qcow2_zlib=yes\n");
-  printf ("qcow2_zstd=yes\n");
-  printf ("qcow2_versions=2,3\n");
-  /* Values are tokens, as nbdkit's own keys: no spaces. */
-  printf ("qcow2_read=qemu-img-images,luks\n");
-  printf ("qcow2_write=qemu-img-images,luks,compressed\n");
-  printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
-          "persistent-bitmaps,snapshot-export,create,create-if-missing,"
-          "locking,overlap-check,repair-leaks,cache-none,fast-zero,luks,"
-          "compressed-writes,persistent-overlay\n");
-  printf ("qcow2_encryption=luks\n");
-  printf ("qcow2_compressed_writes=zlib,zstd\n");
-  printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
-  printf ("qcow2_remote_backing=nbd,nbds,nbd+unix,nbds+unix,http,https,"
-          "ssh,json\n");
-}
-
-/* Leaked clusters (a crash leaves some) are reclaimed, and a dirty
- * image gets its refcounts rebuilt, before any client connects; what
- * qcow2_check cannot repair is refused.
- */
-int
-glue_repair (struct qcow2_image *img, const char *name)
-{
-  struct qcow2_check_result res;
-
-  if (!qcow2_can_write (img)) {
-    nbdkit_error ("repair=leaks: %s cannot be written: %s", name,
-                  qcow2_readonly_reason (img));
-    return -1;
-  }
-  if (qcow2_check (img, true, &res) < 0)
-    return -1;
-  if (res.corruptions) {
-    nbdkit_error ("repair=leaks: %s: %" PRIu64 " errors remain that a leak "
-                  "repair cannot fix (\"qemu-img check\" tells more): not "
-                  "served", name, res.corruptions);
-    return -1;
-  }
-  nbdkit_debug ("repair=leaks: %" PRIu64 " leaked clusters reclaimed",
-                res.leaks_fixed);
-  return 0;
-}
-
-static bool
-glue_cmdline_readonly (const char *a, const char *next, void *opaque)
-{
-  if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
-    return true;
-  /* Short flags that take no argument, grouped: -r, -fr, -rv ... */
-  return a[0] == '-' && a[1] != '-' && a[1] &&
-    strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r');
-}
-
-bool
-glue_server_readonly (void)
-{
-  return glue_cmdline (glue_cmdline_readonly, NULL);
-}
-
-static bool
-glue_cmdline_dump (const char *a, const char *next, void *opaque)
-{
-  return strcmp (a, "--dump-plugin") == 0;
-}
-
-bool
-glue_dump_asked (void)
-{
-  return glue_cmdline (glue_cmdline_dump, NULL);
-}
-
-bool
-glue_captive (void)
-{
-  char parent[64];
-  struct stat self, other;
-
-  snprintf (parent, sizeof parent, "/proc/%ld/exe", (long) getppid ());
-  return stat ("/proc/self/exe", &self) == 0 && stat (parent, &other) == 0 &&
-    self.st_dev == other.st_dev && self.st_ino == other.st_ino;
-}
-
-/* Files not locked where locking=auto finds no OFD locks. */
-static void
-glue_lock_notice (const char *path, const char *msg)
-{
-  glue_notice (NULL, path, msg);
-}
-
-static void
-glue_lock_debug (const char *path, const char *msg)
-{
-  nbdkit_debug ("%s: %s", path, msg);
-}
-
-struct fileio_options glue_file_options = {
-  .notice = glue_lock_notice,
-  .debug = glue_lock_debug,
-};
-
 struct qcow2_env glue_env = {
   .opaque = &glue_file_options,
   .open = glue_policy_open,

@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* What the qcow2 plugin and the qcow2 filter share of their nbdkit
- * glue: the options that tune the engine, their parsing (from tables),
- * the engine's messages sent to nbdkit's log, repair=leaks, and whether
- * nbdkit serves read-only.  Each module links its own copy, holding its
- * own options in glue.
+ * glue, from the top down (tests/layering-rim.py checks that calls go
+ * down): gluestream.c (stream=true); glue.c, the options that tune the
+ * engine, parsed from tables; policy.c, what images may name;
+ * glue-log.c, the engine's messages to nbdkit's log, what is said of an
+ * image opened, repair=leaks; glue-parse.c, the values' parsers;
+ * glue-password.c; nbdkit-introspect.c, what nbdkit's API does not
+ * tell.  Each module links its own copy, holding its own options in
+ * glue.
  */
 #ifndef QCOW2_GLUE_H
 #define QCOW2_GLUE_H
@@ -92,6 +96,7 @@ struct glue_option {
   } kind;
   bool create_only;             /* describes the image create= makes */
   bool prefix;                  /* key is a prefix: overlap-check.NAME */
+  bool any_value;               /* a value may hold ",KEY=" (a password) */
   void *dest;
   bool *given;                  /* set when the key is given, or NULL */
   const char *const *words;     /* NULL-terminated */
@@ -113,6 +118,13 @@ struct glue_option {
 extern int glue_config (const struct glue_option *t, size_t n,
                         const char *key, const char *value,
                         const struct glue_option **row);
+/* key=value by the table t of n rows alone: 1 if done, 0 if the table
+ * has no such key, -1 on error (said, naming the key).  *row (if row
+ * is not NULL): the row used, or NULL.
+ */
+extern int glue_config_rows (const struct glue_option *t, size_t n,
+                             const char *key, const char *value,
+                             const struct glue_option **row);
 /* The virtual size of an image to create, as a row's fn: the plugin
  * calls it size=, the filter virtual-size= (plugins take size=).
  */
@@ -163,13 +175,22 @@ extern void glue_unload (void);
 /* Wipe the passwords from memory (at unload). */
 extern void glue_forget_password (void);
 
-/* Parsers that name the option in their errors. */
+/* glue-parse.c: parsers that name the option in their errors. */
 extern int glue_parse_size (const char *key, const char *value, bool zero_ok,
                             uint64_t *out);
 extern int glue_parse_bool (const char *key, const char *value, bool *out);
 /* A number from 0 to max; what: what it counts, for the error. */
 extern int glue_parse_number (const char *key, const char *value,
                               const char *what, uint64_t max, uint64_t *out);
+/* glue_parse_number, from min. */
+extern int glue_parse_range (const char *key, const char *value,
+                             const char *what, uint64_t min, uint64_t max,
+                             uint64_t *out);
+/* One of a few words: its index in words (NULL-terminated), or -1
+ * with an error listing them.
+ */
+extern int glue_parse_word (const char *key, const char *value,
+                            const char *const *words);
 
 /* The module's .load: name (for its messages), the option that gives
  * the password, the default of io-threads.
@@ -189,6 +210,11 @@ extern void glue_debug (void *opaque, const char *msg);
 extern void glue_notice (void *opaque, const char *path, const char *msg);
 extern void glue_noticef (const char *path, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
+/* The remedy of the error just said, as a second line ("hint: ..."):
+ * errors are one short line (what failed, where), as nbdkit's.
+ */
+extern void glue_hint (const char *fmt, ...)
+  __attribute__ ((format (printf, 1, 2)));
 
 /* Local files (the plugin's image, every backing file): how they are
  * opened (locking=, cache=), and the engine's environment opening them,
@@ -220,16 +246,31 @@ extern void glue_flushed (struct qcow2_image *img);
 /* nbdkit --dump-plugin: what this build reads and writes (qcow2_*). */
 extern void glue_dump_plugin (void);
 
-/* What nbdkit's command line says (nbdkit, up to 1.45, does not tell
- * modules before the first connection): whether it serves read-only
- * (-r), and whether it was asked to --dump-plugin.
+/* nbdkit-introspect.c: what nbdkit's API does not tell modules,
+ * inferred (that file says from what, and what would retire it).
  */
+extern void glue_introspect_load (void);
+/* Whether nbdkit serves read-only (-r), before any connection. */
 extern bool glue_server_readonly (void);
+/* Whether nbdkit was asked to --dump-plugin (for nbdkit < 1.35.9). */
 extern bool glue_dump_asked (void);
-/* Whether this process is the server that nbdkit --run forked for
- * its command (its parent, running the command, is nbdkit too).
- */
+/* Whether nbdkit runs a --run command. */
 extern bool glue_captive (void);
+/* A notice of the module, on path, where nbdkit logs (glue_notice). */
+extern void glue_log_notice (const char *module, const char *path,
+                             const char *msg);
+/* The name of the plugin nbdkit loaded ("file"), or "" if not known. */
+#define GLUE_PLUGIN_NAME_MAX 64
+extern void glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX]);
+/* open (opaque), with nbdkit's "no connection in this thread" error
+ * (logged when a plugin asks for a client's export name in a context
+ * that has no client) left out of nbdkit's stderr.
+ */
+extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
+/* The server failed at start: under --run, the command's client is
+ * refused rather than left waiting.
+ */
+extern void glue_refuse_clients (void);
 
 /* gluestream.c: stream=true (the filter: qcow2-overlay-stream=true)
  * and its companions, as each module's table parses them.

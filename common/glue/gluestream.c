@@ -5,6 +5,7 @@
  * export description, the clients' requests in flight counted so that
  * the job yields to them, and the job stopped before the image closes.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ glue_stream_prepare (struct qcow2_image *img, const char *name,
 
   if (!glue_stream.on)
     return 0;
+  assert (job == NULL);         /* one image, prepared once */
   if (readonly || !qcow2_can_write (img)) {
     nbdkit_error ("%s=true copies the backing chain into %s, which is "
                   "served read-only%s", key, name,
@@ -70,7 +72,9 @@ glue_stream_enter (void)
 void
 glue_stream_leave (void)
 {
-  __atomic_sub_fetch (&busy, 1, __ATOMIC_RELAXED);
+  unsigned before = __atomic_fetch_sub (&busy, 1, __ATOMIC_RELAXED);
+
+  assert (before > 0);          /* each leave after its enter */
 }
 
 const char *

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* What the qcow2 filter's files share: the plugin below as the
- * engine's storage (qcow2.c) and the overlay mode (overlay.c).
+/* What the qcow2 filter's files share: the plugin below (below.c) and
+ * the overlay mode (overlay.c), which qcow2.c calls.
  */
 #ifndef QCOW2_FILTER_H
 #define QCOW2_FILTER_H
@@ -12,7 +12,25 @@
 
 #include "qcow2.h"
 
-/* qcow2.c */
+/* below.c: the plugin below (overlay.c and qcow2.c call it; it calls
+ * neither).
+ */
+
+/* A key given to the filter, noted if it says what the plugin serves
+ * (file=, url=, ...): 0, or -1 said.
+ */
+extern int below_config (const char *key, const char *value);
+/* After the last key: the plugin's name and what it serves known (the
+ * qcow2 plugin refused).  0, or -1 said.
+ */
+extern int below_config_complete (void);
+/* nbdkit's thread model for the plugin: whether its calls take turns. */
+extern bool below_get_ready (int thread_model);
+/* The context into the plugin, shared by all connections, or NULL. */
+extern nbdkit_next *below_open (nbdkit_backend *backend, bool readonly);
+/* A read from the plugin, in turn with the engine's: 0, or -1. */
+extern int below_pread (nbdkit_next *next, void *buf, uint32_t count,
+                        uint64_t offset);
 
 /* The plugin's export (size bytes) as a qcow2_io, which the engine
  * owns, NULL on error (said).  Flags: NEXTIO_READONLY, never written;
@@ -20,24 +38,30 @@
  */
 #define NEXTIO_READONLY 1u
 #define NEXTIO_EXTENTS 2u
-extern struct qcow2_io *filter_nextio_new (nbdkit_next *next, int64_t size,
-                                           unsigned flags);
+extern struct qcow2_io *below_nextio_new (nbdkit_next *next, int64_t size,
+                                          unsigned flags);
 
-/* QEMU's locks on the local file the plugin serves, if it serves one:
- * 0, or -1 said.
+/* QEMU's locks on the local file nbdkit's file plugin serves, if it
+ * serves one: 0, or -1 said.  Held until below_cleanup.
  */
-extern int filter_lock_below (bool readonly);
+extern int below_lock_file (bool readonly);
+extern void below_cleanup (void);
 
 /* What the plugin below is, as an overlay records it: its name and
  * the keys that say what it serves, file= as an absolute path ("file
  * file=/srv/a.raw", "curl url=https://h/a.raw", "memory").  Set at
  * config_complete.
  */
-extern const char *filter_below_identity (void);
-/* The local file the plugin serves and has open (known once
- * filter_lock_below ran), or NULL.
+extern const char *below_identity (void);
+/* The local file the plugin serves (known once below_lock_file ran),
+ * or NULL.
  */
-extern const char *filter_below_file (void);
+extern const char *below_local_file (void);
+/* The plugin and its keys, naming its disk in messages ("curl
+ * url=...", "memory export"; "file file=/srv/a.raw").
+ */
+extern const char *below_name (void);
+extern void below_unload (void);
 
 /* overlay.c: qcow2-overlay=FILE */
 

@@ -10,6 +10,7 @@
  * plugin, and what NBD cache requests name, is copied into FILE (the
  * engine's copy_on_read and qcow2_fill).
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -45,7 +46,7 @@ static bool overlay_force;      /* qcow2-overlay-force= */
  * backing file (format raw): a json: name of a driver QEMU does not
  * have, so that QEMU refuses FILE ("Unknown driver") rather than read
  * it as a whole disk, holding what the plugin below is (see
- * filter_below_identity).
+ * below_identity).
  */
 #define OVERLAY_JSON_HEAD \
   "json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbdkit-qcow2-overlay\"," \
@@ -53,53 +54,72 @@ static bool overlay_force;      /* qcow2-overlay-force= */
 #define OVERLAY_JSON_TAIL "\"}}"
 static char *overlay_own_name;
 
+static int
+overlay_config_file (const char *key, const char *value)
+{
+  free (overlay_file);
+  overlay_file = value[0] ? nbdkit_absolute_path (value) : NULL;
+  if (!value[0])
+    nbdkit_error ("qcow2-overlay: empty file name");
+  return overlay_file ? 0 : -1;
+}
+
+static int
+overlay_config_backing (const char *key, const char *value)
+{
+  free (overlay_backing);
+  overlay_backing = value[0] ? strdup (value) : NULL;
+  if (!value[0])
+    nbdkit_error ("qcow2-overlay-backing: empty name (without the key, "
+                  "no backing file name is recorded)");
+  return overlay_backing ? 0 : -1;
+}
+
+/* true|false, or /PATH. */
+static int
+overlay_config_on_read (const char *key, const char *value)
+{
+  free (overlay_on_read_path);
+  overlay_on_read_path = NULL;
+  overlay_on_read = false;
+  if (value[0] != '/')
+    return glue_parse_bool (key, value, &overlay_on_read);
+  overlay_on_read_path = strdup (value);
+  if (!overlay_on_read_path)
+    nbdkit_error ("strdup: %s", errstr (errno));
+  return overlay_on_read_path ? 0 : -1;
+}
+
+static int
+overlay_config_on_cache (const char *key, const char *value)
+{
+  bool b;
+
+  if (glue_parse_bool (key, value, &b) == -1)
+    return -1;
+  overlay_on_cache = b;
+  return 0;
+}
+
+static const struct glue_option overlay_options[] = {
+  { "qcow2-overlay", GLUE_FN, .any_value = true, .fn = overlay_config_file },
+  { "qcow2-overlay-backing", GLUE_FN, .any_value = true,
+    .fn = overlay_config_backing },
+  { "qcow2-overlay-on-read", GLUE_FN, .any_value = true,
+    .fn = overlay_config_on_read },
+  { "qcow2-overlay-on-cache", GLUE_FN, .fn = overlay_config_on_cache },
+  { "qcow2-overlay-force", GLUE_BOOL, .dest = &overlay_force },
+  { "qcow2-overlay-stream", GLUE_BOOL, .dest = &glue_stream.on },
+  { "qcow2-overlay-stream-rate", GLUE_SIZE, .dest = &glue_stream.rate },
+  { "qcow2-overlay-stream-detach", GLUE_BOOL, .dest = &glue_stream.detach },
+};
+
 int
 overlay_config (const char *key, const char *value)
 {
-  if (strcmp (key, "qcow2-overlay") == 0) {
-    free (overlay_file);
-    overlay_file = value[0] ? nbdkit_absolute_path (value) : NULL;
-    if (!value[0])
-      nbdkit_error ("qcow2-overlay: empty file name");
-    return overlay_file ? 1 : -1;
-  }
-  if (strcmp (key, "qcow2-overlay-backing") == 0) {
-    free (overlay_backing);
-    overlay_backing = value[0] ? strdup (value) : NULL;
-    if (!value[0])
-      nbdkit_error ("qcow2-overlay-backing: empty name (without the key, "
-                    "no backing file name is recorded)");
-    return overlay_backing ? 1 : -1;
-  }
-  if (strcmp (key, "qcow2-overlay-on-read") == 0) {
-    free (overlay_on_read_path);
-    overlay_on_read_path = NULL;
-    overlay_on_read = false;
-    if (value[0] != '/')
-      return glue_parse_bool (key, value, &overlay_on_read) == 0 ? 1 : -1;
-    overlay_on_read_path = strdup (value);
-    if (!overlay_on_read_path)
-      nbdkit_error ("strdup: %s", errstr (errno));
-    return overlay_on_read_path ? 1 : -1;
-  }
-  if (strcmp (key, "qcow2-overlay-on-cache") == 0) {
-    bool b;
-
-    if (glue_parse_bool (key, value, &b) == -1)
-      return -1;
-    overlay_on_cache = b;
-    return 1;
-  }
-  if (strcmp (key, "qcow2-overlay-force") == 0)
-    return glue_parse_bool (key, value, &overlay_force) == 0 ? 1 : -1;
-  if (strcmp (key, "qcow2-overlay-stream") == 0)
-    return glue_parse_bool (key, value, &glue_stream.on) == 0 ? 1 : -1;
-  if (strcmp (key, "qcow2-overlay-stream-rate") == 0)
-    return glue_parse_size (key, value, false, &glue_stream.rate) == 0
-           ? 1 : -1;
-  if (strcmp (key, "qcow2-overlay-stream-detach") == 0)
-    return glue_parse_bool (key, value, &glue_stream.detach) == 0 ? 1 : -1;
-  return 0;
+  return glue_config_rows (overlay_options,
+                           sizeof overlay_options / sizeof *overlay_options,
+                           key, value, NULL);
 }
 
 bool
@@ -131,6 +151,7 @@ overlay_json_name (const char *what)
     else
       *p++ = *c;
   }
+  assert ((size_t) (p - name) + strlen (OVERLAY_JSON_TAIL) < len);
   strcpy (p, OVERLAY_JSON_TAIL);
   return name;
 }
@@ -167,9 +188,10 @@ overlay_config_complete (bool create, bool chain)
    */
   if (glue.create.opts.preallocation != QCOW2_PREALLOC_OFF &&
       !glue.create.opts.extended_l2) {
-    nbdkit_error ("qcow2-overlay=%s: preallocation= needs extended-l2=on "
-                  "(a cluster preallocated whole would hide the plugin's "
-                  "disk there)", overlay_file);
+    nbdkit_error ("qcow2-overlay=%s: preallocation= needs extended-l2=on",
+                  overlay_file);
+    glue_hint ("a cluster preallocated whole would hide the plugin's disk "
+               "there");
     return -1;
   }
   if (glue_stream.on && (glue.engine.readonly || glue_server_readonly ())) {
@@ -187,7 +209,7 @@ overlay_config_complete (bool create, bool chain)
                   overlay_file);
     return -1;
   }
-  if (!(overlay_own_name = overlay_json_name (filter_below_identity ())))
+  if (!(overlay_own_name = overlay_json_name (below_identity ())))
     return -1;
   /* FILE's backing file is the plugin's disk, raw: the name given, else
    * ours, which QEMU refuses.
@@ -273,13 +295,14 @@ overlay_same_file (const char *a, const char *b)
 static bool
 overlay_is_below (void)
 {
-  const char *served = filter_below_file ();
+  const char *served = below_local_file ();
 
   if (!served || overlay_same_file (overlay_file, served) != 1)
     return false;
-  nbdkit_error ("qcow2-overlay=%s is the file the plugin serves: FILE keeps "
-                "the changes to the plugin's disk, so it is another file "
-                "(a new one is made)", overlay_file);
+  nbdkit_error ("qcow2-overlay=%s is the file the plugin serves",
+                overlay_file);
+  glue_hint ("FILE keeps the changes to the plugin's disk: name another "
+             "file (a new one is made)");
   return true;
 }
 
@@ -321,7 +344,7 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
 static bool
 overlay_other_file (const char *name, int64_t size)
 {
-  const char *served = filter_below_file ();
+  const char *served = below_local_file ();
   struct stat st;
   char *path;
   bool other;
@@ -380,11 +403,11 @@ overlay_check (struct qcow2_image *img, int64_t size)
   qcow2_get_info (img, &i);
   if (i.size != want) {
     nbdkit_error ("qcow2-overlay: %s holds a disk of %" PRIu64 " bytes, but "
-                  "the plugin's disk is %" PRId64 " bytes: an overlay is "
-                  "as large as the disk below it (if the plugin's disk has "
-                  "grown, \"qemu-img resize %s %" PRIu64 "\" grows %s)",
-                  overlay_file, i.size, size, overlay_file,
-                  want, overlay_file);
+                  "the plugin's disk is %" PRId64 " bytes", overlay_file,
+                  i.size, size);
+    glue_hint ("an overlay is as large as the disk below it: if the "
+               "plugin's disk has grown, \"qemu-img resize %s %" PRIu64
+               "\" grows FILE", overlay_file, want);
     return -1;
   }
   if (!(why = overlay_mismatch (&i, given, size)))
@@ -392,7 +415,7 @@ overlay_check (struct qcow2_image *img, int64_t size)
   if (overlay_force) {
     glue_noticef (overlay_file, "qcow2-overlay-force=true: served over "
                   "%s although FILE records %s%s%s%s%s",
-                  filter_below_identity (),
+                  below_identity (),
                   i.backing ? "\"" : "no backing file", i.backing ?
                   i.backing : "", i.backing ? "\"" : "",
                   i.backing_format ? " format " : "",
@@ -400,13 +423,15 @@ overlay_check (struct qcow2_image *img, int64_t size)
     return 0;
   }
   nbdkit_error ("qcow2-overlay: %s records %s%s%s%s%s (%s), but the "
-                "plugin serves %s: \"qemu-img rebase -u -b '%s' -F raw %s\" records it, "
-                "if FILE's changes belong over it; else name a new FILE "
-                "(qcow2-overlay-force=true serves it anyway)", overlay_file,
+                "plugin serves %s", overlay_file,
                 i.backing ? "\"" : "no backing file", i.backing ? i.backing
                 : "", i.backing ? "\"" : "", i.backing_format ? " format "
                 : "", i.backing_format ? i.backing_format : "", why,
-                filter_below_identity (), given, overlay_file);
+                below_identity ());
+  glue_hint ("if FILE's changes belong over it, \"qemu-img rebase -u -b "
+             "'%s' -F raw %s\" records it; else name a new FILE "
+             "(qcow2-overlay-force=true serves it anyway)", given,
+             overlay_file);
   return -1;
 }
 
@@ -420,17 +445,19 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   struct qcow2_io *io;
   int e;
 
+  assert (overlay_file && overlay_own_name);    /* overlay_active () */
+
   /* A local file the plugin serves is locked as QEMU locks a backing
    * file: no one may write it while it is under FILE.
    */
-  if (filter_lock_below (true) == -1 || overlay_is_below ())
+  if (below_lock_file (true) == -1 || overlay_is_below ())
     return -1;
   if (overlay_backing && !overlay_force &&
       overlay_other_file (overlay_backing, size)) {
     nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
-                  "plugin's (%s): FILE's backing file is the plugin's disk "
-                  "(qcow2-overlay-force=true records it anyway)",
-                  overlay_backing, filter_below_file ());
+                  "plugin's (%s)", overlay_backing, below_local_file ());
+    glue_hint ("FILE's backing file is the plugin's disk "
+               "(qcow2-overlay-force=true records it anyway)");
     return -1;
   }
   if (!(io = overlay_open_file (readonly, size, &made)))
@@ -438,7 +465,7 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   opts.readonly = readonly;
   opts.copy_on_read = overlay_on_read;
   opts.backing_io_name = name;
-  opts.backing_io = filter_nextio_new (below, size,
+  opts.backing_io = below_nextio_new (below, size,
                                        NEXTIO_READONLY | NEXTIO_EXTENTS);
   if (!opts.backing_io) {
     io->ops->close (io);

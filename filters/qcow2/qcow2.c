@@ -6,18 +6,14 @@
  * see one image, as with the plugin.  Backing files are local files or
  * remote storage (URLs, json: names), as with the plugin.
  */
-#include <dirent.h>
+#include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <link.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,11 +34,6 @@
   (NBDKIT_VERSION_MINOR > 35 || \
    (NBDKIT_VERSION_MINOR == 35 && NBDKIT_VERSION_MICRO >= 9))
 
-/* The most the engine asks of the plugin in one call (its requests are
- * 32-bit).
- */
-#define NEXT_MAX (32u << 20)
-
 /* backing-dir=: where backing files named by a relative name are.
  * Without it: the image's folder when the plugin serves a local file,
  * else the current directory (taken at config_complete, before nbdkit
@@ -57,30 +48,6 @@ static char *start_dir;
 static char **backing_chain;
 static unsigned backing_chain_len;
 
-/* file=, passed on to the plugin (nbdkit's file plugin, or another
- * that takes the key), and how often: a single local file that the
- * plugin has open is the image, locked as the plugin locks its image,
- * and named by its path (messages, relative backing file names).
- */
-static char *below_file;
-static unsigned below_file_count;
-static bool below_file_is_image;
-static struct qcow2_io *below_file_lock;
-
-/* What names the image in messages otherwise: the plugin and the keys
- * that say what it serves ("curl url=...", "ssh host=h path=/p",
- * "memory export"), set at config_complete.  below_keys: those keys
- * as given (URLs without their user and password).
- */
-static char *image_name;
-static char *below_keys;
-
-/* The plugin and those keys, file= as an absolute path: what an
- * overlay records of the disk it sits on (filter_below_identity).
- */
-static char *below_id_keys;
-static char *below_identity;
-
 /* create=true: format the plugin's export (if empty) at open. */
 static bool create;
 
@@ -94,209 +61,6 @@ static unsigned load_count;
  */
 static nbdkit_next *below;
 static struct qcow2_image *image;
-
-/* When the plugin's thread model does not allow requests in parallel
- * (nbdkit tells get_ready), the engine's calls into it, which may come
- * from several threads at once (its I/O pool, flushes), take turns.
- */
-static bool below_serialized;
-static pthread_mutex_t below_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* The plugin's export, as the engine's storage: it cannot grow. */
-struct nextio {
-  struct qcow2_io io;
-  nbdkit_next *next;
-  uint64_t size;
-  bool can_flush, can_trim, can_extents;
-};
-
-static void
-nextio_lock (void)
-{
-  if (below_serialized)
-    pthread_mutex_lock (&below_lock);
-}
-
-static void
-nextio_unlock (void)
-{
-  if (below_serialized)
-    pthread_mutex_unlock (&below_lock);
-}
-
-/* [offset, offset+count) read, written or trimmed in calls of at most
- * NEXT_MAX bytes.
- */
-enum nextio_op { NEXTIO_READ, NEXTIO_WRITE, NEXTIO_TRIM };
-
-static int
-nextio_chunks (struct nextio *n, enum nextio_op op, uint8_t *buf,
-               size_t count, uint64_t offset)
-{
-  int err = 0;
-
-  while (count > 0) {
-    uint32_t len = count < NEXT_MAX ? count : NEXT_MAX;
-    nbdkit_next *next = n->next;
-    int r;
-
-    nextio_lock ();
-    r = op == NEXTIO_READ ? next->pread (next, buf, len, offset, 0, &err)
-      : op == NEXTIO_WRITE ? next->pwrite (next, buf, len, offset, 0, &err)
-      : next->trim (next, len, offset, 0, &err);
-    nextio_unlock ();
-    if (r == -1)
-      return -(err ? err : EIO);
-    if (buf)
-      buf += len;
-    offset += len;
-    count -= len;
-  }
-  return 0;
-}
-
-static int
-nextio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
-{
-  struct nextio *n = (struct nextio *) io;
-  uint8_t *p = buf;
-
-  /* Past the end of storage reads as zeros. */
-  if (offset >= n->size) {
-    memset (p, 0, count);
-    return 0;
-  }
-  if (count > n->size - offset) {
-    memset (p + (n->size - offset), 0, count - (n->size - offset));
-    count = n->size - offset;
-  }
-  return nextio_chunks (n, NEXTIO_READ, p, count, offset);
-}
-
-static int
-nextio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
-               uint64_t offset)
-{
-  struct nextio *n = (struct nextio *) io;
-
-  if (offset > n->size || count > n->size - offset)
-    return -ENOSPC;             /* the plugin's export cannot grow */
-  /* The plugin's pwrite takes a const buffer: nothing is written to. */
-  return nextio_chunks (n, NEXTIO_WRITE, (uint8_t *) buf, count, offset);
-}
-
-static int
-nextio_flush (struct qcow2_io *io)
-{
-  struct nextio *n = (struct nextio *) io;
-  int err = 0, r;
-
-  /* A plugin that cannot flush (nbdkit's memory plugin) has nothing to
-   * make durable.
-   */
-  if (!n->can_flush)
-    return 0;
-  nextio_lock ();
-  r = n->next->flush (n->next, 0, &err);
-  nextio_unlock ();
-  return r == -1 ? -(err ? err : EIO) : 0;
-}
-
-static int
-nextio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
-{
-  struct nextio *n = (struct nextio *) io;
-
-  if (!n->can_trim)
-    return -EOPNOTSUPP;
-  return nextio_chunks (n, NEXTIO_TRIM, NULL, count, offset);
-}
-
-static int64_t
-nextio_size (struct qcow2_io *io)
-{
-  return ((struct nextio *) io)->size;
-}
-
-/* The allocation of the plugin's export from its extents: the run of
- * extents from offset that have the type of the first.  Without
- * extents, all data.
- */
-static int
-nextio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
-               uint32_t *type, uint64_t *len)
-{
-  struct nextio *n = (struct nextio *) io;
-  struct nbdkit_extents *e;
-  int err = 0, r;
-
-  *type = offset >= n->size ? QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO : 0;
-  *len = count;
-  if (offset >= n->size || !n->can_extents)
-    return 0;
-  count = MIN (count, MIN (n->size - offset, NEXT_MAX));
-  if (!(e = nbdkit_extents_new (offset, n->size)))
-    return -errno;
-  nextio_lock ();
-  r = n->next->extents (n->next, count, offset, 0, e, &err);
-  nextio_unlock ();
-  if (r == -1)
-    r = -(err ? err : EIO);
-  else {
-    *len = 0;
-    for (size_t i = 0; i < nbdkit_extents_count (e); i++) {
-      struct nbdkit_extent x = nbdkit_get_extent (e, i);
-      uint32_t t = x.type & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
-
-      if (i == 0)
-        *type = t;
-      else if (t != *type)
-        break;
-      *len = x.offset + x.length - offset;
-    }
-    r = *len ? 0 : -EIO;
-  }
-  nbdkit_extents_free (e);
-  return r;
-}
-
-static void
-nextio_close (struct qcow2_io *io)
-{
-  free (io);
-}
-
-static const struct qcow2_io_ops nextio_ops = {
-  .pread = nextio_pread,
-  .pwrite = nextio_pwrite,
-  .flush = nextio_flush,
-  .punch = nextio_punch,
-  .size = nextio_size,
-  .status = nextio_status,
-  .close = nextio_close,
-};
-
-struct qcow2_io *
-filter_nextio_new (nbdkit_next *next, int64_t size, unsigned flags)
-{
-  struct nextio *n = calloc (1, sizeof *n);
-
-  if (!n) {
-    nbdkit_error ("calloc: %s", errstr (errno));
-    return NULL;
-  }
-  n->io.ops = &nextio_ops;
-  n->next = next;
-  n->size = size;
-  /* nbdkit allows a call into the plugin only once it was asked
-   * whether it can do it.
-   */
-  n->can_flush = next->can_flush (next) == 1;
-  n->can_trim = !(flags & NEXTIO_READONLY) && next->can_trim (next) == 1;
-  n->can_extents = (flags & NEXTIO_EXTENTS) &&
-    next->can_extents (next) == 1;
-  return &n->io;
-}
 
 static int
 qcow2_filter_backing (const char *key, const char *value)
@@ -338,10 +102,13 @@ static const struct glue_option filter_options[] = {
   { "backing-dir", GLUE_PATH, .dest = &backing_dir },
   { "create", GLUE_BOOL, .dest = &create },
   { "virtual-size", GLUE_FN, true, .fn = glue_config_create_size },
-  { "qcow2-password", GLUE_FN, .fn = glue_config_password },
-  { "qcow2-passphrase", GLUE_FN, .fn = glue_config_password },
-  { "qcow2-backing-password", GLUE_FN, .fn = glue_config_backing_password },
-  { "qcow2-backing-passphrase", GLUE_FN,
+  { "qcow2-password", GLUE_FN, .any_value = true,
+    .fn = glue_config_password },
+  { "qcow2-passphrase", GLUE_FN, .any_value = true,
+    .fn = glue_config_password },
+  { "qcow2-backing-password", GLUE_FN, .any_value = true,
+    .fn = glue_config_backing_password },
+  { "qcow2-backing-passphrase", GLUE_FN, .any_value = true,
     .fn = glue_config_backing_password },
 };
 
@@ -366,45 +133,8 @@ qcow2_filter_unload (void)
   for (unsigned i = 0; i < backing_chain_len; i++)
     free (backing_chain[i]);
   free (backing_chain);
-  free (below_file);
-  free (below_keys);
-  free (below_id_keys);
-  free (below_identity);
-  free (image_name);
+  below_unload ();
   overlay_unload ();
-}
-
-/* The keys of the plugin's that say what it serves, in messages. */
-static const char *const naming_keys[] = {
-  "file", "url", "uri", "host", "hostname", "port", "path", "socket",
-  "export",
-};
-
-/* key=value appended to *keys; a URL's user and password left out. */
-static int
-qcow2_filter_note_key (char **keys_p, const char *key, const char *value)
-{
-  const char *old = *keys_p;
-  const char *scheme = strstr (value, "://");
-  const char *at = scheme ? strchr (scheme + 3, '@') : NULL;
-  const char *slash = scheme ? strchr (scheme + 3, '/') : NULL;
-  char *keys;
-  int r;
-
-  if (at && (!slash || at < slash))
-    r = asprintf (&keys, "%s%s%s=%.*s%s", old ? old : "",
-                  old ? " " : "", key, (int) (scheme + 3 - value),
-                  value, at + 1);
-  else
-    r = asprintf (&keys, "%s%s%s=%s", old ? old : "",
-                  old ? " " : "", key, value);
-  if (r == -1) {
-    nbdkit_error ("asprintf: %s", errstr (errno));
-    return -1;
-  }
-  free (*keys_p);
-  *keys_p = keys;
-  return 0;
 }
 
 /* Our keys, and the plugin's (passed on). */
@@ -418,73 +148,25 @@ qcow2_filter_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     r = glue_config (filter_options,
                      sizeof filter_options / sizeof *filter_options,
                      key, value, NULL);
-
-  if (r == 0 && strcmp (key, "file") == 0) {
-    free (below_file);
-    below_file = nbdkit_absolute_path (value);
-    below_file_count++;
-  }
-  for (size_t i = 0; r == 0 && i < sizeof naming_keys / sizeof *naming_keys;
-       i++)
-    if (strcmp (key, naming_keys[i]) == 0 &&
-        (qcow2_filter_note_key (&below_keys, key, value) == -1 ||
-         qcow2_filter_note_key (&below_id_keys, key,
-                                strcmp (key, "file") == 0 && below_file ?
-                                below_file : value) == -1))
-      return -1;
+  if (r == 0 && below_config (key, value) == -1)
+    return -1;
   if (r == 0)
     return next (nxdata, key, value);
   return r == 1 ? 0 : -1;
-}
-
-/* The name of the plugin nbdkit loaded (nbdkit-NAME-plugin.so), into
- * the buffer opaque points to.
- */
-static int
-qcow2_filter_find_plugin (struct dl_phdr_info *info, size_t size,
-                          void *opaque)
-{
-  const char *base = strrchr (info->dlpi_name, '/');
-  char *name = opaque;
-  size_t len;
-
-  base = base ? base + 1 : info->dlpi_name;
-  len = strlen (base);
-  if (strncmp (base, "nbdkit-", 7) != 0 || len < 7 + 10 ||
-      strcmp (base + len - 10, "-plugin.so") != 0 || len - 17 >= 64)
-    return 0;
-  memcpy (name, base + 7, len - 17);
-  name[len - 17] = '\0';
-  return 1;
 }
 
 static int
 qcow2_filter_config_complete (nbdkit_next_config_complete *next,
                               nbdkit_backend *nxdata)
 {
-  char plugin[64] = "";
-
   if (load_count > 1) {
-    nbdkit_error ("--filter=qcow2 is given %u times: one qcow2 filter "
-                  "serves the image (the same filter loaded twice would "
-                  "share its state)", load_count);
+    nbdkit_error ("--filter=qcow2 is given %u times", load_count);
+    glue_hint ("one qcow2 filter serves the image (the same filter loaded "
+               "twice would share its state)");
     return -1;
   }
-  dl_iterate_phdr (qcow2_filter_find_plugin, plugin);
-  if (strcmp (plugin, "qcow2") == 0) {
-    nbdkit_error ("--filter=qcow2 over the qcow2 plugin: the plugin "
-                  "serves the image already; use one of them (nbdkit "
-                  "qcow2 FILE, or nbdkit --filter=qcow2 file FILE)");
+  if (below_config_complete () == -1)
     return -1;
-  }
-  if (asprintf (&image_name, "%s %s", plugin[0] ? plugin : "the plugin's",
-                below_keys ? below_keys : "export") == -1 ||
-      asprintf (&below_identity, "%s%s%s", plugin[0] ? plugin : "plugin",
-                below_id_keys ? " " : "",
-                below_id_keys ? below_id_keys : "") == -1) {
-    nbdkit_error ("asprintf: %s", errstr (errno));
-    return -1;
-  }
   if (glue_config_complete () == -1 ||
       overlay_config_complete (create, backing_chain_len > 0) == -1)
     return -1;
@@ -494,15 +176,17 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
     return -1;
   }
   if (create && glue.create.size == -1) {
-    nbdkit_error ("create=true needs virtual-size= (the size of the disk "
-                  "the image made in the plugin's export holds)");
+    nbdkit_error ("create=true needs virtual-size=");
+    glue_hint ("virtual-size= is the size of the disk the image made in "
+               "the plugin's export holds");
     return -1;
   }
   if (create && glue_create_check_password ("create=true") == -1)
     return -1;
   if (create && backing_chain_len > 0) {
-    nbdkit_error ("create=true makes an image without a backing file: "
-                  "backing= names the chain of an image served");
+    nbdkit_error ("create=true makes an image without a backing file");
+    glue_hint ("backing= names the chain of an image served: give one of "
+               "create=true and backing=");
     return -1;
   }
   /* Checked before anything is written: the export of a plugin has no
@@ -511,7 +195,8 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   if (glue.create.opts.preallocation == QCOW2_PREALLOC_FALLOC &&
       !overlay_active ()) {
     nbdkit_error ("preallocation=falloc: a plugin's export cannot allocate "
-                  "space without writing it (preallocation=full can)");
+                  "space");
+    glue_hint ("preallocation=full can: it writes the space");
     return -1;
   }
   glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
@@ -545,133 +230,11 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
 static int
 qcow2_filter_get_ready (int thread_model)
 {
-  below_serialized = thread_model != NBDKIT_THREAD_MODEL_PARALLEL;
   /* No pool of threads calling a plugin that takes one request at a
    * time: they would only wait for each other.
    */
-  if (below_serialized)
+  if (below_get_ready (thread_model))
     glue.engine.io_threads = 0;
-  return 0;
-}
-
-/* Each descriptor this process has open to fn, until it returns
- * true: true if it did.
- */
-static bool
-qcow2_filter_each_fd (bool (*fn) (int fd, const void *opaque),
-                      const void *opaque)
-{
-  DIR *d = opendir ("/proc/self/fd");
-  struct dirent *e;
-  bool found = false;
-
-  if (!d)
-    return false;
-  while (!found && (e = readdir (d)) != NULL) {
-    char *end;
-    long fd = strtol (e->d_name, &end, 10);
-
-    if (*end == '\0' && fd != dirfd (d))
-      found = fn ((int) fd, opaque);
-  }
-  closedir (d);
-  return found;
-}
-
-static bool
-qcow2_filter_fd_is (int fd, const void *opaque)
-{
-  const struct stat *st = opaque;
-  struct stat fst;
-
-  return fstat (fd, &fst) == 0 &&
-    fst.st_dev == st->st_dev && fst.st_ino == st->st_ino;
-}
-
-/* Whether this process has st's file open (the plugin below, after
- * opening its context: nbdkit's file plugin opens at open).
- */
-static bool
-qcow2_filter_file_is_open (const struct stat *st)
-{
-  return qcow2_filter_each_fd (qcow2_filter_fd_is, st);
-}
-
-/* A listening socket: the connections queued on it are taken, and
- * left open, so that they close as this process exits and their
- * clients (the --run command) end after it, making nbdkit's status
- * this process's; then it is shut down (connecting to it is refused,
- * for every process sharing it: shutting it down first would reset
- * the queued ones at once), and what came in between taken too.
- */
-static bool
-qcow2_filter_refuse_queue (int fd, const void *opaque)
-{
-  int listening = 0;
-  socklen_t len = sizeof listening;
-
-  if (getsockopt (fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1 ||
-      !listening)
-    return false;
-  fcntl (fd, F_SETFL, fcntl (fd, F_GETFL) | O_NONBLOCK);
-  while (accept (fd, NULL, NULL) >= 0)
-    ;
-  shutdown (fd, SHUT_RDWR);
-  while (accept (fd, NULL, NULL) >= 0)
-    ;
-  return false;
-}
-
-/* The server cannot serve, and nbdkit exits at once (after_fork
- * failed).  Under --run, the command runs already, and the sockets it
- * connects to are shared with its process: left open, its client would
- * wait for ever for a server that is gone.
- */
-static void
-qcow2_filter_fail_start (void)
-{
-  if (glue_captive ())
-    qcow2_filter_each_fd (qcow2_filter_refuse_queue, NULL);
-}
-
-const char *
-filter_below_identity (void)
-{
-  return below_identity;
-}
-
-const char *
-filter_below_file (void)
-{
-  return below_file_is_image ? below_file : NULL;
-}
-
-/* When the plugin serves one local file, QEMU's locks on it, held by
- * a descriptor of our own until cleanup: QEMU then sees the image in
- * use, and the filter refuses an image QEMU is writing.
- */
-int
-filter_lock_below (bool readonly)
-{
-  struct stat st;
-  char *why = NULL;
-
-  if (below_file_count != 1 || !below_file)
-    return 0;
-  if (stat (below_file, &st) == -1 || !S_ISREG (st.st_mode)
-      || !qcow2_filter_file_is_open (&st)) {
-    nbdkit_debug ("%s: not locked: the plugin below has no such local "
-                  "file open", below_file);
-    return 0;
-  }
-  below_file_is_image = true;
-  below_file_lock = fileio_open_with (below_file, readonly,
-                                      &glue_file_options, &why);
-  if (!below_file_lock) {
-    nbdkit_error ("%s: %s", below_file, why ? why : errstr (errno));
-    free (why);
-    return -1;
-  }
   return 0;
 }
 
@@ -694,13 +257,13 @@ qcow2_filter_create (struct qcow2_io *io, const char *name)
   if (need > size) {
     nbdkit_error ("create=true: %s is %" PRIu64 " bytes, and the image's "
                   "metadata%s needs %" PRIu64 " (virtual-size=%" PRIu64
-                  ", %" PRIu64 "-byte clusters): give the export more, or "
-                  "the disk less", name, size,
+                  ", %" PRIu64 "-byte clusters)", name, size,
                   glue.create.opts.preallocation != QCOW2_PREALLOC_OFF ?
                   " with its data preallocated" : "", need,
                   glue.create.opts.size,
                   glue.create.opts.cluster_size ? glue.create.opts.cluster_size
                                                 : 65536);
+    glue_hint ("give the export more, or the disk less");
     return -1;
   }
   if (!(buf = malloc (len ? len : 1))) {
@@ -737,15 +300,19 @@ qcow2_filter_create (struct qcow2_io *io, const char *name)
 static int
 qcow2_filter_name_files (const char **name, char **dir)
 {
-  if (backing_dir || !below_file_is_image)
+  const char *file = below_local_file ();
+
+  if (backing_dir || !file)
     *dir = strdup (backing_dir ? backing_dir : start_dir);
-  else  /* an absolute path: it has a slash */
-    *dir = strndup (below_file, strrchr (below_file, '/') - below_file);
+  else {
+    assert (file[0] == '/');    /* nbdkit_absolute_path made it */
+    *dir = strndup (file, strrchr (file, '/') - file);
+  }
   if (!*dir) {
     nbdkit_error ("strdup: %s", errstr (errno));
     return -1;
   }
-  *name = below_file_is_image ? below_file : image_name;
+  *name = file ? file : below_name ();
   for (unsigned i = 0; i < backing_chain_len; i++) {
     char *path;
 
@@ -772,58 +339,12 @@ qcow2_filter_hint_empty (const char *name, int64_t size)
 {
   char buf[4096];
   uint32_t len = MIN (size, (int64_t) sizeof buf);
-  int err = 0, r;
+  int r = below_pread (below, buf, len, 0);
 
-  nextio_lock ();
-  r = below->pread (below, buf, len, 0, 0, &err);
-  nextio_unlock ();
   if (r == 0 && (len == 0 || (buf[0] == 0 &&
                               memcmp (buf, buf + 1, len - 1) == 0)))
-    nbdkit_error ("%s holds no image yet (it starts with zeros): "
-                  "create=true virtual-size=SIZE makes one in it", name);
-}
-
-/* What nbdkit logs when a plugin asks for the client's export name at
- * open (the nbd plugin does) in a shared context, which has no client
- * (1.32 to 1.43; "no context" from 1.44): harmless, the plugin then
- * uses its own export=.
- */
-static bool
-qcow2_filter_no_client_line (const char *line)
-{
-  return strstr (line, ": error: no connection in this thread\n") ||
-    strstr (line, ": error: no context in this thread\n") ||
-    strstr (line, ": error: no context->exportname in this thread\n");
-}
-
-/* The context into the plugin, shared by all connections: nbdkit's
- * stderr is caught while the plugin opens, and all but that line goes
- * on.
- */
-static nbdkit_next *
-qcow2_filter_context_open (nbdkit_backend *backend, bool readonly)
-{
-  FILE *caught = tmpfile ();
-  int saved = caught ? dup (STDERR_FILENO) : -1;
-  char *line = NULL;
-  size_t len = 0;
-  nbdkit_next *next;
-
-  if (saved >= 0)
-    dup2 (fileno (caught), STDERR_FILENO);
-  next = nbdkit_next_context_open (backend, readonly, "", 1);
-  if (saved >= 0) {
-    dup2 (saved, STDERR_FILENO);
-    close (saved);
-    rewind (caught);
-    while (getline (&line, &len, caught) != -1)
-      if (!qcow2_filter_no_client_line (line))
-        fputs (line, stderr);
-    free (line);
-  }
-  if (caught)
-    fclose (caught);
-  return next;
+    glue_hint ("%s holds no image yet (it starts with zeros): "
+               "create=true virtual-size=SIZE makes one in it", name);
 }
 
 /* The image opened once, read-write if the plugin is writable and
@@ -841,7 +362,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   int w, r;
 
   /* The plugin under an overlay is only read. */
-  below = qcow2_filter_context_open (backend, readonly || overlay_active ());
+  below = below_open (backend, readonly || overlay_active ());
   if (!below)
     return -1;
   if (below->prepare (below) == -1)
@@ -851,24 +372,25 @@ qcow2_filter_open_image (nbdkit_backend *backend)
     return -1;
   glue.engine.debug_cache = qcow2_debug_cache;
   if (overlay_active ())
-    return overlay_open (below, size, image_name, &image);
+    return overlay_open (below, size, below_name (), &image);
   if (!readonly && (w = below->can_write (below)) != 1) {
     if (w == -1)
       return -1;
     readonly = true;
   }
   glue.engine.readonly = readonly;
-  if (filter_lock_below (readonly) == -1)
+  if (below_lock_file (readonly) == -1)
     return -1;
   if (create && readonly) {
-    nbdkit_error ("create=true: the export is read-only (nbdkit -r, "
-                  "readonly=true, or a plugin that cannot write)");
+    nbdkit_error ("create=true: the export is read-only");
+    glue_hint ("it is made read-only by nbdkit -r, readonly=true, or a "
+               "plugin that cannot write");
     return -1;
   }
   if (qcow2_filter_name_files (&name, &dir) == -1)
     return -1;
-  glue.engine.names_dir = below_file_is_image && !backing_dir ? NULL : dir;
-  if (!(io = filter_nextio_new (below, size,
+  glue.engine.names_dir = below_local_file () && !backing_dir ? NULL : dir;
+  if (!(io = below_nextio_new (below, size,
                                 readonly ? NEXTIO_READONLY : 0))) {
     free (dir);
     return -1;
@@ -906,7 +428,7 @@ static int
 qcow2_filter_after_fork (nbdkit_backend *backend)
 {
   if (qcow2_filter_open_image (backend) == -1) {
-    qcow2_filter_fail_start ();
+    glue_refuse_clients ();
     return -1;
   }
   return 0;
@@ -925,10 +447,7 @@ qcow2_filter_cleanup (nbdkit_backend *backend)
     nbdkit_next_context_close (below);
     below = NULL;
   }
-  if (below_file_lock) {
-    below_file_lock->ops->close (below_file_lock);
-    below_file_lock = NULL;
-  }
+  below_cleanup ();
 }
 
 /* Connections use the shared engine, not a context of their own. */
@@ -948,6 +467,7 @@ qcow2_filter_close (void *handle)
 static int64_t
 qcow2_filter_get_size (nbdkit_next *next, void *handle)
 {
+  assert (image != NULL);       /* opened at after_fork, or no server */
   return qcow2_get_size (image);
 }
 

@@ -3,6 +3,7 @@
  * common/qcow2.  The image is opened once, in get_ready, and shared by
  * every connection; the engine does its own locking.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -109,11 +110,15 @@ static const struct glue_option plugin_options[] = {
    * resolve against the image's folder.
    */
   { "file", GLUE_PATH, .dest = &filename },
-  { "password", GLUE_FN, .fn = glue_config_password },
+  { "password", GLUE_FN, .any_value = true,
+    .fn = glue_config_password },
   /* nbdkit's luks filter calls it passphrase=. */
-  { "passphrase", GLUE_FN, .fn = glue_config_password },
-  { "backing-password", GLUE_FN, .fn = glue_config_backing_password },
-  { "backing-passphrase", GLUE_FN, .fn = glue_config_backing_password },
+  { "passphrase", GLUE_FN, .any_value = true,
+    .fn = glue_config_password },
+  { "backing-password", GLUE_FN, .any_value = true,
+    .fn = glue_config_backing_password },
+  { "backing-passphrase", GLUE_FN, .any_value = true,
+    .fn = glue_config_backing_password },
   { "data-file", GLUE_FN, .fn = plugin_config_data_file },
   { "data_file", GLUE_FN, .fn = plugin_config_data_file },
   { "backing", GLUE_FN, .fn = plugin_config_backing },
@@ -228,9 +233,9 @@ plugin_probe_backing (void)
       /* A raw file could hold anything, even a qcow2 header later:
        * QEMU made the format of a backing file mandatory for that.
        */
-      nbdkit_error ("backing file %s is not a qcow2 image: if it is a raw "
-                    "image, say so with backing-fmt=raw (qemu-img create "
-                    "-F raw)", path);
+      nbdkit_error ("backing file %s is not a qcow2 image", path);
+      glue_hint ("if it is a raw image, say so with backing-fmt=raw "
+                 "(qemu-img create -F raw)");
       io->ops->close (io);
       goto out;
     }
@@ -275,9 +280,10 @@ plugin_create_file (const char *path, enum create_made *made)
 
     if (!existed && e != EEXIST)
       unlink (path);                    /* made, then not opened */
-    if (e == EEXIST)
-      nbdkit_error ("create: %s already exists and is not empty: remove it, "
-                    "drop create=true, or use create=if-missing", path);
+    if (e == EEXIST) {
+      nbdkit_error ("create: %s already exists and is not empty", path);
+      glue_hint ("remove it, drop create=true, or use create=if-missing");
+    }
     else
       nbdkit_error ("create: %s: %s", path, why ? why : errstr (e));
     free (why);
@@ -341,6 +347,7 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
     return -1;
   }
   *iop = io;
+  assert (*made != MADE_NOTHING);
   return 0;
 }
 
@@ -469,6 +476,7 @@ plugin_get_ready (void)
   if (glue_stream_prepare (image, filename, "stream",
                            glue.engine.readonly) == -1)
     goto fail;
+  assert (image != NULL);
   return 0;
 
  fail:

@@ -1,0 +1,462 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The qcow2 filter's plugin below: what it is (its name and keys, for
+ * messages and an overlay's record), the local file nbdkit's file
+ * plugin serves (locked as QEMU locks an image), and its export as the
+ * engine's storage (struct nextio), its calls taking turns when the
+ * plugin's thread model asks it.  It calls nothing of the filter's
+ * other files.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <nbdkit-filter.h>
+
+#include "checked.h"
+#include "errstr.h"
+#include "fileio.h"
+#include "filter.h"
+#include "glue.h"
+#include "lock.h"
+#include "qcow2.h"
+
+/* The most the engine asks of the plugin in one call (its requests are
+ * 32-bit).
+ */
+#define NEXT_MAX (32u << 20)
+
+/* file=, passed on to the plugin (nbdkit's file plugin, or another
+ * that takes the key), and how often: a single local file that nbdkit's
+ * file plugin serves is the image, locked as the plugin locks its
+ * image, and named by its path (messages, relative backing file names).
+ */
+static char *below_file;
+static unsigned below_file_count;
+static bool below_file_is_image;
+static bool below_file_plugin;  /* the plugin is nbdkit's file plugin */
+static struct qcow2_io *below_file_lock;
+
+/* What names the image in messages otherwise: the plugin and the keys
+ * that say what it serves ("curl url=...", "ssh host=h path=/p",
+ * "memory export"), set at config_complete.  below_keys: those keys
+ * as given (URLs without their user and password).
+ */
+static char *image_name;
+static char *below_keys;
+
+/* The plugin and those keys, file= as an absolute path: what an
+ * overlay records of the disk it sits on (filter_identity).
+ */
+static char *below_id_keys;
+static char *identity;
+
+/* When the plugin's thread model does not allow requests in parallel
+ * (nbdkit tells get_ready), the engine's calls into it, which may come
+ * from several threads at once (its I/O pool, flushes), take turns:
+ * each call into the plugin is made holding below_lock, which is only
+ * taken (nextio_turn) when below_serialized.
+ */
+static bool below_serialized;
+static struct lock below_lock = LOCK_INITIALIZER;
+
+/* The plugin's export, as the engine's storage: it cannot grow. */
+struct nextio {
+  struct qcow2_io io;
+  nbdkit_next *next;
+  uint64_t size;
+  bool can_flush, can_trim, can_extents;
+};
+
+/* One call into the plugin: its error in *err. */
+enum nextio_op { NEXTIO_READ, NEXTIO_WRITE, NEXTIO_TRIM, NEXTIO_FLUSH,
+                 NEXTIO_STATUS };
+struct nextio_call {
+  enum nextio_op op;
+  uint8_t *buf;                 /* read into, or written (not changed) */
+  uint32_t len;
+  uint64_t offset;
+  struct nbdkit_extents *extents;
+};
+
+static int
+nextio_call (nbdkit_next *next, const struct nextio_call *c, int *err)
+  TSA_REQUIRES (below_lock)
+{
+  assert (c->len <= NEXT_MAX);
+  assert ((c->buf != NULL) == (c->op == NEXTIO_READ || c->op == NEXTIO_WRITE));
+  switch (c->op) {
+  case NEXTIO_READ:
+    return next->pread (next, c->buf, c->len, c->offset, 0, err);
+  case NEXTIO_WRITE:
+    return next->pwrite (next, c->buf, c->len, c->offset, 0, err);
+  case NEXTIO_TRIM:
+    return next->trim (next, c->len, c->offset, 0, err);
+  case NEXTIO_FLUSH:
+    return next->flush (next, 0, err);
+  case NEXTIO_STATUS:
+    return next->extents (next, c->len, c->offset, 0, c->extents, err);
+  }
+  abort ();
+}
+
+/* The call, in its turn: 0, or -errno. */
+static int
+nextio_turn (nbdkit_next *next, const struct nextio_call *c)
+{
+  int err = 0;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
+
+  if (nextio_call (next, c, &err) == -1)
+    return -(err ? err : EIO);
+  return 0;
+}
+
+/* [offset, offset+count) read, written or trimmed in calls of at most
+ * NEXT_MAX bytes.
+ */
+static int
+nextio_chunks (struct nextio *n, enum nextio_op op, uint8_t *buf,
+               size_t count, uint64_t offset)
+{
+  assert (op == NEXTIO_READ || op == NEXTIO_WRITE || op == NEXTIO_TRIM);
+  while (count > 0) {
+    struct nextio_call c = {
+      .op = op, .buf = buf, .len = MIN (count, NEXT_MAX), .offset = offset,
+    };
+    int r = nextio_turn (n->next, &c);
+
+    if (r < 0)
+      return r;
+    if (buf)
+      buf += c.len;
+    offset += c.len;
+    count -= c.len;
+  }
+  return 0;
+}
+
+static int
+nextio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
+{
+  struct nextio *n = (struct nextio *) io;
+  uint8_t *p = buf;
+
+  /* Past the end of storage reads as zeros. */
+  if (offset >= n->size) {
+    memset (p, 0, count);
+    return 0;
+  }
+  if (count > n->size - offset) {
+    memset (p + (n->size - offset), 0, count - (n->size - offset));
+    count = n->size - offset;
+  }
+  return nextio_chunks (n, NEXTIO_READ, p, count, offset);
+}
+
+static int
+nextio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+               uint64_t offset)
+{
+  struct nextio *n = (struct nextio *) io;
+
+  if (offset > n->size || count > n->size - offset)
+    return -ENOSPC;             /* the plugin's export cannot grow */
+  /* The plugin's pwrite takes a const buffer: nothing is written to. */
+  return nextio_chunks (n, NEXTIO_WRITE, (uint8_t *) buf, count, offset);
+}
+
+static int
+nextio_flush (struct qcow2_io *io)
+{
+  struct nextio *n = (struct nextio *) io;
+  struct nextio_call c = { .op = NEXTIO_FLUSH };
+
+  /* A plugin that cannot flush (nbdkit's memory plugin) has nothing to
+   * make durable.
+   */
+  if (!n->can_flush)
+    return 0;
+  return nextio_turn (n->next, &c);
+}
+
+static int
+nextio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
+{
+  struct nextio *n = (struct nextio *) io;
+
+  if (!n->can_trim)
+    return -EOPNOTSUPP;
+  return nextio_chunks (n, NEXTIO_TRIM, NULL, count, offset);
+}
+
+static int64_t
+nextio_size (struct qcow2_io *io)
+{
+  return ((struct nextio *) io)->size;
+}
+
+/* The allocation of the plugin's export from its extents: the run of
+ * extents from offset that have the type of the first.  Without
+ * extents, all data.
+ */
+static int
+nextio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
+               uint32_t *type, uint64_t *len)
+{
+  struct nextio *n = (struct nextio *) io;
+  struct nextio_call c = { .op = NEXTIO_STATUS, .offset = offset };
+  int r;
+
+  *type = offset >= n->size ? QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO : 0;
+  *len = count;
+  if (offset >= n->size || !n->can_extents)
+    return 0;
+  c.len = MIN (count, MIN (n->size - offset, NEXT_MAX));
+  if (!(c.extents = nbdkit_extents_new (offset, n->size)))
+    return -errno;
+  r = nextio_turn (n->next, &c);
+  if (r == 0) {
+    *len = 0;
+    for (size_t i = 0; i < nbdkit_extents_count (c.extents); i++) {
+      struct nbdkit_extent x = nbdkit_get_extent (c.extents, i);
+      uint32_t t = x.type & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
+
+      if (i == 0)
+        *type = t;
+      else if (t != *type)
+        break;
+      *len = x.offset + x.length - offset;
+    }
+    r = *len ? 0 : -EIO;
+    assert (r < 0 || *len <= n->size - offset);   /* nbdkit clips */
+  }
+  nbdkit_extents_free (c.extents);
+  return r;
+}
+
+static void
+nextio_close (struct qcow2_io *io)
+{
+  free (io);
+}
+
+static const struct qcow2_io_ops nextio_ops = {
+  .pread = nextio_pread,
+  .pwrite = nextio_pwrite,
+  .flush = nextio_flush,
+  .punch = nextio_punch,
+  .size = nextio_size,
+  .status = nextio_status,
+  .close = nextio_close,
+};
+
+struct qcow2_io *
+below_nextio_new (nbdkit_next *next, int64_t size, unsigned flags)
+{
+  struct nextio *n = calloc (1, sizeof *n);
+
+  if (!n) {
+    nbdkit_error ("calloc: %s", errstr (errno));
+    return NULL;
+  }
+  n->io.ops = &nextio_ops;
+  n->next = next;
+  n->size = size;
+  /* nbdkit allows a call into the plugin only once it was asked
+   * whether it can do it.
+   */
+  n->can_flush = next->can_flush (next) == 1;
+  n->can_trim = !(flags & NEXTIO_READONLY) && next->can_trim (next) == 1;
+  n->can_extents = (flags & NEXTIO_EXTENTS) &&
+    next->can_extents (next) == 1;
+  return &n->io;
+}
+
+/* The keys of the plugin's that say what it serves, in messages. */
+static const char *const naming_keys[] = {
+  "file", "url", "uri", "host", "hostname", "port", "path", "socket",
+  "export",
+};
+
+/* key=value appended to *keys; a URL's user and password left out. */
+static int
+below_note_key (char **keys_p, const char *key, const char *value)
+{
+  const char *old = *keys_p;
+  const char *scheme = strstr (value, "://");
+  const char *at = scheme ? strchr (scheme + 3, '@') : NULL;
+  const char *slash = scheme ? strchr (scheme + 3, '/') : NULL;
+  char *keys;
+  int r;
+
+  if (at && (!slash || at < slash))
+    r = asprintf (&keys, "%s%s%s=%.*s%s", old ? old : "",
+                  old ? " " : "", key, (int) (scheme + 3 - value),
+                  value, at + 1);
+  else
+    r = asprintf (&keys, "%s%s%s=%s", old ? old : "",
+                  old ? " " : "", key, value);
+  if (r == -1) {
+    nbdkit_error ("asprintf: %s", errstr (errno));
+    return -1;
+  }
+  free (*keys_p);
+  *keys_p = keys;
+  return 0;
+}
+
+const char *
+below_identity (void)
+{
+  return identity;
+}
+
+const char *
+below_local_file (void)
+{
+  return below_file_is_image ? below_file : NULL;
+}
+
+/* When the plugin serves one local file, QEMU's locks on it, held by
+ * a descriptor of our own until cleanup: QEMU then sees the image in
+ * use, and the filter refuses an image QEMU is writing.
+ */
+int
+below_lock_file (bool readonly)
+{
+  struct stat st;
+  char *why = NULL;
+
+  if (below_file_count != 1 || !below_file)
+    return 0;
+  if (!below_file_plugin || stat (below_file, &st) == -1 ||
+      !S_ISREG (st.st_mode)) {
+    nbdkit_debug ("%s: not locked: the plugin below is not nbdkit's file "
+                  "plugin serving this local file", below_file);
+    return 0;
+  }
+  assert (!below_file_lock);    /* the image opens once */
+  below_file_is_image = true;
+  below_file_lock = fileio_open_with (below_file, readonly,
+                                      &glue_file_options, &why);
+  if (!below_file_lock) {
+    nbdkit_error ("%s: %s", below_file, why ? why : errstr (errno));
+    free (why);
+    return -1;
+  }
+  return 0;
+}
+
+struct context_open {
+  nbdkit_backend *backend;
+  bool readonly;
+};
+
+static void *
+below_open_1 (void *opaque)
+{
+  struct context_open *c = opaque;
+
+  return nbdkit_next_context_open (c->backend, c->readonly, "", 1);
+}
+
+/* The context into the plugin, shared by all connections (it has no
+ * client: nbdkit's complaint of the nbd plugin asking for the client's
+ * export name is left out).
+ */
+nbdkit_next *
+below_open (nbdkit_backend *backend, bool readonly)
+{
+  struct context_open c = { backend, readonly };
+
+  return glue_quiet_open (below_open_1, &c);
+}
+
+int
+below_config (const char *key, const char *value)
+{
+  if (strcmp (key, "file") == 0) {
+    free (below_file);
+    below_file = nbdkit_absolute_path (value);
+    below_file_count++;
+  }
+  for (size_t i = 0; i < sizeof naming_keys / sizeof *naming_keys; i++)
+    if (strcmp (key, naming_keys[i]) == 0 &&
+        (below_note_key (&below_keys, key, value) == -1 ||
+         below_note_key (&below_id_keys, key,
+                         strcmp (key, "file") == 0 && below_file ?
+                         below_file : value) == -1))
+      return -1;
+  return 0;
+}
+
+int
+below_config_complete (void)
+{
+  char plugin[GLUE_PLUGIN_NAME_MAX];
+
+  glue_plugin_name (plugin);
+  below_file_plugin = strcmp (plugin, "file") == 0;
+  if (strcmp (plugin, "qcow2") == 0) {
+    nbdkit_error ("--filter=qcow2 over the qcow2 plugin");
+    glue_hint ("the plugin serves the image already: use one of them "
+               "(nbdkit qcow2 FILE, or nbdkit --filter=qcow2 file FILE)");
+    return -1;
+  }
+  if (asprintf (&image_name, "%s %s", plugin[0] ? plugin : "the plugin's",
+                below_keys ? below_keys : "export") == -1 ||
+      asprintf (&identity, "%s%s%s", plugin[0] ? plugin : "plugin",
+                below_id_keys ? " " : "",
+                below_id_keys ? below_id_keys : "") == -1) {
+    nbdkit_error ("asprintf: %s", errstr (errno));
+    return -1;
+  }
+  return 0;
+}
+
+const char *
+below_name (void)
+{
+  return image_name;
+}
+
+bool
+below_get_ready (int thread_model)
+{
+  below_serialized = thread_model != NBDKIT_THREAD_MODEL_PARALLEL;
+  return below_serialized;
+}
+
+int
+below_pread (nbdkit_next *next, void *buf, uint32_t count, uint64_t offset)
+{
+  struct nextio_call c = {
+    .op = NEXTIO_READ, .buf = buf, .len = count, .offset = offset,
+  };
+
+  return nextio_turn (next, &c) < 0 ? -1 : 0;
+}
+
+void
+below_cleanup (void)
+{
+  if (below_file_lock) {
+    below_file_lock->ops->close (below_file_lock);
+    below_file_lock = NULL;
+  }
+}
+
+void
+below_unload (void)
+{
+  free (below_file);
+  free (below_keys);
+  free (below_id_keys);
+  free (identity);
+  free (image_name);
+}
