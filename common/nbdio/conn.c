@@ -298,7 +298,7 @@ nbdio_conn_reconnect (struct nbdio_conn *c)
   char *why = NULL;
   struct nbd_handle *h = nbdio_connect (c, &why);
 
-  nbdio_lock (&io->lock);
+  lock_acquire (&io->lock);
   assert (c->state == CONN_CONNECTING && !c->h);
   if (h && nbdio_check_export (io, h, &why) == -1) {
     nbd_kill_subprocess (h, SIGKILL);
@@ -312,14 +312,14 @@ nbdio_conn_reconnect (struct nbdio_conn *c)
     free (io->last_why);
     io->last_why = why;
     pthread_cond_broadcast (&io->changed);
-    nbdio_unlock (&io->lock);
+    lock_release (&io->lock);
     return NULL;
   }
   nbdio_ready (io, c, h);
   if (io->lost)
     nbdio_say (io, NBDIO_NOTICE, "connected again");
   io->lost = io->down_said = false;
-  nbdio_unlock (&io->lock);
+  lock_release (&io->lock);
   return h;
 }
 
@@ -363,7 +363,7 @@ nbdio_conn_serve (struct nbdio_conn *c, struct nbd_handle *h)
     nbdio_notify (h, revents);
   }
 
-  nbdio_lock (&io->lock);
+  lock_acquire (&io->lock);
   assert (c->state == CONN_READY && c->h == h);
   if (c->shut && !c->stopping) {
     nbdio_say (io, NBDIO_NOTICE, "the server no longer serves a "
@@ -381,7 +381,7 @@ nbdio_conn_serve (struct nbdio_conn *c, struct nbd_handle *h)
     c->state = CONN_DEAD;
   }
   pthread_cond_broadcast (&io->changed);
-  nbdio_unlock (&io->lock);
+  lock_release (&io->lock);
 }
 
 /* The thread of a connection: connect (unless connected at open, in
@@ -479,7 +479,7 @@ nbdio_acquire (struct nbdio *io, char **why)
   unsigned failures;
   struct nbdio_conn *c = NULL;
 
-  nbdio_lock (&io->lock);
+  lock_acquire (&io->lock);
   failures = io->failures;
   for (;;) {
     struct nbdio_conn *best = NULL, *slot = NULL;
@@ -535,20 +535,20 @@ nbdio_acquire (struct nbdio *io, char **why)
         break;
       }
     }
-    pthread_cond_wait (&io->changed, &io->lock.m);
+    pthread_cond_wait (&io->changed, &io->lock.mutex);
   }
   if (c)
     c->users++;
-  nbdio_unlock (&io->lock);
+  lock_release (&io->lock);
   return c;
 }
 
 void
 nbdio_release (struct nbdio_conn *c)
 {
-  nbdio_lock (&c->io->lock);
+  lock_acquire (&c->io->lock);
   assert (c->users > 0);
   if (--c->users == 0)
     pthread_cond_broadcast (&c->io->changed);
-  nbdio_unlock (&c->io->lock);
+  lock_release (&c->io->lock);
 }

@@ -14,6 +14,7 @@
 
 #include <libnbd.h>
 
+#include "lock.h"
 #include "nbdio.h"
 #include "tsa.h"
 
@@ -31,28 +32,6 @@ enum conn_state {
 };
 
 struct nbdio;
-
-/* A mutex that clang's thread-safety analysis knows as a capability
- * (pthread_mutex_t itself cannot be marked): io->lock, io->status_lock
- * and a wait's lock.
- */
-struct TSA_CAPABILITY ("mutex") nbdio_mutex {
-  pthread_mutex_t m;
-};
-
-static inline void
-nbdio_lock (struct nbdio_mutex *l)
-  TSA_ACQUIRE (*l) TSA_NO_TSA
-{
-  pthread_mutex_lock (&l->m);
-}
-
-static inline void
-nbdio_unlock (struct nbdio_mutex *l)
-  TSA_RELEASE (*l) TSA_NO_TSA
-{
-  pthread_mutex_unlock (&l->m);
-}
 
 /* Block status is asked in spans as long as the protocol allows (4 GiB)
  * and the replies kept: nbdcopy's and a guest's queries cost a round
@@ -119,7 +98,7 @@ struct nbdio {
   uint32_t block_min, block_max;
   bool has_status;              /* base:allocation */
 
-  struct nbdio_mutex lock;
+  struct lock lock;
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
   unsigned conn_seq;            /* connections made so far (atomic) */
@@ -131,7 +110,7 @@ struct nbdio {
   /* Block status replies kept (the storage never changes while open):
    * the least recently used goes first.
    */
-  struct nbdio_mutex status_lock;
+  struct lock status_lock;
   struct nbdio_span spans[NBDIO_STATUS_SPANS];
   uint64_t status_tick;         /* uses so far, for spans[].used */
 };

@@ -36,7 +36,7 @@
 
 /* A set of commands waited for together. */
 struct nbdio_wait {
-  struct nbdio_mutex lock;
+  struct lock lock;
   pthread_cond_t done;
   unsigned pending;
 };
@@ -165,12 +165,12 @@ nbdio_done (void *opaque, int *error)
   }
   if (__atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE) == 0)
     assert (!"a command completed twice");
-  nbdio_lock (&w->lock);
+  lock_acquire (&w->lock);
   assert (w->pending > 0);
   cmd->err = *error;
   if (--w->pending == 0)
     pthread_cond_broadcast (&w->done);
-  nbdio_unlock (&w->lock);
+  lock_release (&w->lock);
   return 1;
 }
 
@@ -217,9 +217,9 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   cmd->c = c;
   cmd->gen = c->gen;
   cmd->seen = __atomic_load_n (&io->conn_seq, __ATOMIC_ACQUIRE);
-  nbdio_lock (&cmd->w->lock);
+  lock_acquire (&cmd->w->lock);
   cmd->w->pending++;
-  nbdio_unlock (&cmd->w->lock);
+  lock_release (&cmd->w->lock);
   if (__atomic_fetch_add (&c->inflight, 1, __ATOMIC_ACQ_REL) == 0)
     __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
   if (status)
@@ -239,9 +239,9 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   if (cookie == -1) {
     /* Not queued: no completion will come. */
     __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
-    nbdio_lock (&cmd->w->lock);
+    lock_acquire (&cmd->w->lock);
     cmd->w->pending--;
-    nbdio_unlock (&cmd->w->lock);
+    lock_release (&cmd->w->lock);
     /* Found closed: not served (see nbdio_retry). */
     if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
       cmd->err = ESHUTDOWN;
@@ -262,10 +262,10 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
 static void
 nbdio_wait_pending (struct nbdio_wait *w)
 {
-  nbdio_lock (&w->lock);
+  lock_acquire (&w->lock);
   while (w->pending > 0)
-    pthread_cond_wait (&w->done, &w->lock.m);
-  nbdio_unlock (&w->lock);
+    pthread_cond_wait (&w->done, &w->lock.mutex);
+  lock_release (&w->lock);
 }
 
 /* Commands the server did not serve (it is shutting down, and answered
@@ -287,10 +287,10 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
 
     if ((cmd->err != ESHUTDOWN && cmd->err != ENOTCONN) || cmd->retried)
       continue;
-    nbdio_lock (&io->lock);
+    lock_acquire (&io->lock);
     if (cmd->err == ENOTCONN && c->gen == cmd->gen &&
         __atomic_load_n (&c->timed_out, __ATOMIC_ACQUIRE)) {
-      nbdio_unlock (&io->lock);
+      lock_release (&io->lock);
       continue;
     }
     for (unsigned j = 0; j < io->nconns; j++) {
@@ -302,7 +302,7 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
         nbdio_wake (k);
       }
     }
-    nbdio_unlock (&io->lock);
+    lock_release (&io->lock);
     cmd->retried = true;
     cmd->err = 0;
     free (cmd->ext);
@@ -377,7 +377,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
                   size_t n)
 {
   struct nbdio *io = (struct nbdio *) qio;
-  struct nbdio_wait w = { .lock = { PTHREAD_MUTEX_INITIALIZER },
+  struct nbdio_wait w = { .lock = LOCK_INITIALIZER,
                           .done = PTHREAD_COND_INITIALIZER };
   struct nbdio_cmd *cmds;
   size_t ncmds = 0;
@@ -510,9 +510,9 @@ nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
 {
   bool found;
 
-  nbdio_lock (&io->status_lock);
+  lock_acquire (&io->status_lock);
   found = nbdio_span_find (io, offset, type, len);
-  nbdio_unlock (&io->status_lock);
+  lock_release (&io->status_lock);
   return found;
 }
 
@@ -549,14 +549,14 @@ nbdio_status_keep (struct nbdio *io, uint64_t start, const uint32_t *pairs,
     free (ext);
     return -EIO;
   }
-  nbdio_lock (&io->status_lock);
+  lock_acquire (&io->status_lock);
   for (unsigned i = 1; i < NBDIO_STATUS_SPANS; i++)
     if (io->spans[i].used < victim->used)
       victim = &io->spans[i];
   free (victim->ext);
   *victim = (struct nbdio_span) { .start = start, .ext = ext, .n = k };
   r = nbdio_span_find (io, offset, type, len);
-  nbdio_unlock (&io->status_lock);
+  lock_release (&io->status_lock);
   return r;
 }
 
@@ -568,7 +568,7 @@ static int
 nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
                   uint32_t *type, uint64_t *len)
 {
-  struct nbdio_wait w = { .lock = { PTHREAD_MUTEX_INITIALIZER },
+  struct nbdio_wait w = { .lock = LOCK_INITIALIZER,
                           .done = PTHREAD_COND_INITIALIZER };
   int r = 0;
   struct nbdio_cmd cmd = {
@@ -621,7 +621,7 @@ nbdio_close (struct qcow2_io *qio)
 {
   struct nbdio *io = (struct nbdio *) qio;
 
-  nbdio_lock (&io->lock);
+  lock_acquire (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++) {
     struct nbdio_conn *c = &io->conns[i];
     if (c->has_thread && c->pid == getpid ()) {
@@ -629,7 +629,7 @@ nbdio_close (struct qcow2_io *qio)
       nbdio_wake (c);
     }
   }
-  nbdio_unlock (&io->lock);
+  lock_release (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++)
     nbdio_reap (&io->conns[i]);
   for (char **a = io->argv; a && *a; a++)
@@ -640,9 +640,9 @@ nbdio_close (struct qcow2_io *qio)
   free (io->last_why);
   for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++)
     free (io->spans[i].ext);
-  pthread_mutex_destroy (&io->lock.m);
+  pthread_mutex_destroy (&io->lock.mutex);
   pthread_cond_destroy (&io->changed);
-  pthread_mutex_destroy (&io->status_lock.m);
+  pthread_mutex_destroy (&io->status_lock.mutex);
   free (io);
 }
 
@@ -677,9 +677,9 @@ nbdio_open (const struct qcow2_remote *remote,
     io->opts = *opts;
   if (!io->opts.timeout)
     io->opts.timeout = NBDIO_TIMEOUT;
-  pthread_mutex_init (&io->lock.m, NULL);
+  pthread_mutex_init (&io->lock.mutex, NULL);
   pthread_cond_init (&io->changed, NULL);
-  pthread_mutex_init (&io->status_lock.m, NULL);
+  pthread_mutex_init (&io->status_lock.mutex, NULL);
   io->block_min = 1;
   io->block_max = NBDIO_MAX_REQUEST;
   io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1 : NBDIO_MAX_CONNS;
@@ -713,9 +713,9 @@ nbdio_open (const struct qcow2_remote *remote,
       e = ENXIO;
       goto fail;
     }
-    nbdio_lock (&io->lock);
+    lock_acquire (&io->lock);
     nbdio_ready (io, c, h);
-    nbdio_unlock (&io->lock);
+    lock_release (&io->lock);
   }
   nbdio_say (io, false, "%s: %" PRIu64 " bytes, requests of %" PRIu32
              " to %" PRIu32 " bytes, %s, up to %u connection%s", io->name,
