@@ -19,10 +19,22 @@
 #               each answer): ours through nbdkit's curl plugin,
 #               qemu-nbd through its curl driver, direct through
 #               "nbdkit curl" alone
+#   seq-256k-qd16, seq-1m-qd4
+#               sequential reads with several in flight (a guest's own
+#               read-ahead, qemu-img convert): 256 KiB at QD16, 1 MiB at
+#               QD4, of the overlay over the raw base
+#   copy, copy-noext
+#               nbdcopy --connections=1 --requests=16 of the whole
+#               overlay over the raw base to null:, with block status
+#               and without (--no-extents); MiB/s from its time, and
+#               the bytes the base served per byte copied (counted by
+#               nbdkit's log filter on the base's server for these)
+#   copy-http   the same of the overlay over the web server
 # Usage: bench/remote.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
 # REMOTE_CASES="rand-4k ..." runs only those)
 # Prints MiB/s or IOPS per server (medians) and the ratios, which go into
-# bench/ratios.tsv and its chart unless BENCH_UPDATE=0.
+# bench/ratios.tsv and its chart unless BENCH_UPDATE=0 (set it when only
+# some cases run: the bench's rows are replaced as a whole).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 export PATH=$top:/usr/bin:$PATH
@@ -45,6 +57,9 @@ serve ()
 }
 serve raw -r --filter=delay file "$work/base.raw" delay-read=2ms
 serve frag -r --filter=delay file "$work/frag.qcow2" delay-read=2ms
+# The same base with its reads logged, for the copy cases.
+serve rawlog -r --filter=log --filter=delay file "$work/base.raw" \
+  delay-read=2ms logfile="$work/rawlog.log"
 mkdir "$work/web"
 ln -s "$work/base.raw" "$work/web/base.raw"
 RANGE_SERVER_DELAY=0.002 /usr/bin/python3 "$top/tests/range-server.py" \
@@ -58,6 +73,8 @@ qemu-img create -q -f qcow2 -F raw -b "nbd+unix:///?socket=$work/raw.sock" \
 qemu-img create -q -f qcow2 -F qcow2 -b "nbd+unix:///?socket=$work/frag.sock" \
   "$work/ovl-frag.qcow2"
 qemu-img create -q -f qcow2 -F raw -b "$url" "$work/ovl-http.qcow2"
+qemu-img create -q -f qcow2 -F raw \
+  -b "nbd+unix:///?socket=$work/rawlog.sock" "$work/ovl-rawlog.qcow2"
 
 # fio_run URI RW BS DEPTH: MiB/s (bs 1m) or IOPS (4k), one number.
 fio_run ()
@@ -69,19 +86,47 @@ fio_run ()
 import json, sys
 out = sys.stdin.read()   # JSON after a line saying "connected"
 r = json.loads(out[out.index("{"):])["jobs"][0]["read"]
-print("%.1f" % (r["bw"] / 1024 if sys.argv[1] == "1m" else r["iops"]))' "$3"
+print("%.1f" % (r["iops"] if sys.argv[1] == "4k" else r["bw"] / 1024))' "$3"
+}
+
+# copy_run URI [NBDCOPY-OPTIONS]: MiB/s of nbdcopy of the whole export
+# to null:, then the bytes the logged base served per byte copied (if
+# it served any).
+copy_run ()
+{
+  local uri=$1 t0 t1 size from
+  shift
+  size=$(nbdinfo --size "$uri")
+  from=$(wc -c < "$work/rawlog.log")
+  t0=$(date +%s.%N)
+  nbdcopy --connections=1 --requests=16 "$@" "$uri" null:
+  t1=$(date +%s.%N)
+  tail -c +"$((from + 1))" "$work/rawlog.log" |
+    /usr/bin/python3 -c '
+import re, sys
+size, secs = int(sys.argv[1]), float(sys.argv[2])
+got = sum(int(m.group(1), 0) for line in sys.stdin
+          if " Read id=" in line
+          for m in [re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line)] if m)
+# Over the web server the log sees nothing: the speed alone.
+print("%.1f" % (size / secs / 1048576), "%.2f" % (got / size) if got else "")
+' "$size" "$(echo "$t1 - $t0" | bc -l)"
 }
 
 # one CASE SERVER: start the server, measure, stop it.
 one ()
 {
-  local case=$1 server=$2 ovl rw=read bs=1m depth=1 uri
+  local case=$1 server=$2 ovl rw=read bs=1m depth=1 uri base=raw
   case $case in
     seq-1m) ovl=ovl-raw ;;
     rand-4k) ovl=ovl-raw rw=randread bs=4k depth=16 ;;
     frag-1m) ovl=ovl-frag ;;
-    http-1m) ovl=ovl-http ;;
+    http-*) ovl=ovl-http ;;
+    seq-256k-qd16) ovl=ovl-raw bs=256k depth=16 ;;
+    seq-1m-qd4) ovl=ovl-raw depth=4 ;;
+    copy*) ovl=ovl-rawlog base=rawlog ;;
   esac
+  [ "$case" = copy-http ] && ovl=ovl-http
   rm -f "$work/s.sock"
   case $server in
     ours)
@@ -90,34 +135,41 @@ one ()
       qemu-nbd -r -t -f qcow2 -k "$work/s.sock" --pid-file="$work/s.pid" \
         "$work/$ovl.qcow2" & ;;
     direct)
-      if [ "$case" = http-1m ]; then
+      if [ "$ovl" = ovl-http ]; then
         nbdkit -U "$work/s.sock" -P "$work/s.pid" -r curl "$url"
       else
-        ln -s "$work/raw.sock" "$work/s.sock"
+        ln -s "$work/$base.sock" "$work/s.sock"
         echo > "$work/s.pid"
       fi ;;
   esac
   for i in $(seq 100); do [ -S "$work/s.sock" ] && [ -s "$work/s.pid" ] && break; sleep 0.1; done
   uri="nbd+unix:///?socket=$work/s.sock"
-  fio_run "$uri" "$rw" "$bs" "$depth"
-  [ "$server" = direct ] && [ "$case" != http-1m ] ||
+  case $case in
+    copy | copy-http) copy_run "$uri" ;;
+    copy-noext) copy_run "$uri" --no-extents ;;
+    *) fio_run "$uri" "$rw" "$bs" "$depth" ;;
+  esac
+  [ "$server" = direct ] && [ "$ovl" != ovl-http ] ||
     { kill "$(cat "$work/s.pid")"; while kill -0 "$(cat "$work/s.pid")" 2>/dev/null; do sleep 0.1; done; }
   rm -f "$work/s.sock" "$work/s.pid"
 }
 
-declare -A res
-cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m}
+declare -A res fetched
+cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-noext copy-http}
 servers="ours qemu-nbd direct"
 for r in $(seq "$rounds"); do
   for c in $cases; do
     for s in $servers; do
-      res[$c,$s]+="$(one "$c" "$s") "
+      out=$(one "$c" "$s")
+      read -r v f <<< "$out"
+      res[$c,$s]+="$v "
+      fetched[$c,$s]+="${f:+$f }"
     done
   done
 done
 
 median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "$rounds rounds of $secs s; MiB/s (1m cases) or IOPS (rand-4k), medians"
+echo "$rounds rounds of $secs s (copy cases: one copy a round); MiB/s (IOPS for rand-4k), medians; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| case | ours | qemu-nbd | direct | ours/qemu-nbd | ours/direct |"
 echo "|---|---|---|---|---|---|"
 : > "$work/ratios"
@@ -132,6 +184,13 @@ done
 [ "${BENCH_UPDATE:-1}" = 0 ] ||
   /usr/bin/python3 "$top/bench/report.py" --ratios \
     "remote backing files, 2 ms a read (bench/remote.sh)" < "$work/ratios"
+echo "bytes the base served per byte copied (medians):"
+for c in $cases; do
+  [ -n "${fetched[$c,ours]}" ] || continue
+  echo "$c: ours $(median "${fetched[$c,ours]}")" \
+    "qemu-nbd $(median "${fetched[$c,qemu-nbd]}")" \
+    "direct $(median "${fetched[$c,direct]}")"
+done
 echo "all rounds:"
 for c in $cases; do
   for s in $servers; do echo "$c $s: ${res[$c,$s]}"; done

@@ -55,7 +55,9 @@ def source(member):
         return module + '/' + base
     if lib == 'libglue':
         return 'glue/' + base
-    if lib in ('libfileio', 'libnbdio', 'libmemio'):
+    if lib == 'libnbdio':
+        return 'backend/nbdio.c'    # its files are one backend
+    if lib in ('libfileio', 'libmemio'):
         return 'backend/' + base
     if lib == 'libqcow2':
         return 'engine'

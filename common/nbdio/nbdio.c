@@ -16,641 +16,27 @@
  * (into the background): the connections of the process before the
  * fork are left, and new ones made.
  */
-#include <ctype.h>
+#include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <libnbd.h>
 
 #include "checked.h"
 #include "errstr.h"
-#include "nbdio.h"
-#include "monotonic.h"
-
-/* What one NBD request may carry when the server does not say (the
- * NBD protocol's recommendation).
- */
-#define NBDIO_MAX_REQUEST (32u << 20)
-
-enum conn_state {
-  CONN_UNUSED,                  /* never connected */
-  CONN_CONNECTING,              /* its thread is connecting */
-  CONN_READY,                   /* requests may be submitted */
-  CONN_DEAD,                    /* lost: to be reaped, then reconnected */
-  CONN_FAILED,                  /* connecting failed: the same */
-};
-
-struct nbdio;
-
-struct nbdio_conn {
-  struct nbdio *io;
-  /* Under io->lock. */
-  enum conn_state state;
-  bool has_thread;              /* thread to be joined (this process's) */
-  pthread_t thread;
-  pid_t pid;                    /* the process that connected */
-  struct nbd_handle *h;         /* READY, DEAD: the handle */
-  int fd;                       /* its socket */
-  int shut_fd;                  /* our descriptor of the socket, or -1 */
-  unsigned users;               /* threads submitting to h right now */
-  unsigned gen;                 /* its number (io->conn_seq) */
-  bool shut;                    /* READY but not served: not used again */
-  bool timed_out;               /* atomic: dropped for the timeout */
-  bool stopping;
-  int wake[2];                  /* wakes the thread from poll: its own */
-  /* Atomic: commands submitted and not yet completed, and when the
-   * connection last moved on (the server sent something, or a request
-   * came while none waited): the timeout counts from there.
-   */
-  unsigned inflight;
-  uint64_t progress_ms;
-};
-
-struct nbdio {
-  struct qcow2_io io;
-  char *name;                   /* the URL, for messages */
-  char *uri;                    /* an NBD server's, or NULL */
-  char **argv;                  /* or the nbdkit to start */
-  struct nbdio_options opts;
-  unsigned nconns;              /* connections allowed */
-  uint64_t size;                /* the export's, fixed at open */
-  uint32_t block_min, block_max;
-  bool has_status;              /* base:allocation */
-
-  pthread_mutex_t lock;
-  pthread_cond_t changed;       /* a connection changed state */
-  unsigned failures;            /* connecting failed: how many times */
-  unsigned conn_seq;            /* connections made so far (atomic) */
-  bool down_said;               /* failing to connect said, not said back */
-  bool lost;                    /* said lost, not yet said back */
-  char *last_why;               /* why it failed the last time */
-  struct nbdio_conn conns[NBDIO_MAX_CONNS];
-
-  /* The last block status reply: extents from status_start. */
-  pthread_mutex_t status_lock;
-  uint64_t status_start;
-  uint32_t *status_ext;         /* length, flags pairs */
-  size_t status_n;
-};
-
-/* What a message is (false and true: debug and error).  A notice's
- * text does not start with the storage's name: the notice callback
- * gets it apart.
- */
-enum nbdio_level { NBDIO_DEBUG, NBDIO_ERROR, NBDIO_NOTICE };
-
-static void __attribute__ ((format (printf, 3, 4)))
-nbdio_say (struct nbdio *io, enum nbdio_level level, const char *fmt, ...)
-{
-  void (*fn) (const char *) =
-    level == NBDIO_DEBUG ? io->opts.debug : io->opts.error;
-  char msg[1024];
-  va_list ap;
-
-  if (!fn && !(level == NBDIO_NOTICE && io->opts.notice))
-    return;
-  va_start (ap, fmt);
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  va_end (ap);
-  if (level == NBDIO_NOTICE && io->opts.notice)
-    io->opts.notice (io->name, msg);
-  else if (level == NBDIO_NOTICE) {
-    char *named;
-    if (asprintf (&named, "%s: %s", io->name, msg) >= 0) {
-      fn (named);
-      free (named);
-    }
-  }
-  else
-    fn (msg);
-}
-
-static uint64_t
-nbdio_now_ms (void)
-{
-  return monotonic_ns () / 1000000;
-}
-
-/* Is cmd an executable file in a folder of PATH? */
-static bool
-nbdio_in_path (const char *cmd)
-{
-  const char *p = getenv ("PATH");
-
-  while (p && *p) {
-    size_t n = strcspn (p, ":");
-    char *f;
-    bool ok;
-
-    /* An empty folder is the current one. */
-    if (asprintf (&f, "%.*s/%s", n ? (int) n : 1, n ? p : ".", cmd) < 0)
-      return true;              /* not known: libnbd's error says */
-    ok = access (f, X_OK) == 0;
-    free (f);
-    if (ok)
-      return true;
-    p += n + (p[n] == ':');
-  }
-  return false;
-}
-
-/* Connecting: libnbd's error (without the name of the call), with
- * what the user can do about it.
- */
-static char *
-nbdio_connect_error (struct nbdio *io)
-{
-  const char *err = nbd_get_error ();
-  int e = nbd_get_errno ();
-  char *why;
-
-  /* libnbd sees only the connection reset. */
-  if (io->argv && !nbdio_in_path (io->argv[0]))
-    return asprintf (&why, "nbdkit's %s plugin could not be started: "
-                     "%s not found in PATH (install nbdkit and its %s "
-                     "plugin, or add its folder to PATH)", io->argv[3],
-                     io->argv[0], io->argv[3]) < 0 ? NULL : why;
-  if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
-    err = strstr (err, ": ") + 2;
-  if (io->argv && err && strstr (err, "handshake"))
-    /* nbdkit said why on stderr; libnbd only saw it give up. */
-    return asprintf (&why, "nbdkit's %s plugin cannot serve it (its "
-                     "message is above)", io->argv[3]) < 0 ? NULL : why;
-  if (asprintf (&why, "%s%s", err ? err : "the connection failed",
-                e == ECONNREFUSED || e == ENOENT
-                ? ": is the NBD server running?"
-                : err && strstr (err, "getaddrinfo")
-                ? ": does the host name resolve?"
-                : err && strstr (err, "refused TLS")
-                ? " (the server does not offer TLS: nbd:// and nbd+unix:// "
-                  "connect without it)"
-                : err && strstr (err, "no export")
-                ? " (is the export name right?)" : "") < 0)
-    why = NULL;
-  return why;
-}
-
-/* Wait for fd to be ready as libnbd asks, or for the wake pipe; ms
- * (-1: no limit).  0: ready or woken, 1: timed out.
- */
-static int
-nbdio_poll (struct nbdio_conn *c, struct nbd_handle *h, int ms,
-            short *revents)
-{
-  unsigned dir = nbd_aio_get_direction (h);
-  struct pollfd p[2] = {
-    { .fd = nbd_aio_get_fd (h),
-      .events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0)
-                | (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0) },
-    { .fd = c->wake[0], .events = POLLIN },
-  };
-  int n;
-
-  *revents = 0;
-  if (p[0].fd == -1)
-    return 0;
-  do
-    n = poll (p, 2, ms);
-  while (n == -1 && errno == EINTR);
-  if (p[1].revents & POLLIN) {
-    char buf[64];
-    while (read (c->wake[0], buf, sizeof buf) > 0)
-      ;
-  }
-  *revents = p[0].revents;
-  return n == 0;
-}
-
-/* Move the state machine on after poll said revents. */
-static void
-nbdio_notify (struct nbd_handle *h, short revents)
-{
-  unsigned dir = nbd_aio_get_direction (h);
-
-  if ((revents & POLLIN) ||
-      ((revents & (POLLHUP | POLLERR)) && (dir & LIBNBD_AIO_DIRECTION_READ)))
-    nbd_aio_notify_read (h);
-  else if (revents & (POLLOUT | POLLHUP | POLLERR))
-    nbd_aio_notify_write (h);
-}
-
-static void
-nbdio_wake (struct nbdio_conn *c)
-{
-  ssize_t r = write (c->wake[1], "", 1);
-  (void) r;                     /* a full pipe wakes it anyway */
-}
-
-/* The helper's socket, in the folder libnbd made for it
- * (/tmp/libnbdXXXXXX), is not needed once connected: removed now, not
- * at nbd_close, which a server killed or forked into the background
- * never reaches.  The helper listening on it learns its name only from
- * the connection.
- */
-static void
-nbdio_unlink_socket (struct nbd_handle *h)
-{
-  struct sockaddr_un addr;
-  socklen_t len = sizeof addr;
-  char *slash;
-
-  memset (&addr, 0, sizeof addr);
-  if (getpeername (nbd_aio_get_fd (h), (struct sockaddr *) &addr, &len) == -1
-      || addr.sun_family != AF_UNIX || len <= offsetof (struct sockaddr_un,
-                                                        sun_path)
-      || len > sizeof addr)
-    return;
-  addr.sun_path[sizeof addr.sun_path - 1] = '\0';
-  slash = strrchr (addr.sun_path, '/');
-  if (strncmp (addr.sun_path, "/tmp/libnbd", 11) != 0 || !slash ||
-      strcmp (slash, "/sock") != 0)
-    return;
-  unlink (addr.sun_path);
-  *slash = '\0';
-  rmdir (addr.sun_path);
-}
-
-/* A new handle, connected within the timeout; NULL with *why. */
-static struct nbd_handle *
-nbdio_connect (struct nbdio_conn *c, char **why)
-{
-  struct nbdio *io = c->io;
-  uint64_t deadline = nbdio_now_ms () + io->opts.timeout * UINT64_C (1000);
-  struct nbd_handle *h = nbd_create ();
-  int r;
-
-  *why = NULL;
-  if (!h) {
-    *why = nbdio_connect_error (io);
-    return NULL;
-  }
-  /* Reads are checked (every byte accounted for: see nbdio_chunk):
-   * the buffers need not be zeroed first.
-   */
-  if (nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1 ||
-      nbd_set_pread_initialize (h, false) == -1 ||
-      (io->opts.tls_certificates &&
-       nbd_set_tls_certificates (h, io->opts.tls_certificates) == -1) ||
-      (io->opts.tls_psk_file &&
-       nbd_set_tls_psk_file (h, io->opts.tls_psk_file) == -1) ||
-      (io->opts.tls_username &&
-       nbd_set_tls_username (h, io->opts.tls_username) == -1))
-    goto fail;
-  if (io->argv) {
-    /* libnbd forks and execs nbdkit within this call, which inherits
-     * this thread's signal mask: nbdkit's threads and ours block every
-     * signal, and a helper started so would never take the SIGTERM of
-     * --exit-with-parent.  Signals arriving meanwhile run the serving
-     * nbdkit's handlers here, which any of its threads may run.
-     */
-    sigset_t none, old;
-    sigemptyset (&none);
-    pthread_sigmask (SIG_SETMASK, &none, &old);
-    r = nbd_aio_connect_systemd_socket_activation (h, io->argv);
-    pthread_sigmask (SIG_SETMASK, &old, NULL);
-  }
-  else
-    r = nbd_aio_connect_uri (h, io->uri);
-  while (r != -1 && !nbd_aio_is_ready (h)) {
-    uint64_t now = nbdio_now_ms ();
-    short revents;
-
-    if (nbd_aio_is_dead (h) || nbd_aio_is_closed (h))
-      goto fail;
-    if (now >= deadline ||
-        nbdio_poll (c, h, MIN (deadline - now, INT32_MAX), &revents)) {
-      if (asprintf (why, "no answer within %u s (remote-timeout=)",
-                    io->opts.timeout) < 0)
-        *why = NULL;
-      goto out;
-    }
-    if (__atomic_load_n (&c->stopping, __ATOMIC_RELAXED)) {
-      *why = strdup ("closed while connecting");
-      goto out;
-    }
-    nbdio_notify (h, revents);
-  }
-  if (r != -1) {
-    if (io->argv)
-      nbdio_unlink_socket (h);
-    return h;
-  }
- fail:
-  *why = nbdio_connect_error (io);
- out:
-  nbd_kill_subprocess (h, SIGKILL);
-  nbd_close (h);
-  return NULL;
-}
-
-/* A connected handle: does it serve what was opened? */
-static int
-nbdio_check_export (struct nbdio *io, struct nbd_handle *h, bool first,
-                    char **why)
-{
-  int64_t size = nbd_get_size (h);
-
-  *why = NULL;
-  if (size == -1) {
-    *why = nbdio_connect_error (io);
-    return -1;
-  }
-  if (!first && (uint64_t) size != io->size) {
-    if (asprintf (why, "the export's size is now %" PRId64 ", not %" PRIu64
-                  ": it is not the storage that was opened", size,
-                  io->size) < 0)
-      *why = NULL;
-    return -1;
-  }
-  if (first) {
-    int64_t min = nbd_get_block_size (h, LIBNBD_SIZE_MINIMUM);
-    int64_t max = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
-    io->size = size;
-    io->block_min = min > 1 && min <= 65536 ? min : 1;
-    io->block_max = max >= io->block_min && max < NBDIO_MAX_REQUEST
-                    ? max & ~(io->block_min - 1) : NBDIO_MAX_REQUEST;
-    io->has_status =
-      nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
-    /* A server may serve each connection's requests a few at a time
-     * (nbdkit: --threads each): where it allows several connections,
-     * more are made as the load needs.
-     */
-    if (io->uri && nbd_can_multi_conn (h) == 1)
-      io->nconns = NBDIO_MAX_CONNS;
-  }
-  return 0;
-}
-
-/* c is connected through h (io->lock held, or c not shared yet). */
-static void
-nbdio_ready (struct nbdio_conn *c, struct nbd_handle *h)
-{
-  c->h = h;
-  c->fd = nbd_aio_get_fd (h);
-  c->shut_fd = fcntl (c->fd, F_DUPFD_CLOEXEC, 0);
-  c->state = CONN_READY;
-  c->gen = __atomic_add_fetch (&c->io->conn_seq, 1, __ATOMIC_RELEASE);
-  c->shut = false;
-  c->timed_out = false;
-  pthread_cond_broadcast (&c->io->changed);
-}
-
-/* The thread of a connection: connect, then run the state machine
- * until the connection dies or is closed.
- */
-static void *
-nbdio_conn_thread (void *arg)
-{
-  struct nbdio_conn *c = arg;
-  struct nbdio *io = c->io;
-  struct nbd_handle *h = c->h;
-  char *why = NULL;
-  bool timed_out = false;
-
-  /* Connected at open, in the thread that opened. */
-  if (h)
-    goto poll;
-  h = nbdio_connect (c, &why);
-  pthread_mutex_lock (&io->lock);
-  if (h && nbdio_check_export (io, h, false, &why) == -1) {
-    nbd_kill_subprocess (h, SIGKILL);
-    nbd_close (h);
-    h = NULL;
-  }
-  if (!h) {
-    c->state = CONN_FAILED;
-    io->failures++;
-    io->lost = true;
-    free (io->last_why);
-    io->last_why = why;
-    pthread_cond_broadcast (&io->changed);
-    pthread_mutex_unlock (&io->lock);
-    return NULL;
-  }
-  nbdio_ready (c, h);
-  if (io->lost)
-    nbdio_say (io, NBDIO_NOTICE, "connected again");
-  io->lost = io->down_said = false;
-  pthread_mutex_unlock (&io->lock);
-
- poll:
-  while (!nbd_aio_is_dead (h) && !nbd_aio_is_closed (h) &&
-         !__atomic_load_n (&c->stopping, __ATOMIC_RELAXED)) {
-    uint64_t deadline = __atomic_load_n (&c->progress_ms, __ATOMIC_ACQUIRE)
-                        + io->opts.timeout * UINT64_C (1000);
-    uint64_t now = nbdio_now_ms ();
-    short revents;
-
-    /* Requests wait and the server has said nothing for the timeout:
-     * as if it were gone (the socket shut down fails them all, and the
-     * connection).  The poll wakes by then at the latest, without a
-     * request waking it.
-     */
-    if (now >= deadline) {
-      if (__atomic_load_n (&c->inflight, __ATOMIC_ACQUIRE) > 0 &&
-          !timed_out) {
-        nbdio_say (io, true, "%s: no answer for %u s (remote-timeout=): "
-                   "requests waiting on it fail, and the next one "
-                   "connects again", io->name, io->opts.timeout);
-        timed_out = true;
-        __atomic_store_n (&c->timed_out, true, __ATOMIC_RELEASE);
-        shutdown (c->shut_fd, SHUT_RDWR);
-      }
-      deadline = now + io->opts.timeout * UINT64_C (1000);
-    }
-    if (nbdio_poll (c, h, MIN (deadline - now, INT32_MAX), &revents))
-      continue;
-    if (revents)
-      __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
-    nbdio_notify (h, revents);
-  }
-
-  pthread_mutex_lock (&io->lock);
-  if (c->shut && !c->stopping) {
-    nbdio_say (io, NBDIO_NOTICE, "the server no longer serves a "
-               "connection (shutting down?): its requests are asked again "
-               "on a new one");
-    c->state = CONN_DEAD;
-  }
-  else if (!c->stopping) {
-    io->lost = true;
-    if (!timed_out)
-      nbdio_say (io, NBDIO_NOTICE, "the connection was lost (%s): "
-                 "requests waiting on it are asked again on a new one",
-                 nbd_get_error () ? nbd_get_error ()
-                 : "the server closed it");
-    c->state = CONN_DEAD;
-  }
-  pthread_cond_broadcast (&io->changed);
-  pthread_mutex_unlock (&io->lock);
-  return NULL;
-}
-
-/* Start c's thread (io->lock held): it connects (the state becomes
- * CONN_CONNECTING) unless c is connected already.  Signals are the
- * server's.
- */
-static int
-nbdio_start (struct nbdio_conn *c)
-{
-  sigset_t all, old;
-  int e;
-
-  /* The thread's own pipe: after a fork, a thread of the process
-   * before it may poll the pipes it had.
-   */
-  if (pipe2 (c->wake, O_CLOEXEC | O_NONBLOCK) == -1)
-    return -errno;
-  if (!c->h) {
-    c->state = CONN_CONNECTING;
-    c->pid = getpid ();
-  }
-  c->stopping = false;
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  e = pthread_create (&c->thread, NULL, nbdio_conn_thread, c);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
-  if (e) {
-    close (c->wake[0]);
-    close (c->wake[1]);
-    c->wake[0] = c->wake[1] = -1;
-    c->state = CONN_FAILED;
-    return -e;
-  }
-  c->has_thread = true;
-  return 0;
-}
-
-/* Forget c's last connection (io->lock held; no thread submits to it,
- * and its thread has finished or does not exist in this process).
- */
-static void
-nbdio_reap (struct nbdio_conn *c)
-{
-  if (c->has_thread && c->pid == getpid ())
-    pthread_join (c->thread, NULL);
-  c->has_thread = false;
-  if (c->h && c->pid == getpid ()) {
-    nbd_kill_subprocess (c->h, SIGKILL);
-    nbd_close (c->h);
-  }
-  else if (c->h)
-    /* The handle of the process before a fork, whose thread is gone:
-     * not used again, and its socket not left open.
-     */
-    close (c->fd);
-  c->h = NULL;
-  if (c->shut_fd >= 0)
-    close (c->shut_fd);
-  if (c->wake[0] >= 0) {
-    close (c->wake[0]);
-    close (c->wake[1]);
-  }
-  c->shut_fd = c->wake[0] = c->wake[1] = -1;
-  c->state = CONN_UNUSED;
-}
-
-/* A connection to submit to (its users counted: see nbdio_release),
- * or NULL with errno and, if why is not NULL, *why (malloc'd) when
- * none can be made.  The least busy, connecting again (or one more,
- * where several are allowed) when it is busy or none is left.
- */
-static struct nbdio_conn *
-nbdio_acquire (struct nbdio *io, char **why)
-{
-  unsigned failures;
-  struct nbdio_conn *c = NULL;
-
-  pthread_mutex_lock (&io->lock);
-  failures = io->failures;
-  for (;;) {
-    struct nbdio_conn *best = NULL, *slot = NULL;
-    bool connecting = false;
-
-    for (unsigned i = 0; i < io->nconns; i++) {
-      struct nbdio_conn *k = &io->conns[i];
-      if ((k->state == CONN_READY || k->state == CONN_CONNECTING) &&
-          k->pid != getpid ())
-        k->state = CONN_DEAD;           /* the process before a fork */
-      if (k->state == CONN_READY && !k->shut &&
-          (!best || __atomic_load_n (&k->inflight, __ATOMIC_RELAXED)
-                    < __atomic_load_n (&best->inflight, __ATOMIC_RELAXED)))
-        best = k;
-      connecting |= k->state == CONN_CONNECTING;
-      if (!slot && k->state != CONN_READY && k->state != CONN_CONNECTING &&
-          k->users == 0)
-        slot = k;
-    }
-    if (best && (connecting || !slot ||
-                 __atomic_load_n (&best->inflight, __ATOMIC_RELAXED) == 0)) {
-      c = best;
-      /* Connected at open: its thread starts with its first use. */
-      if (!c->has_thread && nbdio_start (c) < 0)
-        c->state = CONN_DEAD;
-      else
-        break;
-      continue;
-    }
-    if (!best && io->failures != failures) {
-      /* An attempt made since this request came failed: said for the
-       * first request it fails until a connection is made again
-       * (EALREADY: for the others).
-       */
-      errno = io->down_said ? EALREADY : EIO;
-      io->down_said = true;
-      if (why && errno == EIO)
-        *why = io->last_why ? strdup (io->last_why) : NULL;
-      break;
-    }
-    if (slot && !connecting) {
-      int e;
-      nbdio_reap (slot);
-      if ((e = nbdio_start (slot)) < 0) {
-        errno = -e;
-        if (why && asprintf (why, "cannot start a thread: %s",
-                             errstr (-e)) < 0)
-          *why = NULL;
-        break;
-      }
-      if (best) {
-        c = best;
-        break;
-      }
-    }
-    pthread_cond_wait (&io->changed, &io->lock);
-  }
-  if (c)
-    c->users++;
-  pthread_mutex_unlock (&io->lock);
-  return c;
-}
-
-static void
-nbdio_release (struct nbdio_conn *c)
-{
-  pthread_mutex_lock (&c->io->lock);
-  if (--c->users == 0)
-    pthread_cond_broadcast (&c->io->changed);
-  pthread_mutex_unlock (&c->io->lock);
-}
+#include "nbdio-internal.h"
 
 /* A set of commands waited for together. */
 struct nbdio_wait {
-  pthread_mutex_t lock;
+  struct lock lock;
   pthread_cond_t done;
   unsigned pending;
 };
@@ -777,12 +163,14 @@ nbdio_done (void *opaque, int *error)
                : "chunks not covering all of it", cmd->delivered);
     *error = EIO;
   }
-  __atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE);
-  pthread_mutex_lock (&w->lock);
+  if (__atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE) == 0)
+    assert (!"a command completed twice");
+  lock_acquire (&w->lock);
+  assert (w->pending > 0);
   cmd->err = *error;
   if (--w->pending == 0)
     pthread_cond_broadcast (&w->done);
-  pthread_mutex_unlock (&w->lock);
+  lock_release (&w->lock);
   return 1;
 }
 
@@ -829,9 +217,9 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   cmd->c = c;
   cmd->gen = c->gen;
   cmd->seen = __atomic_load_n (&io->conn_seq, __ATOMIC_ACQUIRE);
-  pthread_mutex_lock (&cmd->w->lock);
+  lock_acquire (&cmd->w->lock);
   cmd->w->pending++;
-  pthread_mutex_unlock (&cmd->w->lock);
+  lock_release (&cmd->w->lock);
   if (__atomic_fetch_add (&c->inflight, 1, __ATOMIC_ACQ_REL) == 0)
     __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
   if (status)
@@ -851,9 +239,9 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   if (cookie == -1) {
     /* Not queued: no completion will come. */
     __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock (&cmd->w->lock);
+    lock_acquire (&cmd->w->lock);
     cmd->w->pending--;
-    pthread_mutex_unlock (&cmd->w->lock);
+    lock_release (&cmd->w->lock);
     /* Found closed: not served (see nbdio_retry). */
     if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
       cmd->err = ESHUTDOWN;
@@ -874,10 +262,10 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
 static void
 nbdio_wait_pending (struct nbdio_wait *w)
 {
-  pthread_mutex_lock (&w->lock);
+  lock_acquire (&w->lock);
   while (w->pending > 0)
-    pthread_cond_wait (&w->done, &w->lock);
-  pthread_mutex_unlock (&w->lock);
+    pthread_cond_wait (&w->done, &w->lock.mutex);
+  lock_release (&w->lock);
 }
 
 /* Commands the server did not serve (it is shutting down, and answered
@@ -899,10 +287,10 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
 
     if ((cmd->err != ESHUTDOWN && cmd->err != ENOTCONN) || cmd->retried)
       continue;
-    pthread_mutex_lock (&io->lock);
+    lock_acquire (&io->lock);
     if (cmd->err == ENOTCONN && c->gen == cmd->gen &&
         __atomic_load_n (&c->timed_out, __ATOMIC_ACQUIRE)) {
-      pthread_mutex_unlock (&io->lock);
+      lock_release (&io->lock);
       continue;
     }
     for (unsigned j = 0; j < io->nconns; j++) {
@@ -914,7 +302,7 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
         nbdio_wake (k);
       }
     }
-    pthread_mutex_unlock (&io->lock);
+    lock_release (&io->lock);
     cmd->retried = true;
     cmd->err = 0;
     free (cmd->ext);
@@ -947,7 +335,7 @@ nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
 
 /* Commands reading [offset, offset+count) into buf (the part within
  * the export), aligned to the server's minimum block size and cut at
- * its maximum, into cmds from *n on (NULL: just count them).
+ * its maximum, into cmds (NULL: just count them): how many.
  */
 static size_t
 nbdio_plan_read (struct nbdio *io, uint8_t *buf, size_t count,
@@ -989,7 +377,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
                   size_t n)
 {
   struct nbdio *io = (struct nbdio *) qio;
-  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
+  struct nbdio_wait w = { .lock = LOCK_INITIALIZER,
                           .done = PTHREAD_COND_INITIALIZER };
   struct nbdio_cmd *cmds;
   size_t ncmds = 0;
@@ -1086,42 +474,128 @@ nbdio_size (struct qcow2_io *io)
   return ((struct nbdio *) io)->size;
 }
 
-/* The extent at offset from the last reply, if it covers it. */
+/* The extent at offset from the spans kept, if one covers it
+ */
+static bool
+nbdio_span_find (struct nbdio *io, uint64_t offset, uint32_t *type,
+                 uint64_t *len)
+  TSA_REQUIRES (io->status_lock)
+{
+  for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++) {
+    struct nbdio_span *sp = &io->spans[i];
+    size_t lo = 0, hi = sp->n;
+
+    if (sp->n == 0 || offset < sp->start || offset >= sp->ext[sp->n - 1].end)
+      continue;
+    /* The first extent ending after offset. */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (sp->ext[mid].end > offset)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    assert (lo < sp->n);
+    *type = sp->ext[lo].type;
+    *len = sp->ext[lo].end - offset;
+    sp->used = ++io->status_tick;
+    return true;
+  }
+  return false;
+}
+
 static bool
 nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
                      uint64_t *len)
 {
-  bool found = false;
-  uint64_t pos;
+  bool found;
 
-  pthread_mutex_lock (&io->status_lock);
-  pos = io->status_start;
-  for (size_t i = 0; i < io->status_n && pos <= offset; i++) {
-    uint64_t l = io->status_ext[2 * i];
-    if (offset < pos + l) {
-      *type = io->status_ext[2 * i + 1]
-              & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO);
-      *len = pos + l - offset;
-      found = true;
-      break;
-    }
-    pos += l;
-  }
-  pthread_mutex_unlock (&io->status_lock);
+  lock_acquire (&io->status_lock);
+  found = nbdio_span_find (io, offset, type, len);
+  lock_release (&io->status_lock);
   return found;
 }
 
-/* Block status: one request answers the runs after it too. */
+/* Keep the reply to a block status at start (n length, flags pairs),
+ * in the place of the span used least recently, and what it says of
+ * offset: 1, 0 if it ends before offset, or -EIO if it says nothing
+ * (the server answered no extent, or only empty ones).
+ */
+static int
+nbdio_status_keep (struct nbdio *io, uint64_t start, const uint32_t *pairs,
+                   size_t n, uint64_t offset, uint32_t *type, uint64_t *len)
+{
+  struct nbdio_extent *ext;
+  struct nbdio_span *victim = &io->spans[0];
+  uint64_t pos = start;
+  size_t k = 0;
+  int r;
+
+  n = MIN (n, NBDIO_STATUS_EXTENTS);
+  if (n == 0 || !(ext = malloc (n * sizeof *ext)))
+    return n == 0 ? -EIO : -ENOMEM;
+  /* Extents past the end (a server may round up the last) are cut
+   * there; empty ones, which the protocol forbids, are skipped.
+   */
+  for (size_t i = 0; i < n && pos < io->size; i++) {
+    if (pairs[2 * i] == 0)
+      continue;
+    pos += MIN (pairs[2 * i], io->size - pos);
+    ext[k++] = (struct nbdio_extent) {
+      .end = pos,
+      .type = pairs[2 * i + 1] & (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO) };
+  }
+  if (k == 0) {
+    free (ext);
+    return -EIO;
+  }
+  lock_acquire (&io->status_lock);
+  for (unsigned i = 1; i < NBDIO_STATUS_SPANS; i++)
+    if (io->spans[i].used < victim->used)
+      victim = &io->spans[i];
+  free (victim->ext);
+  *victim = (struct nbdio_span) { .start = start, .ext = ext, .n = k };
+  r = nbdio_span_find (io, offset, type, len);
+  lock_release (&io->status_lock);
+  return r;
+}
+
+/* Ask the server for the extents from start (as far as the protocol's
+ * 32 bits allow), keep them, and say what they say of offset (as
+ * nbdio_status_keep).
+ */
+static int
+nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
+                  uint32_t *type, uint64_t *len)
+{
+  struct nbdio_wait w = { .lock = LOCK_INITIALIZER,
+                          .done = PTHREAD_COND_INITIALIZER };
+  int r = 0;
+  struct nbdio_cmd cmd = {
+    .w = &w, .offset = start, .result = &r,
+    .len = MIN (io->size - start, UINT32_MAX & ~UINT32_C (65535)) };
+  bool said = false;
+
+  assert (start <= offset && offset < io->size);
+  nbdio_submit (io, &cmd, true, &said);
+  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
+  if (r == 0 &&
+      (r = nbdio_status_keep (io, start, cmd.ext, cmd.ext ? cmd.next : 0,
+                              offset, type, len)) == -EIO)
+    nbdio_say (io, true, "%s: the server answered a block status at %"
+               PRIu64 " with no extent there", io->name, start);
+  free (cmd.ext);
+  return r;
+}
+
+/* Block status: asked in spans, which are kept (NBDIO_STATUS_SPANS). */
 static int
 nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
               uint32_t *type, uint64_t *len)
 {
   struct nbdio *io = (struct nbdio *) qio;
-  struct nbdio_wait w = { .lock = PTHREAD_MUTEX_INITIALIZER,
-                          .done = PTHREAD_COND_INITIALIZER };
-  int r = 0;
-  struct nbdio_cmd cmd = { .w = &w, .offset = offset, .result = &r };
-  bool said = false;
+  uint64_t start = offset & ~(uint64_t) (NBDIO_STATUS_ALIGN - 1);
+  int r;
 
   if (offset >= io->size) {
     *type = QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO;
@@ -1135,25 +609,11 @@ nbdio_status (struct qcow2_io *qio, uint64_t offset, uint64_t count,
   }
   if (nbdio_status_cached (io, offset, type, len))
     return 0;
-  /* Asked for as much as the protocol's 32 bits allow. */
-  cmd.len = MIN (io->size - offset, UINT32_MAX & ~UINT32_C (65535));
-  nbdio_submit (io, &cmd, true, &said);
-  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
-  if (r == 0 && (!cmd.ext || cmd.next == 0))
-    r = -EIO;                   /* a server that answered nothing */
-  if (r == 0) {
-    pthread_mutex_lock (&io->status_lock);
-    free (io->status_ext);
-    io->status_ext = cmd.ext;
-    io->status_n = cmd.next;
-    io->status_start = offset;
-    cmd.ext = NULL;
-    pthread_mutex_unlock (&io->status_lock);
-    if (!nbdio_status_cached (io, offset, type, len))
-      r = -EIO;
-  }
-  free (cmd.ext);
-  return r;
+  r = nbdio_status_ask (io, start, offset, type, len);
+  /* The reply from the aligned start ended before offset. */
+  if (r == 0 && start < offset)
+    r = nbdio_status_ask (io, offset, offset, type, len);
+  return r == 0 ? -EIO : MIN (r, 0);
 }
 
 static void
@@ -1161,7 +621,7 @@ nbdio_close (struct qcow2_io *qio)
 {
   struct nbdio *io = (struct nbdio *) qio;
 
-  pthread_mutex_lock (&io->lock);
+  lock_acquire (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++) {
     struct nbdio_conn *c = &io->conns[i];
     if (c->has_thread && c->pid == getpid ()) {
@@ -1169,7 +629,7 @@ nbdio_close (struct qcow2_io *qio)
       nbdio_wake (c);
     }
   }
-  pthread_mutex_unlock (&io->lock);
+  lock_release (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++)
     nbdio_reap (&io->conns[i]);
   for (char **a = io->argv; a && *a; a++)
@@ -1178,10 +638,11 @@ nbdio_close (struct qcow2_io *qio)
   free (io->uri);
   free (io->name);
   free (io->last_why);
-  free (io->status_ext);
-  pthread_mutex_destroy (&io->lock);
+  for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++)
+    free (io->spans[i].ext);
+  pthread_mutex_destroy (&io->lock.mutex);
   pthread_cond_destroy (&io->changed);
-  pthread_mutex_destroy (&io->status_lock);
+  pthread_mutex_destroy (&io->status_lock.mutex);
   free (io);
 }
 
@@ -1197,193 +658,6 @@ static const struct qcow2_io_ops nbdio_ops = {
   .pread_many = nbdio_pread_many,
   .close = nbdio_close,
 };
-
-static int
-nbdio_hex (char c)
-{
-  return c >= '0' && c <= '9' ? c - '0'
-    : c >= 'a' && c <= 'f' ? c - 'a' + 10
-    : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* Percent-decoding of a URL's part [s, s+len). */
-static char *
-nbdio_unescape (const char *s, size_t len)
-{
-  char *r = malloc (len + 1), *q = r;
-
-  if (!r)
-    return NULL;
-  for (size_t i = 0; i < len; i++) {
-    if (s[i] == '%' && i + 2 < len && nbdio_hex (s[i + 1]) >= 0 &&
-        nbdio_hex (s[i + 2]) >= 0) {
-      *q++ = nbdio_hex (s[i + 1]) << 4 | nbdio_hex (s[i + 2]);
-      i += 2;
-    }
-    else
-      *q++ = s[i];
-  }
-  *q = '\0';
-  return r;
-}
-
-/* Append "key=value" (value len bytes, percent-decoded if unescape) to
- * the argv being built.
- */
-static int
-nbdio_arg (char ***argv, size_t *n, const char *key, const char *value,
-           size_t len, bool unescape)
-{
-  char *v = unescape ? nbdio_unescape (value, len) : strndup (value, len);
-  char **a = realloc (*argv, (*n + 2) * sizeof **argv);
-  int r = -1;
-
-  if (a) {
-    *argv = a;
-    if (v && (key ? asprintf (&a[*n], "%s=%s", key, v) : asprintf (&a[*n], "%s", v)) >= 0) {
-      a[++*n] = NULL;
-      r = 0;
-    }
-  }
-  free (v);
-  return r;
-}
-
-/* An NBD URL with its socket= made absolute, against the folder we are
- * in now (as QEMU, which connects before it forks): nbdkit forking into
- * the background changes to /, and connects again from there.
- */
-static char *
-nbdio_socket_uri (const char *url)
-{
-  const char *q = strchr (url, '?'), *sock = NULL;
-  char *cwd, *r = NULL;
-  FILE *fp;
-  size_t len;
-
-  for (const char *p = q; p; p = strchr (p + 1, '&'))
-    if (strncmp (p + 1, "socket=", 7) == 0)
-      sock = p + 8;
-  if (!sock || *sock == '/' || strncasecmp (sock, "%2f", 3) == 0)
-    return strdup (url);
-  if (!(cwd = getcwd (NULL, 0)) || !(fp = open_memstream (&r, &len))) {
-    free (cwd);
-    return NULL;
-  }
-  fprintf (fp, "%.*s", (int) (sock - url), url);
-  /* The folder percent-encoded, as libnbd decodes the query. */
-  for (const char *c = cwd; *c; c++) {
-    if (isalnum ((unsigned char) *c) || strchr ("/-._~", *c))
-      fputc (*c, fp);
-    else
-      fprintf (fp, "%%%02X", (unsigned char) *c);
-  }
-  fprintf (fp, "/%s", sock);
-  free (cwd);
-  if (fclose (fp) != 0) {
-    free (r);
-    return NULL;
-  }
-  return r;
-}
-
-/* The nbdkit serving an http(s) or ssh URL: its arguments, or -1 with
- * *why.
- */
-static int
-nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
-                   char **why)
-{
-  const char *url = remote->url;
-  char ***argv = &io->argv;
-  size_t n = 0;
-  bool ssh = strncmp (url, "ssh://", 6) == 0;
-  int r = 0;
-
-  for (const char *a = "nbdkit\0-r\0--exit-with-parent\0"; *a;
-       a += strlen (a) + 1)
-    r |= nbdio_arg (argv, &n, NULL, a, strlen (a), false);
-  if (!ssh) {
-    char t[32];
-    r |= nbdio_arg (argv, &n, NULL, "curl", 4, false);
-    r |= nbdio_arg (argv, &n, "url", url, strlen (url), false);
-    if (!remote->sslverify)
-      r |= nbdio_arg (argv, &n, "sslverify", "false", 5, false);
-    if (remote->timeout) {
-      snprintf (t, sizeof t, "%u", remote->timeout);
-      r |= nbdio_arg (argv, &n, "timeout", t, strlen (t), false);
-    }
-    /* The curl plugin reads "+FILE", "-FD" and "-" as where to find the
-     * cookie (nbdkit_read_password): a name in an image must not make
-     * the server read its files or descriptors.  QEMU sends the string
-     * as it is; nbdkit has no way to, so such a cookie is refused, as
-     * is a line break, which would end the header.
-     */
-    if (remote->cookie &&
-        (remote->cookie[0] == '+' || remote->cookie[0] == '-')) {
-      if (asprintf (why, "the cookie \"%s\" is refused: nbdkit's curl "
-                    "plugin would read it as the name of a file or "
-                    "descriptor to read the cookie from, not as the "
-                    "cookie", remote->cookie) < 0)
-        *why = NULL;
-      return -EINVAL;
-    }
-    if (remote->cookie && strpbrk (remote->cookie, "\r\n")) {
-      *why = strdup ("the cookie is refused: it holds a line break");
-      return -EINVAL;
-    }
-    if (remote->cookie)
-      r |= nbdio_arg (argv, &n, "cookie", remote->cookie,
-                      strlen (remote->cookie), false);
-    /* Redirects stay on the web (libcurl may follow them elsewhere). */
-    r |= nbdio_arg (argv, &n, "protocols", "http,https", 10, false);
-    return r ? -ENOMEM : 0;
-  }
-
-  /* ssh://[USER@]HOST[:PORT]/PATH[?host_key_check=no|yes], as QEMU. */
-  const char *auth = url + 6, *path = auth + strcspn (auth, "/?");
-  const char *at = memchr (auth, '@', path - auth), *host = at ? at + 1 : auth;
-  const char *port = NULL, *query = strchr (path, '?');
-  const char *hend = path;
-
-  if (*host == '[') {
-    const char *close = memchr (host, ']', path - host);
-    if (close) {
-      port = close[1] == ':' ? close + 2 : NULL;
-      hend = close + 1;
-    }
-  }
-  else if ((port = memchr (host, ':', path - host)))
-    hend = port++;
-  if (*path != '/' || hend == host) {
-    if (asprintf (why, "\"%s\" is not an ssh URL QEMU reads: "
-                  "ssh://[USER@]HOST[:PORT]/PATH", url) < 0)
-      *why = NULL;
-    return -EINVAL;
-  }
-  if (query && strcmp (query, "?host_key_check=no") != 0 &&
-      strcmp (query, "?host_key_check=yes") != 0) {
-    if (asprintf (why, "%s: only host_key_check=no or yes are supported "
-                  "(nbdkit's ssh plugin checks known_hosts or nothing)",
-                  url) < 0)
-      *why = NULL;
-    return -ENOTSUP;
-  }
-  r |= nbdio_arg (argv, &n, NULL, "ssh", 3, false);
-  if (*host == '[')
-    r |= nbdio_arg (argv, &n, "host", host + 1, hend - host - 2, false);
-  else
-    r |= nbdio_arg (argv, &n, "host", host, hend - host, true);
-  if (port)
-    r |= nbdio_arg (argv, &n, "port", port, path - port, false);
-  if (at)
-    r |= nbdio_arg (argv, &n, "user", auth, at - auth, true);
-  r |= nbdio_arg (argv, &n, "path", path,
-                  query ? (size_t) (query - path) : strlen (path), true);
-  if (query && strcmp (query, "?host_key_check=no") == 0)
-    r |= nbdio_arg (argv, &n, "verify-remote-host", "false", 5, false);
-  return r ? -ENOMEM : 0;
-}
 
 struct qcow2_io *
 nbdio_open (const struct qcow2_remote *remote,
@@ -1403,9 +677,9 @@ nbdio_open (const struct qcow2_remote *remote,
     io->opts = *opts;
   if (!io->opts.timeout)
     io->opts.timeout = NBDIO_TIMEOUT;
-  pthread_mutex_init (&io->lock, NULL);
+  pthread_mutex_init (&io->lock.mutex, NULL);
   pthread_cond_init (&io->changed, NULL);
-  pthread_mutex_init (&io->status_lock, NULL);
+  pthread_mutex_init (&io->status_lock.mutex, NULL);
   io->block_min = 1;
   io->block_max = NBDIO_MAX_REQUEST;
   io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1 : NBDIO_MAX_CONNS;
@@ -1431,7 +705,7 @@ nbdio_open (const struct qcow2_remote *remote,
   c->pid = getpid ();
   {
     struct nbd_handle *h = nbdio_connect (c, &msg);
-    if (!h || nbdio_check_export (io, h, true, &msg) == -1) {
+    if (!h || nbdio_init_export (io, h, &msg) == -1) {
       if (h) {
         nbd_kill_subprocess (h, SIGKILL);
         nbd_close (h);
@@ -1439,7 +713,9 @@ nbdio_open (const struct qcow2_remote *remote,
       e = ENXIO;
       goto fail;
     }
-    nbdio_ready (c, h);
+    lock_acquire (&io->lock);
+    nbdio_ready (io, c, h);
+    lock_release (&io->lock);
   }
   nbdio_say (io, false, "%s: %" PRIu64 " bytes, requests of %" PRIu32
              " to %" PRIu32 " bytes, %s, up to %u connection%s", io->name,

@@ -59,7 +59,9 @@ struct qcow2_io_ops {
    * *type is 0 (data), QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO (a hole),
    * or one of the two alone (as NBD means them), and *len the length of
    * the run starting at offset that has that type.  Used so that raw
-   * backing files report what qemu reports.
+   * backing files report what qemu reports.  Remote storage, where a
+   * question costs a round trip and which is only ever read, keeps the
+   * answers, so that asking piece by piece is cheap.
    */
   int (*status) (struct qcow2_io *io, uint64_t offset, uint64_t count,
                  uint32_t *type, uint64_t *len);

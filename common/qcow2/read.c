@@ -42,13 +42,21 @@ read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
  * measured to deliver in READAHEAD_MS: over a slow link a small read
  * does not wait for megabytes it did not ask for.
  *
- * Reads that fall in a window being filled wait for it (a client with
- * several sequential requests in flight); two windows, so that one
+ * A reader with several requests in flight (a guest's own read-ahead,
+ * nbdcopy, qemu-img convert) is its own read-ahead: a read that comes
+ * while another read of the layer is under way starts no window and
+ * waits for no other request, but goes out at once with what it asked
+ * for, all in flight together on the storage's connections.  Only a
+ * read that falls in a window being filled waits for it (a reader
+ * turning deep while a window fills; the window is as much again as
+ * the read that started it, doubled per read of the run, so that read
+ * waits for little more than its own data).  Two windows, so that one
  * stays readable while the other fills.
  */
 #define READAHEAD_WINDOW (4u << 20)
 #define READAHEAD_MIN (64u << 10)
 #define READAHEAD_MS 200
+#define READAHEAD_DEEP 8
 
 enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
 
@@ -57,6 +65,12 @@ struct readahead {
   pthread_cond_t filled;        /* a window stopped filling */
   uint64_t next;                /* where the last read ended */
   unsigned run;                 /* reads that continued the one before */
+  unsigned busy;                /* reads of the layer under way */
+  /* Reads lately that came while others were under way, up to
+   * READAHEAD_DEEP, less one per read that came alone: windows are for
+   * a reader at 0 only.
+   */
+  unsigned deep;
   uint64_t rate;                /* bytes a second the layer gave (0: ?) */
   struct {
     enum window_state state;
@@ -177,6 +191,25 @@ readahead_timed (struct qcow2_image *b, uint8_t *buf, uint64_t len,
   return r;
 }
 
+/* Read [offset, offset+count) of b directly (a read that starts no
+ * window), counted in ra->busy (ra->lock held on entry and return).
+ */
+static int
+readahead_direct (struct qcow2_image *b, uint8_t *buf, uint64_t count,
+                  uint64_t offset)
+{
+  struct readahead *ra = b->readahead;
+  int r;
+
+  ra->busy++;
+  pthread_mutex_unlock (&ra->lock);
+  r = readahead_timed (b, buf, count, offset);
+  pthread_mutex_lock (&ra->lock);
+  assert (ra->busy > 0);
+  ra->busy--;
+  return r;
+}
+
 static int
 readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
                 uint64_t offset)
@@ -187,14 +220,30 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
   int i, r;
 
   pthread_mutex_lock (&ra->lock);
-  while ((i = readahead_find (ra, offset, end)) >= 0 &&
-         ra->w[i].state == WINDOW_FILLING)
-    pthread_cond_wait (&ra->filled, &ra->lock);
+  if ((i = readahead_find (ra, offset, end)) >= 0 &&
+      ra->w[i].state == WINDOW_FILLING) {
+    ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
+    while ((i = readahead_find (ra, offset, end)) >= 0 &&
+           ra->w[i].state == WINDOW_FILLING)
+      pthread_cond_wait (&ra->filled, &ra->lock);
+  }
   if (i >= 0) {
     memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
     ra->next = MAX (ra->next, end);
     pthread_mutex_unlock (&ra->lock);
     return 0;
+  }
+  /* A deep reader: what it asks for now; its run starts again once it
+   * has read one request at a time for a while.
+   */
+  if (ra->busy > 0 || ra->deep > 0) {
+    ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
+               : ra->deep - 1;
+    ra->run = 0;
+    ra->next = MAX (ra->next, end);
+    r = readahead_direct (b, buf, count, offset);
+    pthread_mutex_unlock (&ra->lock);
+    return r;
   }
   ra->run = offset == ra->next ? ra->run + 1 : 0;
   ra->next = end;
@@ -207,14 +256,16 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
   wbuf = len > count && count < READAHEAD_WINDOW &&
          ra->w[i].state != WINDOW_FILLING ? malloc (len) : NULL;
   if (!wbuf) {
+    r = readahead_direct (b, buf, count, offset);
     pthread_mutex_unlock (&ra->lock);
-    return readahead_timed (b, buf, count, offset);
+    return r;
   }
   free (ra->w[i].buf);
   ra->w[i].buf = wbuf;
   ra->w[i].start = offset;
   ra->w[i].len = len;
   ra->w[i].state = WINDOW_FILLING;
+  ra->busy++;
   pthread_mutex_unlock (&ra->lock);
 
   r = readahead_timed (b, wbuf, len, offset);
@@ -222,6 +273,8 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
     memcpy (buf, wbuf, count);
 
   pthread_mutex_lock (&ra->lock);
+  assert (ra->busy > 0 && ra->w[i].state == WINDOW_FILLING);
+  ra->busy--;
   ra->w[i].state = r == 0 ? WINDOW_FULL : WINDOW_EMPTY;
   pthread_cond_broadcast (&ra->filled);
   pthread_mutex_unlock (&ra->lock);

@@ -47,8 +47,6 @@
  */
 #define STREAM_RETRY_MAX_S 30
 #define STREAM_RETRIES 25
-/* How far one look at the layers below reaches. */
-#define STREAM_HELD_SPAN (64u << 20)
 /* What is copied is flushed this often. */
 #define STREAM_FLUSH_NS (1000 * 1000000LL)
 /* Passes that find work left but copy nothing before the job stops. */
@@ -66,12 +64,6 @@ struct qcow2_stream {
   enum qcow2_stream_state state;
   uint64_t total, done;         /* atomic */
   uint64_t pos;                 /* the job's own: where the pass is */
-  /* The last answer of the layers below, which are never written:
-   * [held_lo, held_hi) is held or not (one status request of a remote
-   * layer covers many clusters).
-   */
-  uint64_t held_lo, held_hi;
-  bool held;
 };
 
 static void
@@ -147,7 +139,9 @@ stream_top_gap (struct qcow2_image *img, uint64_t c, uint64_t *mask)
  * offset+len): *n, how far the answer holds.  A layer shorter than
  * offset reads as zeros there, so holds it; a raw layer holds what its
  * storage does not report as reading zeros (the bottom layer's zeros
- * read the same once it is gone).
+ * read the same once it is gone).  Remote storage keeps what its
+ * server said (see status in io.h): asking a cluster at a time costs
+ * no round trip.
  */
 static int
 stream_held_below (struct qcow2_stream *s, uint64_t offset, uint64_t len,
@@ -193,27 +187,6 @@ stream_held_below (struct qcow2_stream *s, uint64_t offset, uint64_t len,
   return 0;
 }
 
-/* stream_held_below, remembered. */
-static int
-stream_held (struct qcow2_stream *s, uint64_t offset, uint64_t len,
-             bool *held, uint64_t *n)
-{
-  int r;
-
-  if (offset < s->held_lo || offset >= s->held_hi) {
-    uint64_t span = MIN (s->img->size - offset, STREAM_HELD_SPAN);
-
-    if ((r = stream_held_below (s, offset, MAX (span, len), &s->held,
-                                n)) < 0)
-      return r;
-    s->held_lo = offset;
-    s->held_hi = offset + *n;
-  }
-  *held = s->held;
-  *n = MIN (len, s->held_hi - offset);
-  return 0;
-}
-
 /* What the job must copy of the cluster at c: the subclusters (mask)
  * the top lacks, if a layer above the base holds any part of the
  * cluster, else none.  Past the top's backing file the top reads
@@ -240,7 +213,7 @@ stream_wanted (struct qcow2_stream *s, uint64_t c, uint64_t *mask)
   for (pos = c; pos < end && !held; ) {
     uint64_t n;
 
-    if ((r = stream_held (s, pos, end - pos, &held, &n)) < 0)
+    if ((r = stream_held_below (s, pos, end - pos, &held, &n)) < 0)
       return r;
     pos += n;
   }

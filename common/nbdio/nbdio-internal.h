@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* What the files of nbdio share: its state, and the functions one file
+ * gives the others.  nbdio.c: reads, block status, open and close;
+ * conn.c: connections, their threads, reconnection; names.c: URLs and
+ * the nbdkit helpers that serve http, https and ssh.
+ */
+#ifndef NBDIO_INTERNAL_H
+#define NBDIO_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <libnbd.h>
+
+#include "lock.h"
+#include "nbdio.h"
+#include "tsa.h"
+
+/* What one NBD request may carry when the server does not say (the
+ * NBD protocol's recommendation).
+ */
+#define NBDIO_MAX_REQUEST (32u << 20)
+
+enum conn_state {
+  CONN_UNUSED,                  /* never connected */
+  CONN_CONNECTING,              /* its thread is connecting */
+  CONN_READY,                   /* requests may be submitted */
+  CONN_DEAD,                    /* lost: to be reaped, then reconnected */
+  CONN_FAILED,                  /* connecting failed: the same */
+};
+
+struct nbdio;
+
+/* Block status is asked in spans as long as the protocol allows (4 GiB)
+ * and the replies kept: nbdcopy's and a guest's queries cost a round
+ * trip a span, not one a query.  At most this many spans of at most
+ * NBDIO_STATUS_EXTENTS extents each (a longer reply is kept up to
+ * there): some 1.5 MiB at most.
+ */
+#define NBDIO_STATUS_SPANS 8
+#define NBDIO_STATUS_EXTENTS 16384
+/* A span starts at a multiple of this before the offset asked (when
+ * the extents up to it fit): queries in any order, such as a client's
+ * threads' each in its own part of the disk, cost one round trip a
+ * span.
+ */
+#define NBDIO_STATUS_ALIGN (64u << 20)
+
+struct nbdio_extent {
+  uint64_t end;                 /* where it ends (it starts at the last's) */
+  uint32_t type;                /* QCOW2_EXTENT_* */
+};
+
+struct nbdio_span {
+  uint64_t start;               /* where the first extent starts */
+  struct nbdio_extent *ext;     /* NULL: an empty slot */
+  size_t n;                     /* > 0 in a slot in use */
+  uint64_t used;                /* io->status_tick at its last use */
+};
+
+struct nbdio_conn {
+  struct nbdio *io;
+  /* Under io->lock (clang cannot check fields in C: the functions
+   * that need it say so).
+   */
+  enum conn_state state;
+  bool has_thread;              /* thread to be joined (this process's) */
+  pthread_t thread;
+  pid_t pid;                    /* the process that connected */
+  struct nbd_handle *h;         /* READY, DEAD: the handle */
+  int fd;                       /* its socket */
+  int shut_fd;                  /* our descriptor of the socket, or -1 */
+  unsigned users;               /* threads submitting to h right now */
+  unsigned gen;                 /* its number (io->conn_seq) */
+  bool shut;                    /* READY but not served: not used again */
+  bool timed_out;               /* atomic: dropped for the timeout */
+  bool stopping;
+  int wake[2];                  /* wakes the thread from poll: its own */
+  /* Atomic: commands submitted and not yet completed, and when the
+   * connection last moved on (the server sent something, or a request
+   * came while none waited): the timeout counts from there.
+   */
+  unsigned inflight;
+  uint64_t progress_ms;
+};
+
+struct nbdio {
+  struct qcow2_io io;
+  char *name;                   /* the URL, for messages */
+  char *uri;                    /* an NBD server's, or NULL */
+  char **argv;                  /* or the nbdkit to start */
+  const char *plugin;           /* its plugin: "curl" or "ssh" */
+  struct nbdio_options opts;
+  unsigned nconns;              /* connections allowed */
+  uint64_t size;                /* the export's, fixed at open */
+  uint32_t block_min, block_max;
+  bool has_status;              /* base:allocation */
+
+  struct lock lock;
+  pthread_cond_t changed;       /* a connection changed state */
+  unsigned failures;            /* connecting failed: how many times */
+  unsigned conn_seq;            /* connections made so far (atomic) */
+  bool down_said;               /* failing to connect said, not said back */
+  bool lost;                    /* said lost, not yet said back */
+  char *last_why;               /* why it failed the last time */
+  struct nbdio_conn conns[NBDIO_MAX_CONNS];
+
+  /* Block status replies kept (the storage never changes while open):
+   * the least recently used goes first.
+   */
+  struct lock status_lock;
+  struct nbdio_span spans[NBDIO_STATUS_SPANS];
+  uint64_t status_tick;         /* uses so far, for spans[].used */
+};
+
+/* What a message is (false and true: debug and error).  A notice's
+ * text does not start with the storage's name: the notice callback
+ * gets it apart.
+ */
+enum nbdio_level { NBDIO_DEBUG, NBDIO_ERROR, NBDIO_NOTICE };
+
+/* conn.c */
+extern void nbdio_say (struct nbdio *io, enum nbdio_level level,
+                       const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
+extern uint64_t nbdio_now_ms (void);
+extern void nbdio_wake (struct nbdio_conn *c);
+extern struct nbd_handle *nbdio_connect (struct nbdio_conn *c, char **why);
+extern int nbdio_init_export (struct nbdio *io, struct nbd_handle *h,
+                              char **why);
+extern void nbdio_ready (struct nbdio *io, struct nbdio_conn *c,
+                         struct nbd_handle *h)
+  TSA_REQUIRES (io->lock);
+extern void nbdio_reap (struct nbdio_conn *c);
+extern struct nbdio_conn *nbdio_acquire (struct nbdio *io, char **why);
+extern void nbdio_release (struct nbdio_conn *c);
+
+/* names.c */
+extern char *nbdio_connect_error (struct nbdio *io);
+extern char *nbdio_socket_uri (const char *url);
+extern int nbdio_nbdkit_argv (struct nbdio *io,
+                              const struct qcow2_remote *remote, char **why);
+
+#endif /* NBDIO_INTERNAL_H */
