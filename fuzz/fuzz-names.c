@@ -31,6 +31,9 @@ fuzz_parse (const char *name)
     assert (!spec.path != !spec.url);
     assert (!spec.url || spec.remote.url == spec.url);
     assert (!spec.remote.cookie || spec.remote.cookie == spec.cookie);
+    assert (!spec.remote.ssh.host ||
+            (spec.remote.ssh.host == spec.ssh && spec.remote.ssh.path &&
+             strncmp (spec.url, "ssh://", 6) == 0));
     assert (!why);
     name_spec_free (&spec);
   }

@@ -116,7 +116,20 @@ test_names (void)
               "\"path\":\"/img/base.raw\",\"host-key-check\":{\"mode\":"
               "\"none\"}}}", "raw", "ssh://u@h:2222/img/base.raw?host_key_check=no",
               "ssh://u@h:2222/img/base.raw?host_key_check=no sslverify=1 "
-              "timeout=0 cookie=");
+              "timeout=0 cookie= ssh: host=h port=2222 user=u "
+              "path=/img/base.raw verify_host=0");
+  /* An ssh URL's parts, decoded but for an IPv6 address and the port. */
+  check_name ("ssh://a%20b@[fe80::1%25e]:22/d%20e/base.raw?host_key_check=yes",
+              "raw", "ssh://a%20b@[fe80::1%25e]:22/d%20e/base.raw"
+              "?host_key_check=yes",
+              "ssh://a%20b@[fe80::1%25e]:22/d%20e/base.raw?host_key_check=yes "
+              "sslverify=1 timeout=0 cookie= ssh: host=fe80::1%25e port=22 "
+              "user=a b path=/d e/base.raw verify_host=1");
+  check_name ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"ssh\","
+              "\"host\":\"h\",\"user\":\"u@v\",\"path\":\"/a?b c\"}}",
+              NULL, "ssh://u%40v@h/a%3Fb%20c",
+              "ssh://u%40v@h/a%3Fb%20c sslverify=1 timeout=0 cookie= ssh: "
+              "host=h port= user=u@v path=/a?b c verify_host=1");
   check_name ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"http\","
               "\"filename\":\"http://web/base.raw\"}}", NULL,
               "http://web/base.raw",
@@ -303,6 +316,12 @@ test_refused (void)
                  "\"server\":{\"host\":\"h\"},\"path\":\"/x\","
                  "\"host-key-check\":{\"mode\":\"hash\",\"type\":\"md5\","
                  "\"hash\":\"00\"}}}", ENOTSUP, "host key check \"hash\"");
+  check_refused ("ssh://h", EINVAL, "not an ssh URL QEMU reads");
+  check_refused ("ssh://u@/x", EINVAL, "not an ssh URL QEMU reads");
+  check_refused ("ssh://[::1/x", EINVAL, "not an ssh URL QEMU reads");
+  check_refused ("ssh://[::1]2/x", EINVAL, "not an ssh URL QEMU reads");
+  check_refused ("ssh://h/x?host_key_check=md5:00", ENOTSUP,
+                 "only host_key_check=no or yes");
   check_refused ("nbd:nowhere", EINVAL, "not an NBD name QEMU knows");
   /* An IPv6 address in a legacy name: in brackets, as QEMU takes it. */
   check_refused ("nbd:::1:10809", EINVAL, "not an NBD name QEMU knows");

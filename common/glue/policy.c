@@ -195,7 +195,8 @@ glue_policy_open_remote (void *opaque, const struct qcow2_remote *remote,
   if (!glue_policy_allows (url, n, why))
     return NULL;
   if (p->refuse_insecure &&
-      (!remote->sslverify || strstr (url, "?host_key_check=no"))) {
+      (!remote->sslverify ||
+       (remote->ssh.host && !remote->ssh.verify_host))) {
     if (asprintf (why, "the name turns off %s: refused with "
                   "backing-insecure=false", remote->sslverify
                   ? "the ssh host key check (host_key_check=no)"

@@ -291,6 +291,14 @@ memenv_open_remote (void *opaque, const struct qcow2_remote *remote,
   snprintf (me->last_remote, sizeof me->last_remote, "%s sslverify=%d "
             "timeout=%u cookie=%s", remote->url, remote->sslverify,
             remote->timeout, remote->cookie ? remote->cookie : "");
+  if (remote->ssh.host) {
+    size_t len = strlen (me->last_remote);
+    snprintf (me->last_remote + len, sizeof me->last_remote - len,
+              " ssh: host=%s port=%s user=%s path=%s verify_host=%d",
+              remote->ssh.host, remote->ssh.port ? remote->ssh.port : "",
+              remote->ssh.user ? remote->ssh.user : "", remote->ssh.path,
+              remote->ssh.verify_host);
+  }
   io = memenv_open (opaque, remote->url, true, &id);
   free (id);
   *why = NULL;

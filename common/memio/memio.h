@@ -63,7 +63,8 @@ extern const struct qcow2_env *memenv_env (struct memenv *me);
 extern const char *memenv_last_error (const struct memenv *me);
 extern unsigned memenv_error_count (const struct memenv *me);
 /* The last remote storage opened: "URL sslverify=0|1 timeout=N
- * cookie=COOKIE" (empty if none).
+ * cookie=COOKIE", and for ssh " ssh: host=H port=P user=U path=PATH
+ * verify_host=0|1" (empty if none).
  */
 extern const char *memenv_last_remote (const struct memenv *me);
 extern void memenv_clear_errors (struct memenv *me);

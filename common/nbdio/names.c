@@ -74,55 +74,24 @@ nbdio_connect_error (struct nbdio *io)
   return why;
 }
 
-static int
-nbdio_hex (char c)
-{
-  return c >= '0' && c <= '9' ? c - '0'
-    : c >= 'a' && c <= 'f' ? c - 'a' + 10
-    : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* Percent-decoding of a URL's part [s, s+len). */
-static char *
-nbdio_unescape (const char *s, size_t len)
-{
-  char *r = malloc (len + 1), *q = r;
-
-  if (!r)
-    return NULL;
-  for (size_t i = 0; i < len; i++) {
-    if (s[i] == '%' && i + 2 < len && nbdio_hex (s[i + 1]) >= 0 &&
-        nbdio_hex (s[i + 2]) >= 0) {
-      *q++ = nbdio_hex (s[i + 1]) << 4 | nbdio_hex (s[i + 2]);
-      i += 2;
-    }
-    else
-      *q++ = s[i];
-  }
-  *q = '\0';
-  return r;
-}
-
-/* Append "key=value" (value len bytes, percent-decoded if unescape) to
- * the argv being built.
+/* Append "key=value" (or value if key is NULL) to the argv being
+ * built.
  */
 static int
-nbdio_arg (char ***argv, size_t *n, const char *key, const char *value,
-           size_t len, bool unescape)
+nbdio_arg (char ***argv, size_t *n, const char *key, const char *value)
 {
-  char *v = unescape ? nbdio_unescape (value, len) : strndup (value, len);
   char **a = realloc (*argv, (*n + 2) * sizeof **argv);
-  int r = -1;
 
-  if (a) {
-    *argv = a;
-    if (v && (key ? asprintf (&a[*n], "%s=%s", key, v) : asprintf (&a[*n], "%s", v)) >= 0) {
-      a[++*n] = NULL;
-      r = 0;
-    }
+  if (!a)
+    return -1;
+  *argv = a;
+  if ((key ? asprintf (&a[*n], "%s=%s", key, value)
+       : asprintf (&a[*n], "%s", value)) < 0) {
+    a[*n] = NULL;
+    return -1;
   }
-  free (v);
-  return r;
+  a[++*n] = NULL;
+  return 0;
 }
 
 /* An NBD URL with its socket= made absolute, against the folder we are
@@ -173,22 +142,22 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
   const char *url = remote->url;
   char ***argv = &io->argv;
   size_t n = 0;
-  bool ssh = strncmp (url, "ssh://", 6) == 0;
+  bool ssh = remote->ssh.host != NULL;
   int r = 0;
 
   for (const char *a = "nbdkit\0-r\0--exit-with-parent\0"; *a;
        a += strlen (a) + 1)
-    r |= nbdio_arg (argv, &n, NULL, a, strlen (a), false);
+    r |= nbdio_arg (argv, &n, NULL, a);
   io->plugin = ssh ? "ssh" : "curl";
   if (!ssh) {
     char t[32];
-    r |= nbdio_arg (argv, &n, NULL, "curl", 4, false);
-    r |= nbdio_arg (argv, &n, "url", url, strlen (url), false);
+    r |= nbdio_arg (argv, &n, NULL, "curl");
+    r |= nbdio_arg (argv, &n, "url", url);
     if (!remote->sslverify)
-      r |= nbdio_arg (argv, &n, "sslverify", "false", 5, false);
+      r |= nbdio_arg (argv, &n, "sslverify", "false");
     if (remote->timeout) {
       snprintf (t, sizeof t, "%u", remote->timeout);
-      r |= nbdio_arg (argv, &n, "timeout", t, strlen (t), false);
+      r |= nbdio_arg (argv, &n, "timeout", t);
     }
     /* The curl plugin reads "+FILE", "-FD" and "-" as where to find the
      * cookie (nbdkit_read_password): a name in an image must not make
@@ -210,54 +179,21 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
       return -EINVAL;
     }
     if (remote->cookie)
-      r |= nbdio_arg (argv, &n, "cookie", remote->cookie,
-                      strlen (remote->cookie), false);
+      r |= nbdio_arg (argv, &n, "cookie", remote->cookie);
     /* Redirects stay on the web (libcurl may follow them elsewhere). */
-    r |= nbdio_arg (argv, &n, "protocols", "http,https", 10, false);
+    r |= nbdio_arg (argv, &n, "protocols", "http,https");
     return r ? -ENOMEM : 0;
   }
 
-  /* ssh://[USER@]HOST[:PORT]/PATH[?host_key_check=no|yes], as QEMU. */
-  const char *auth = url + 6, *path = auth + strcspn (auth, "/?");
-  const char *at = memchr (auth, '@', path - auth), *host = at ? at + 1 : auth;
-  const char *port = NULL, *query = strchr (path, '?');
-  const char *hend = path;
-
-  if (*host == '[') {
-    const char *close = memchr (host, ']', path - host);
-    if (close) {
-      port = close[1] == ':' ? close + 2 : NULL;
-      hend = close + 1;
-    }
-  }
-  else if ((port = memchr (host, ':', path - host)))
-    hend = port++;
-  if (*path != '/' || hend == host) {
-    if (asprintf (why, "\"%s\" is not an ssh URL QEMU reads: "
-                  "ssh://[USER@]HOST[:PORT]/PATH", url) < 0)
-      *why = NULL;
-    return -EINVAL;
-  }
-  if (query && strcmp (query, "?host_key_check=no") != 0 &&
-      strcmp (query, "?host_key_check=yes") != 0) {
-    if (asprintf (why, "%s: only host_key_check=no or yes are supported "
-                  "(nbdkit's ssh plugin checks known_hosts or nothing)",
-                  url) < 0)
-      *why = NULL;
-    return -ENOTSUP;
-  }
-  r |= nbdio_arg (argv, &n, NULL, "ssh", 3, false);
-  if (*host == '[')
-    r |= nbdio_arg (argv, &n, "host", host + 1, hend - host - 2, false);
-  else
-    r |= nbdio_arg (argv, &n, "host", host, hend - host, true);
-  if (port)
-    r |= nbdio_arg (argv, &n, "port", port, path - port, false);
-  if (at)
-    r |= nbdio_arg (argv, &n, "user", auth, at - auth, true);
-  r |= nbdio_arg (argv, &n, "path", path,
-                  query ? (size_t) (query - path) : strlen (path), true);
-  if (query && strcmp (query, "?host_key_check=no") == 0)
-    r |= nbdio_arg (argv, &n, "verify-remote-host", "false", 5, false);
+  /* The URL's parts, as the engine split it. */
+  r |= nbdio_arg (argv, &n, NULL, "ssh");
+  r |= nbdio_arg (argv, &n, "host", remote->ssh.host);
+  if (remote->ssh.port)
+    r |= nbdio_arg (argv, &n, "port", remote->ssh.port);
+  if (remote->ssh.user)
+    r |= nbdio_arg (argv, &n, "user", remote->ssh.user);
+  r |= nbdio_arg (argv, &n, "path", remote->ssh.path);
+  if (!remote->ssh.verify_host)
+    r |= nbdio_arg (argv, &n, "verify-remote-host", "false");
   return r ? -ENOMEM : 0;
 }

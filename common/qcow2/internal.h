@@ -955,6 +955,7 @@ struct name_spec {
   char *url;                    /* else remote storage: remote.url */
   struct qcow2_remote remote;
   char *cookie;                 /* remote.cookie's storage */
+  char *ssh;                    /* remote.ssh's strings' storage */
   const char *format;           /* json's format driver (raw, qcow2) */
   bool no_backing;              /* json's "backing": null */
   /* json's raw offset and size: a window of the storage. */

@@ -106,6 +106,14 @@ struct qcow2_remote {
   bool sslverify;               /* check the server's certificate */
   unsigned timeout;             /* seconds a request may take; 0: default */
   const char *cookie;           /* the Cookie header, or NULL */
+  /* ssh: the URL's parts, percent-decoded (the one parse of it). */
+  struct {
+    const char *host;           /* NULL: not an ssh URL */
+    const char *port;           /* NULL: the default */
+    const char *user;           /* NULL: the default */
+    const char *path;
+    bool verify_host;           /* false: host_key_check=no */
+  } ssh;
 };
 
 /* How the engine opens the other files an image names (backing files,

@@ -464,6 +464,87 @@ name_url_escape (const char *s, bool query)
   return r;
 }
 
+/* [s, s+len) percent-decoded into dst, NUL-terminated: the end. */
+static char *
+name_url_unescape (char *dst, const char *s, size_t len)
+{
+  for (size_t i = 0; i < len; i++) {
+    if (s[i] == '%' && i + 2 < len && isxdigit ((unsigned char) s[i + 1]) &&
+        isxdigit ((unsigned char) s[i + 2])) {
+      char hex[3] = { s[i + 1], s[i + 2], '\0' };
+      *dst++ = strtoul (hex, NULL, 16);
+      i += 2;
+    }
+    else
+      *dst++ = s[i];
+  }
+  *dst++ = '\0';
+  return dst;
+}
+
+/* spec->url, ssh://[USER@]HOST[:PORT]/PATH[?host_key_check=no|yes] as
+ * QEMU reads it, split into spec->remote.ssh (strings in spec->ssh):
+ * HOST in brackets (an IPv6 address) and PORT as they are, the rest
+ * percent-decoded.
+ */
+static int
+name_parse_ssh (struct name_spec *spec, char **why)
+{
+  const char *url = spec->url;
+  const char *auth = url + 6, *path = auth + strcspn (auth, "/?");
+  const char *at = memchr (auth, '@', path - auth), *host = at ? at + 1 : auth;
+  const char *port = NULL, *query = strchr (path, '?');
+  const char *hend = path;
+  size_t plen = query ? (size_t) (query - path) : strlen (path);
+  struct qcow2_remote *rs = &spec->remote;
+  char *q;
+
+  if (*host == '[') {
+    const char *close = memchr (host, ']', path - host);
+    /* An address in brackets, then nothing but the port. */
+    hend = host;
+    if (close && (close + 1 == path || close[1] == ':')) {
+      port = close[1] == ':' ? close + 2 : NULL;
+      hend = close + 1;
+    }
+  }
+  else if ((port = memchr (host, ':', path - host)))
+    hend = port++;
+  if (*path != '/' || hend == host || (*host == '[' && hend == host + 2))
+    return name_fail (why, -EINVAL, "\"%s\" is not an ssh URL QEMU reads: "
+                      "ssh://[USER@]HOST[:PORT]/PATH", url);
+  if (query && strcmp (query, "?host_key_check=no") != 0 &&
+      strcmp (query, "?host_key_check=yes") != 0)
+    return name_fail (why, -ENOTSUP, "%s: only host_key_check=no or yes are "
+                      "supported (nbdkit's ssh plugin checks known_hosts or "
+                      "nothing)", url);
+  /* Decoding only shortens: the parts fit in the URL's length. */
+  if (!(spec->ssh = q = malloc (path - auth + plen + 4)))
+    return -ENOMEM;
+  rs->ssh.host = q;
+  if (*host == '[') {
+    memcpy (q, host + 1, hend - host - 2);
+    q += hend - host - 2;
+    *q++ = '\0';
+  }
+  else
+    q = name_url_unescape (q, host, hend - host);
+  if (port) {
+    rs->ssh.port = q;
+    memcpy (q, port, path - port);
+    q += path - port;
+    *q++ = '\0';
+  }
+  if (at) {
+    rs->ssh.user = q;
+    q = name_url_unescape (q, auth, at - auth);
+  }
+  rs->ssh.path = q;
+  name_url_unescape (q, path, plen);
+  rs->ssh.verify_host = !query || strcmp (query, "?host_key_check=no") != 0;
+  return 0;
+}
+
 /* The URL libnbd opens for an NBD server: over TCP (host, port) or a
  * Unix socket (path), and an export name.
  */
@@ -669,7 +750,9 @@ name_json_curl (struct json_doc *d, const char *p, const char *driver,
   return spec->url ? 0 : -ENOMEM;
 }
 
-/* json: the ssh driver's options under p, as the URL QEMU reads. */
+/* json: the ssh driver's options under p, as the URL QEMU reads
+ * (split again by name_parse_ssh, as a URL in an image is).
+ */
 static int
 name_json_ssh (struct json_doc *d, const char *p, struct name_spec *spec,
                char **why)
@@ -832,6 +915,8 @@ name_parse (const char *name, struct name_spec *spec, char **why)
                                       : name_parse_plain (name, spec, why);
   if (r == 0 && spec->url)
     spec->remote.url = spec->url;
+  if (r == 0 && spec->url && strncmp (spec->url, "ssh://", 6) == 0)
+    r = name_parse_ssh (spec, why);
   if (r == 0 && spec->path && spec->path[0] == '\0')
     r = name_fail (why, -EINVAL, "empty file name");
   if (r < 0)
@@ -845,7 +930,8 @@ name_spec_free (struct name_spec *spec)
   free (spec->path);
   free (spec->url);
   free (spec->cookie);
-  spec->path = spec->url = spec->cookie = NULL;
+  free (spec->ssh);
+  spec->path = spec->url = spec->cookie = spec->ssh = NULL;
 }
 
 /* QEMU's path_combine (base, ""): base up to its last '/', or up to
@@ -889,7 +975,7 @@ name_dir (const char *naming, char **dir, char **why)
     r = name_fail (why, -EINVAL, "an NBD export has no folder to resolve a "
                    "relative name in (QEMU refuses it too): name the file "
                    "by an absolute name or a URL (qemu-img rebase -u)");
-  else if (strncmp (spec.url, "ssh", 3) == 0 && strchr (spec.url, '?'))
+  else if (spec.remote.ssh.host && strchr (spec.url, '?'))
     r = name_fail (why, -EINVAL, "the name of an ssh image with "
                    "host_key_check set has no folder to resolve a relative "
                    "name in (QEMU refuses it too): name the file by an "
