@@ -24,7 +24,7 @@
  * qcow2 image has):
  *
  *   "\0TPL" T RECORDS...  the image is template T (mod 3) with patches:
- *       the LUKS-encrypted images the harness makes at start-up, so
+ *       the LUKS-encrypted images fuzz-env.c makes at start-up, so
  *       that the LUKS header, its key slots and the encryption header
  *       extension are fuzzed without whole images of a megabyte or two
  *       in the corpus.  A record: a flags byte (bit 0: the offset is
@@ -82,7 +82,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "be.h"
+#include "fuzz-env.h"
 #include "memio.h"
 #include "qcow2.h"
 
@@ -95,21 +95,8 @@
 #define WRITE_MAX (160u << 10)
 #define ZERO_MAX (4u << 20)
 #define PREALLOC_MAX (4u << 20)
-#define BASE_RAW_SIZE (192u << 10)
-#define DATA_RAW_SIZE (64u << 10)
-#define BASE_QCOW2_SIZE (256u << 10)
-#define FILE_MAX (64u << 20)            /* largest file the storage holds */
 #define FUZZ_PBKDF2_MAX 20000           /* a few ms per key slot tried */
-#define TEMPLATES 3
 #define CREATE_MAX_SIZE (1u << 20)      /* virtual size of a new image */
-
-static const struct qcow2_password fuzz_password = {
-  .text = "fuzz", .whole_file = "fuzz\n",
-};
-
-static uint8_t base_raw[BASE_RAW_SIZE], data_raw[DATA_RAW_SIZE];
-static uint8_t *base_qcow2;
-static size_t base_qcow2_len;
 
 #define fail(...)                                                       \
   do {                                                                  \
@@ -164,145 +151,6 @@ all_zero (const uint8_t *p, size_t n)
   return n == 0 || (p[0] == 0 && memcmp (p, p + 1, n - 1) == 0);
 }
 
-static void
-fill_pattern (uint8_t *p, size_t n, uint64_t seed)
-{
-  for (size_t i = 0; i < n; i++)
-    p[i] = (uint8_t) ((i * 131 + (i >> 9) + seed) | 1);
-}
-
-/* Storage of bounded size, like a file system's largest file, over
- * memio: a corrupt table may send a write to any host offset, and memio
- * would try to allocate all the bytes up to it.
- */
-struct capio {
-  struct qcow2_io io;
-  struct qcow2_io *inner;
-};
-
-static struct qcow2_io *
-capio_inner (struct qcow2_io *io)
-{
-  return ((struct capio *) io)->inner;
-}
-
-static int
-capio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
-{
-  struct qcow2_io *in = capio_inner (io);
-  return in->ops->pread (in, buf, count, offset);
-}
-
-static int
-capio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
-              uint64_t offset)
-{
-  struct qcow2_io *in = capio_inner (io);
-
-  if (offset > FILE_MAX || count > FILE_MAX - offset)
-    return -EFBIG;
-  return in->ops->pwrite (in, buf, count, offset);
-}
-
-static int
-capio_flush (struct qcow2_io *io)
-{
-  struct qcow2_io *in = capio_inner (io);
-  return in->ops->flush (in);
-}
-
-static int
-capio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
-{
-  struct qcow2_io *in = capio_inner (io);
-  return in->ops->punch (in, offset, count);
-}
-
-static int64_t
-capio_size (struct qcow2_io *io)
-{
-  struct qcow2_io *in = capio_inner (io);
-  return in->ops->size (in);
-}
-
-static void
-capio_close (struct qcow2_io *io)
-{
-  struct qcow2_io *in = capio_inner (io);
-
-  in->ops->close (in);
-  free (io);
-}
-
-static const struct qcow2_io_ops capio_ops = {
-  .pread = capio_pread,
-  .pwrite = capio_pwrite,
-  .flush = capio_flush,
-  .punch = capio_punch,
-  .size = capio_size,
-  .close = capio_close,
-};
-
-/* Wrap inner (taking its reference). */
-static struct qcow2_io *
-capio_new (struct qcow2_io *inner)
-{
-  struct capio *c = malloc (sizeof *c);
-
-  if (!c)
-    abort ();
-  c->io.ops = &capio_ops;
-  c->io.serial_writes = inner->serial_writes;
-  c->inner = inner;
-  return &c->io;
-}
-
-/* The memenv's files, each opened through a capio. */
-struct fuzz_env {
-  struct qcow2_env env;
-  const struct qcow2_env *mem;
-};
-
-static struct qcow2_io *
-fuzz_env_open (void *opaque, const char *path, bool readonly, char **id)
-{
-  struct fuzz_env *fe = opaque;
-  struct qcow2_io *io = fe->mem->open (fe->mem->opaque, path, readonly, id);
-
-  return io ? capio_new (io) : NULL;
-}
-
-static void
-fuzz_env_error (void *opaque, const char *msg)
-{
-  struct fuzz_env *fe = opaque;
-  fe->mem->error (fe->mem->opaque, msg);
-}
-
-static void
-fuzz_env_debug (void *opaque, const char *msg)
-{
-  struct fuzz_env *fe = opaque;
-  fe->mem->debug (fe->mem->opaque, msg);
-}
-
-static void
-fuzz_env_notice (void *opaque, const char *path, const char *msg)
-{
-}
-
-static void
-fuzz_env_init (struct fuzz_env *fe, struct memenv *me)
-{
-  fe->env = (struct qcow2_env) {
-    .opaque = fe,
-    .open = fuzz_env_open,
-    .error = fuzz_env_error,
-    .debug = fuzz_env_debug,
-    .notice = fuzz_env_notice,
-  };
-  fe->mem = memenv_env (me);
-}
 
 /* The start of the disk as first read: which chunks read successfully,
  * so that later reads and extents are compared with it.
@@ -521,7 +369,7 @@ do_writes (struct qcow2_image *img, uint64_t size, uint64_t near,
     switch (rng_below (rng, 8)) {
     case 0: case 1: case 2: case 3:
       len = write_length (rng, off, WRITE_MAX, cluster, size);
-      fill_pattern (buf, len, rng_next (rng));
+      fuzz_env_fill_pattern (buf, len, rng_next (rng));
       if (qcow2_write (img, buf, len, off, fua) == 0)
         check_written (img, buf, len, off, cluster, verify);
       break;
@@ -554,14 +402,14 @@ reopen (const struct qcow2_env *env, struct qcow2_io *io, uint64_t *rng)
   struct qcow2_options opts = {
     .readonly = true,
     .no_backing = rng_below (rng, 2),
-    .passwords = &fuzz_password,
+    .passwords = &fuzz_env_password,
     .passwords_len = 1,
     .max_pbkdf2_iterations = FUZZ_PBKDF2_MAX,
   };
   struct qcow2_image *img;
   struct seq sq = { .chunk = 64 << 10 };
 
-  img = qcow2_open (env, capio_new (memio_ref (io)), "dir/disk.qcow2",
+  img = qcow2_open (env, fuzz_env_capio (memio_ref (io)), "dir/disk.qcow2",
                     &opts);
   if (!img)
     return;
@@ -573,176 +421,6 @@ reopen (const struct qcow2_env *env, struct qcow2_io *io, uint64_t *rng)
   check_extents (img, &sq, 0, sq.len, false, 0);
   free (sq.buf);
   qcow2_close (img);
-}
-
-static void
-add_file (struct memenv *me, const char *name, const void *data, size_t len)
-{
-  struct qcow2_io *io = memio_new (data, len);
-
-  if (!io || memenv_add (me, name, io) < 0)
-    abort ();
-  io->ops->close (io);
-}
-
-/* The files every input sees.  base.qcow2 is made once, by the engine
- * itself: a few clusters of its own over base.raw.
- */
-static void
-make_base_files (void)
-{
-  const struct qcow2_create_options co = {
-    .size = BASE_QCOW2_SIZE, .cluster_size = 512,
-    .backing = "base.raw", .backing_format = "raw",
-  };
-  const struct qcow2_options opts = { 0 };
-  struct memenv *me = memenv_new ();
-  struct qcow2_io *io = memio_new (NULL, 0);
-  struct qcow2_image *img;
-  uint8_t buf[1536];
-  const void *p;
-
-  fill_pattern (base_raw, sizeof base_raw, 0x5a);
-  fill_pattern (data_raw, sizeof data_raw, 0xd0);
-  fill_pattern (buf, sizeof buf, 0x33);
-  if (!me || !io)
-    abort ();
-  add_file (me, "dir/base.raw", base_raw, sizeof base_raw);
-  if (qcow2_create (memenv_env (me), io, &co) < 0)
-    abort ();
-  img = qcow2_open (memenv_env (me), memio_ref (io), "dir/base.qcow2", &opts);
-  if (!img ||
-      qcow2_write (img, buf, sizeof buf, 1024, false) < 0 ||
-      qcow2_write (img, buf, 700, 150000, false) < 0 ||
-      qcow2_zero (img, 4096, 8192, false, false, false) < 0 ||
-      qcow2_close (img) < 0) {
-    fprintf (stderr, "fuzz-qcow2: making base.qcow2: %s\n",
-             memenv_last_error (me));
-    abort ();
-  }
-  p = memio_data (io, &base_qcow2_len);
-  base_qcow2 = malloc (base_qcow2_len);
-  if (!base_qcow2)
-    abort ();
-  memcpy (base_qcow2, p, base_qcow2_len);
-  io->ops->close (io);
-  memenv_free (me);
-}
-
-/* The LUKS templates of "\0TPL" inputs, and where their LUKS headers
- * are.
- */
-static struct {
-  uint8_t *buf;
-  size_t len;
-  uint64_t luks;
-} templates[TEMPLATES];
-
-/* The offset of the encryption header of the image in buf. */
-static uint64_t
-find_luks_header (const uint8_t *buf, size_t len)
-{
-  uint64_t off = be32_get (buf + 100);
-
-  while (off + 24 <= len) {
-    uint32_t type = be32_get (buf + off), n = be32_get (buf + off + 4);
-
-    if (type == 0x0537be77)
-      return be64_get (buf + off + 8);
-    if (type == 0)
-      break;
-    off += 8 + ((n + 7) & ~7u);
-  }
-  abort ();
-}
-
-/* Make template i with the engine, as make_base_files makes its file. */
-static void
-make_template (int i)
-{
-  static const struct qcow2_luks_options luks[TEMPLATES] = {
-    { .password = "fuzz", .iter_time = 1 },
-    { .password = "fuzz", .cipher_alg = "cast5-128", .cipher_mode = "cbc",
-      .ivgen_alg = "essiv", .ivgen_hash_alg = "md5", .hash_alg = "sha1",
-      .iter_time = 1 },
-    { .password = "fuzz\n", .cipher_alg = "serpent-128",
-      .cipher_mode = "ecb", .ivgen_alg = "plain", .hash_alg = "sha512",
-      .iter_time = 1 },
-  };
-  const struct qcow2_create_options co[TEMPLATES] = {
-    { .size = 64 << 10, .cluster_size = 512, .luks = &luks[0] },
-    { .size = 256 << 10, .cluster_size = 4096, .luks = &luks[1] },
-    { .size = DATA_RAW_SIZE, .cluster_size = 4096, .luks = &luks[2],
-      .data_file = "data.raw" },
-  };
-  const struct qcow2_options opts = {
-    .passwords = &fuzz_password, .passwords_len = 1,
-  };
-  struct memenv *me = memenv_new ();
-  struct qcow2_io *io = memio_new (NULL, 0);
-  struct qcow2_image *img;
-  uint8_t buf[1536];
-  const void *p;
-
-  fill_pattern (buf, sizeof buf, 0x44 + i);
-  if (!me || !io)
-    abort ();
-  add_file (me, "dir/data.raw", data_raw, sizeof data_raw);
-  img = qcow2_create (memenv_env (me), io, &co[i]) < 0 ? NULL
-    : qcow2_open (memenv_env (me), memio_ref (io), "dir/disk.qcow2", &opts);
-  if (!img ||
-      qcow2_write (img, buf, sizeof buf, 1024, false) < 0 ||
-      qcow2_write (img, buf, 700, 30000, false) < 0 ||
-      qcow2_zero (img, 4096, 8192, false, false, false) < 0 ||
-      qcow2_close (img) < 0) {
-    fprintf (stderr, "fuzz-qcow2: making LUKS template %d: %s\n", i,
-             memenv_last_error (me));
-    abort ();
-  }
-  p = memio_data (io, &templates[i].len);
-  templates[i].buf = malloc (templates[i].len);
-  if (!templates[i].buf)
-    abort ();
-  memcpy (templates[i].buf, p, templates[i].len);
-  templates[i].luks = find_luks_header (templates[i].buf, templates[i].len);
-  io->ops->close (io);
-  memenv_free (me);
-}
-
-/* The image of a "\0TPL" input (data, size: after the four bytes), in
- * a new buffer (*len bytes).
- */
-static uint8_t *
-template_image (const uint8_t *data, size_t size, size_t *len)
-{
-  const unsigned t = size ? data[0] % TEMPLATES : 0;
-  const size_t max = 2 * templates[t].len;
-  uint8_t *buf = calloc (1, max);
-  size_t i = 1;
-
-  if (!buf)
-    abort ();
-  memcpy (buf, templates[t].buf, templates[t].len);
-  *len = templates[t].len;
-  while (i + 6 <= size) {
-    uint8_t flags = data[i], n = data[i + 5];
-    uint64_t off = (uint64_t) data[i + 1] | (uint64_t) data[i + 2] << 8
-      | (uint64_t) data[i + 3] << 16 | (uint64_t) data[i + 4] << 24;
-
-    i += 6;
-    if (flags & 2) {
-      *len = off % max;
-      continue;
-    }
-    if (flags & 1)
-      off += templates[t].luks;
-    if (*len > 0)
-      for (size_t at = off % *len, k = 0; k < n && i + k < size &&
-             at + k < *len; k++)
-        buf[at + k] = data[i + k];
-    i += n;
-  }
-  return buf;
 }
 
 /* A byte of p (n bytes), or 0 past its end. */
@@ -820,7 +498,7 @@ fuzz_create (const struct qcow2_env *env, struct memenv *me,
     .luks = flags & 128 ? &luks : NULL,
   };
   const struct qcow2_options opts = {
-    .passwords = &fuzz_password, .passwords_len = 1,
+    .passwords = &fuzz_env_password, .passwords_len = 1,
     .max_pbkdf2_iterations = FUZZ_PBKDF2_MAX,
   };
   struct qcow2_io *io;
@@ -836,8 +514,8 @@ fuzz_create (const struct qcow2_env *env, struct memenv *me,
   if (!io || memenv_add (me, "dir/disk.qcow2", io) < 0)
     abort ();
   if (qcow2_create (env, io, &co) == 0 &&
-      (img = qcow2_open (env, capio_new (memio_ref (io)), "dir/disk.qcow2",
-                         &opts))) {
+      (img = qcow2_open (env, fuzz_env_capio (memio_ref (io)),
+                         "dir/disk.qcow2", &opts))) {
     uint64_t vsize = qcow2_get_size (img);
 
     check_state (img, vsize);
@@ -857,9 +535,7 @@ int LLVMFuzzerInitialize (int *argc, char ***argv);
 int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
-  make_base_files ();
-  for (int i = 0; i < TEMPLATES; i++)
-    make_template (i);
+  fuzz_env_setup ();
   return 0;
 }
 
@@ -894,9 +570,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   me = memenv_new ();
   if (!me)
     abort ();
-  add_file (me, "dir/base.raw", base_raw, sizeof base_raw);
-  add_file (me, "dir/base.qcow2", base_qcow2, base_qcow2_len);
-  add_file (me, "dir/data.raw", data_raw, sizeof data_raw);
+  fuzz_env_add_base_files (me);
   fuzz_env_init (&fe, me);
   if (size >= 4 && memcmp (data, "\0CRT", 4) == 0) {
     fuzz_create (&fe.env, me, data + 4, size - 4, &rng);
@@ -904,13 +578,13 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     return 0;
   }
   if (size >= 4 && memcmp (data, "\0TPL", 4) == 0) {
-    made = template_image (data + 4, size - 4, &size);
+    made = fuzz_env_template_image (data + 4, size - 4, &size);
     data = made;
   }
   io = memio_new (data, size);
   if (!io)
     abort ();
-  add_file (me, "dir/disk.qcow2", data, size);
+  fuzz_env_add_file (me, "dir/disk.qcow2", data, size);
 
   opts = (struct qcow2_options) {
     .l2_cache_size = cache_sizes[ctl & 3],
@@ -924,12 +598,12 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     .overlap_mask = overlap_masks[(ctl >> 14) & 3],
     .compress = ctl & (1 << 16),
     .compress_type = -1,
-    .passwords = &fuzz_password,
+    .passwords = &fuzz_env_password,
     .passwords_len = 1,
     .max_pbkdf2_iterations = FUZZ_PBKDF2_MAX,
   };
   /* qcow2_open takes a reference; ours opens the result again. */
-  img = qcow2_open (&fe.env, capio_new (memio_ref (io)), "dir/disk.qcow2",
+  img = qcow2_open (&fe.env, fuzz_env_capio (memio_ref (io)), "dir/disk.qcow2",
                     &opts);
   if (!img)
     goto out;
