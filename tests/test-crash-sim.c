@@ -31,7 +31,7 @@
  *                      four times as much and the point is memory
  *                      errors, not crash orderings)
  *  CRASH_SEED=N|random the workloads (default 1)
- *  CRASH_CONFIG=NAME   one configuration only (see workload.c)
+ *  CRASH_CONFIG=NAME   one configuration only (see workload-gen.c)
  *  CRASH_QEMU_EVERY=N  qemu-img check on every Nth image (default 10;
  *                      0: never)
  *  CRASH_REPLAY=FILE   run a saved reproducer; with CRASH_REPLAY_ALL=1,
