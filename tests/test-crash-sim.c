@@ -55,7 +55,7 @@
 #include "be.h"
 #include "checked.h"
 #include "errstr.h"
-#include "crashcheck.h"
+#include "crashsim.h"
 
 #ifdef CRASHCHECK_SANITIZED
 #define DEFAULT_IMAGES 3000
@@ -63,10 +63,8 @@
 #define DEFAULT_IMAGES 10000
 #endif
 
-/* Save the crash image here (SIM_AT). */
+/* Save the crash image here (CRASHSIM_AT). */
 static const char *save_image;
-/* Reused from one image to the next. */
-static struct wl_buf buf_image, buf_dimage, buf_read;
 
 /* Everything needed to build the failing image again. */
 struct repro {
@@ -79,371 +77,6 @@ struct repro {
   size_t npieces;
   struct failure f;
 };
-
-enum sim_mode {
-  SIM_COUNT,                    /* only count the host operations */
-  SIM_SAMPLE,                   /* crash images at random points */
-  SIM_AT,                       /* one image: crash_at and keep */
-  SIM_SEARCH,                   /* a few images at every point */
-  SIM_REGRESS,                  /* many images at every point */
-};
-
-struct sim {
-  const struct wl_setup *setup;
-  struct wl_run run;
-  enum sim_mode mode;
-  struct wl_rng rng;
-  double p;                     /* SIM_SAMPLE: chance of a crash point */
-  unsigned per_point;           /* SIM_SAMPLE: images per crash point */
-  uint64_t images_left;         /* SIM_SAMPLE: images still wanted */
-  uint64_t calls;               /* host writes, punches, flushes so far */
-  const char *want;             /* SIM_SEARCH: failure class wanted */
-  uint64_t crash_at;            /* SIM_AT */
-  const uint8_t *keep;
-  size_t nkeep;
-  bool failed;
-  uint64_t fail_at;
-  uint8_t *fail_keep;
-  size_t fail_npieces;
-  struct failure f;
-};
-
-/* Which pieces written since the last flush a crash keeps. */
-static void
-pick_keep (struct wl_rng *r, struct crashio *c, uint8_t *keep)
-{
-  size_t n = crashio_nr_pieces (c), ne = crashio_nr_entries (c);
-  size_t first, np, k, skip;
-  unsigned pct;
-
-  memset (keep, 0, (n + 7) / 8);
-  switch (wl_below (r, 20)) {
-  case 0: case 1: case 2: case 3: case 4: case 5: case 6:
-    for (size_t i = 0; i < n; i++)
-      crashio_set_bit (keep, i, wl_below (r, 2));
-    break;
-  case 7: case 8: case 9:
-    pct = wl_below (r, 101);
-    for (size_t i = 0; i < n; i++)
-      crashio_set_bit (keep, i, wl_below (r, 100) < pct);
-    break;
-  case 10: case 11: case 12:         /* whole writes, none torn */
-    for (size_t e = 0; e < ne; e++) {
-      bool on = wl_below (r, 2);
-      np = crashio_entry_pieces (c, e, &first);
-      for (size_t i = first; i < first + np; i++)
-        crashio_set_bit (keep, i, on);
-    }
-    break;
-  case 13: case 14:                  /* in order, up to a point */
-    k = wl_below (r, n + 1);
-    for (size_t i = 0; i < k; i++)
-      crashio_set_bit (keep, i, true);
-    break;
-  case 15: case 16:                  /* all writes but one */
-    skip = wl_below (r, ne);
-    for (size_t e = 0; e < ne; e++) {
-      np = crashio_entry_pieces (c, e, &first);
-      for (size_t i = first; i < first + np; i++)
-        crashio_set_bit (keep, i, e != skip);
-    }
-    break;
-  case 17:                           /* a single write */
-    if (ne) {
-      np = crashio_entry_pieces (c, wl_below (r, ne), &first);
-      for (size_t i = first; i < first + np; i++)
-        crashio_set_bit (keep, i, true);
-    }
-    break;
-  case 18:
-    memset (keep, 0xff, (n + 7) / 8);
-    break;
-  default:
-    break;
-  }
-}
-
-/* Build the image of keep at the current point and verify it; record
- * the first failure.
- */
-static bool
-sim_try (struct sim *s, const uint8_t *keep)
-{
-  struct crashio *c = s->run.cio;
-  size_t n = crashio_nr_pieces (c), len;
-  uint64_t seed = s->calls * UINT64_C (0x100000001b3);
-  uint8_t *buf;
-  struct wl_files files;
-  struct failure f;
-  bool ok;
-
-  /* What happens after the repair depends on the image only, so that
-   * a reproducer replays it.
-   */
-  for (size_t i = 0; i < (n + 7) / 8; i++) {
-    uint8_t bits = keep[i];
-    if (i == n / 8)
-      bits &= (1u << (n % 8)) - 1;
-    seed = (seed ^ bits) * UINT64_C (0x100000001b3);
-  }
-  crashio_crash_image (c, keep, &buf_image.p, &buf_image.cap, &len);
-  buf = buf_image.p;
-  if (save_image)
-    crashcheck_write_file (save_image, buf, len);
-  files = (struct wl_files) { .image = buf, .len = len };
-  if (s->run.dcio) {
-    /* The data file's writes since its flush, a subset chosen by the
-     * image's, so that a reproducer (which keeps only the image's)
-     * makes the same data file again.
-     */
-    struct crashio *dc = s->run.dcio;
-    struct wl_rng r = { seed };
-    uint8_t *dkeep = calloc (1, crashio_nr_pieces (dc) / 8 + 1);
-
-    if (!dkeep)
-      abort ();
-    pick_keep (&r, dc, dkeep);
-    crashio_crash_image (dc, dkeep, &buf_dimage.p, &buf_dimage.cap,
-                         &files.dlen);
-    files.data = buf_dimage.p;
-    free (dkeep);
-  }
-  ok = crashcheck_verify (s->setup, &s->run.model, files, seed, &f);
-  if (!ok && !s->failed && (!s->want || strcmp (s->want, f.cls) == 0)) {
-    s->failed = true;
-    s->f = f;
-    s->fail_at = s->calls;
-    s->fail_npieces = n;
-    s->fail_keep = malloc ((n + 7) / 8 + 1);
-    memcpy (s->fail_keep, keep, (n + 7) / 8);
-  }
-  return ok;
-}
-
-/* keep = the pieces of the entries in set (a bitmask of entries,
- * counted from the last one written).
- */
-static void
-keep_entries (struct crashio *c, uint8_t *keep, uint64_t set)
-{
-  size_t ne = crashio_nr_entries (c), first, np;
-
-  memset (keep, 0, (crashio_nr_pieces (c) + 7) / 8);
-  for (size_t k = 0; k < 64 && k < ne; k++) {
-    np = crashio_entry_pieces (c, ne - 1 - k, &first);
-    for (size_t i = first; i < first + np; i++)
-      crashio_set_bit (keep, i, set >> k & 1);
-  }
-}
-
-/* The images a crash here could leave: every subset of the writes
- * since the flush when they are few, else the likely culprits (the
- * last write alone, or all but one of the last writes) and random
- * subsets.
- */
-static void
-sim_regress (struct sim *s, uint8_t *keep)
-{
-  struct crashio *c = s->run.cio;
-  size_t ne = crashio_nr_entries (c);
-  uint64_t all = ne >= 64 ? UINT64_MAX : (UINT64_C (1) << ne) - 1;
-
-  if (ne <= 5) {
-    for (uint64_t set = 0; set <= all && !s->failed; set++) {
-      keep_entries (c, keep, set);
-      sim_try (s, keep);
-    }
-    return;
-  }
-  keep_entries (c, keep, 1);
-  sim_try (s, keep);
-  for (unsigned k = 0; k < 3 && !s->failed; k++) {
-    keep_entries (c, keep, all & ~(UINT64_C (1) << k));
-    sim_try (s, keep);
-  }
-  for (unsigned k = 0; k < 2 && !s->failed; k++) {
-    pick_keep (&s->rng, c, keep);
-    sim_try (s, keep);
-  }
-}
-
-static int
-sim_hook (void *opaque, enum crashio_op op, uint64_t offset, uint64_t count)
-{
-  struct sim *s = opaque;
-  struct crashio *c = s->run.cio;
-  size_t n = crashio_nr_pieces (c);
-  uint8_t *keep;
-
-  if (op == CRASHIO_PREAD || s->failed)
-    return 0;
-  if (crashcheck_trace)
-    fprintf (stderr, "host op %" PRIu64 ": %s %#" PRIx64 " +%" PRIu64
-             " (%zu pieces since the flush)\n", s->calls,
-             crashio_op_name (op), offset, count, n);
-  keep = calloc (1, (n + 7) / 8 + 1);
-  if (!keep)
-    abort ();
-  switch (s->mode) {
-  case SIM_COUNT:
-    break;
-  case SIM_SAMPLE:
-    if (s->images_left && wl_below (&s->rng, 1000000) < s->p * 1000000) {
-      crashcheck_stats.points++;
-      for (unsigned i = 0; i < s->per_point && !s->failed &&
-             s->images_left; i++, s->images_left--) {
-        pick_keep (&s->rng, c, keep);
-        sim_try (s, keep);
-      }
-    }
-    break;
-  case SIM_AT:
-    if (s->calls == s->crash_at) {
-      for (size_t i = 0; i < n && i < s->nkeep; i++)
-        crashio_set_bit (keep, i, crashio_bit (s->keep, i));
-      sim_try (s, keep);
-    }
-    break;
-  case SIM_REGRESS:
-    sim_regress (s, keep);
-    break;
-  case SIM_SEARCH:
-    sim_try (s, keep);
-    memset (keep, 0xff, (n + 7) / 8);
-    if (!s->failed)
-      sim_try (s, keep);
-    for (int i = 0; i < 3 && !s->failed; i++) {
-      pick_keep (&s->rng, c, keep);
-      sim_try (s, keep);
-    }
-    break;
-  }
-  free (keep);
-  s->calls++;
-  return 0;
-}
-
-/* Run ops on a fresh image of cfg; true if a failure was found (in s). */
-static bool
-sim_run (struct sim *s, const struct wl_config *cfg, uint64_t seed,
-         const struct wl_op *ops, size_t nops, size_t *failed_op)
-{
-  struct wl_setup setup;
-  struct qcow2_image *img;
-  uint8_t *initial;
-  char line[256];
-  int r;
-
-  wl_setup (cfg, seed, &setup);
-  s->setup = &setup;
-  crashcheck_write_backing (&setup);
-  if (s->mode == SIM_COUNT && crashcheck_have_qemu &&
-      (r = crashcheck_qemu (wl_setup_files (&setup), line,
-                            sizeof line)) != 0) {
-    fprintf (stderr, "%s: the initial image is not clean: qemu-img check "
-             "exit %d:\n%s\n", cfg->name, r, line);
-    exit (EXIT_FAILURE);
-  }
-  img = wl_open_copy (&setup, wl_setup_files (&setup), true);
-  if (!img || !(initial = wl_read_all (img, &buf_read))) {
-    fprintf (stderr, "%s: the initial image does not open: %s\n", cfg->name,
-             memenv_last_error (setup.me));
-    exit (EXIT_FAILURE);
-  }
-  qcow2_close (img);
-  if ((r = wl_run_start (&s->run, &setup, wl_setup_files (&setup),
-                         initial)) < 0) {
-    fprintf (stderr, "%s: cannot open the initial image: %s\n", cfg->name,
-             memenv_last_error (setup.me));
-    exit (EXIT_FAILURE);
-  }
-  /* Host operations on the data file are crash points too. */
-  crashio_set_hook (s->run.cio, sim_hook, s);
-  if (s->run.dcio)
-    crashio_set_hook (s->run.dcio, sim_hook, s);
-  *failed_op = nops;
-  for (size_t i = 0; i < nops && !s->failed; i++) {
-    if (crashcheck_trace) {
-      wl_format_op (&ops[i], line, sizeof line);
-      fprintf (stderr, "request %zu: %s\n", i, line);
-    }
-    r = wl_exec (&s->run, &ops[i]);
-    if (r == 0 && ops[i].kind == WL_CHECK && s->run.check.leaks)
-      r = -EUCLEAN;
-    if (r == 0 && ops[i].kind == WL_REPAIR && s->run.check.leaks_fixed)
-      r = -EUCLEAN;
-    if (r == 0 && ops[i].kind == WL_FLUSH && s->mode == SIM_SAMPLE &&
-        !s->failed &&
-        !crashcheck_kill_leaks (&setup, wl_run_files (&s->run), &s->f)) {
-      s->failed = true;
-      s->fail_at = UINT64_MAX;
-      *failed_op = i;
-      break;
-    }
-    if (r < 0 && !s->failed) {
-      wl_format_op (&ops[i], line, sizeof line);
-      s->failed = true;
-      s->fail_at = UINT64_MAX;
-      crashcheck_fail (&s->f, "live", "request %zu (%s) failed: %s (check: %"
-                PRIu64 " corruptions, %" PRIu64 " leaks, %" PRIu64
-                " leaks fixed): %s", i, line, errstr (-r),
-                s->run.check.corruptions, s->run.check.leaks,
-                s->run.check.leaks_fixed, memenv_last_error (setup.me));
-    }
-    if (s->failed)
-      *failed_op = i;
-  }
-
-  /* A clean close leaves every write durable and no leak. */
-  if (!s->failed && s->mode == SIM_SAMPLE) {
-    struct qcow2_check_result res;
-    struct wl_files files;
-    uint8_t *got = NULL;
-    char out[4096];
-
-    r = qcow2_close (s->run.img);
-    s->run.img = NULL;
-    files = wl_run_files (&s->run);
-    img = wl_open_copy (&setup, files, true);
-    if (r < 0 || !img)
-      crashcheck_fail (&s->f, "live", "clean close, open: %s",
-                memenv_last_error (setup.me));
-    else if ((r = qcow2_check (img, false, &res)) < 0 || res.corruptions ||
-             res.leaks)
-      crashcheck_fail (&s->f, "live", "after a clean close: %" PRIu64
-                " corruptions, %" PRIu64 " leaks", res.corruptions,
-                res.leaks);
-    else if (!(got = wl_read_all (img, &buf_read)))
-      crashcheck_fail (&s->f, "live", "read after a clean close: %s",
-                memenv_last_error (setup.me));
-    else if (memcmp (got, s->run.model.acked, s->run.model.size) != 0) {
-      uint64_t i = crashcheck_first_difference (got, s->run.model.acked,
-                                     s->run.model.size);
-      crashcheck_fail (&s->f, "live", "after a clean close, guest byte %#" PRIx64
-                " reads %#x, not %#x", i, got[i], s->run.model.acked[i]);
-    }
-    else if (!crashcheck_raw_data_file (&setup, img, files, got, false,
-                                        &s->f))
-      r = -1;
-    else if (crashcheck_have_qemu &&
-             (r = crashcheck_qemu (files, out, sizeof out)) != 0)
-      crashcheck_fail (&s->f, "live", "qemu-img check exit %d after a clean "
-                "close:\n%s", r, out);
-    else
-      r = 0;
-    if (r != 0 || !img || !got) {
-      s->failed = true;
-      s->fail_at = UINT64_MAX;
-    }
-    qcow2_close (img);
-  }
-  crashio_set_hook (s->run.cio, NULL, NULL);
-  if (s->run.dcio)
-    crashio_set_hook (s->run.dcio, NULL, NULL);
-  wl_run_end (&s->run);
-  wl_setup_free (&setup);
-  return s->failed;
-}
 
 static void
 repro_print (FILE *fp, const struct repro *rp)
@@ -477,23 +110,24 @@ repro_print (FILE *fp, const struct repro *rp)
  * given); the failure goes to rp.
  */
 static bool
-repro_fails (struct repro *rp, enum sim_mode mode, const char *want,
+repro_fails (struct repro *rp, enum crashsim_mode mode, const char *want,
              uint64_t rng_seed)
 {
-  struct sim s = {
+  struct crashsim s = {
     .mode = mode, .want = want, .rng = { rng_seed },
     .crash_at = rp->crash_at, .keep = rp->keep, .nkeep = rp->npieces,
+    .save_image = save_image,
   };
   size_t failed_op;
 
-  if (!sim_run (&s, rp->cfg, rp->seed, rp->ops, rp->nops, &failed_op))
+  if (!crashsim_run (&s, rp->cfg, rp->seed, rp->ops, rp->nops, &failed_op))
     return false;
   if (want && strcmp (s.f.cls, want) != 0) {
     free (s.fail_keep);
     return false;
   }
   rp->f = s.f;
-  if (mode != SIM_AT || s.fail_at == UINT64_MAX) {
+  if (mode != CRASHSIM_AT || s.fail_at == UINT64_MAX) {
     rp->crash_at = s.fail_at;
     free (rp->keep);
     rp->keep = s.fail_keep;
@@ -528,7 +162,7 @@ shrink (struct repro *rp, double budget)
               (rp->nops - i - n) * sizeof *c.ops);
       c.nops = rp->nops - n;
       runs++;
-      if (repro_fails (&c, SIM_SEARCH, want, runs)) {
+      if (repro_fails (&c, CRASHSIM_SEARCH, want, runs)) {
         free (rp->ops);
         free (rp->keep);
         *rp = c;
@@ -549,12 +183,12 @@ shrink (struct repro *rp, double budget)
         continue;
       crashio_set_bit (rp->keep, i, false);
       runs++;
-      if (!repro_fails (rp, SIM_AT, want, runs))
+      if (!repro_fails (rp, CRASHSIM_AT, want, runs))
         crashio_set_bit (rp->keep, i, true);
     }
   /* The message of the final case. */
-  repro_fails (rp, rp->crash_at == UINT64_MAX ? SIM_SAMPLE : SIM_AT, want,
-               1);
+  repro_fails (rp, rp->crash_at == UINT64_MAX ? CRASHSIM_SAMPLE
+                                              : CRASHSIM_AT, want, 1);
   fprintf (stderr, "shrunk in %zu runs\n", runs);
 }
 
@@ -576,7 +210,7 @@ repro_save (struct repro *rp)
   }
   if (rp->crash_at != UINT64_MAX) {
     save_image = image;
-    repro_fails (rp, SIM_AT, NULL, 1);
+    repro_fails (rp, CRASHSIM_AT, NULL, 1);
     save_image = NULL;
     fprintf (stderr, "the crash image: %s\n", image);
   }
@@ -670,7 +304,7 @@ run_regressions (const char *only)
     }
     free (copy);
     rp.crash_at = UINT64_MAX;
-    if (repro_fails (&rp, SIM_REGRESS, NULL, rp.seed)) {
+    if (repro_fails (&rp, CRASHSIM_REGRESS, NULL, rp.seed)) {
       fprintf (stderr, "FAIL: regression \"%s\": %s: %s\n", rg->what,
                rp.f.cls, rp.f.why);
       repro_save (&rp);
@@ -737,9 +371,9 @@ replay (const char *path)
     fprintf (stderr, "%s: no configuration\n", path);
     return EXIT_FAILURE;
   }
-  if (repro_fails (&rp, rp.crash_at != UINT64_MAX ? SIM_AT
-                   : getenv ("CRASH_REPLAY_ALL") ? SIM_REGRESS : SIM_SAMPLE,
-                   NULL, 1)) {
+  if (repro_fails (&rp, rp.crash_at != UINT64_MAX ? CRASHSIM_AT
+                   : getenv ("CRASH_REPLAY_ALL") ? CRASHSIM_REGRESS
+                   : CRASHSIM_SAMPLE, NULL, 1)) {
     fprintf (stderr, "replay: FAIL: %s: %s\n", rp.f.cls, rp.f.why);
     return EXIT_FAILURE;
   }
@@ -795,9 +429,9 @@ main (void)
     for (w = 0; crashcheck_stats.images - first < quota; w++) {
       uint64_t wseed = seed * 1000003 + ci * 7919 + w;
       uint64_t want = MIN (quota - (crashcheck_stats.images - first), 150);
-      struct sim count = { .mode = SIM_COUNT };
-      struct sim s = {
-        .mode = SIM_SAMPLE, .rng = { wseed }, .per_point = 3,
+      struct crashsim count = { .mode = CRASHSIM_COUNT };
+      struct crashsim s = {
+        .mode = CRASHSIM_SAMPLE, .rng = { wseed }, .per_point = 3,
         .images_left = want,
       };
       struct wl_op *ops;
@@ -805,10 +439,10 @@ main (void)
 
       /* Spread the crash points over the whole workload. */
       wl_generate (cfg, wseed, &ops, &nops);
-      sim_run (&count, cfg, wseed, ops, nops, &failed_op);
+      crashsim_run (&count, cfg, wseed, ops, nops, &failed_op);
       s.p = (double) want / s.per_point / MAX (count.calls, 1);
       crashcheck_stats.workloads++;
-      if (sim_run (&s, cfg, wseed, ops, nops, &failed_op)) {
+      if (crashsim_run (&s, cfg, wseed, ops, nops, &failed_op)) {
         struct repro rp = {
           .cfg = cfg, .seed = wseed, .ops = ops, .nops = failed_op + 1,
           .crash_at = s.fail_at, .keep = s.fail_keep,
