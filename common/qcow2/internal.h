@@ -351,7 +351,7 @@ struct qcow2_image {
 #endif
   struct image_rwlock data_lock;
   /* Guest ranges being written by allocating writes with the lock
-   * released (write.c): other writes and zeroes of them wait for
+   * released (write-alloc.c): other writes and zeroes of them wait for
    * inflight_done.
    */
   struct write_inflight *inflight;
@@ -771,34 +771,12 @@ extern void alloc_free_reserve (struct qcow2_image *img);
 extern uint64_t alloc_reserve_end (const struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 
-/* write.c: the request loop of writes, zeroes and trims (see
- * write_request), and what zero.c shares of the write path.
- */
-struct write_request {
-  uint64_t offset, count;       /* done piece by piece */
-  bool record;                  /* in the persistent bitmaps */
-  bool fua;                     /* flushed once done */
-  /* The length of the piece at offset (count left), which the piece
-   * waits for in-flight writes of.
-   */
-  uint64_t (*piece_len) (struct qcow2_image *img, uint64_t offset,
-                         uint64_t count);
-  /* Do the piece, called with img->lock held, returning with it
-   * released (TSA_RELEASE: the analysis does not follow the pointer,
-   * write_request says it with image_released); *n is its length,
-   * which it may make longer (a run).
-   */
-  int (*piece_unlocks) (struct qcow2_image *img,
-                        const struct write_request *req,
-                        uint64_t offset, uint64_t count, uint64_t *n);
-  const void *opaque;           /* the piece's own */
-};
-extern int write_request (struct qcow2_image *img,
-                          const struct write_request *req)
-  TSA_EXCLUDES (img->lock, img->data_lock);
-/* A guest range claimed by a request working on it with img->lock
- * released (see write.c): whether one overlaps a range, and the one
- * way to claim (write_claim_may_unlock), which fill.c and stream.c
+/* write-alloc.c: allocating writes, and what zero.c, fill.c and
+ * stream.c share of them.
+ *
+ * A guest range claimed by a request working on it with img->lock
+ * released (see write-alloc.c): whether one overlaps a range, and the
+ * one way to claim (write_claim_may_unlock), which fill.c and stream.c
  * share.
  */
 struct write_inflight {
@@ -826,10 +804,9 @@ extern int write_release_old (struct qcow2_image *img,
                               const struct l2_state *s, uint64_t fresh,
                               uint64_t fresh_len)
   TSA_REQUIRES (img->lock);
-extern int write_check (struct qcow2_image *img, uint64_t count,
-                        uint64_t offset);
-extern int write_in_place_target (struct qcow2_image *img, uint64_t offset,
-                                  uint64_t len, uint64_t *host)
+/* A data cluster's host offset, checked before a write into it. */
+extern int write_alloc_check_host (struct qcow2_image *img, uint64_t host,
+                                   uint64_t guest)
   TSA_REQUIRES (img->lock);
 extern int write_allocating (struct qcow2_image *img, const uint8_t *data,
                              uint64_t offset, uint64_t len)
@@ -837,6 +814,47 @@ extern int write_allocating (struct qcow2_image *img, const uint8_t *data,
 extern int write_allocating_may_unlock (struct qcow2_image *img,
                                         const uint8_t *data,
                                         uint64_t offset, uint64_t len)
+  TSA_REQUIRES (img->lock);
+/* Whole clusters of a request that write.c cannot write in place. */
+extern int write_alloc_run_may_unlock (struct qcow2_image *img,
+                                       const uint8_t *data, uint64_t offset,
+                                       uint64_t count, uint64_t *done)
+  TSA_REQUIRES (img->lock);
+extern int write_alloc_compressed_may_unlock (struct qcow2_image *img,
+                                              const uint8_t *data,
+                                              uint64_t offset,
+                                              uint64_t *done)
+  TSA_REQUIRES (img->lock);
+
+/* write.c: the request loop of writes, zeroes and trims (see
+ * write_request), and what zero.c shares of the write path.
+ */
+struct write_request {
+  uint64_t offset, count;       /* done piece by piece */
+  bool record;                  /* in the persistent bitmaps */
+  bool fua;                     /* flushed once done */
+  /* The length of the piece at offset (count left), which the piece
+   * waits for in-flight writes of.
+   */
+  uint64_t (*piece_len) (struct qcow2_image *img, uint64_t offset,
+                         uint64_t count);
+  /* Do the piece, called with img->lock held, returning with it
+   * released (TSA_RELEASE: the analysis does not follow the pointer,
+   * write_request says it with image_released); *n is its length,
+   * which it may make longer (a run).
+   */
+  int (*piece_unlocks) (struct qcow2_image *img,
+                        const struct write_request *req,
+                        uint64_t offset, uint64_t count, uint64_t *n);
+  const void *opaque;           /* the piece's own */
+};
+extern int write_request (struct qcow2_image *img,
+                          const struct write_request *req)
+  TSA_EXCLUDES (img->lock, img->data_lock);
+extern int write_check (struct qcow2_image *img, uint64_t count,
+                        uint64_t offset);
+extern int write_in_place_target (struct qcow2_image *img, uint64_t offset,
+                                  uint64_t len, uint64_t *host)
   TSA_REQUIRES (img->lock);
 
 /* fill.c: copy-on-read of what [offset, offset+count) touches, with
