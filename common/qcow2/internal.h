@@ -967,7 +967,9 @@ extern int flush_l2_dependencies (struct qcow2_image *img)
 extern int flush_locked (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 
-/* names.c: the names QEMU gives files, parsed. */
+/* names.c: the names QEMU gives files, parsed (json: names by json.c,
+ * all of them through name_parse in resolve.c).
+ */
 struct name_spec {
   char *path;                   /* a local file, or NULL if remote */
   char *url;                    /* else remote storage: remote.url */
@@ -980,12 +982,29 @@ struct name_spec {
   bool raw_window, raw_size_set;
   uint64_t raw_offset, raw_size;
 };
+extern int name_fail (char **why, int err, const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
+extern bool name_is_protocol (const char *name);
+extern char *name_url_escape (const char *s, bool query);
+extern const char *name_url_driver (const char *url);
+extern int name_nbd_url (struct name_spec *spec, const char *host,
+                         const char *port, const char *path,
+                         const char *export, char **why);
+extern int name_parse_ssh (struct name_spec *spec, char **why);
+extern int name_parse_plain (const char *name, struct name_spec *spec,
+                             char **why);
+extern void name_spec_free (struct name_spec *spec);
+
+/* json.c: a "json:{...}" name. */
+extern int json_parse_name (const char *name, struct name_spec *spec,
+                            char **why);
+
+/* resolve.c */
 /* 0, or -EINVAL (a bad name) or -ENOTSUP (one we do not open) with
  * *why a malloc'd message (NULL when out of memory).
  */
 extern int name_parse (const char *name, struct name_spec *spec,
                        char **why);
-extern void name_spec_free (struct name_spec *spec);
 /* name, named by the image named naming, resolved as QEMU resolves it
  * (malloc'd), or NULL with *why malloc'd (or NULL: out of memory).
  */
