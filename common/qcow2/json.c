@@ -398,7 +398,7 @@ json_get_u64 (struct json_doc *d, const char *prefix, const char *name,
 /* json: the nbd driver's options under p. */
 static int
 json_nbd (struct json_doc *d, const char *p, struct name_spec *spec,
-               char **why)
+          char **why)
 {
   const char *type, *host, *port, *path, *export, *lhost, *lport, *lpath;
   const char *ignored;
@@ -440,7 +440,7 @@ json_nbd (struct json_doc *d, const char *p, struct name_spec *spec,
 /* json: the curl drivers' options under p (http, https). */
 static int
 json_curl (struct json_doc *d, const char *p, const char *driver,
-                struct name_spec *spec, char **why)
+           struct name_spec *spec, char **why)
 {
   static const char *const secrets[] = {
     "username", "password-secret", "proxy-username",
@@ -486,7 +486,7 @@ json_curl (struct json_doc *d, const char *p, const char *driver,
  */
 static int
 json_ssh (struct json_doc *d, const char *p, struct name_spec *spec,
-               char **why)
+          char **why)
 {
   const char *host, *port, *path, *user, *mode, *lhost, *lport, *check;
   char *epath = NULL, *euser = NULL;
@@ -545,7 +545,7 @@ json_ssh (struct json_doc *d, const char *p, struct name_spec *spec,
 /* json: the protocol node under p ("" or "file."). */
 static int
 json_protocol (struct json_doc *d, const char *p,
-                    struct name_spec *spec, char **why)
+               struct name_spec *spec, char **why)
 {
   const char *driver, *filename;
   int r;

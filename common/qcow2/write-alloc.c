@@ -37,7 +37,7 @@ write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
 /* Stops at the first extent that does not read as zeros. */
 static int
 write_alloc_extent_zero (void *opaque, uint64_t offset, uint64_t length,
-                   uint32_t type)
+                         uint32_t type)
 {
   bool *zero = opaque;
 
@@ -53,7 +53,7 @@ write_alloc_extent_zero (void *opaque, uint64_t offset, uint64_t length,
  */
 static int
 write_alloc_zero_runs (struct qcow2_image *img, uint64_t offset, uint64_t len,
-                 bool ask_backing, bool *zero)
+                       bool ask_backing, bool *zero)
   TSA_REQUIRES (img->lock)
 {
   *zero = true;
