@@ -571,10 +571,17 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
  */
 extern void image_free (struct qcow2_image *img);
 
-/* luks.c: LUKS1 headers and the data cipher. */
+/* luks.c: the data cipher. */
+/* Encrypt or decrypt data in place, from sector on. */
+extern void luks_encrypt (const struct luks_key *key, uint64_t sector,
+                          uint8_t *buf, size_t len);
+extern void luks_decrypt (const struct luks_key *key, uint64_t sector,
+                          uint8_t *buf, size_t len);
+
+/* luks-header.c: LUKS1 headers. */
 /* Where a LUKS header lies: length bytes at offset in io, in the file
- * named name (for messages).  As QEMU's and nbdkit's LUKS code, luks.c
- * knows no container format.
+ * named name (for messages).  As QEMU's and nbdkit's LUKS code,
+ * luks-header.c knows no container format.
  */
 struct luks_area {
   const struct qcow2_env *env;
@@ -588,11 +595,6 @@ extern int luks_open (const struct luks_area *where,
                       const struct qcow2_password *pw, uint32_t max_iters,
                       struct luks_key **key);
 extern void luks_close (struct luks_key *key);
-/* Encrypt or decrypt data in place, from sector on. */
-extern void luks_encrypt (const struct luks_key *key, uint64_t sector,
-                          uint8_t *buf, size_t len);
-extern void luks_decrypt (const struct luks_key *key, uint64_t sector,
-                          uint8_t *buf, size_t len);
 /* The bytes the header and its key slots take (*len), or an error. */
 extern int luks_format_check (const struct qcow2_env *env,
                               const struct qcow2_luks_options *o,
