@@ -69,7 +69,7 @@ struct qcow2_header {
   char *data_file;
   /* Where the backing format extension starts (0: none), and where the
    * extensions (with their end mark) and the backing name end: a
-   * stream's detach (stream.c) rewrites them.
+   * stream's detach (stream-detach.c) rewrites them.
    */
   uint64_t backing_format_ext, names_end;
   bool has_bitmaps_ext;

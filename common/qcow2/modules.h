@@ -601,6 +601,12 @@ extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
 extern int read_backing (struct qcow2_image *img, uint8_t *buf,
                          uint64_t count, uint64_t offset);
 
+/* stream-detach.c: the end of a stream, the image cut loose from the
+ * layers above base (NULL: from all of them).
+ */
+extern int stream_detach (struct qcow2_image *img, struct qcow2_image *base)
+  TSA_EXCLUDES (img->lock, img->data_lock);
+
 /* extents.c */
 extern int layer_extents (struct qcow2_image *img, uint64_t offset,
                           uint64_t count, bool req_one,
