@@ -5,8 +5,8 @@
  *
  * A fill never changes what the guest reads, so it may lose every race:
  * it claims a run of unallocated clusters as an allocating write does
- * (write.c's in-flight list, which writes, zeroes and trims wait for),
- * and leaves alone the clusters another request has claimed or
+ * (write-alloc.c's in-flight list, which writes, zeroes and trims wait
+ * for), and leaves alone the clusters another request has claimed or
  * changed.  Per run:
  *  - under img->lock: the run found and claimed;
  *  - unlocked: the backing file read;

@@ -7,7 +7,7 @@
  *    reftable entry of a new block before those L2/L1 entries;
  *  - guest data before the L2 entry that makes it visible, except where
  *    a crash between the two could only show zeros where there were
- *    zeros and the file durably covers the cluster (see write.c);
+ *    zeros and the file durably covers the cluster (see write-alloc.c);
  *  - L2 updates before the refcount decrements that free clusters
  *    (frees are applied only after a flush, see alloc.c);
  *  - one host flush per client flush when nothing depends on a

@@ -2,10 +2,10 @@
 /* The on-disk formats the engine shares between its files, each with
  * one codec: the header's fields (read by header.c, patched by
  * hostio.c, written by create.c) and L2 entries (standard, extended and
- * compressed, decoded by cluster.c, check.c, write.c and zero.c, made
- * by write.c and zero.c).  The numbers are the spec's
- * (docs/interop/qcow2.rst in qemu); the _Static_asserts tie the named
- * layout to them.  Not part of the engine's interface.
+ * compressed, decoded by cluster.c, check.c, write.c, write-alloc.c
+ * and zero.c, made by write.c, write-alloc.c and zero.c).  The numbers
+ * are the spec's (docs/interop/qcow2.rst in qemu); the _Static_asserts
+ * tie the named layout to them.  Not part of the engine's interface.
  */
 #ifndef QCOW2_FORMAT_H
 #define QCOW2_FORMAT_H

@@ -308,7 +308,7 @@ header_check_tables (struct qcow2_image *img)
       return -EINVAL;
     }
     /* Its length may run past the end of the file, as QEMU allows:
-     * what lies there reads as zeros (luks.c says if it must not).
+     * what lies there reads as zeros (luks-header.c says if it must not).
      */
     r = header_check_table (img, "encryption header", h->crypto_offset,
                             0, h->header_length);
