@@ -94,34 +94,38 @@ pool_do_piece (struct pool_piece *piece)
 size_t
 pool_merge (struct pool_piece *pieces, size_t n, struct iovec *iov)
 {
-  struct pool_piece sorted[QCOW2_IOV_MAX];
   size_t m = 0, niov = 0;
 
   if (n < 2 || n > QCOW2_IOV_MAX || !pieces[0].io->ops->preadv ||
       pieces[0].io->ops->pread_many)
     return n;
-  /* Sorted by file offset: n is small. */
-  for (size_t i = 0; i < n; i++) {
+  /* Sorted by file offset in place, not into a copy: this runs on every
+   * one of nbdkit's many worker threads, where a large frame costs its
+   * pages in each.  n is small.
+   */
+  for (size_t i = 1; i < n; i++) {
+    struct pool_piece p = pieces[i];
     size_t j = i;
-    for (; j > 0 && sorted[j - 1].offset > pieces[i].offset; j--)
-      sorted[j] = sorted[j - 1];
-    sorted[j] = pieces[i];
+    for (; j > 0 && pieces[j - 1].offset > p.offset; j--)
+      pieces[j] = pieces[j - 1];
+    pieces[j] = p;
   }
   for (size_t i = 0, j; i < n; i = j) {
+    struct pool_piece first = pieces[i];
+
     for (j = i + 1; j < n &&
-           sorted[j - 1].offset + sorted[j - 1].len == sorted[j].offset; j++)
+           pieces[j - 1].offset + pieces[j - 1].len == pieces[j].offset; j++)
       ;
-    pieces[m] = sorted[i];
     if (j - i > 1) {
-      pieces[m].iov = &iov[niov];
-      pieces[m].iovcnt = j - i;
-      pieces[m].len = 0;
+      first.iov = &iov[niov];
+      first.iovcnt = j - i;
+      first.len = 0;
       for (size_t k = i; k < j; k++) {
-        iov[niov++] = (struct iovec) { sorted[k].buf, sorted[k].len };
-        pieces[m].len += sorted[k].len;
+        iov[niov++] = (struct iovec) { pieces[k].buf, pieces[k].len };
+        first.len += pieces[k].len;
       }
     }
-    m++;
+    pieces[m++] = first;        /* m <= i: nothing still to read */
   }
   assert (m >= 1 && m <= n && niov <= n);
   return m;

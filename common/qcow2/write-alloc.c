@@ -525,8 +525,8 @@ write_alloc_run_may_unlock (struct qcow2_image *img, const uint8_t *data,
   uint64_t cs = img->geo.cluster_size;
   uint64_t slice_entries =
     cache_entry_size (img->caches.l2) / img->geo.l2_entry_size;
-  struct l2_state old[WRITE_RUN_MAX];
-  uint64_t idx, k, target;
+  CLEANUP_FREE struct l2_state *old = NULL;
+  uint64_t idx, k, max, target;
   uint8_t *slice;
   bool zeroed, old_zero;
   int r;
@@ -536,8 +536,14 @@ write_alloc_run_may_unlock (struct qcow2_image *img, const uint8_t *data,
     return 0;                   /* external data files map 1:1 */
   if ((r = cluster_l2_slice_writable (img, offset, &slice, &idx)) < 0)
     return r;
-  for (k = 0; k < WRITE_RUN_MAX && k < count / cs &&
-         idx + k < slice_entries; k++) {
+  /* On the heap: this runs on each of nbdkit's many worker threads,
+   * where a large frame would cost its pages in every one.
+   */
+  max = MIN (MIN (WRITE_RUN_MAX, count / cs), slice_entries - idx);
+  assert (max >= 1);
+  if ((old = malloc (max * sizeof *old)) == NULL)
+    return -errno;
+  for (k = 0; k < max; k++) {
     if (write_inflight_overlaps (img, offset + k * cs, offset + (k + 1) * cs))
       break;                    /* another request allocates it */
     l2_get (img, slice, idx + k, &old[k]);

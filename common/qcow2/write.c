@@ -76,14 +76,20 @@ write_check (struct qcow2_image *img, uint64_t count, uint64_t offset)
 }
 
 /* In-place host runs mapped under one hold of the lock and written as
- * one batch.
+ * one batch: room for them, on the heap, since this runs on each of
+ * nbdkit's many worker threads, where a large frame would cost its
+ * pages in every one.
  */
 #define WRITE_BATCH 32
+struct write_batch_room {
+  struct pool_piece pieces[WRITE_BATCH];
+  struct iovec iov[WRITE_BATCH];
+};
 
 /* The in-place runs at the start of [offset, offset+count): as far as
- * the clusters are written in place, in at most WRITE_BATCH host runs,
- * each checked against the overlap map, then merged where they follow
- * each other in the file (iov: room for WRITE_BATCH).  *len is what
+ * the clusters are written in place, in at most cap host runs, each
+ * checked against the overlap map, then merged where they follow each
+ * other in the file (iov: room for cap).  *len is what
  * they cover, 0 if the first cluster must allocate.  Called with the
  * lock held.
  */
@@ -91,7 +97,7 @@ static int
 write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
                      uint64_t offset, uint64_t count,
                      struct pool_piece *pieces, struct iovec *iov,
-                     size_t *n, uint64_t *len)
+                     size_t cap, size_t *n, uint64_t *len)
   TSA_REQUIRES (img->lock)
 {
   uint64_t cs = img->geo.cluster_size;
@@ -112,7 +118,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
       break;
     if (last && last->offset + last->len == host)
       last->len += more;
-    else if (*n == WRITE_BATCH)
+    else if (*n == cap)
       break;
     else
       pieces[(*n)++] = (struct pool_piece) {
@@ -121,7 +127,7 @@ write_in_place_runs (struct qcow2_image *img, const uint8_t *data,
       };
     *len += more;
   }
-  assert (*n <= WRITE_BATCH && *len <= count);
+  assert (*n <= cap && *len <= count);
   for (size_t i = 0; i < *n; i++)
     if ((r = io_check_data (img, pieces[i].len, pieces[i].offset)) < 0)
       return r;
@@ -201,16 +207,28 @@ write_piece_unlocks (struct qcow2_image *img,
   TSA_RELEASE (img->lock)
 {
   const uint8_t *p = (const uint8_t *) req->opaque + (offset - req->offset);
-  struct pool_piece pieces[WRITE_BATCH];
-  struct iovec iov[WRITE_BATCH];
-  struct pool_batch batch = { .pieces = pieces };
+  struct pool_piece one;
+  struct iovec one_iov;
+  CLEANUP_FREE struct write_batch_room *room = NULL;
+  struct pool_batch batch = { .pieces = &one };
+  struct iovec *iov = &one_iov;
   struct io_pool *pool = NULL;
   uint64_t cs = img->geo.cluster_size, in_place = 0, done = 0;
   bool whole = (offset & (cs - 1)) == 0 && count >= cs;
+  size_t cap = 1;
   int r;
 
-  r = write_in_place_runs (img, p, offset, count, pieces, iov, &batch.n,
-                           &in_place);
+  /* Within one cluster there is one run.  Without room for more, the
+   * runs go one at a time: slower, still right.
+   */
+  if (count > cs - (offset & (cs - 1)) &&
+      (room = malloc (sizeof *room)) != NULL) {
+    batch.pieces = room->pieces;
+    iov = room->iov;
+    cap = WRITE_BATCH;
+  }
+  r = write_in_place_runs (img, p, offset, count, batch.pieces, iov, cap,
+                           &batch.n, &in_place);
   if (r == 0 && in_place > 0) {
     /* Releases hold data_lock exclusively: the runs stay ours. */
     if (batch.n > 1 && !img->guest_io->serial_writes)
