@@ -478,6 +478,8 @@ nbdio_acquire (struct nbdio *io, char **why)
 {
   unsigned failures;
   struct nbdio_conn *c = NULL;
+  /* Once a request, not once a connection: a system call each. */
+  pid_t pid = getpid ();
 
   lock_acquire (&io->lock);
   failures = io->failures;
@@ -488,7 +490,7 @@ nbdio_acquire (struct nbdio *io, char **why)
     for (unsigned i = 0; i < io->nconns; i++) {
       struct nbdio_conn *k = &io->conns[i];
       if ((k->state == CONN_READY || k->state == CONN_CONNECTING) &&
-          k->pid != getpid ())
+          k->pid != pid)
         k->state = CONN_DEAD;           /* the process before a fork */
       if (k->state == CONN_READY && !k->shut &&
           (!best || __atomic_load_n (&k->inflight, __ATOMIC_RELAXED)

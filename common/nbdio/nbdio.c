@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -34,12 +35,38 @@
 #include "errstr.h"
 #include "nbdio-internal.h"
 
-/* A set of commands waited for together. */
+/* A set of commands waited for together.  pending (atomic) counts
+ * the commands in flight and one more while the waiter submits; what
+ * brings it to 0 posts done.  Not a mutex and condition: the thread
+ * completing the last command woke the waiter, which then waited for
+ * the mutex that thread still held, a context switch more a read.  A
+ * semaphore may be destroyed once sem_wait returns (POSIX): the waiter
+ * leaves at once.
+ */
 struct nbdio_wait {
-  struct lock lock;
-  pthread_cond_t done;
   unsigned pending;
+  sem_t done;
 };
+
+static void
+nbdio_wait_init (struct nbdio_wait *w)
+{
+  w->pending = 1;
+  sem_init (&w->done, 0, 0);
+}
+
+/* Wait for what was submitted since nbdio_wait_init (or the last
+ * wait): the waiter's own count dropped, then the last command's post.
+ * Ready to submit and wait again.
+ */
+static void
+nbdio_wait_pending (struct nbdio_wait *w)
+{
+  if (__atomic_sub_fetch (&w->pending, 1, __ATOMIC_ACQ_REL) > 0)
+    while (sem_wait (&w->done) == -1)
+      assert (errno == EINTR);
+  __atomic_store_n (&w->pending, 1, __ATOMIC_RELAXED);
+}
 
 /* One NBD command: a read into buf (bounce, if the server's alignment
  * needs one, then copied to out), or a block status.
@@ -165,12 +192,12 @@ nbdio_done (void *opaque, int *error)
   }
   if (__atomic_fetch_sub (&cmd->c->inflight, 1, __ATOMIC_RELEASE) == 0)
     assert (!"a command completed twice");
-  lock_acquire (&w->lock);
-  assert (w->pending > 0);
   cmd->err = *error;
-  if (--w->pending == 0)
-    pthread_cond_broadcast (&w->done);
-  lock_release (&w->lock);
+  /* Neither cmd nor w may be touched once pending is down, but to post
+   * (the waiter waits for that).
+   */
+  if (__atomic_sub_fetch (&w->pending, 1, __ATOMIC_ACQ_REL) == 0)
+    sem_post (&w->done);
   return 1;
 }
 
@@ -217,9 +244,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   cmd->c = c;
   cmd->gen = c->gen;
   cmd->seen = __atomic_load_n (&io->conn_seq, __ATOMIC_ACQUIRE);
-  lock_acquire (&cmd->w->lock);
-  cmd->w->pending++;
-  lock_release (&cmd->w->lock);
+  __atomic_add_fetch (&cmd->w->pending, 1, __ATOMIC_RELAXED);
   if (__atomic_fetch_add (&c->inflight, 1, __ATOMIC_ACQ_REL) == 0)
     __atomic_store_n (&c->progress_ms, nbdio_now_ms (), __ATOMIC_RELEASE);
   if (status)
@@ -239,9 +264,8 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   if (cookie == -1) {
     /* Not queued: no completion will come. */
     __atomic_fetch_sub (&c->inflight, 1, __ATOMIC_RELEASE);
-    lock_acquire (&cmd->w->lock);
-    cmd->w->pending--;
-    lock_release (&cmd->w->lock);
+    /* Never to 0: the waiter's own count is in it. */
+    __atomic_sub_fetch (&cmd->w->pending, 1, __ATOMIC_RELAXED);
     /* Found closed: not served (see nbdio_retry). */
     if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
       cmd->err = ESHUTDOWN;
@@ -257,15 +281,6 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   else if (nbd_aio_get_direction (c->h) & LIBNBD_AIO_DIRECTION_WRITE)
     nbdio_wake (c);
   nbdio_release (c);
-}
-
-static void
-nbdio_wait_pending (struct nbdio_wait *w)
-{
-  lock_acquire (&w->lock);
-  while (w->pending > 0)
-    pthread_cond_wait (&w->done, &w->lock.mutex);
-  lock_release (&w->lock);
 }
 
 /* Commands the server did not serve (it is shutting down, and answered
@@ -322,6 +337,7 @@ nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
   nbdio_wait_pending (w);
   nbdio_retry (io, cmds, n, status, said);
   nbdio_wait_pending (w);
+  sem_destroy (&w->done);
   for (size_t i = 0; i < n; i++) {
     struct nbdio_cmd *cmd = &cmds[i];
     if (cmd->err && *cmd->result == 0)
@@ -377,8 +393,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
                   size_t n)
 {
   struct nbdio *io = (struct nbdio *) qio;
-  struct nbdio_wait w = { .lock = LOCK_INITIALIZER,
-                          .done = PTHREAD_COND_INITIALIZER };
+  struct nbdio_wait w;
   struct nbdio_cmd *cmds;
   size_t ncmds = 0;
   bool said = false;
@@ -406,6 +421,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
     ncmds += nbdio_plan_read (io, rd->buf, in, rd->offset, &rd->r,
                               cmds + ncmds);
   }
+  nbdio_wait_init (&w);
   for (size_t i = 0; i < ncmds; i++) {
     cmds[i].w = &w;
     if (cmds[i].len && *cmds[i].result == 0)
@@ -568,8 +584,7 @@ static int
 nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
                   uint32_t *type, uint64_t *len)
 {
-  struct nbdio_wait w = { .lock = LOCK_INITIALIZER,
-                          .done = PTHREAD_COND_INITIALIZER };
+  struct nbdio_wait w;
   int r = 0;
   struct nbdio_cmd cmd = {
     .w = &w, .offset = start, .result = &r,
@@ -577,6 +592,7 @@ nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
   bool said = false;
 
   assert (start <= offset && offset < io->size);
+  nbdio_wait_init (&w);
   nbdio_submit (io, &cmd, true, &said);
   nbdio_wait_all (io, &w, &cmd, 1, true, &said);
   if (r == 0 &&
