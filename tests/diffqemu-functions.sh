@@ -32,7 +32,7 @@ diff_qemu ()
   timeout -k 10 "${TEST_TIMEOUT:-300}" \
     nbdkit -U - qcow2 "file=$a.qcow2" "$@" --run "/usr/bin/python3 \
       $diffqemu_py \"\$uri\" \"nbd+unix:///?socket=$sock\" --seed $seed \
-      --ops ${DIFFQEMU_OPS:-400} --cluster-size $cs ${diffqemu_args:-}" ||
+      --ops ${DIFFQEMU_OPS:-250} --cluster-size $cs ${diffqemu_args:-}" ||
     r=$?
   kill "$pid"
   wait "$pid" || :

@@ -9,7 +9,7 @@
 source "${srcdir:-.}/bad-functions.sh"
 requires cmp
 
-iterations=${FUZZ_ITERATIONS:-60}       # per image
+iterations=${FUZZ_ITERATIONS:-30}       # per image
 bugs=0 served=0 refused=0 failed=0 compared=0
 
 # Read the whole export sequentially, one request at a time (nbdcopy's

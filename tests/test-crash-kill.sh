@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Real crashes: nbdkit is killed with SIGKILL while a client has writes,
 # zeroes, trims and flushes in flight (killwrite.py), over and over on
-# the same images (CRASH_KILLS, default 70, in eight configurations:
+# the same images (CRASH_KILLS, default 32, in eight configurations:
 # 64K clusters, 4K clusters with a small L2 cache, lazy refcounts, COW
 # over a backing file, an external data file, a raw external data file,
 # two enabled persistent bitmaps, and the qcow2 filter's overlay over
@@ -25,7 +25,7 @@ requires qemu-img nbdkit nbdcopy /usr/bin/python3 timeout
   exit 77
 }
 
-kills=${CRASH_KILLS:-70}
+kills=${CRASH_KILLS:-32}
 size=$((8 * 1024 * 1024))
 configs=(c64k c4k-evict lazy backing datafile datafile-raw bitmaps overlay)
 

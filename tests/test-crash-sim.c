@@ -26,8 +26,8 @@
  * are checked with many crash images at every host operation.
  *
  * Environment:
- *  CRASH_IMAGES=N      crash images of random workloads (default 10000;
- *                      3000 under AddressSanitizer, where an image costs
+ *  CRASH_IMAGES=N      crash images of random workloads (default 4000;
+ *                      1200 under AddressSanitizer, where an image costs
  *                      four times as much and the point is memory
  *                      errors, not crash orderings)
  *  CRASH_SEED=N|random the workloads (default 1)
@@ -58,9 +58,9 @@
 #include "crashsim.h"
 
 #ifdef CRASHCHECK_SANITIZED
-#define DEFAULT_IMAGES 3000
+#define DEFAULT_IMAGES 1200
 #else
-#define DEFAULT_IMAGES 10000
+#define DEFAULT_IMAGES 4000
 #endif
 
 /* Save the crash image here (CRASHSIM_AT). */

@@ -21,7 +21,7 @@
  *    checks (crashcheck.c): no corruption, flushed data intact, and a
  *    dirty image repaired on its next read-write open.
  *
- * FAULT_MAX=N (default 12, 6 under AddressSanitizer; 0: all) faults
+ * FAULT_MAX=N (default 6, 3 under AddressSanitizer; 0: all) faults
  * tried per kind and configuration, spread over the workload (every
  * n-th operation when there are no more than that);
  * FAULT_CONFIG=NAME one configuration; FAULT_CASE=KIND:NTH:BURST one
@@ -68,9 +68,9 @@ static const struct {
 
 #define OPS_PER_WORKLOAD 60
 #ifdef CRASHCHECK_SANITIZED
-#define DEFAULT_MAX 6
+#define DEFAULT_MAX 3
 #else
-#define DEFAULT_MAX 12
+#define DEFAULT_MAX 6
 #endif
 #define IMAGES_PER_POINT 2
 
