@@ -19,13 +19,14 @@ for i in $(seq 0 63); do
 done
 qio "$img4k" "${cmds[@]}"
 
-# 64k clusters, 256 MiB: a 512-byte slice maps 4 MiB, so the 32 KiB L2
-# table is 64 slices.
+# 64k clusters, 80 MiB: a 512-byte slice maps 4 MiB, so the 10 KiB of
+# L2 table in use are 20 slices (a 4K cache holds 8), and 3 of the
+# 4 KiB slices that l2-cache-size=1 holds 2 of.
 img64k=$tmp/c64k.qcow2
-qemu-img create -q -f qcow2 "$img64k" 256M
+qemu-img create -q -f qcow2 "$img64k" 80M
 cmds=()
 for i in $(seq 0 39); do
-  cmds+=("write -P $((i + 101)) $(( (i * 17 % 40) * 6 * 1048576 + i * 777 )) 70000")
+  cmds+=("write -P $((i + 101)) $(( (i * 17 % 40) * 2 * 1048576 + i * 777 )) 70000")
 done
 qio "$img64k" "${cmds[@]}"
 

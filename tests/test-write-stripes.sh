@@ -38,11 +38,14 @@ stripes ()
       "$(cmp "$tmp/got.raw" "$tmp/want.raw" | head -1)"
 }
 
+# Sizes: enough clusters for a race that hits 10% of them to show
+# (256 here), the tables' boundaries that matter kept (see each image),
+# no more: every request is a Python round trip.
 race="--connections 2 --inflight 16 --pattern 512:4096 --passes 1"
 for variant in "" cache=none io-threads=0; do
   img=$tmp/race.qcow2
   rm -f "$img"
-  qemu-img create -q -f qcow2 -o cluster_size=64k,extended_l2=on "$img" 64M
+  qemu-img create -q -f qcow2 -o cluster_size=64k,extended_l2=on "$img" 16M
   # shellcheck disable=SC2086
   stripes "$img" "$race --seed ${STRIPES_SEED:-1}" $variant
   # Again over what the first pass allocated: in-place writes and
@@ -53,25 +56,28 @@ done
 
 many="--connections 8 --inflight 16 --passes 2"
 img=$tmp/extl2.qcow2
-qemu-img create -q -f qcow2 -o cluster_size=32k,extended_l2=on "$img" 32M
+qemu-img create -q -f qcow2 -o cluster_size=32k,extended_l2=on "$img" 8M
 stripes "$img" "$many --pattern 700:300:1500:512 --seed 3" cache=none
 
+# 8M: the data outgrows what one 512-byte refcount table cluster covers.
 img=$tmp/c512.qcow2
 qemu-img create -q -f qcow2 -o cluster_size=512 "$img" 8M
 stripes "$img" "$many --pattern 200:900:513 --order random --seed 4"
 
 base=$tmp/base.qcow2 img=$tmp/overlay.qcow2
-make_image "$base" $((32 * M)) cluster_size=4k 5
+make_image "$base" $((8 * M)) cluster_size=4k 5
 qemu-img create -q -f qcow2 -o cluster_size=64k -b "$base" -F qcow2 "$img"
 stripes "$img" "$many --pattern 4096:100:3000 --seed 5"
 
 img=$tmp/compressed.qcow2
-random_raw "$tmp/src.raw" $((32 * M)) 6
+random_raw "$tmp/src.raw" $((8 * M)) 6
 qemu-img convert -c -f raw -O qcow2 -o cluster_size=64k "$tmp/src.raw" "$img"
 stripes "$img" "$many --pattern 1024:7000:333 --order random --seed 6"
 
+# 16M: 8 L2 tables for a cache of 8 slices of 64 entries, and a
+# second refcount block.
 img=$tmp/tinycache.qcow2
-qemu-img create -q -f qcow2 -o cluster_size=4k "$img" 32M
+qemu-img create -q -f qcow2 -o cluster_size=4k "$img" 16M
 stripes "$img" "$many --pattern 1500:2600 --seed 7" \
   l2-cache-size=4k l2-slice-size=512
 echo "$0: ok"
