@@ -10,7 +10,8 @@
 #   conns   random 4 KiB overwrites, QD4 per connection, of a 1 GiB
 #           preallocated image, from 1 and 64 connections: IOPS, server
 #           CPU per write (us) and peak memory per connection (KiB);
-#           ours also with nbdkit -t 2
+#           ours also with nbdkit -t 2, and nbdkit's file plugin on a
+#           raw file of the same size (what nbdkit's threads cost alone)
 #   layers  chains of 1, 10, 100 and 1,000 images of 1 GiB (each with
 #           one cluster of data of its own): time from the server's start
 #           to a first 4 KiB read of the bottom's cluster, and peak RSS
@@ -38,6 +39,7 @@ start ()
   case $server in
     ours) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" qcow2 "$img" ;;
     ours-t2) nbdkit -t 2 -U "$work/s.sock" -P "$work/s.pid" "$@" qcow2 "$img" ;;
+    file) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" file "${img%.qcow2}.raw" ;;
     qemu-nbd)
       qemu-nbd -t -f qcow2 --cache=writeback -e 0 -k "$work/s.sock" \
         --pid-file="$work/s.pid" "$img" >/dev/null 2>&1 & ;;
@@ -158,7 +160,8 @@ EOF
 for c in $cases; do
   case $c in
     conns)
-      qemu-img create -q -f qcow2 -o preallocation=metadata "$work/c.qcow2" 1G ;;
+      qemu-img create -q -f qcow2 -o preallocation=metadata "$work/c.qcow2" 1G
+      qemu-img create -q -f raw -o preallocation=falloc "$work/c.raw" 1G ;;
     layers) make_chain 1000 ;;
     tables)
       qemu-img create -q -f qcow2 "$work/t1g.qcow2" 1G
@@ -173,7 +176,7 @@ for r in $(seq "$rounds"); do
       alloc) for s in ours qemu-nbd; do alloc_one $s; done ;;
       conns)
         for n in 1 64; do
-          for s in ours ours-t2 qemu-nbd; do conns_one $s $n; done
+          for s in ours ours-t2 file qemu-nbd; do conns_one $s $n; done
         done ;;
       layers)
         for n in 1 10 100 1000; do
@@ -210,13 +213,13 @@ for c in $cases; do
       echo "| conns | server | IOPS | CPU us/write | peak RSS KiB |"
       echo "|---|---|---|---|---|"
       for n in 1 64; do
-        for s in ours ours-t2 qemu-nbd; do
+        for s in ours ours-t2 file qemu-nbd; do
           printf '| %s | %s | %s | %.1f | %s |\n' "$n" "$s" \
             "$(m "conns$n,$s,iops")" "$(m "conns$n,$s,cpu")" \
             "$(m "conns$n,$s,hwm")"
         done
       done
-      for s in ours ours-t2 qemu-nbd; do
+      for s in ours ours-t2 file qemu-nbd; do
         printf '%s: CPU/write 64 vs 1 connection %.2f; memory per extra connection %.0f KiB\n' \
           "$s" "$(echo "$(m "conns64,$s,cpu") / $(m "conns1,$s,cpu")" | bc -l)" \
           "$(echo "($(m "conns64,$s,hwm") - $(m "conns1,$s,hwm")) / 63" | bc -l)"

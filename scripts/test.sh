@@ -30,5 +30,8 @@ packages=(
 )
 install_missing "${packages[@]}"
 
-# On failure, show the failing tests' logs: CI keeps only this output.
-make -j"$(nproc)" check || { scripts/show-failures.sh tests; exit 1; }
+# Two tests a core: they spend much of their time waiting for the
+# servers and tools they start (with four at once on two cores, the
+# suite kept 1.87 cores busy).  On failure, show the failing tests'
+# logs: CI keeps only this output.
+make -j"$(( 2 * $(nproc) ))" check || { scripts/show-failures.sh tests; exit 1; }
