@@ -328,7 +328,8 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
 }
 
 /* Wait for the commands submitted (status: block status), retried once
- * if not served, then gather their results.
+ * if not served, then gather their results; w is done with (its
+ * nbdio_wait_init is the caller's).
  */
 static void
 nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
