@@ -10,8 +10,10 @@
 #   conns   random 4 KiB overwrites, QD4 per connection, of a 1 GiB
 #           preallocated image, from 1 and 64 connections: IOPS, server
 #           CPU per write (us) and peak memory per connection (KiB);
-#           ours also with nbdkit -t 2, and nbdkit's file plugin on a
-#           raw file of the same size (what nbdkit's threads cost alone)
+#           ours also with nbdkit -t 2 and -t 1 (-t 1: no worker
+#           threads, a connection's requests served one at a time), and
+#           nbdkit's file plugin on a raw file of the same size (what
+#           nbdkit's threads cost alone)
 #   layers  chains of 1, 10, 100 and 1,000 images of 1 GiB (each with
 #           one cluster of data of its own): time from the server's start
 #           to a first 4 KiB read of the bottom's cluster, and peak RSS
@@ -30,6 +32,7 @@ work=$(mktemp -d /var/tmp/scale-bench.XXXXXX)
 spid=
 trap '[ -z "$spid" ] || kill "$spid" 2>/dev/null || true; rm -rf "$work"' EXIT
 cases=${SCALE_CASES:-alloc conns layers tables}
+conns_servers="ours ours-t2 ours-t1 file qemu-nbd"
 
 # start SERVER IMAGE [ARGS]: the server on $work/s.sock, $spid its pid.
 start ()
@@ -38,7 +41,9 @@ start ()
   rm -f "$work/s.sock" "$work/s.pid"
   case $server in
     ours) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" qcow2 "$img" ;;
-    ours-t2) nbdkit -t 2 -U "$work/s.sock" -P "$work/s.pid" "$@" qcow2 "$img" ;;
+    ours-t*)
+      nbdkit -t "${server#ours-t}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
+        qcow2 "$img" ;;
     file) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" file "${img%.qcow2}.raw" ;;
     qemu-nbd)
       qemu-nbd -t -f qcow2 --cache=writeback -e 0 -k "$work/s.sock" \
@@ -176,7 +181,7 @@ for r in $(seq "$rounds"); do
       alloc) for s in ours qemu-nbd; do alloc_one $s; done ;;
       conns)
         for n in 1 64; do
-          for s in ours ours-t2 file qemu-nbd; do conns_one $s $n; done
+          for s in $conns_servers; do conns_one $s $n; done
         done ;;
       layers)
         for n in 1 10 100 1000; do
@@ -213,18 +218,18 @@ for c in $cases; do
       echo "| conns | server | IOPS | CPU us/write | peak RSS KiB |"
       echo "|---|---|---|---|---|"
       for n in 1 64; do
-        for s in ours ours-t2 file qemu-nbd; do
+        for s in $conns_servers; do
           printf '| %s | %s | %s | %.1f | %s |\n' "$n" "$s" \
             "$(m "conns$n,$s,iops")" "$(m "conns$n,$s,cpu")" \
             "$(m "conns$n,$s,hwm")"
         done
       done
-      for s in ours ours-t2 file qemu-nbd; do
+      for s in $conns_servers; do
         printf '%s: CPU/write 64 vs 1 connection %.2f; memory per extra connection %.0f KiB\n' \
           "$s" "$(echo "$(m "conns64,$s,cpu") / $(m "conns1,$s,cpu")" | bc -l)" \
           "$(echo "($(m "conns64,$s,hwm") - $(m "conns1,$s,hwm")) / 63" | bc -l)"
       done
-      for s in ours ours-t2; do
+      for s in ours ours-t2 ours-t1; do
         printf 'conns: 64 connections IOPS (%s)\tqemu-nbd\t%s\thigher\n' "$s" \
           "$(ratio "$(m "conns64,$s,iops")" "$(m "conns64,qemu-nbd,iops")")" >> "$work/ratios"
       done ;;

@@ -30,7 +30,7 @@ struct crashio {
   unsigned refs;
   struct qcow2_io *live;        /* the contents now */
   uint8_t *durable;             /* the contents at the last flush */
-  size_t durable_len;
+  size_t durable_len, durable_cap;
   struct crashio_entry *log;
   size_t nlog, caplog, npieces;
   crashio_hook hook;
@@ -171,7 +171,13 @@ crashio_settle (struct crashio *c)
     if (e->lost)
       continue;
     if (e->data && end > c->durable_len) {
-      c->durable = crashio_xrealloc (c->durable, end);
+      /* Doubling: a file grown a cluster a flush is copied about once
+       * (a sanitizer's realloc always copies).
+       */
+      if (end > c->durable_cap) {
+        c->durable_cap = MAX (end, 2 * c->durable_cap);
+        c->durable = crashio_xrealloc (c->durable, c->durable_cap);
+      }
       memset (c->durable + c->durable_len, 0, end - c->durable_len);
       c->durable_len = end;
     }
@@ -250,7 +256,7 @@ crashio_new (const void *data, size_t len)
   }
   if (len)
     memcpy (c->durable, data, len);
-  c->durable_len = len;
+  c->durable_len = c->durable_cap = len;
   return c;
 }
 
@@ -362,8 +368,8 @@ crashio_crash_image (struct crashio *c, const uint8_t *keep, uint8_t **buf,
   }
   if (*cap < n) {
     free (*buf);
-    *buf = crashio_xrealloc (NULL, n);
-    *cap = n;
+    *cap = MAX (n, 2 * *cap);
+    *buf = crashio_xrealloc (NULL, *cap);
   }
   memcpy (*buf, c->durable, c->durable_len);
   memset (*buf + c->durable_len, 0, n - c->durable_len);

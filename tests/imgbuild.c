@@ -94,7 +94,10 @@ model_set (struct model *m, uint64_t cluster, enum model_kind kind,
   struct model_cluster *mc = model_find (m, cluster);
 
   if (!mc) {
-    m->v = ib_xrealloc (m->v, (m->n + 1) * sizeof *m->v);
+    if (m->n == m->cap) {
+      m->cap = MAX (16, 2 * m->cap);
+      m->v = ib_xrealloc (m->v, m->cap * sizeof *m->v);
+    }
     mc = &m->v[m->n++];
   }
   *mc = (struct model_cluster) {
@@ -107,6 +110,7 @@ void
 model_copy (struct model *dst, const struct model *src)
 {
   *dst = *src;
+  dst->cap = src->n;
   dst->v = ib_xrealloc (NULL, src->n * sizeof *src->v);
   if (src->n)
     memcpy (dst->v, src->v, src->n * sizeof *src->v);
@@ -117,7 +121,7 @@ model_free (struct model *m)
 {
   free (m->v);
   m->v = NULL;
-  m->n = 0;
+  m->n = m->cap = 0;
 }
 
 enum what { W_ZERO, W_DATA, W_BACKING };
@@ -274,7 +278,13 @@ ib_alloc (struct ib *ib, uint64_t n)
 {
   uint64_t off = ib->len;
 
-  ib->buf = ib_xrealloc (ib->buf, ib->len + n * ib->cs);
+  /* Doubling: images of many small clusters are built a cluster at a
+   * time (and a sanitizer's realloc always copies).
+   */
+  if (ib->len + n * ib->cs > ib->cap) {
+    ib->cap = MAX (ib->len + n * ib->cs, 2 * ib->cap);
+    ib->buf = ib_xrealloc (ib->buf, ib->cap);
+  }
   memset (ib->buf + off, 0, n * ib->cs);
   ib->len += n * ib->cs;
   return off;

@@ -32,7 +32,7 @@ struct model {
   unsigned cluster_bits;
   uint64_t size;                /* guest size */
   struct model_cluster *v;
-  size_t n;
+  size_t n, cap;
   const uint8_t *raw;           /* a raw layer: its size bytes */
   const struct model *backing;
 };
@@ -84,6 +84,7 @@ struct ib_snapshot {
 struct ib {
   uint8_t *buf;
   size_t len;                   /* always whole clusters */
+  size_t cap;                   /* bytes at buf */
   unsigned version, cluster_bits;
   uint64_t cs;                  /* cluster size */
   uint64_t size;
