@@ -30,8 +30,25 @@ packages=(
 )
 install_missing "${packages[@]}"
 
+# SANITIZE=1 (what CI runs): the suite built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, in a clone of the committed tree
+# (build-sanitize/: automake builds in one configured tree at a time),
+# so that a memory error or undefined behaviour fails the test that
+# met it.
+top=$PWD
+if [ -n "${SANITIZE:-}" ]; then
+  rm -rf build-sanitize
+  git clone -q . build-sanitize
+  cd build-sanitize
+  autoreconf -fi >/dev/null 2>&1
+  ./configure CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" >/dev/null
+  make -j"$(nproc)" >/dev/null
+fi
+
 # Two tests a core: they spend much of their time waiting for the
 # servers and tools they start (with four at once on two cores, the
 # suite kept 1.87 cores busy).  On failure, show the failing tests'
 # logs: CI keeps only this output.
-make -j"$(( 2 * $(nproc) ))" check || { scripts/show-failures.sh tests; exit 1; }
+make -j"$(( 2 * $(nproc) ))" check ||
+  { "$top/scripts/show-failures.sh" tests; exit 1; }
+"$top/scripts/show-times.sh" tests
