@@ -13,6 +13,7 @@
 #include "errstr.h"
 #include "memio.h"
 #include "crashio.h"
+#include "xalloc.h"
 
 struct crashio_entry {
   uint64_t offset, len;
@@ -48,18 +49,6 @@ crashio_op_name (enum crashio_op op)
   return op_names[op];
 }
 
-/* Tests have no use for running out of memory. */
-static void *
-crashio_xrealloc (void *p, size_t n)
-{
-  p = realloc (p, n ? n : 1);
-  if (!p) {
-    fprintf (stderr, "realloc: %s\n", errstr (errno));
-    abort ();
-  }
-  return p;
-}
-
 static struct crashio *
 crashio_of (struct qcow2_io *io)
 {
@@ -87,16 +76,13 @@ crashio_record (struct crashio *c, const void *buf, uint64_t len,
 {
   struct crashio_entry *e;
 
-  if (c->nlog == c->caplog) {
-    c->caplog = c->caplog ? c->caplog * 2 : 64;
-    c->log = crashio_xrealloc (c->log, c->caplog * sizeof *c->log);
-  }
+  c->log = test_grow (c->log, &c->caplog, c->nlog + 1, sizeof *c->log);
   e = &c->log[c->nlog++];
   e->offset = offset;
   e->len = len;
   e->data = NULL;
   if (buf) {
-    e->data = crashio_xrealloc (NULL, len);
+    e->data = test_xrealloc (NULL, len);
     memcpy (e->data, buf, len);
   }
   e->first_piece = c->npieces;
@@ -171,13 +157,7 @@ crashio_settle (struct crashio *c)
     if (e->lost)
       continue;
     if (e->data && end > c->durable_len) {
-      /* Doubling: a file grown a cluster a flush is copied about once
-       * (a sanitizer's realloc always copies).
-       */
-      if (end > c->durable_cap) {
-        c->durable_cap = MAX (end, 2 * c->durable_cap);
-        c->durable = crashio_xrealloc (c->durable, c->durable_cap);
-      }
+      c->durable = test_grow (c->durable, &c->durable_cap, end, 1);
       memset (c->durable + c->durable_len, 0, end - c->durable_len);
       c->durable_len = end;
     }
@@ -242,14 +222,14 @@ static const struct qcow2_io_ops crashio_ops = {
 struct crashio *
 crashio_new (const void *data, size_t len)
 {
-  struct crashio *c = crashio_xrealloc (NULL, sizeof *c);
+  struct crashio *c = test_xrealloc (NULL, sizeof *c);
 
   memset (c, 0, sizeof *c);
   pthread_mutex_init (&c->lock, NULL);
   c->io.ops = &crashio_ops;
   c->refs = 1;
   c->live = memio_new (data, len);
-  c->durable = crashio_xrealloc (NULL, len);
+  c->durable = test_xrealloc (NULL, len);
   if (!c->live) {
     fprintf (stderr, "memio_new: %s\n", errstr (errno));
     abort ();
@@ -367,9 +347,8 @@ crashio_crash_image (struct crashio *c, const uint8_t *keep, uint8_t **buf,
     }
   }
   if (*cap < n) {
-    free (*buf);
-    *cap = MAX (n, 2 * *cap);
-    *buf = crashio_xrealloc (NULL, *cap);
+    free (*buf);                /* nothing of it is kept */
+    *buf = test_grow (NULL, cap, n, 1);
   }
   memcpy (*buf, c->durable, c->durable_len);
   memset (*buf + c->durable_len, 0, n - c->durable_len);

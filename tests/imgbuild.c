@@ -15,24 +15,13 @@
 #include "checked.h"
 #include "qcow2.h"
 #include "imgbuild.h"
+#include "xalloc.h"
 
 #define OFLAG_COPIED     (UINT64_C (1) << 63)
 #define OFLAG_COMPRESSED (UINT64_C (1) << 62)
 #define OFLAG_ZERO       UINT64_C (1)
 #define OFFSET_MASK      UINT64_C (0x00fffffffffffe00)
 #define HOLE_ZERO        (QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO)
-
-/* Tests have no use for running out of memory. */
-static void *
-ib_xrealloc (void *p, size_t n)
-{
-  p = realloc (p, n ? n : 1);
-  if (!p) {
-    perror ("realloc");
-    abort ();
-  }
-  return p;
-}
 
 uint8_t
 model_pattern (bool compressible, uint32_t seed, uint64_t o)
@@ -94,10 +83,7 @@ model_set (struct model *m, uint64_t cluster, enum model_kind kind,
   struct model_cluster *mc = model_find (m, cluster);
 
   if (!mc) {
-    if (m->n == m->cap) {
-      m->cap = MAX (16, 2 * m->cap);
-      m->v = ib_xrealloc (m->v, m->cap * sizeof *m->v);
-    }
+    m->v = test_grow (m->v, &m->cap, m->n + 1, sizeof *m->v);
     mc = &m->v[m->n++];
   }
   *mc = (struct model_cluster) {
@@ -111,7 +97,7 @@ model_copy (struct model *dst, const struct model *src)
 {
   *dst = *src;
   dst->cap = src->n;
-  dst->v = ib_xrealloc (NULL, src->n * sizeof *src->v);
+  dst->v = test_xrealloc (NULL, src->n * sizeof *src->v);
   if (src->n)
     memcpy (dst->v, src->v, src->n * sizeof *src->v);
 }
@@ -278,13 +264,7 @@ ib_alloc (struct ib *ib, uint64_t n)
 {
   uint64_t off = ib->len;
 
-  /* Doubling: images of many small clusters are built a cluster at a
-   * time (and a sanitizer's realloc always copies).
-   */
-  if (ib->len + n * ib->cs > ib->cap) {
-    ib->cap = MAX (ib->len + n * ib->cs, 2 * ib->cap);
-    ib->buf = ib_xrealloc (ib->buf, ib->cap);
-  }
+  ib->buf = test_grow (ib->buf, &ib->cap, ib->len + n * ib->cs, 1);
   memset (ib->buf + off, 0, n * ib->cs);
   ib->len += n * ib->cs;
   return off;
@@ -362,9 +342,9 @@ uint64_t
 ib_compressed (struct ib *ib, uint64_t c, uint32_t seed, bool compressible,
                unsigned gap)
 {
-  uint8_t *in = ib_xrealloc (NULL, ib->cs);
+  uint8_t *in = test_xrealloc (NULL, ib->cs);
   size_t cap = ib->cs * 2 + 1024, clen;
-  uint8_t *out = ib_xrealloc (NULL, cap);
+  uint8_t *out = test_xrealloc (NULL, cap);
   uint64_t host, x, sectors;
 
   ib_fill (ib, in, c, compressible, seed);
@@ -497,7 +477,7 @@ ib_write_snapshots (struct ib *ib)
     size_t extra = sn->extra ? 16 : 0;
 
     len = (off + 40 + extra + idl + nl + 7) & ~(size_t) 7;
-    t = ib_xrealloc (t, len);
+    t = test_xrealloc (t, len);
     memset (t + off, 0, len - off);
     be64_put (t + off, sn->l1_offset);
     be32_put (t + off + 8, sn->l1_size);
@@ -568,7 +548,7 @@ ib_write_bitmap_directory (struct ib *ib, uint64_t *size)
     size_t nl = strlen (b->name), off = len;
 
     len = (off + 24 + nl + 7) & ~(size_t) 7;
-    d = ib_xrealloc (d, len);
+    d = test_xrealloc (d, len);
     memset (d + off, 0, len - off);
     be64_put (d + off, b->table_offset);
     be32_put (d + off + 8, b->table_size);
@@ -735,7 +715,7 @@ ib_dump (const struct ib *ib, const char *name)
   /* What the model says the guest reads as, when that is small. */
   if (ib->model.size > (64 << 20))
     return;
-  buf = ib_xrealloc (NULL, ib->model.size);
+  buf = test_xrealloc (NULL, ib->model.size);
   model_fill (&ib->model, buf, ib->model.size, 0);
   snprintf (expected, sizeof expected, "%s.expected", name);
   ib_dump_bytes (expected, buf, ib->model.size);

@@ -10,6 +10,7 @@
 
 #include "checked.h"
 #include "workload.h"
+#include "xalloc.h"
 
 #define KiB 1024
 #define MiB (1024 * 1024)
@@ -132,12 +133,7 @@ wl_pick_range (struct wl_rng *r, uint64_t cs, uint64_t size, bool aligned,
 static void
 wl_push (struct wl_op **ops, size_t *n, size_t *cap, struct wl_op op)
 {
-  if (*n == *cap) {
-    *cap = *cap ? *cap * 2 : 64;
-    *ops = realloc (*ops, *cap * sizeof **ops);
-    if (!*ops)
-      abort ();
-  }
+  *ops = test_grow (*ops, cap, *n + 1, sizeof **ops);
   (*ops)[(*n)++] = op;
 }
 

@@ -14,28 +14,17 @@
 #include "errstr.h"
 #include "imgbuild.h"
 #include "workload.h"
+#include "xalloc.h"
 
 #define TOP_NAME "top.qcow2"
 #define BACKING_NAME "backing.img"
 #define DATA_NAME "data.raw"
 #define CHUNK 4096
 
-/* Tests have no use for running out of memory. */
-static void *
-wl_xmalloc (size_t n)
-{
-  void *p = malloc (n ? n : 1);
-  if (!p) {
-    fprintf (stderr, "malloc: %s\n", errstr (errno));
-    abort ();
-  }
-  return p;
-}
-
 static void *
 wl_xmemdup (const void *p, size_t n)
 {
-  return memcpy (wl_xmalloc (n), p, n);
+  return memcpy (test_xrealloc (NULL, n), p, n);
 }
 
 /* The backing file: raw data over three quarters of the disk, or a
@@ -295,7 +284,7 @@ wl_buf_get (struct wl_buf *b, size_t len)
 {
   if (b->cap < len) {
     free (b->p);
-    b->p = wl_xmalloc (len);
+    b->p = test_xrealloc (NULL, len);
     b->cap = len;
   }
   return b->p;
@@ -446,12 +435,8 @@ wl_model_begin (struct wl_model *m, const struct wl_op *op)
   if (op->kind != WL_WRITE && op->kind != WL_ZERO && op->kind != WL_TRIM)
     return;
   memset (m->dirty + op->offset, 1, op->len);
-  if (m->nsince == m->capsince) {
-    m->capsince = m->capsince ? m->capsince * 2 : 64;
-    m->since = realloc (m->since, m->capsince * sizeof *m->since);
-    if (!m->since)
-      abort ();
-  }
+  m->since = test_grow (m->since, &m->capsince, m->nsince + 1,
+                        sizeof *m->since);
   m->since[m->nsince++] = *op;
 }
 
@@ -478,7 +463,7 @@ wl_model_done (struct wl_model *m, const struct wl_op *op)
 
   if (op->kind != WL_WRITE && op->kind != WL_ZERO && op->kind != WL_TRIM)
     return;
-  buf = wl_xmalloc (op->len);
+  buf = test_xrealloc (NULL, op->len);
   wl_op_fill (m, op, op->offset, op->len, buf, &from, &to);
   memcpy (m->acked + op->offset + from, buf + from, to - from);
   free (buf);
@@ -496,7 +481,7 @@ wl_exec (struct wl_run *run, const struct wl_op *op)
   wl_model_begin (m, op);
   switch (op->kind) {
   case WL_WRITE:
-    buf = wl_xmalloc (op->len);
+    buf = test_xrealloc (NULL, op->len);
     model_pattern_fill (false, op->seed, op->offset, buf, op->len);
     r = qcow2_write (run->img, buf, op->len, op->offset, op->fua);
     free (buf);
@@ -509,7 +494,7 @@ wl_exec (struct wl_run *run, const struct wl_op *op)
     r = qcow2_trim (run->img, op->len, op->offset, op->fua);
     break;
   case WL_READ:
-    buf = wl_xmalloc (op->len);
+    buf = test_xrealloc (NULL, op->len);
     r = qcow2_read (run->img, buf, op->len, op->offset);
     if (r == 0 && memcmp (buf, m->acked + op->offset, op->len) != 0)
       r = -EILSEQ;
