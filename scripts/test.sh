@@ -37,11 +37,9 @@ install_missing "${packages[@]}"
 # met it.
 top=$PWD
 if [ -n "${SANITIZE:-}" ]; then
-  rm -rf build-sanitize
-  git clone -q . build-sanitize
+  scripts/clone-configure.sh build-sanitize \
+    CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
   cd build-sanitize
-  autoreconf -fi >/dev/null 2>&1
-  ./configure CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" >/dev/null
   make -j"$(nproc)" >/dev/null
 fi
 
