@@ -9,7 +9,9 @@
 #           many to warm up, the client's disconnect included)
 #   conns   random 4 KiB overwrites, QD4 per connection, of a 1 GiB
 #           preallocated image, from 1 and 64 connections: IOPS, server
-#           CPU per write (us) and peak memory per connection (KiB);
+#           CPU per write (us; its growth both as the ratio of the medians
+#           and as the median of each round's own ratio) and peak memory
+#           per connection (KiB);
 #           ours also with nbdkit -t 2 and -t 1 (-t 1: no worker
 #           threads, a connection's requests served one at a time), and
 #           nbdkit's file plugin on a raw file of the same size (what
@@ -21,7 +23,8 @@
 #           with 64 KiB clusters (2 PiB: a 32 MiB L1 table): time to a
 #           first read and peak RSS
 # Usage: bench/scale.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
-# SCALE_CASES="alloc conns layers tables" runs only those)
+# SCALE_CASES="alloc conns layers tables" runs only those; for conns,
+# SCALE_SERVERS="ours-t2 qemu-nbd" only those servers, qemu-nbd among them)
 # The ratios (ours/qemu-nbd; times and memory: qemu-nbd/ours, so that
 # above 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0.
 set -euo pipefail
@@ -32,7 +35,7 @@ work=$(mktemp -d /var/tmp/scale-bench.XXXXXX)
 spid=
 trap '[ -z "$spid" ] || kill "$spid" 2>/dev/null || true; rm -rf "$work"' EXIT
 cases=${SCALE_CASES:-alloc conns layers tables}
-conns_servers="ours ours-t2 ours-t1 file qemu-nbd"
+conns_servers=${SCALE_SERVERS:-ours ours-t2 ours-t1 file qemu-nbd}
 
 # start SERVER IMAGE [ARGS]: the server on $work/s.sock, $spid its pid.
 start ()
@@ -200,6 +203,13 @@ for r in $(seq "$rounds"); do
 done
 
 m () { median "${res[$1]}"; }
+# paired A B: the median of the rounds' own ratios A/B (a round's two
+# runs are close in time, so the machine's drift cancels).
+paired ()
+{
+  median "$(paste <(printf '%s\n' ${res[$1]}) <(printf '%s\n' ${res[$2]}) |
+            awk '{ print $1 / $2 }')"
+}
 ratio () { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 : > "$work/ratios"
 echo "bench/scale.sh $rounds rounds of $secs s (medians); $(nproc) cores," \
@@ -225,11 +235,13 @@ for c in $cases; do
         done
       done
       for s in $conns_servers; do
-        printf '%s: CPU/write 64 vs 1 connection %.2f; memory per extra connection %.0f KiB\n' \
+        printf '%s: CPU/write 64 vs 1 connection %.2f (per round %.2f); memory per extra connection %.0f KiB\n' \
           "$s" "$(echo "$(m "conns64,$s,cpu") / $(m "conns1,$s,cpu")" | bc -l)" \
+          "$(paired "conns64,$s,cpu" "conns1,$s,cpu")" \
           "$(echo "($(m "conns64,$s,hwm") - $(m "conns1,$s,hwm")) / 63" | bc -l)"
       done
-      for s in ours ours-t2 ours-t1; do
+      for s in $conns_servers; do
+        case $s in ours*) ;; *) continue ;; esac
         printf 'conns: 64 connections IOPS (%s)\tqemu-nbd\t%s\thigher\n' "$s" \
           "$(ratio "$(m "conns64,$s,iops")" "$(m "conns64,qemu-nbd,iops")")" >> "$work/ratios"
       done ;;
