@@ -24,7 +24,8 @@
 #           first read and peak RSS
 # Usage: bench/scale.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
 # SCALE_CASES="alloc conns layers tables" runs only those; for conns,
-# SCALE_SERVERS="ours-t2 qemu-nbd" only those servers, qemu-nbd among them)
+# SCALE_SERVERS="ours-t2 qemu-nbd" only those servers, qemu-nbd among them;
+# file-t2 and file-t1 are the file plugin with nbdkit -t 2 and -t 1)
 # The ratios (ours/qemu-nbd; times and memory: qemu-nbd/ours, so that
 # above 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0.
 set -euo pipefail
@@ -48,6 +49,9 @@ start ()
       nbdkit -t "${server#ours-t}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
         qcow2 "$img" ;;
     file) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" file "${img%.qcow2}.raw" ;;
+    file-t*)
+      nbdkit -t "${server#file-t}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
+        file "${img%.qcow2}.raw" ;;
     qemu-nbd)
       qemu-nbd -t -f qcow2 --cache=writeback -e 0 -k "$work/s.sock" \
         --pid-file="$work/s.pid" "$img" >/dev/null 2>&1 & ;;
