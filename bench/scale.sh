@@ -39,18 +39,20 @@ cases=${SCALE_CASES:-alloc conns layers tables}
 conns_servers=${SCALE_SERVERS:-ours ours-t2 ours-t1 file qemu-nbd}
 
 # start SERVER IMAGE [ARGS]: the server on $work/s.sock, $spid its pid.
+# SERVER ours or file, with -tN for nbdkit -t N (ours-t2), or qemu-nbd.
 start ()
 {
-  local server=$1 img=$2; shift 2
+  local server=$1 img=$2 threads=(); shift 2
   rm -f "$work/s.sock" "$work/s.pid"
   case $server in
-    ours) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" qcow2 "$img" ;;
-    ours-t*)
-      nbdkit -t "${server#ours-t}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
+    *-t*) threads=(-t "${server##*-t}"); server=${server%-t*} ;;
+  esac
+  case $server in
+    ours)
+      nbdkit "${threads[@]}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
         qcow2 "$img" ;;
-    file) nbdkit -U "$work/s.sock" -P "$work/s.pid" "$@" file "${img%.qcow2}.raw" ;;
-    file-t*)
-      nbdkit -t "${server#file-t}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
+    file)
+      nbdkit "${threads[@]}" -U "$work/s.sock" -P "$work/s.pid" "$@" \
         file "${img%.qcow2}.raw" ;;
     qemu-nbd)
       qemu-nbd -t -f qcow2 --cache=writeback -e 0 -k "$work/s.sock" \
