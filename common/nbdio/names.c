@@ -56,10 +56,20 @@ nbdio_connect_error (struct nbdio *io)
                      io->argv[0], io->plugin) < 0 ? NULL : why;
   if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
     err = strstr (err, ": ") + 2;
-  if (io->argv && err && strstr (err, "handshake"))
-    /* nbdkit said why on stderr; libnbd only saw it give up. */
+  if (io->argv && err && strstr (err, "handshake")) {
+    /* nbdkit said why on stderr; libnbd only saw it give up.  A
+     * redirect to a protocol the admin keeps it from is said so there
+     * ("not supported or disabled"): what allows it is said here.
+     */
+    const char *web = io->opts.web_protocols;
+    bool narrow = web && strcmp (io->plugin, "curl") == 0 &&
+      strcmp (web, "http,https") != 0;
     return asprintf (&why, "nbdkit's %s plugin cannot serve it (its "
-                     "message is above)", io->plugin) < 0 ? NULL : why;
+                     "message is above)%s%s%s", io->plugin,
+                     narrow ? "; it may use only " : "", narrow ? web : "",
+                     narrow ? ", redirects included (backing-protocols=)"
+                     : "") < 0 ? NULL : why;
+  }
   if (asprintf (&why, "%s%s", err ? err : "the connection failed",
                 e == ECONNREFUSED || e == ENOENT
                 ? ": is the NBD server running?"
@@ -180,8 +190,12 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
     }
     if (remote->cookie)
       r |= nbdio_arg (argv, &n, "cookie", remote->cookie);
-    /* Redirects stay on the web (libcurl may follow them elsewhere). */
-    r |= nbdio_arg (argv, &n, "protocols", "http,https");
+    /* Redirects stay on the web (libcurl may follow them elsewhere),
+     * and within what the admin allows: an https base redirecting to
+     * http:// is not read in clear when only https is.
+     */
+    r |= nbdio_arg (argv, &n, "protocols", io->opts.web_protocols
+                    ? io->opts.web_protocols : "http,https");
     return r ? -ENOMEM : 0;
   }
 
