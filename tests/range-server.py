@@ -5,6 +5,9 @@ http.server does not; HTTPS with the certificate and key in PEMFILE.
 RANGE_SERVER_DELAY=SECONDS waits that long before each answer (a slow
 network, for bench/remote.sh).  RANGE_SERVER_LOG=FILE appends each
 request's headers to FILE (what a client sent, for the tests).
+RANGE_SERVER_REDIRECT=URL answers every request with a redirect (302)
+to URL followed by the path asked (a server sending its clients
+elsewhere, over another protocol maybe).
 Usage: range-server.py DIR PORTFILE [PEMFILE]"""
 import http.server
 import os
@@ -15,6 +18,7 @@ import time
 
 DELAY = float(os.environ.get("RANGE_SERVER_DELAY", "0"))
 LOG = os.environ.get("RANGE_SERVER_LOG")
+REDIRECT = os.environ.get("RANGE_SERVER_REDIRECT")
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
@@ -36,6 +40,12 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         if LOG:
             with open(LOG, "a") as f:
                 f.write(self.requestline + "\n" + str(self.headers))
+        if REDIRECT:
+            self.send_response(302)
+            self.send_header("Location", REDIRECT + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         path = self.translate_path(self.path)
         m = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
         if not m or not os.path.isfile(path):

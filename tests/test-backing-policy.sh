@@ -6,13 +6,22 @@
 # links followed), backing-insecure=false (a name turning off TLS
 # certificate or ssh host key checks), backing-tls-psk-file= and
 # backing-tls-certificates= (the admin's credentials for nbds://).
-# Each refusal is one clear message; what is allowed still reads the
-# base's bytes (QEMU's reading of the same chain is the reference).
+# Each refusal is one clear message, and a hint naming the value that
+# allows it; what is allowed still reads the base's bytes (QEMU's
+# reading of the same chain is the reference).  Protocols are named
+# without case, in the key and in names (URL schemes).
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh openssl
 source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/overlay-functions.sh"      # expect_unserved
+
+# hinted REMEDY: the refusal just seen is followed by this hint.
+hinted ()
+{
+  grep -A1 'refused' "$tmp/refused.err" | grep -qxF "nbdkit: error: hint: $1" ||
+    fail "no hint \"$1\" after the refusal: $(cat "$tmp/refused.err")"
+}
 
 mkdir -p "$tmp/root/sub" "$tmp/outside"
 base=$tmp/root/sub/base.raw
@@ -44,9 +53,11 @@ overlay nbd "nbd+unix:///?socket=$sock"
 overlay json 'json:{"driver":"raw","file":{"driver":"file","filename":"'"$base"'"}}'
 reads_base "$tmp/root/local.qcow2" backing-protocols=file
 reads_base "$tmp/root/nbd.qcow2" backing-protocols=http,nbd
+reads_base "$tmp/root/local.qcow2" backing-protocols=FILE,Nbd
 for img in local json; do
   expect_refused "cannot open backing file \".*\": a local file, protocol file is refused by backing-protocols=nbd,https" \
     qcow2 "$tmp/root/$img.qcow2" backing-protocols=nbd,https
+  hinted "backing-protocols=nbd,https,file allows it"
   expect_unserved "a local file, protocol file is refused by backing-protocols=nbd" \
     --filter=qcow2 file "$tmp/root/$img.qcow2" backing-protocols=nbd
 done
@@ -54,14 +65,17 @@ expect_refused "cannot open backing file \"nbd\\+unix:.*\": protocol nbd is refu
   qcow2 "$tmp/root/nbd.qcow2" backing-protocols=file
 expect_refused "protocol nbd is refused by backing-protocols=\$" \
   qcow2 "$tmp/root/nbd.qcow2" backing-protocols=
+hinted "backing-protocols=nbd allows it"
 # The filter's backing= (the admin's own name) too.
 expect_unserved "protocol nbd is refused by backing-protocols=file" \
   --filter=qcow2 file "$tmp/root/local.qcow2" \
   backing="nbd+unix:///?socket=$sock" backing-protocols=file
-for url in https://127.0.0.1:1/x ssh://127.0.0.1:1/x nbds://127.0.0.1:1/; do
+for url in https://127.0.0.1:1/x SSH://127.0.0.1:1/x Nbds://127.0.0.1:1/; do
   overlay web "$url"
-  expect_refused "protocol ${url%%:*} is refused by backing-protocols=file,nbd" \
+  proto=$(echo "${url%%:*}" | tr A-Z a-z)
+  expect_refused "protocol $proto is refused by backing-protocols=file,nbd" \
     qcow2 "$tmp/root/web.qcow2" backing-protocols=file,nbd
+  hinted "backing-protocols=file,nbd,$proto allows it"
 done
 expect_refused 'backing-protocols: "ftp" is not a protocol here' \
   qcow2 "$tmp/root/local.qcow2" backing-protocols=file,ftp
@@ -82,6 +96,7 @@ reads_base "$tmp/root/outlink.qcow2" backing-root=/
 for img in abs-out dotdot outlink; do
   expect_refused "cannot open backing file \".*\": it is $tmp/outside/base.raw, not under backing-root=$tmp/root: refused" \
     qcow2 "$tmp/root/$img.qcow2" backing-root="$tmp/root"
+  hinted "backing-root=$tmp allows it"
   expect_unserved "it is $tmp/outside/base.raw, not under backing-root=$tmp/root: refused" \
     --filter=qcow2 file "$tmp/root/$img.qcow2" backing-root="$tmp/root"
 done
@@ -105,6 +120,7 @@ expect_refused "backing-root: .*$tmp/none" \
 overlay noverify 'json:{"driver":"raw","file":{"driver":"https","url":"https://127.0.0.1:1/x","sslverify":false}}'
 expect_refused "the name turns off the check of the server's certificate \\(\"sslverify\": false\\): refused with backing-insecure=false" \
   qcow2 "$tmp/root/noverify.qcow2" backing-insecure=false
+hinted "backing-insecure=true allows it"
 overlay nohostkey 'ssh://127.0.0.1:1/x?host_key_check=no'
 expect_refused "the name turns off the ssh host key check \\(host_key_check=no\\): refused with backing-insecure=false" \
   qcow2 "$tmp/root/nohostkey.qcow2" backing-insecure=false

@@ -5,7 +5,9 @@
 # is the oracle (bytes and block status).  A qcow2 base on the server
 # naming its own backing file by a relative name (resolved against the
 # URL, as QEMU resolves it); json: names with the curl driver's options
-# (sslverify=false for a certificate of our own); writes over it.
+# (sslverify=false for a certificate of our own); writes over it.  A
+# base down for a while: the curl plugin's error, which it repeats for
+# every request failing, is said once, then counted.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdcopy nbdsh openssl
@@ -79,3 +81,30 @@ grep -Eqi 'certificate|SSL' "$tmp/refused.err" ||
   fail "the curl plugin's message does not say what TLS refused: $(cat "$tmp/refused.err")"
 ! qemu-io -f qcow2 -c 'read 0 4k' "$tmp/verify.qcow2" >/dev/null 2>&1 ||
   fail "qemu-io read past a certificate nobody signed"
+
+# A base down: every read fails, and nbdkit's curl plugin says the same
+# for each; relayed, the first is said and the others counted.
+mkdir "$tmp/down"
+qemu-img create -q -f raw "$tmp/down/big.raw" 64M
+http_server "$tmp/down"
+down_pid=${servers[-1]}
+qemu-img create -q -f qcow2 -u -b "http://127.0.0.1:$http_port/big.raw" \
+  -F raw "$tmp/down.qcow2" 64M
+timeout 60 nbdkit -U - -r qcow2 "$tmp/down.qcow2" --run 'nbdsh -u "$uri" -c "
+import os
+h.pread(4096, 0)
+os.kill('"$down_pid"', 15)
+failed = 0
+for i in range(100):
+    try:
+        h.pread(4096, (i * 7919 * 4096) % (64 << 20))
+    except nbd.Error:
+        failed += 1
+assert failed >= 50, failed
+"' 2> "$tmp/down.err" || { cat "$tmp/down.err"; fail "reads with the base down"; }
+! grep -q '^nbdkit: curl' "$tmp/down.err" ||
+  fail "the curl plugin's lines were not relayed: $(grep -c '^nbdkit: curl' "$tmp/down.err")"
+# (The first read may meet the connection reset, a line of its own.)
+[ "$(grep -c "nbdkit's curl plugin" "$tmp/down.err")" -le 3 ] &&
+  grep -q "nbdkit's curl plugin said the same [0-9]* more times in" "$tmp/down.err" ||
+  fail "not the first line, then a count: $(grep "curl plugin" "$tmp/down.err")"

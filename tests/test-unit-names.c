@@ -82,6 +82,17 @@ test_names (void)
               "nbd://h/x sslverify=1 timeout=0 cookie=");
   check_name ("http://web/d/base.raw", "raw", "http://web/d/base.raw",
               "http://web/d/base.raw sslverify=1 timeout=0 cookie=");
+  /* Schemes in any case (RFC 3986), opened in lower case; the rest of
+   * the URL as it is.
+   */
+  check_name ("HTTP://web/D/base.raw", "raw", "http://web/D/base.raw",
+              "http://web/D/base.raw sslverify=1 timeout=0 cookie=");
+  check_name ("Nbd+Unix:///exp?socket=/tmp/S", "raw",
+              "nbd+unix:///exp?socket=/tmp/S",
+              "nbd+unix:///exp?socket=/tmp/S sslverify=1 timeout=0 cookie=");
+  check_name ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"https\","
+              "\"url\":\"HTTPS://web/b.raw\"}}", NULL, "https://web/b.raw",
+              "https://web/b.raw sslverify=1 timeout=0 cookie=");
   /* QEMU's legacy syntax. */
   check_name ("nbd:unix:/tmp/s:exportname=e", "raw", "nbd+unix:///e?socket=/tmp/s",
               "nbd+unix:///e?socket=/tmp/s sslverify=1 timeout=0 cookie=");

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -32,7 +33,17 @@ glue_load (const char *name, const char *password_key, unsigned io_threads)
 void
 glue_error (void *opaque, const char *msg)
 {
-  nbdkit_error ("%s", msg);
+  /* A remedy the glue gave the engine in a reason (the policy's
+   * refusals) is said on a line of its own, as glue_hint says it.
+   */
+  const char *hint = strstr (msg, "\nhint: ");
+
+  if (hint) {
+    nbdkit_error ("%.*s", (int) (hint - msg), msg);
+    nbdkit_error ("%s", hint + 1);
+  }
+  else
+    nbdkit_error ("%s", msg);
 }
 
 void

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include <nbdkit-plugin.h>
@@ -25,6 +26,19 @@ static const char *const glue_protocols[] = {
   "file", "nbd", "nbds", "http", "https", "ssh", NULL
 };
 
+/* The bit of the protocol [s, s+n), compared without case as URL
+ * schemes are (RFC 3986), or 0 if it is none of glue_protocols.
+ */
+static unsigned
+glue_protocol_bit (const char *s, size_t n)
+{
+  for (unsigned i = 0; glue_protocols[i]; i++)
+    if (strlen (glue_protocols[i]) == n &&
+        strncasecmp (s, glue_protocols[i], n) == 0)
+      return 1u << i;
+  return 0;
+}
+
 int
 glue_config_backing_protocols (const char *key, const char *value)
 {
@@ -35,18 +49,14 @@ glue_config_backing_protocols (const char *key, const char *value)
   p->protocols_set = true;
   while (*s) {
     size_t n = strcspn (s, ",");
-    unsigned i;
+    unsigned bit = glue_protocol_bit (s, n);
 
-    for (i = 0; glue_protocols[i]; i++)
-      if (strlen (glue_protocols[i]) == n &&
-          strncmp (s, glue_protocols[i], n) == 0)
-        break;
-    if (!glue_protocols[i]) {
+    if (!bit) {
       nbdkit_error ("%s: \"%.*s\" is not a protocol here (file, nbd, nbds, "
                     "http, https and ssh are)", key, (int) n, s);
       return -1;
     }
-    p->protocols |= 1u << i;
+    p->protocols |= bit;
     s += n + (s[n] == ',');
   }
   free (p->protocols_text);
@@ -95,27 +105,41 @@ glue_policy_free (void)
 }
 
 /* Whether backing-protocols= lets names reach protocol (one of
- * glue_protocols); if not, *why says so.
+ * glue_protocols); if not, *why says so, and which value allows it
+ * (a "hint: " line, which glue_error says as glue_hint does).
  */
 static bool
 glue_policy_allows (const char *protocol, size_t len, char **why)
 {
   const struct glue_policy *p = &glue.policy;
+  const char *t = p->protocols_text;
 
-  if (!p->protocols_set)
+  if (!p->protocols_set || (p->protocols & glue_protocol_bit (protocol, len)))
     return true;
-  for (unsigned i = 0; glue_protocols[i]; i++)
-    if (strlen (glue_protocols[i]) == len &&
-        strncmp (protocol, glue_protocols[i], len) == 0 &&
-        (p->protocols & 1u << i))
-      return true;
-  if (asprintf (why, "%s %.*s is refused by backing-protocols=%s",
-                len == 4 && strncmp (protocol, "file", 4) == 0
+  if (asprintf (why, "%s %.*s is refused by backing-protocols=%s\n"
+                "hint: backing-protocols=%s%s%.*s allows it",
+                len == 4 && strncasecmp (protocol, "file", 4) == 0
                 ? "a local file, protocol" : "protocol", (int) len, protocol,
-                p->protocols_text) < 0)
+                t, t, *t ? "," : "", (int) len, protocol) < 0)
     *why = NULL;
   errno = EACCES;
   return false;
+}
+
+/* The protocols nbdkit's curl helper may use, redirects included (its
+ * protocols=): those of http and https that backing-protocols= allows.
+ * A name is refused before if its own is not, so one at least is.
+ */
+static const char *
+glue_policy_web_protocols (void)
+{
+  const struct glue_policy *p = &glue.policy;
+  bool http = !p->protocols_set ||
+    (p->protocols & glue_protocol_bit ("http", 4));
+  bool https = !p->protocols_set ||
+    (p->protocols & glue_protocol_bit ("https", 5));
+
+  return http && https ? "http,https" : https ? "https" : "http";
 }
 
 static void
@@ -159,8 +183,14 @@ glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
     return NULL;
   /* "/" holds everything; else root, then a '/'. */
   if (n > 1 && (strncmp (real, root, n) != 0 || real[n] != '/')) {
-    if (asprintf (id, "it is %s, not under backing-root=%s: refused", real,
-                  root) < 0)
+    /* The remedy keeps what the root holds: the folder holding both. */
+    size_t k = 0;
+    for (size_t i = 0; root[i] && root[i] == real[i]; i++)
+      if (root[i] == '/')
+        k = i;
+    if (asprintf (id, "it is %s, not under backing-root=%s: refused\n"
+                  "hint: backing-root=%.*s allows it", real, root,
+                  k ? (int) k : 1, k ? root : "/") < 0)
       *id = NULL;
     free (real);
     errno = EACCES;
@@ -189,6 +219,7 @@ glue_policy_open_remote (void *opaque, const struct qcow2_remote *remote,
     .tls_certificates = p->tls_certificates,
     .tls_psk_file = p->tls_psk_file,
     .tls_username = p->tls_username,
+    .web_protocols = glue_policy_web_protocols (),
   };
 
   *why = NULL;
@@ -198,7 +229,8 @@ glue_policy_open_remote (void *opaque, const struct qcow2_remote *remote,
       (!remote->sslverify ||
        (remote->ssh.host && !remote->ssh.verify_host))) {
     if (asprintf (why, "the name turns off %s: refused with "
-                  "backing-insecure=false", remote->sslverify
+                  "backing-insecure=false\n"
+                  "hint: backing-insecure=true allows it", remote->sslverify
                   ? "the ssh host key check (host_key_check=no)"
                   : "the check of the server's certificate "
                     "(\"sslverify\": false)") < 0)

@@ -421,6 +421,7 @@ nbdio_start (struct nbdio *io, struct nbdio_conn *c)
     c->pid = getpid ();
   }
   c->stopping = false;
+  nbdio_relay_start (io);       /* reads what this process's helpers say */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
   e = pthread_create (&c->thread, NULL, nbdio_conn_thread, c);

@@ -1,10 +1,15 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdio's names (see nbdio.c): an NBD URL made absolute, the nbdkit
- * that serves an http(s) or ssh URL (its arguments), and what went
- * wrong connecting, said with what to do.
+ * that serves an http(s) or ssh URL (its arguments, and what it says
+ * on stderr relayed), and what went wrong connecting, said with what
+ * to do.
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,17 +54,27 @@ nbdio_connect_error (struct nbdio *io)
   char *why;
 
   /* libnbd sees only the connection reset. */
-  if (io->argv && !nbdio_in_path (io->argv[0]))
+  if (io->argv && !nbdio_in_path ("nbdkit"))
     return asprintf (&why, "nbdkit's %s plugin could not be started: "
-                     "%s not found in PATH (install nbdkit and its %s "
+                     "nbdkit not found in PATH (install nbdkit and its %s "
                      "plugin, or add its folder to PATH)", io->plugin,
-                     io->argv[0], io->plugin) < 0 ? NULL : why;
+                     io->plugin) < 0 ? NULL : why;
   if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
     err = strstr (err, ": ") + 2;
-  if (io->argv && err && strstr (err, "handshake"))
-    /* nbdkit said why on stderr; libnbd only saw it give up. */
+  if (io->argv && err && strstr (err, "handshake")) {
+    /* nbdkit said why on stderr; libnbd only saw it give up.  A
+     * redirect to a protocol the admin keeps it from is said so there
+     * ("not supported or disabled"): what allows it is said here.
+     */
+    const char *web = io->opts.web_protocols;
+    bool narrow = web && strcmp (io->plugin, "curl") == 0 &&
+      strcmp (web, "http,https") != 0;
     return asprintf (&why, "nbdkit's %s plugin cannot serve it (its "
-                     "message is above)", io->plugin) < 0 ? NULL : why;
+                     "message is above)%s%s%s", io->plugin,
+                     narrow ? "; it may use only " : "", narrow ? web : "",
+                     narrow ? ", redirects included (backing-protocols=)"
+                     : "") < 0 ? NULL : why;
+  }
   if (asprintf (&why, "%s%s", err ? err : "the connection failed",
                 e == ECONNREFUSED || e == ENOENT
                 ? ": is the NBD server running?"
@@ -132,8 +147,193 @@ nbdio_socket_uri (const char *url)
   return r;
 }
 
+/* A line said again but for its numbers (a port, milliseconds) within
+ * this long of the last is counted, not said; counts are said as often.
+ */
+#define NBDIO_RELAY_MS 10000
+
+/* s without its digits: lines alike have the same. */
+static char *
+nbdio_relay_shape (const char *s)
+{
+  char *r = malloc (strlen (s) + 1), *q = r;
+
+  for (; r && *s; s++)
+    if (!isdigit ((unsigned char) *s))
+      *q++ = *s;
+  if (r)
+    *q = '\0';
+  return r;
+}
+
+/* Say how many lines like the last said have not been. */
+static void
+nbdio_relay_count (struct nbdio *io, uint64_t now)
+{
+  struct nbdio_relay *rl = &io->relay;
+
+  if (rl->repeats)
+    nbdio_say (io, NBDIO_ERROR, "%s: nbdkit's %s plugin said the same %u "
+               "more time%s in %" PRIu64 " s", io->name, io->plugin,
+               rl->repeats, rl->repeats > 1 ? "s" : "",
+               (now - rl->said_ms + 999) / 1000);
+  rl->repeats = 0;
+  rl->said_ms = now;
+}
+
+/* A line a helper wrote: said (without nbdkit's "nbdkit: PLUGIN[N]:
+ * error: ", the URL in its place), or counted if like the last.
+ */
+static void
+nbdio_relay_line (struct nbdio *io, const char *line)
+{
+  struct nbdio_relay *rl = &io->relay;
+  const char *msg = line, *p;
+  uint64_t now = nbdio_now_ms ();
+  char *shape = nbdio_relay_shape (line);
+
+  if (strncmp (line, "nbdkit: ", 8) == 0 && (p = strstr (line, ": error: ")))
+    msg = p + 9;
+  if (shape && rl->shape && strcmp (shape, rl->shape) == 0 &&
+      now - rl->last_ms < NBDIO_RELAY_MS) {
+    free (shape);
+    rl->repeats++;
+    rl->last_ms = now;
+    if (now - rl->said_ms >= NBDIO_RELAY_MS)
+      nbdio_relay_count (io, now);
+    return;
+  }
+  nbdio_relay_count (io, now);
+  nbdio_say (io, NBDIO_ERROR, "%s: nbdkit's %s plugin: %s", io->name,
+             io->plugin, msg);
+  free (rl->shape);
+  rl->shape = shape;
+  rl->last_ms = now;
+}
+
+/* Read what the pipe holds, saying each line ended (and, at the end,
+ * the one not ended).
+ */
+static void
+nbdio_relay_read (struct nbdio *io, bool end)
+{
+  struct nbdio_relay *rl = &io->relay;
+  ssize_t got;
+
+  for (;;) {
+    char *nl;
+
+    got = read (rl->fd[0], rl->line + rl->len, sizeof rl->line - 1 - rl->len);
+    if (got <= 0 && !(got == -1 && errno == EINTR))
+      break;
+    rl->len += got > 0 ? got : 0;
+    rl->line[rl->len] = '\0';
+    while ((nl = strchr (rl->line, '\n'))) {
+      *nl = '\0';
+      nbdio_relay_line (io, rl->line);
+      rl->len -= nl + 1 - rl->line;
+      memmove (rl->line, nl + 1, rl->len + 1);
+    }
+    /* A line longer than the buffer: said in pieces. */
+    if (rl->len == sizeof rl->line - 1) {
+      nbdio_relay_line (io, rl->line);
+      rl->len = 0;
+    }
+  }
+  if (end && rl->len) {
+    nbdio_relay_line (io, rl->line);
+    rl->len = 0;
+  }
+}
+
+static void *
+nbdio_relay_thread (void *arg)
+{
+  struct nbdio *io = arg;
+  struct nbdio_relay *rl = &io->relay;
+
+  for (;;) {
+    struct pollfd p[2] = {
+      { .fd = rl->fd[0], .events = POLLIN },
+      { .fd = rl->wake[0], .events = POLLIN },
+    };
+    uint64_t now = nbdio_now_ms ();
+    int ms = !rl->repeats ? -1
+      : now - rl->said_ms >= NBDIO_RELAY_MS ? 0
+      : (int) (rl->said_ms + NBDIO_RELAY_MS - now);
+
+    if (poll (p, 2, ms) == -1 && errno != EINTR)
+      break;
+    if (p[1].revents)
+      break;
+    if (p[0].revents)
+      nbdio_relay_read (io, false);
+    now = nbdio_now_ms ();
+    if (rl->repeats && now - rl->said_ms >= NBDIO_RELAY_MS)
+      nbdio_relay_count (io, now);
+  }
+  return NULL;
+}
+
+void
+nbdio_relay_start (struct nbdio *io)
+{
+  struct nbdio_relay *rl = &io->relay;
+  sigset_t all, old;
+
+  if (!rl->on || (rl->has_thread && rl->pid == getpid ()))
+    return;
+  /* The thread of the process before a fork is gone: its pipe too. */
+  if (rl->has_thread) {
+    close (rl->wake[0]);
+    close (rl->wake[1]);
+    rl->has_thread = false;
+  }
+  if (pipe2 (rl->wake, O_CLOEXEC | O_NONBLOCK) == -1)
+    return;                     /* said by nbdkit on its stderr then */
+  /* Signals are the server's. */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  rl->has_thread =
+    pthread_create (&rl->thread, NULL, nbdio_relay_thread, io) == 0;
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (!rl->has_thread) {
+    close (rl->wake[0]);
+    close (rl->wake[1]);
+    return;
+  }
+  rl->pid = getpid ();
+}
+
+void
+nbdio_relay_stop (struct nbdio *io)
+{
+  struct nbdio_relay *rl = &io->relay;
+
+  if (!rl->on)
+    return;
+  if (rl->has_thread) {
+    if (rl->pid == getpid ()) {
+      ssize_t r = write (rl->wake[1], "", 1);
+      (void) r;
+      pthread_join (rl->thread, NULL);
+    }
+    close (rl->wake[0]);
+    close (rl->wake[1]);
+  }
+  nbdio_relay_read (io, true);
+  nbdio_relay_count (io, nbdio_now_ms ());
+  close (rl->fd[0]);
+  close (rl->fd[1]);
+  free (rl->shape);
+  rl->on = false;
+}
+
 /* The nbdkit serving an http(s) or ssh URL: its arguments, or -1 with
- * *why.
+ * *why.  Its stderr is the relay's pipe, which it opens by our pid
+ * and descriptor (the pipe is not inherited: neither by the other
+ * children of the server, nor across its exec), as its parent's
+ * stderr if that cannot be.
  */
 int
 nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
@@ -145,6 +345,19 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
   bool ssh = remote->ssh.host != NULL;
   int r = 0;
 
+  if (pipe2 (io->relay.fd, O_CLOEXEC | O_NONBLOCK) == 0) {
+    char *script;
+    io->relay.on = true;
+    if (asprintf (&script, "f=/proc/$PPID/fd/%d; [ -w \"$f\" ] && "
+                  "exec \"$@\" 2>\"$f\"; exec \"$@\"",
+                  io->relay.fd[1]) < 0)
+      return -ENOMEM;
+    r |= nbdio_arg (argv, &n, NULL, "sh");
+    r |= nbdio_arg (argv, &n, NULL, "-c");
+    r |= nbdio_arg (argv, &n, NULL, script);
+    r |= nbdio_arg (argv, &n, NULL, "nbdkit");  /* $0, in sh's messages */
+    free (script);
+  }
   for (const char *a = "nbdkit\0-r\0--exit-with-parent\0"; *a;
        a += strlen (a) + 1)
     r |= nbdio_arg (argv, &n, NULL, a);
@@ -180,8 +393,12 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
     }
     if (remote->cookie)
       r |= nbdio_arg (argv, &n, "cookie", remote->cookie);
-    /* Redirects stay on the web (libcurl may follow them elsewhere). */
-    r |= nbdio_arg (argv, &n, "protocols", "http,https");
+    /* Redirects stay on the web (libcurl may follow them elsewhere),
+     * and within what the admin allows: an https base redirecting to
+     * http:// is not read in clear when only https is.
+     */
+    r |= nbdio_arg (argv, &n, "protocols", io->opts.web_protocols
+                    ? io->opts.web_protocols : "http,https");
     return r ? -ENOMEM : 0;
   }
 

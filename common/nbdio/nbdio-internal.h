@@ -86,6 +86,27 @@ struct nbdio_conn {
   uint64_t progress_ms;
 };
 
+/* The helpers' stderr (names.c): a pipe each helper writes to, read
+ * by a thread of the serving process, which says a line once and
+ * counts the lines like it that follow (a base down makes nbdkit's
+ * curl plugin say the same for every request) rather than each.
+ * Nothing but that thread and, once it has ended, nbdio_close touches
+ * it: no lock.
+ */
+struct nbdio_relay {
+  bool on;                      /* fd holds the pipe */
+  int fd[2];
+  bool has_thread;              /* then wake holds its pipe */
+  pid_t pid;                    /* the process the thread is in */
+  pthread_t thread;
+  int wake[2];
+  char line[1024];              /* a line not yet ended */
+  size_t len;
+  char *shape;                  /* the last line said, without digits */
+  unsigned repeats;             /* lines like it since, not said */
+  uint64_t said_ms, last_ms;    /* it (or a count) said; the last like it */
+};
+
 struct nbdio {
   struct qcow2_io io;
   char *name;                   /* the URL, for messages */
@@ -106,6 +127,7 @@ struct nbdio {
   bool lost;                    /* said lost, not yet said back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
+  struct nbdio_relay relay;     /* the helpers' stderr */
 
   /* Block status replies kept (the storage never changes while open):
    * the least recently used goes first.
@@ -142,5 +164,8 @@ extern char *nbdio_connect_error (struct nbdio *io);
 extern char *nbdio_socket_uri (const char *url);
 extern int nbdio_nbdkit_argv (struct nbdio *io,
                               const struct qcow2_remote *remote, char **why);
+extern void nbdio_relay_start (struct nbdio *io)
+  TSA_REQUIRES (io->lock);
+extern void nbdio_relay_stop (struct nbdio *io);
 
 #endif /* NBDIO_INTERNAL_H */

@@ -649,6 +649,7 @@ nbdio_close (struct qcow2_io *qio)
   lock_release (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++)
     nbdio_reap (&io->conns[i]);
+  nbdio_relay_stop (io);        /* the helpers' last words said */
   for (char **a = io->argv; a && *a; a++)
     free (*a);
   free (io->argv);

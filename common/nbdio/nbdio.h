@@ -37,6 +37,11 @@ struct nbdio_options {
    * nbd_set_tls_username), given by the admin, never by an image.
    */
   const char *tls_certificates, *tls_psk_file, *tls_username;
+  /* Optional: the protocols nbdkit's curl plugin may use for http://
+   * and https:// storage, redirects included (its protocols=: "http",
+   * "https" or "http,https", the default), given by the admin.
+   */
+  const char *web_protocols;
 };
 
 /* Open remote storage (opts may be NULL: the defaults), connected

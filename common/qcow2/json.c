@@ -474,7 +474,7 @@ json_curl (struct json_doc *d, const char *p, const char *driver,
   if (strcmp (name_url_driver (url), driver) != 0)
     return name_fail (why, -EINVAL, "json: the %s driver's URL \"%s\" is "
                       "not an %s:// URL", driver, url, driver);
-  spec->url = strdup (url);
+  spec->url = name_url_dup (url);
   if (spec->remote.cookie &&
       !(spec->remote.cookie = spec->cookie = strdup (spec->remote.cookie)))
     return -ENOMEM;

@@ -461,6 +461,7 @@ extern int name_fail (char **why, int err, const char *fmt, ...)
 extern bool name_is_protocol (const char *name);
 extern char *name_url_escape (const char *s, bool query);
 extern const char *name_url_driver (const char *url);
+extern char *name_url_dup (const char *url);
 extern int name_nbd_url (struct name_spec *spec, const char *host,
                          const char *port, const char *path,
                          const char *export, char **why);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -223,9 +224,24 @@ static const char *const name_url_schemes[] = {
 const char *
 name_url_driver (const char *url)
 {
-  return strncmp (url, "nbd", 3) == 0 ? "nbd"
-    : strncmp (url, "https:", 6) == 0 ? "https"
-    : strncmp (url, "http:", 5) == 0 ? "http" : "ssh";
+  return strncasecmp (url, "nbd", 3) == 0 ? "nbd"
+    : strncasecmp (url, "https:", 6) == 0 ? "https"
+    : strncasecmp (url, "http:", 5) == 0 ? "http" : "ssh";
+}
+
+/* A copy of url with its scheme in lower case: schemes are compared
+ * without case (RFC 3986), and everything past the parse (the admin's
+ * backing-protocols=, libnbd, nbdkit's helpers) sees the one spelling.
+ */
+char *
+name_url_dup (const char *url)
+{
+  char *r = strdup (url);
+  size_t n = strcspn (url, ":");
+
+  for (size_t i = 0; r && i < n; i++)
+    r[i] = tolower ((unsigned char) r[i]);
+  return r;
 }
 
 /* A name that is not json: a URL, a legacy NBD name, file:PATH, or a
@@ -239,13 +255,13 @@ name_parse_plain (const char *name, struct name_spec *spec, char **why)
 
   if (url) {
     for (size_t i = 0; name_url_schemes[i]; i++)
-      if (strncmp (name, name_url_schemes[i],
-                   strlen (name_url_schemes[i])) == 0) {
-        spec->url = strdup (name);
+      if (strncasecmp (name, name_url_schemes[i],
+                       strlen (name_url_schemes[i])) == 0) {
+        spec->url = name_url_dup (name);
         return spec->url ? 0 : -ENOMEM;
       }
     /* QEMU spells TCP both ways. */
-    if (strncmp (name, "nbd+tcp://", 10) == 0) {
+    if (strncasecmp (name, "nbd+tcp://", 10) == 0) {
       if (asprintf (&spec->url, "nbd://%s", name + 10) < 0) {
         spec->url = NULL;
         return -ENOMEM;
