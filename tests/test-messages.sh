@@ -26,6 +26,26 @@ expect_refused 'io-threads' qcow2 "$img" io-threads=many
 expect_refused 'locking: expected on, off or auto, not "yes please"' \
   qcow2 "$img" "locking=yes please"
 
+# One line, ours: nbdkit's own parsers (whose line would come first,
+# not naming the key) are not used; the plugin's and the filter's keys.
+for kv in l2-cache-size=foo l2-cache-size=1.5x cluster-size=4x readonly=maybe \
+          stream=perhaps stream-rate=fast; do
+  expect_refused "^nbdkit: error: ${kv%%=*}: expected .*\"${kv#*=}\"\$" qcow2 "$img" "$kv"
+  [ "$(wc -l < "$tmp/refused.err")" -eq 1 ] ||
+    fail "$kv: not one line: $(cat "$tmp/refused.err")"
+done
+expect_refused '^nbdkit: error: l2-cache-size: "8E" is too large' qcow2 "$img" l2-cache-size=8E
+for kv in virtual-size=1x create=later; do
+  expect_refused "^nbdkit: error: ${kv%%=*}: expected .*\"${kv#*=}\"\$" \
+    --filter=qcow2 memory 1M "$kv"
+  [ "$(wc -l < "$tmp/refused.err")" -eq 1 ] ||
+    fail "the filter's $kv: not one line: $(cat "$tmp/refused.err")"
+done
+# What nbdkit's parsers take is still taken (sectors, any case), and
+# qemu-img's fractions.
+nbdkit -U - qcow2 "$img" l2-cache-size=1.5M l2-slice-size=8s readonly=Yes \
+  --run 'nbdinfo --size "$uri"' > /dev/null || fail "a size or boolean refused"
+
 # io-threads: at most 64, refused at once beyond, naming 64.
 start=$(date +%s)
 expect_refused 'io-threads: expected a number of threads \(a whole number from 0 to 64\), not "100000"' \
