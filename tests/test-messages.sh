@@ -94,11 +94,13 @@ grep -qF "img.qcow2: not locked (locking=off)" "$tmp/v.log" ||
 
 # --dump-plugin: the plugin's keys.
 nbdkit --dump-plugin qcow2 > "$tmp/dump" || fail "--dump-plugin"
-for key in qcow2_zlib=yes qcow2_zstd=yes qcow2_versions=2,3 \
-           qcow2_encryption=luks qcow2_io_threads_max=64; do
+version=$(sed -n "s/^PACKAGE_VERSION = //p" "${abs_top_builddir:-..}/Makefile")
+for key in qcow2_version=$version qcow2_zlib=yes qcow2_zstd=yes \
+           qcow2_versions=2,3 qcow2_encryption=luks qcow2_io_threads_max=64 \
+           qcow2_stream=yes qcow2_backing_policy=yes; do
   grep -qx "$key" "$tmp/dump" || fail "--dump-plugin lacks $key"
 done
-grep -qE '^qcow2_features=.*backing.*create-if-missing' "$tmp/dump" ||
+grep -qE '^qcow2_features=.*backing.*create-if-missing.*,stream,backing-policy,' "$tmp/dump" ||
   fail "--dump-plugin lacks the features"
 # What it reads and writes, as the build does: encrypted images too,
 # and compressed writes.
@@ -270,7 +272,6 @@ done
 
 # The man pages' VERSION names the version configure gave (pod2man's
 # step puts it in; roff escapes the dash), where pod2man made them.
-version=$(sed -n "s/^PACKAGE_VERSION = //p" "${abs_top_builddir:-..}/Makefile")
 for page in "${abs_top_builddir:-..}"/plugins/*/*.1 "${abs_top_builddir:-..}"/filters/*/*.1; do
   [ -f "$page" ] || continue
   grep -q "^Part of nbdkit\\\\-qcow2 $version, built" "$page" ||

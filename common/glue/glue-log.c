@@ -119,6 +119,7 @@ glue_flushed (struct qcow2_image *img)
 void
 glue_dump_plugin (void)
 {
+  printf ("qcow2_version=%s\n", PACKAGE_VERSION);
   printf ("qcow2_zlib=yes\n");
   printf ("qcow2_zstd=yes\n");
   printf ("qcow2_versions=2,3\n");
@@ -127,13 +128,19 @@ glue_dump_plugin (void)
   printf ("qcow2_write=qemu-img-images,luks,compressed\n");
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
-          "locking,overlap-check,repair-leaks,cache-none,fast-zero,luks,"
+          "locking,overlap-check,repair-leaks,stream,backing-policy,"
+          "cache-none,fast-zero,luks,"
           "compressed-writes,persistent-overlay\n");
   printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
   printf ("qcow2_remote_backing=nbd,nbds,nbd+unix,nbds+unix,http,https,"
           "ssh,json\n");
+  /* stream=true (the filter's qcow2-overlay-stream=true), and the
+   * backing-protocols=, backing-root=, backing-insecure= policy.
+   */
+  printf ("qcow2_stream=yes\n");
+  printf ("qcow2_backing_policy=yes\n");
 }
 
 /* Leaked clusters (a crash leaves some) are reclaimed, and a dirty
