@@ -43,10 +43,24 @@ grep -q 'request at once (default 16, 0: none)' "$tmp/help" ||
   fail "--help: the filter's io-threads default"
 grep -q 'plugin serves, else the current directory' "$tmp/help" ||
   fail "--help: backing-dir's default"
-for key in qcow2-password= readonly=true preallocation= options= \
-           compress= encrypt-format=luks virtual-size=; do
-  grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
+# Each key where nbdkit's bash completion finds keys (a line starting
+# KEY=), the create keys too; the preallocation= the filter takes
+# (falloc only for a new qcow2-overlay= FILE, which can allocate).
+grep -E '^[-a-z0-9]+=' "$tmp/help" | sed 's/=.*/=/' > "$tmp/completion"
+for key in backing= backing-dir= qcow2-password= qcow2-backing-password= \
+           qcow2-overlay= readonly= compress= io-threads= create= \
+           virtual-size= cluster-size= compat= extended-l2= lazy-refcounts= \
+           refcount-bits= compression-type= encrypt-format= \
+           encrypt-cipher-alg= encrypt-cipher-mode= encrypt-ivgen-alg= \
+           encrypt-ivgen-hash-alg= encrypt-hash-alg= encrypt-iter-time= \
+           preallocation= options=; do
+  grep -qx -- "$key" "$tmp/completion" || fail "--help: $key not at a line's start"
 done
+grep -q '^preallocation=off|metadata|full ' "$tmp/help" &&
+  ! grep -q '^preallocation=.*falloc' "$tmp/help" ||
+  fail "--help: preallocation= lists what create=true refuses"
+refused '^nbdkit: error: preallocation=falloc: a plugin.s export cannot allocate space' \
+  --filter=qcow2 memory 64M create=true virtual-size=32M preallocation=falloc
 
 # -D qcow2.cache=1 and -D qcow2.flush=1, as with the plugin.
 qemu-img create -q -f qcow2 "$tmp/img.qcow2" 4M

@@ -256,19 +256,25 @@ expect_refused '^nbdkit: error: options: encrypt.key-secret names a QEMU secret 
   qcow2 "$tmp/n.qcow2" create=true options=size=1M,encrypt.format=luks,encrypt.key-secret=sec0
 [ ! -e "$tmp/n.qcow2" ] || fail "a refused create left a file"
 
-# --help lists every option.
+# --help lists every option, each where nbdkit's bash completion
+# finds keys (a line starting KEY=), but file= (nbdkit's magic key).
 nbdkit qcow2 --help > "$tmp/help"
-for key in file= backing=none data-file= password= cache= snapshot= \
-           readonly=true discard= repair=leaks compress= locking= \
+grep -q -- '\[file=\]' "$tmp/help" || fail "--help lacks file="
+grep -E '^[-a-z0-9]+=' "$tmp/help" | sed 's/=.*/=/' > "$tmp/completion"
+for key in backing= data-file= password= cache= snapshot= \
+           readonly= discard= repair= compress= locking= \
            overlap-check= l2-cache-size= l2-slice-size= io-threads= \
+           stream= stream-base= stream-rate= stream-detach= \
            create= size= backing-fmt= data-file-raw= cluster-size= \
            compat= extended-l2= lazy-refcounts= refcount-bits= \
-           compression-type= preallocation= encrypt-format=luks \
+           compression-type= preallocation= encrypt-format= \
            encrypt-cipher-alg= encrypt-cipher-mode= encrypt-ivgen-alg= \
            encrypt-ivgen-hash-alg= encrypt-hash-alg= encrypt-iter-time= \
            options=; do
-  grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
+  grep -qx -- "$key" "$tmp/completion" || fail "--help: $key not at a line's start"
 done
+grep -q '^preallocation=off|metadata|falloc|full ' "$tmp/help" ||
+  fail "--help: the plugin's preallocation= values"
 
 # The man pages' VERSION names the version configure gave (pod2man's
 # step puts it in; roff escapes the dash), where pod2man made them.

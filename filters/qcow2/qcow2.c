@@ -223,10 +223,15 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   GLUE_CONFIG_HELP \
   "io-threads=<N>                  Threads doing the pieces of a fragmented\n" \
   "                                request at once (default 16, 0: none).\n" \
-  "create=true virtual-size=<SIZE> Make a new image in the (empty) export,\n" \
-  "                                with:\n" \
+  "create=true                     Make a new image in the export, which\n" \
+  "                                must hold no data, as below (which a new\n" \
+  "                                qcow2-overlay= FILE takes too).\n" \
+  "virtual-size=<SIZE>             Its virtual size.\n" \
   GLUE_CREATE_HELP \
-  "  (qemu-img's spellings too: cluster_size=, lazy_refcounts=, ...)"
+  "preallocation=off|metadata|full  As qemu-img's (off).  A new\n" \
+  "                                qcow2-overlay= FILE: falloc too, each\n" \
+  "                                with extended-l2=on.\n" \
+  GLUE_CREATE_SPELLINGS_HELP
 
 static int
 qcow2_filter_get_ready (int thread_model)
