@@ -75,12 +75,43 @@ glue_hint (const char *fmt, ...)
   va_end (ap);
 }
 
+/* A password given, when no layer is encrypted: the admin believes the
+ * disk encrypted, and every write would be stored in clear.  Refused
+ * rather than said in a notice, which may go unread in a log (QEMU
+ * says nothing of a key secret given for a clear image, but refuses
+ * encrypt.format=luks for one).  0, or -1 said.
+ */
+static int
+glue_opened_password (struct qcow2_image *img, const char *name)
+{
+  const char *key;
+
+  /* With encrypt-format=luks, the password is for the image to make,
+   * and create=if-missing says if the one found is not encrypted.
+   */
+  if ((!glue.password_given && !glue.backing_password_given) ||
+      glue.create.opts.luks || qcow2_chain_encrypted (img))
+    return 0;
+  key = glue.password_given ? glue_env.password_key
+      : glue_env.backing_password_key ? glue_env.backing_password_key
+      : "backing-password";
+  nbdkit_error ("%s is not encrypted, nor is any backing file, but %s= "
+                "was given: the disk is stored in clear", name, key);
+  glue_hint ("without %s= it is served as it is; an encrypted copy: "
+             "\"qemu-img convert --object secret,id=sec0,file=KEYFILE "
+             "-O qcow2 -o encrypt.format=luks,encrypt.key-secret=sec0 "
+             "IMAGE COPY.qcow2\"", key);
+  return -1;
+}
+
 int
 glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
              const char *why)
 {
   const char *reason;
 
+  if (glue_opened_password (img, name) == -1)
+    return -1;
   if (qcow2_is_corrupt (img) && !asked_readonly && !glue.engine.snapshot) {
     qcow2_check_writable (img);         /* says why, and what to do */
     return -1;

@@ -69,6 +69,10 @@ struct glue_state {
    */
   struct qcow2_password *passwords;
   unsigned passwords_len;
+  /* Whether password= and backing-password= were given: kept once
+   * the passwords are wiped, for glue_opened.
+   */
+  bool password_given, backing_password_given;
   bool repair_leaks;            /* repair=leaks: before serving */
   /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
    * overriding the former whatever their order, as in QEMU.
@@ -223,9 +227,11 @@ extern void glue_hint (const char *fmt, ...)
 extern struct fileio_options glue_file_options;
 extern struct qcow2_env glue_env;
 
-/* After the image named name opened: as QEMU, an image marked corrupt
- * is refused unless read-only was asked (asked_readonly, or a snapshot
- * served); an image
+/* After the image named name opened: a password given while neither
+ * the image nor a backing file is encrypted is refused (the admin
+ * believes the disk encrypted, and it is not); as QEMU, an image
+ * marked corrupt is refused unless read-only was asked
+ * (asked_readonly, or a snapshot served); an image
  * served read-only unasked is said, with why (NULL: the engine's
  * reason).  0, or -1 said.
  */
