@@ -160,8 +160,7 @@ glue_dump_plugin (void)
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
           "locking,overlap-check,repair-leaks,stream,backing-policy,"
-          "cache-none,fast-zero,luks,"
-          "compressed-writes,persistent-overlay\n");
+          "cache-none,fast-zero,luks,compressed-writes,persistent-overlay\n");
   printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);

@@ -267,8 +267,8 @@ qcow2_filter_check_empty (const char *name, uint64_t size)
   uint8_t *buf;
   int r = 0;
 
-  /* An io of its own, answering status from the plugin's extents (the
-   * image's io does not: the engine must not see the plugin's holes).
+  /* An io of its own, whose status answers from the plugin's extents
+   * (the image's io is made without them).
    */
   scan = below_nextio_new (below, size, NEXTIO_READONLY | NEXTIO_EXTENTS);
   if (!scan)
