@@ -43,10 +43,24 @@ grep -q 'request at once (default 16, 0: none)' "$tmp/help" ||
   fail "--help: the filter's io-threads default"
 grep -q 'plugin serves, else the current directory' "$tmp/help" ||
   fail "--help: backing-dir's default"
-for key in qcow2-password= readonly=true preallocation= options= \
-           compress= encrypt-format=luks virtual-size=; do
-  grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
+# Each key where nbdkit's bash completion finds keys (a line starting
+# KEY=), the create keys too; the preallocation= the filter takes
+# (falloc only for a new qcow2-overlay= FILE, which can allocate).
+grep -E '^[-a-z0-9]+=' "$tmp/help" | sed 's/=.*/=/' > "$tmp/completion"
+for key in backing= backing-dir= qcow2-password= qcow2-backing-password= \
+           qcow2-overlay= readonly= compress= io-threads= create= \
+           virtual-size= cluster-size= compat= extended-l2= lazy-refcounts= \
+           refcount-bits= compression-type= encrypt-format= \
+           encrypt-cipher-alg= encrypt-cipher-mode= encrypt-ivgen-alg= \
+           encrypt-ivgen-hash-alg= encrypt-hash-alg= encrypt-iter-time= \
+           preallocation= options=; do
+  grep -qx -- "$key" "$tmp/completion" || fail "--help: $key not at a line's start"
 done
+grep -q '^preallocation=off|metadata|full ' "$tmp/help" &&
+  ! grep -q '^preallocation=.*falloc' "$tmp/help" ||
+  fail "--help: preallocation= lists what create=true refuses"
+refused '^nbdkit: error: preallocation=falloc: a plugin.s export cannot allocate space' \
+  --filter=qcow2 memory 64M create=true virtual-size=32M preallocation=falloc
 
 # -D qcow2.cache=1 and -D qcow2.flush=1, as with the plugin.
 qemu-img create -q -f qcow2 "$tmp/img.qcow2" 4M
@@ -57,6 +71,43 @@ nbdkit -v -D qcow2.cache=1 -D qcow2.flush=1 -U - --filter=qcow2 \
   2> "$tmp/debug.log" || fail "nbdkit -D qcow2.*"
 grep -q 'L2 cache miss: slice' "$tmp/debug.log" || fail "-D qcow2.cache=1"
 grep -q 'host flushes so far' "$tmp/debug.log" || fail "-D qcow2.flush=1"
+
+# create=true formats only an export with no data anywhere: block
+# status tells where the plugin has zeros, the rest is read.  A raw
+# file of zeros with data at 10 MiB, or in its last byte, is refused
+# with the offset and left as it was, with block status or without
+# (noextents: all of it read); a sparse file is formatted, and so is a
+# sparse 4 GiB disk (holes, nothing read); more than 1 GiB not reported
+# as zeros is refused, though it reads as zeros.
+truncate -s 20M "$tmp/at10m.raw" "$tmp/last.raw"
+printf x | dd of="$tmp/at10m.raw" bs=1 seek=10M conv=notrunc status=none
+printf y | dd of="$tmp/last.raw" bs=1 seek=$(( (20 << 20) - 1 )) conv=notrunc status=none
+cp "$tmp/at10m.raw" "$tmp/at10m.model"
+cp "$tmp/last.raw" "$tmp/last.model"
+for f in "" "--filter=noextents"; do
+  refused "^nbdkit: error: create=true: $tmp/at10m.raw is not empty \(data at offset 10485760\)" \
+    --filter=qcow2 $f file "$tmp/at10m.raw" create=true virtual-size=1G
+  refused "^nbdkit: error: create=true: $tmp/last.raw is not empty \(data at offset 20971519\)" \
+    --filter=qcow2 $f file "$tmp/last.raw" create=true virtual-size=1G
+done
+cmp "$tmp/at10m.raw" "$tmp/at10m.model" && cmp "$tmp/last.raw" "$tmp/last.model" ||
+  fail "create=true wrote over an export with data"
+truncate -s 20M "$tmp/sparse.raw"
+nbdkit -U - --filter=qcow2 file "$tmp/sparse.raw" create=true virtual-size=1G \
+  --run 'nbdsh -u "$uri" -c "h.pwrite(b\"\\x5c\" * 4096, 900 << 20); h.flush()"' ||
+  fail "create=true refused a sparse file of zeros"
+qemu-img check -q "$tmp/sparse.raw" || fail "create=true in a sparse file: qemu-img check"
+truncate -s 1G "$tmp/model.raw"
+printf '\x5c%.0s' $(seq 4096) | dd of="$tmp/model.raw" bs=1M seek=900 conv=notrunc status=none
+qemu-img compare -q -f qcow2 -F raw "$tmp/sparse.raw" "$tmp/model.raw" ||
+  fail "create=true in a sparse file: not the model's bytes"
+nbdkit -U - --filter=qcow2 memory 4G create=true virtual-size=1T \
+  --run 'nbdinfo --size "$uri"' > "$tmp/size" || fail "create=true refused 4 GiB of holes"
+[ "$(cat "$tmp/size")" = $(( 1 << 40 )) ] || fail "create=true over 4 GiB of holes: size $(cat "$tmp/size")"
+refused '^nbdkit: error: create=true: memory export may hold data: block status reports more than 1 GiB of it as data, of which 1 GiB was read, all zeros \(to offset 1073741824\)' \
+  --filter=qcow2 --filter=noextents memory 2G create=true virtual-size=1G
+grep -q '^nbdkit: error: hint: if it holds nothing you need, "qemu-img create -f qcow2" formats it' \
+  "$tmp/refused.err" || fail "more than 1 GiB to read: no hint"
 
 # readonly=true: the plugin's export opened read-only, the image too.
 sum=$(md5sum < "$tmp/img.qcow2")

@@ -12,7 +12,8 @@
 #    of three, a layer past the passwords given taking the last one,
 #    a wrong one for a backing file naming the key for it;
 #  - passphrase= (as nbdkit's luks filter names it) and the filter's
-#    qcow2-passphrase=.
+#    qcow2-passphrase=;
+#  - a password given where no layer is encrypted: refused.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
@@ -125,4 +126,25 @@ nbdkit -U - qcow2 plain.qcow2 backing-password=pw-top \
   --run 'nbdcopy "$uri" plain.raw' || fail "a plain overlay over the chain"
 qemu-img convert "${chain_objs[@]}" --image-opts "$chain_opts" -O raw chain.raw
 cmp chain.raw plain.raw || fail "a plain overlay over the chain reads other data"
+# A password where no layer is encrypted: refused, naming the key
+# given, the image untouched (the admin believes the disk encrypted);
+# one password over a clear overlay of an encrypted chain opens the
+# chain, and is served.
+qemu-img create -q -f qcow2 clear.qcow2 1M
+sum=$(md5sum < clear.qcow2)
+expect_refused "clear.qcow2 is not encrypted, nor is any backing file, but password= was given" \
+  qcow2 clear.qcow2 password=pw-top
+grep -q "hint: without password= it is served as it is" "$tmp/refused.err" ||
+  fail "a password for a clear image: no remedy"
+expect_refused "clear.qcow2 is not encrypted, nor is any backing file, but backing-password= was given" \
+  qcow2 clear.qcow2 backing-password=pw-top
+nbdkit -U - --filter=qcow2 file clear.qcow2 qcow2-password=pw-top \
+  --run 'nbdinfo --size "$uri"' > /dev/null 2> filter.err &&
+  fail "the filter served a clear image with qcow2-password="
+grep -q "clear.qcow2 is not encrypted, nor is any backing file, but qcow2-password= was given" \
+  filter.err || fail "filter: $(cat filter.err)"
+[ "$(md5sum < clear.qcow2)" = "$sum" ] || fail "a refused password changed the image"
+qemu-img create -q -f qcow2 -b s-top.qcow2 -F qcow2 s-plain.qcow2
+nbdkit -U - qcow2 s-plain.qcow2 password=shared --run 'nbdinfo --size "$uri"' \
+  > /dev/null || fail "one password for a clear overlay of an encrypted chain"
 echo "secret files, passwords per layer, passphrase=: OK"

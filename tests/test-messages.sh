@@ -26,6 +26,26 @@ expect_refused 'io-threads' qcow2 "$img" io-threads=many
 expect_refused 'locking: expected on, off or auto, not "yes please"' \
   qcow2 "$img" "locking=yes please"
 
+# One line, ours: nbdkit's own parsers (whose line would come first,
+# not naming the key) are not used; the plugin's and the filter's keys.
+for kv in l2-cache-size=foo l2-cache-size=1.5x cluster-size=4x readonly=maybe \
+          stream=perhaps stream-rate=fast; do
+  expect_refused "^nbdkit: error: ${kv%%=*}: expected .*\"${kv#*=}\"\$" qcow2 "$img" "$kv"
+  [ "$(wc -l < "$tmp/refused.err")" -eq 1 ] ||
+    fail "$kv: not one line: $(cat "$tmp/refused.err")"
+done
+expect_refused '^nbdkit: error: l2-cache-size: "8E" is too large' qcow2 "$img" l2-cache-size=8E
+for kv in virtual-size=1x create=later; do
+  expect_refused "^nbdkit: error: ${kv%%=*}: expected .*\"${kv#*=}\"\$" \
+    --filter=qcow2 memory 1M "$kv"
+  [ "$(wc -l < "$tmp/refused.err")" -eq 1 ] ||
+    fail "the filter's $kv: not one line: $(cat "$tmp/refused.err")"
+done
+# What nbdkit's parsers take is still taken (sectors, any case), and
+# qemu-img's fractions.
+nbdkit -U - qcow2 "$img" l2-cache-size=1.5M l2-slice-size=8s readonly=Yes \
+  --run 'nbdinfo --size "$uri"' > /dev/null || fail "a size or boolean refused"
+
 # io-threads: at most 64, refused at once beyond, naming 64.
 start=$(date +%s)
 expect_refused 'io-threads: expected a number of threads \(a whole number from 0 to 64\), not "100000"' \
@@ -74,11 +94,13 @@ grep -qF "img.qcow2: not locked (locking=off)" "$tmp/v.log" ||
 
 # --dump-plugin: the plugin's keys.
 nbdkit --dump-plugin qcow2 > "$tmp/dump" || fail "--dump-plugin"
-for key in qcow2_zlib=yes qcow2_zstd=yes qcow2_versions=2,3 \
-           qcow2_encryption=luks qcow2_io_threads_max=64; do
+version=$(sed -n "s/^PACKAGE_VERSION = //p" "${abs_top_builddir:-..}/Makefile")
+for key in qcow2_version=$version qcow2_zlib=yes qcow2_zstd=yes \
+           qcow2_versions=2,3 qcow2_encryption=luks qcow2_io_threads_max=64 \
+           qcow2_stream=yes qcow2_backing_policy=yes; do
   grep -qx "$key" "$tmp/dump" || fail "--dump-plugin lacks $key"
 done
-grep -qE '^qcow2_features=.*backing.*create-if-missing' "$tmp/dump" ||
+grep -qE '^qcow2_features=.*backing.*create-if-missing.*,stream,backing-policy,' "$tmp/dump" ||
   fail "--dump-plugin lacks the features"
 # What it reads and writes, as the build does: encrypted images too,
 # and compressed writes.
@@ -234,23 +256,28 @@ expect_refused '^nbdkit: error: options: encrypt.key-secret names a QEMU secret 
   qcow2 "$tmp/n.qcow2" create=true options=size=1M,encrypt.format=luks,encrypt.key-secret=sec0
 [ ! -e "$tmp/n.qcow2" ] || fail "a refused create left a file"
 
-# --help lists every option.
+# --help lists every option, each where nbdkit's bash completion
+# finds keys (a line starting KEY=), but file= (nbdkit's magic key).
 nbdkit qcow2 --help > "$tmp/help"
-for key in file= backing=none data-file= password= cache= snapshot= \
-           readonly=true discard= repair=leaks compress= locking= \
+grep -q -- '\[file=\]' "$tmp/help" || fail "--help lacks file="
+grep -E '^[-a-z0-9]+=' "$tmp/help" | sed 's/=.*/=/' > "$tmp/completion"
+for key in backing= data-file= password= cache= snapshot= \
+           readonly= discard= repair= compress= locking= \
            overlap-check= l2-cache-size= l2-slice-size= io-threads= \
+           stream= stream-base= stream-rate= stream-detach= \
            create= size= backing-fmt= data-file-raw= cluster-size= \
            compat= extended-l2= lazy-refcounts= refcount-bits= \
-           compression-type= preallocation= encrypt-format=luks \
+           compression-type= preallocation= encrypt-format= \
            encrypt-cipher-alg= encrypt-cipher-mode= encrypt-ivgen-alg= \
            encrypt-ivgen-hash-alg= encrypt-hash-alg= encrypt-iter-time= \
            options=; do
-  grep -q -- "$key" "$tmp/help" || fail "--help lacks $key"
+  grep -qx -- "$key" "$tmp/completion" || fail "--help: $key not at a line's start"
 done
+grep -q '^preallocation=off|metadata|falloc|full ' "$tmp/help" ||
+  fail "--help: the plugin's preallocation= values"
 
 # The man pages' VERSION names the version configure gave (pod2man's
 # step puts it in; roff escapes the dash), where pod2man made them.
-version=$(sed -n "s/^PACKAGE_VERSION = //p" "${abs_top_builddir:-..}/Makefile")
 for page in "${abs_top_builddir:-..}"/plugins/*/*.1 "${abs_top_builddir:-..}"/filters/*/*.1; do
   [ -f "$page" ] || continue
   grep -q "^Part of nbdkit\\\\-qcow2 $version, built" "$page" ||

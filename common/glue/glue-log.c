@@ -86,12 +86,43 @@ glue_hint (const char *fmt, ...)
   va_end (ap);
 }
 
+/* A password given, when no layer is encrypted: the admin believes the
+ * disk encrypted, and every write would be stored in clear.  Refused
+ * rather than said in a notice, which may go unread in a log (QEMU
+ * says nothing of a key secret given for a clear image, but refuses
+ * encrypt.format=luks for one).  0, or -1 said.
+ */
+static int
+glue_opened_password (struct qcow2_image *img, const char *name)
+{
+  const char *key;
+
+  /* With encrypt-format=luks, the password is for the image to make,
+   * and create=if-missing says if the one found is not encrypted.
+   */
+  if ((!glue.password_given && !glue.backing_password_given) ||
+      glue.create.opts.luks || qcow2_chain_encrypted (img))
+    return 0;
+  key = glue.password_given ? glue_env.password_key
+      : glue_env.backing_password_key ? glue_env.backing_password_key
+      : "backing-password";
+  nbdkit_error ("%s is not encrypted, nor is any backing file, but %s= "
+                "was given: the disk is stored in clear", name, key);
+  glue_hint ("without %s= it is served as it is; an encrypted copy: "
+             "\"qemu-img convert --object secret,id=sec0,file=KEYFILE "
+             "-O qcow2 -o encrypt.format=luks,encrypt.key-secret=sec0 "
+             "IMAGE COPY.qcow2\"", key);
+  return -1;
+}
+
 int
 glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
              const char *why)
 {
   const char *reason;
 
+  if (glue_opened_password (img, name) == -1)
+    return -1;
   if (qcow2_is_corrupt (img) && !asked_readonly && !glue.engine.snapshot) {
     qcow2_check_writable (img);         /* says why, and what to do */
     return -1;
@@ -130,6 +161,7 @@ glue_flushed (struct qcow2_image *img)
 void
 glue_dump_plugin (void)
 {
+  printf ("qcow2_version=%s\n", PACKAGE_VERSION);
   printf ("qcow2_zlib=yes\n");
   printf ("qcow2_zstd=yes\n");
   printf ("qcow2_versions=2,3\n");
@@ -138,13 +170,18 @@ glue_dump_plugin (void)
   printf ("qcow2_write=qemu-img-images,luks,compressed\n");
   printf ("qcow2_features=backing,data-file,extended-l2,lazy-refcounts,"
           "persistent-bitmaps,snapshot-export,create,create-if-missing,"
-          "locking,overlap-check,repair-leaks,cache-none,fast-zero,luks,"
-          "compressed-writes,persistent-overlay\n");
+          "locking,overlap-check,repair-leaks,stream,backing-policy,"
+          "cache-none,fast-zero,luks,compressed-writes,persistent-overlay\n");
   printf ("qcow2_encryption=luks\n");
   printf ("qcow2_compressed_writes=zlib,zstd\n");
   printf ("qcow2_io_threads_max=%d\n", GLUE_IO_THREADS_MAX);
   printf ("qcow2_remote_backing=nbd,nbds,nbd+unix,nbds+unix,http,https,"
           "ssh,json\n");
+  /* stream=true (the filter's qcow2-overlay-stream=true), and the
+   * backing-protocols=, backing-root=, backing-insecure= policy.
+   */
+  printf ("qcow2_stream=yes\n");
+  printf ("qcow2_backing_policy=yes\n");
 }
 
 /* Leaked clusters (a crash leaves some) are reclaimed, and a dirty

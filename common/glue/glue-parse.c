@@ -7,52 +7,78 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
 #include "glue.h"
 
-/* A size with a fraction and a unit, as qemu-img takes it ("1.5G"):
- * the bytes (the fraction's truncated), or -1 if value is not one.
+/* A size: a whole number with one of the suffixes nbdkit's sizes take
+ * (b, s for 512 bytes, K, M, G, T, P, E, in any case), or with a
+ * fraction and a unit as qemu-img takes it ("1.5G", the fraction's
+ * bytes truncated).  The bytes; -1 if value is not a size, -2 if it
+ * is more than INT64_MAX.  (Not nbdkit_parse_size: its error line
+ * would come before the one naming the key.)
  */
 static int64_t
-glue_parse_fraction (const char *value)
+glue_parse_bytes (const char *value)
 {
-  static const char units[] = "KMGTPE";
-  const char *dot = strchr (value, '.'), *u;
-  uint64_t whole, mul = 1024;
-  long double frac;
+  static const char units[] = "BKMGTPE";        /* powers of 1024 */
+  const char *p = value, *u;
+  size_t frac_digits = 0;
+  uint64_t whole, scale = 1, bytes;
+  long double frac = 0;
   char *end;
 
-  if (!dot || !isdigit ((unsigned char) value[0]) ||
-      !isdigit ((unsigned char) dot[1]))
+  if (!isdigit ((unsigned char) *p))
     return -1;
   errno = 0;
-  whole = strtoull (value, &end, 10);
-  if (errno || end != dot)
+  whole = strtoull (p, &end, 10);
+  if (errno == ERANGE)
+    return -2;
+  p = end;
+  if (*p == '.') {
+    /* Digits only: strtold would take an exponent too. */
+    frac_digits = strspn (p + 1, "0123456789");
+    if (frac_digits == 0)
+      return -1;
+    frac = strtold (p, &end);
+    p += 1 + frac_digits;
+  }
+  if (*p) {
+    if (p[1])
+      return -1;
+    if (toupper ((unsigned char) *p) == 'S')
+      scale = 512;
+    else if ((u = strchr (units, toupper ((unsigned char) *p))))
+      for (ptrdiff_t i = 0; i < u - units; i++)
+        scale *= 1024;
+    else
+      return -1;
+  }
+  if (frac_digits && scale < 1024)
     return -1;
-  frac = strtold (dot, &end);   /* ".5" */
-  if (!end[0] || end[1] || !(u = strchr (units, toupper ((unsigned char) *end))))
-    return -1;
-  for (ptrdiff_t i = 0; i < u - units; i++)
-    mul *= 1024;
-  if (whole >= INT64_MAX / mul)
-    return -1;
-  return whole * mul + (uint64_t) (frac * mul);
+  if (whole > INT64_MAX / scale)
+    return -2;
+  bytes = whole * scale + (uint64_t) (frac * scale);
+  return bytes > INT64_MAX ? -2 : (int64_t) bytes;
 }
 
 int
 glue_parse_size (const char *key, const char *value, bool zero_ok,
                  uint64_t *out)
 {
-  int64_t r = strchr (value, '.') ? glue_parse_fraction (value)
-                                   : nbdkit_parse_size (value);
+  int64_t r = glue_parse_bytes (value);
 
   if (r == -1) {
     nbdkit_error ("%s: expected a size such as 512, 64K, 1G or 1.5G, not "
                   "\"%s\"",
                   key, value);
+    return -1;
+  }
+  if (r == -2) {
+    nbdkit_error ("%s: \"%s\" is too large (the limit is 2^63 - 1 bytes)", key, value);
     return -1;
   }
   if (r == 0 && !zero_ok) {
@@ -63,18 +89,26 @@ glue_parse_size (const char *key, const char *value, bool zero_ok,
   return 0;
 }
 
+/* nbdkit_parse_bool's words (not it: its error line would come before
+ * the one naming the key).
+ */
 int
 glue_parse_bool (const char *key, const char *value, bool *out)
 {
-  int r = nbdkit_parse_bool (value);
+  static const char *const words[2][6] = {
+    { "0", "false", "f", "no", "n", "off" },
+    { "1", "true", "t", "yes", "y", "on" },
+  };
 
-  if (r == -1) {
-    nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
-                  "\"%s\"", key, value);
-    return -1;
-  }
-  *out = r;
-  return 0;
+  for (int b = 0; b < 2; b++)
+    for (size_t i = 0; i < sizeof words[b] / sizeof words[b][0]; i++)
+      if (strcasecmp (value, words[b][i]) == 0) {
+        *out = b;
+        return 0;
+      }
+  nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
+                "\"%s\"", key, value);
+  return -1;
 }
 
 int

@@ -96,12 +96,14 @@ glue_read_password (const char *value, unsigned i)
 int
 glue_config_password (const char *key, const char *value)
 {
+  glue.password_given = true;
   return glue_read_password (value, 0);
 }
 
 int
 glue_config_backing_password (const char *key, const char *value)
 {
+  glue.backing_password_given = true;
   return glue_read_password (value, MAX (glue.passwords_len, 1));
 }
 

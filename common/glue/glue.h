@@ -69,6 +69,10 @@ struct glue_state {
    */
   struct qcow2_password *passwords;
   unsigned passwords_len;
+  /* Whether password= and backing-password= were given: kept once
+   * the passwords are wiped, for glue_opened.
+   */
+  bool password_given, backing_password_given;
   bool repair_leaks;            /* repair=leaks: before serving */
   /* overlap-check=MODE and overlap-check.NAME=on|off, the latter
    * overriding the former whatever their order, as in QEMU.
@@ -223,9 +227,11 @@ extern void glue_hint (const char *fmt, ...)
 extern struct fileio_options glue_file_options;
 extern struct qcow2_env glue_env;
 
-/* After the image named name opened: as QEMU, an image marked corrupt
- * is refused unless read-only was asked (asked_readonly, or a snapshot
- * served); an image
+/* After the image named name opened: a password given while neither
+ * the image nor a backing file is encrypted is refused (the admin
+ * believes the disk encrypted, and it is not); as QEMU, an image
+ * marked corrupt is refused unless read-only was asked
+ * (asked_readonly, or a snapshot served); an image
  * served read-only unasked is said, with why (NULL: the engine's
  * reason).  0, or -1 said.
  */
@@ -324,13 +330,28 @@ extern const char *glue_stream_description (void);
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
   "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n"
+/* The create options both modules take, one key a line at the start
+ * of it, as nbdkit's bash completion finds keys in --help (each module
+ * adds preallocation=, whose values differ).
+ */
 #define GLUE_CREATE_HELP \
-  "  cluster-size=<SIZE> compat=0.10|1.1 extended-l2=on lazy-refcounts=on\n" \
-  "  refcount-bits=<N> compression-type=zlib|zstd\n" \
-  "  preallocation=off|metadata|falloc|full\n" \
-  "  encrypt-format=luks encrypt-cipher-alg=<ALG> encrypt-cipher-mode=<MODE>\n" \
-  "  encrypt-ivgen-alg=<ALG> encrypt-ivgen-hash-alg=<HASH>\n" \
-  "  encrypt-hash-alg=<HASH> encrypt-iter-time=<MS>\n" \
-  "  options=<KEY=VALUE,...>   the same as a qemu-img -o list.\n"
+  "cluster-size=<SIZE>             Its cluster size (64K).\n" \
+  "compat=0.10|1.1                 Its qcow2 version, 2 or 3 (1.1).\n" \
+  "extended-l2=on                  Subclusters (compat=1.1, 16K clusters\n" \
+  "                                or more).\n" \
+  "lazy-refcounts=on               Refcounts made durable lazily.\n" \
+  "refcount-bits=<N>               Refcount width, 1 to 64 bits (16).\n" \
+  "compression-type=zlib|zstd      Of its compressed clusters (zlib).\n" \
+  "encrypt-format=luks             Encrypted with LUKS, keyed by the\n" \
+  "                                password.\n" \
+  "encrypt-cipher-alg=<ALG>        LUKS's cipher (aes-256).\n" \
+  "encrypt-cipher-mode=<MODE>      Its mode (xts).\n" \
+  "encrypt-ivgen-alg=<ALG>         Its IV generator (plain64).\n" \
+  "encrypt-ivgen-hash-alg=<HASH>   ESSIV's hash (sha256).\n" \
+  "encrypt-hash-alg=<HASH>         PBKDF2's hash (sha256).\n" \
+  "encrypt-iter-time=<MS>          PBKDF2's time (2000 ms).\n" \
+  "options=<KEY=VALUE,...>         The same as a qemu-img -o list.\n"
+#define GLUE_CREATE_SPELLINGS_HELP \
+  "  (qemu-img's spellings too: cluster_size=, lazy_refcounts=, ...)"
 
 #endif /* QCOW2_GLUE_H */

@@ -463,6 +463,15 @@ qcow2_get_backing_name (const struct qcow2_image *img)
   return img->h.backing_file;
 }
 
+bool
+qcow2_chain_encrypted (const struct qcow2_image *img)
+{
+  for (; img; img = img->backing)
+    if (img->luks)
+      return true;
+  return false;
+}
+
 int
 qcow2_read (struct qcow2_image *img, void *buf, uint64_t count,
             uint64_t offset)

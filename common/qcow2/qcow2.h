@@ -233,6 +233,11 @@ extern uint64_t qcow2_get_size (const struct qcow2_image *img);
 /* The backing file name the image's header records, or NULL. */
 extern const char *qcow2_get_backing_name (const struct qcow2_image *img);
 
+/* Whether the image or a layer of its backing chain is encrypted (a
+ * password opened it).  Once open, before a stream may drop layers.
+ */
+extern bool qcow2_chain_encrypted (const struct qcow2_image *img);
+
 /* 0 if the image may be written, else -errno with the reason reported
  * (corrupt bit set, snapshot export, ...).
  */

@@ -24,6 +24,7 @@
 #include "fileio.h"
 #include "filter.h"
 #include "glue.h"
+#include "iszero.h"
 #include "qcow2.h"
 
 /* nbdkit 1.35.9 gave filters a dump_plugin callback; before it, the
@@ -222,10 +223,15 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   GLUE_CONFIG_HELP \
   "io-threads=<N>                  Threads doing the pieces of a fragmented\n" \
   "                                request at once (default 16, 0: none).\n" \
-  "create=true virtual-size=<SIZE> Make a new image in the (empty) export,\n" \
-  "                                with:\n" \
+  "create=true                     Make a new image in the export, which\n" \
+  "                                must hold no data, as below (which a new\n" \
+  "                                qcow2-overlay= FILE takes too).\n" \
+  "virtual-size=<SIZE>             Its virtual size.\n" \
   GLUE_CREATE_HELP \
-  "  (qemu-img's spellings too: cluster_size=, lazy_refcounts=, ...)"
+  "preallocation=off|metadata|full  As qemu-img's (off).  A new\n" \
+  "                                qcow2-overlay= FILE: falloc too, each\n" \
+  "                                with extended-l2=on.\n" \
+  GLUE_CREATE_SPELLINGS_HELP
 
 static int
 qcow2_filter_get_ready (int thread_model)
@@ -238,17 +244,105 @@ qcow2_filter_get_ready (int thread_model)
   return 0;
 }
 
-/* create=true: a new image in the export, which must be empty (its
- * first MiB all zeros: not an image, a partition table or a file
- * system someone would miss) and large enough.  0, or -1 said.
+/* create=true reads at most this much of the export to check that it
+ * is empty: what the plugin's block status does not report as zeros
+ * (all of it, for a plugin without block status).  Past it the export
+ * is refused: reading a whole large disk, maybe over a network, before
+ * serving it would take long.  The man page and the hint say it.
+ */
+#define CREATE_READ_MAX (UINT64_C (1) << 30)
+#define CREATE_READ_MAX_TEXT "1 GiB"
+
+/* Whether the export is empty, for create=true: every run that block
+ * status does not report as zeros is read, in the order of the disk.
+ * 0 if it is, else -1 said (the first byte of data, or too much to
+ * read).
+ */
+static int
+qcow2_filter_check_empty (const char *name, uint64_t size)
+{
+  const size_t chunk = 1u << 20;
+  struct qcow2_io *scan;
+  uint64_t offset = 0, nread = 0;
+  uint8_t *buf;
+  int r = 0;
+
+  /* An io of its own, whose status answers from the plugin's extents
+   * (the image's io is made without them).
+   */
+  scan = below_nextio_new (below, size, NEXTIO_READONLY | NEXTIO_EXTENTS);
+  if (!scan)
+    return -1;
+  if (!(buf = malloc (chunk))) {
+    nbdkit_error ("malloc: %s", errstr (errno));
+    scan->ops->close (scan);
+    return -1;
+  }
+  while (r == 0 && offset < size) {
+    uint32_t type;
+    uint64_t run;
+
+    r = scan->ops->status (scan, offset, size - offset, &type, &run);
+    if (r < 0) {
+      nbdkit_error ("create=true: block status of %s at offset %" PRIu64
+                    ": %s", name, offset, errstr (-r));
+      break;
+    }
+    run = MIN (run, size - offset);
+    if (type & QCOW2_EXTENT_ZERO) {
+      offset += run;
+      continue;
+    }
+    for (uint64_t end = offset + run; r == 0 && offset < end; ) {
+      size_t len = MIN (chunk, end - offset);
+
+      if (nread + len > CREATE_READ_MAX) {
+        nbdkit_error ("create=true: %s may hold data: block status "
+                      "reports more than " CREATE_READ_MAX_TEXT " of it "
+                      "as data, of which " CREATE_READ_MAX_TEXT " was read, "
+                      "all zeros (to offset %" PRIu64 "): only an export "
+                      "known to be empty is formatted", name, offset);
+        glue_hint ("if it holds nothing you need, \"qemu-img create -f "
+                   "qcow2\" formats it without this check; an export "
+                   "whose free space block status reports as zeros (a "
+                   "sparse file) is checked whatever its size");
+        r = -1;
+        break;
+      }
+      r = scan->ops->pread (scan, buf, len, offset);
+      if (r < 0) {
+        nbdkit_error ("create=true: reading %s at offset %" PRIu64 ": %s",
+                      name, offset, errstr (-r));
+        break;
+      }
+      nread += len;
+      if (!is_zero (buf, len)) {
+        size_t i = 0;
+
+        while (buf[i] == 0)
+          i++;
+        nbdkit_error ("create=true: %s is not empty (data at offset %"
+                      PRIu64 "): only an empty export is formatted",
+                      name, offset + i);
+        r = -1;
+        break;
+      }
+      offset += len;
+    }
+  }
+  free (buf);
+  scan->ops->close (scan);
+  return r < 0 ? -1 : 0;
+}
+
+/* create=true: a new image in the export, which must be empty (no
+ * data anywhere: not an image, a partition table or a file system
+ * someone would miss) and large enough.  0, or -1 said.
  */
 static int
 qcow2_filter_create (struct qcow2_io *io, const char *name)
 {
   uint64_t size = io->ops->size (io), need;
-  uint64_t len = MIN (size, 1u << 20);
-  uint8_t *buf;
-  int r;
 
   if (qcow2_create_bytes (&glue_env, &glue.create.opts,
                           glue.create.opts.preallocation != QCOW2_PREALLOC_OFF,
@@ -266,25 +360,8 @@ qcow2_filter_create (struct qcow2_io *io, const char *name)
     glue_hint ("give the export more, or the disk less");
     return -1;
   }
-  if (!(buf = malloc (len ? len : 1))) {
-    nbdkit_error ("malloc: %s", errstr (errno));
+  if (qcow2_filter_check_empty (name, size) == -1)
     return -1;
-  }
-  r = io->ops->pread (io, buf, len, 0);
-  if (r < 0) {
-    nbdkit_error ("create: reading %s: %s", name, errstr (-r));
-    free (buf);
-    return -1;
-  }
-  for (uint64_t i = 0; i < len; i++) {
-    if (buf[i] != 0) {
-      nbdkit_error ("create=true: %s is not empty (data at offset %" PRIu64
-                    "): only an empty export is formatted", name, i);
-      free (buf);
-      return -1;
-    }
-  }
-  free (buf);
   if (qcow2_create (&glue_env, io, &glue.create.opts) < 0)
     return -1;
   nbdkit_debug ("create: a %" PRIu64 "-byte image made in %s",
@@ -332,7 +409,7 @@ qcow2_filter_name_files (const char **name, char **dir)
 }
 
 /* An export that is not an image: if it starts with zeros, it is
- * likely a new one, for create=true.
+ * likely a new one, for create=true (which checks all of it).
  */
 static void
 qcow2_filter_hint_empty (const char *name, int64_t size)
@@ -344,7 +421,9 @@ qcow2_filter_hint_empty (const char *name, int64_t size)
   if (r == 0 && (len == 0 || (buf[0] == 0 &&
                               memcmp (buf, buf + 1, len - 1) == 0)))
     glue_hint ("%s holds no image yet (it starts with zeros): "
-               "create=true virtual-size=SIZE makes one in it", name);
+               "create=true virtual-size=SIZE makes one in it if no data "
+               "is found (it reads what block status does not report as "
+               "zeros, up to " CREATE_READ_MAX_TEXT ")", name);
 }
 
 /* The image opened once, read-write if the plugin is writable and

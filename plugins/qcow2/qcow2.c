@@ -374,7 +374,8 @@ plugin_create_undo (enum create_made made)
 #define plugin_config_help \
   "[file=]<FILENAME>               (required) The qcow2 image to serve.\n" \
   "backing=none                    Serve the image without its backing file.\n" \
-  "data-file=<FILENAME>            Override the external data file.\n" \
+  "data-file=<FILENAME>            Override the external data file (with\n" \
+  "                                create=: the one made).\n" \
   "password=<PASSWORD>|-|+FILE|-FD The password of a LUKS-encrypted image\n" \
   "                                (also passphrase=).\n" \
   "backing-password=<PASSWORD>     That of the next backing file, if other.\n" \
@@ -388,10 +389,16 @@ plugin_create_undo (enum create_made made)
   "stream-base=<NAME>              Stop at this layer (it stays the backing).\n" \
   "stream-rate=<SIZE>              At most this many bytes a second.\n" \
   "stream-detach=false             Copy, but keep the backing link.\n" \
-  "create=true|if-missing size=<SIZE>  Make the image first, with:\n" \
-  "  backing=<FILE> backing-fmt=qcow2|raw data-file=<FILE> data-file-raw=on\n" \
+  "create=true|if-missing          Make the image first (true: the file\n" \
+  "                                must be missing or empty), as below.\n" \
+  "size=<SIZE>                     Its virtual size (or that of backing=).\n" \
+  "backing=<FILE>                  Its backing file (whose size and format\n" \
+  "                                are taken).\n" \
+  "backing-fmt=qcow2|raw           The backing file's format.\n" \
+  "data-file-raw=on                The data file is a raw image of the disk.\n" \
   GLUE_CREATE_HELP \
-  "  (qemu-img's spellings too: cluster_size=, lazy_refcounts=, ...)"
+  "preallocation=off|metadata|falloc|full  As qemu-img's (off).\n" \
+  GLUE_CREATE_SPELLINGS_HELP
 
 /* Hints for files that are not qcow2 images (qcow2_open's errno). */
 static void
