@@ -45,7 +45,7 @@ grep -q "Unknown driver 'nbdkit-qcow2-overlay'" "$tmp/qio.out" ||
 put "$ov" 65536 22
 expect_unserved "records \"json:.*file file=$a.*\" format raw \(another disk below it\), but the plugin serves file file=$b$" \
   --filter=qcow2 file "$b" qcow2-overlay="$ov"
-grep -Eq "^nbdkit: error: hint: .*\"qemu-img rebase -u -b 'json:.*file file=$b\"}}' -F raw $ov\"" \
+grep -Eq "^nbdkit: error: hint: .*\"qemu-img rebase -u -b 'json:.*file file=$b\",\"stack\":\"\"}}' -F raw $ov\"" \
   "$tmp/unserved.err" || fail "no rebase command: $(cat "$tmp/unserved.err")"
 # Its command makes them agree.
 cmd=$(sed -n 's/.*"\(qemu-img rebase .*\)" records it.*/\1/p' "$tmp/unserved.err")
