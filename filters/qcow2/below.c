@@ -63,6 +63,7 @@ static char *identity;
  */
 static char **below_others;
 static size_t below_others_len;
+static bool below_filters;      /* filters between (transparent or not) */
 static char *stack;
 static char *description;
 
@@ -391,6 +392,21 @@ below_served_file (void)
   return below_file_plugin && below_file_count == 1 ? below_file : NULL;
 }
 
+/* The file plugin serves a regular file with no filter between, which
+ * may change its size (even the blocksize filter rounds it): its size
+ * is the disk's.
+ */
+int64_t
+below_served_size (void)
+{
+  struct stat st;
+
+  if (!below_served_file () || below_filters ||
+      stat (below_file, &st) == -1 || !S_ISREG (st.st_mode))
+    return -1;
+  return st.st_size;
+}
+
 /* A local file in a record of ours is the file the plugin serves when
  * it is the same file, however spelled (./a.raw, ../d/a.raw, a
  * symbolic link): only its path differs from our identity.
@@ -559,6 +575,7 @@ below_make_stack (const char *plugin)
     free (words);
     return -1;
   }
+  below_filters = filters[0] != '\0';
   /* Filters are named by their short names: no spaces in them. */
   for (w = strtok_r (words, " ", &save); w; w = strtok_r (NULL, " ", &save))
     below_stack_word (fp, w, filters);

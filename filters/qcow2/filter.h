@@ -70,6 +70,10 @@ extern const char *below_description (void);
 extern bool below_same_plugin (const char *recorded);
 /* The one local file nbdkit's file plugin is given, or NULL. */
 extern const char *below_served_file (void);
+/* The size of the disk below, when known before the plugin is opened
+ * (that file, regular, with no filter between), else -1.
+ */
+extern int64_t below_served_size (void);
 /* The local file the plugin serves (known once below_lock_file ran),
  * or NULL.
  */

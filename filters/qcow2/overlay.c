@@ -607,19 +607,16 @@ overlay_check_record (struct qcow2_image *img)
   return -1;
 }
 
-/* FILE continued must hold a disk as large as the plugin's (known only
- * once nbdkit has forked), and, if it was not there before, be made
- * over it.  0, or -1 said.
+/* FILE continued must hold a disk as large as the plugin's, size
+ * bytes.  0, or -1 said.
  */
 static int
-overlay_check (struct qcow2_image *img, int64_t size)
+overlay_check_size (struct qcow2_image *img, int64_t size)
 {
   uint64_t want = (size + 511) & ~INT64_C (511);
   struct qcow2_info i;
   char *f;
 
-  if (!overlay_checked && overlay_check_record (img) == -1)
-    return -1;
   qcow2_get_info (img, &i);
   if (i.size == want)
     return 0;
@@ -640,6 +637,18 @@ overlay_check (struct qcow2_image *img, int64_t size)
              "lost)");
   free (f);
   return -1;
+}
+
+/* Once nbdkit has forked and the plugin is open: FILE's size (known
+ * before only when the file plugin serves a local file directly), and,
+ * if FILE was not there before, what it records.  0, or -1 said.
+ */
+static int
+overlay_check (struct qcow2_image *img, int64_t size)
+{
+  if (!overlay_checked && overlay_check_record (img) == -1)
+    return -1;
+  return overlay_check_size (img, size);
 }
 
 int
@@ -697,6 +706,8 @@ overlay_get_ready (void)
     return -1;
   }
   r = overlay_check_record (img);
+  if (r == 0 && !overlay_alone && below_served_size () >= 0)
+    r = overlay_check_size (img, below_served_size ());
   qcow2_close (img);
   overlay_checked = r == 0;
   return r;
