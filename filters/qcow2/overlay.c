@@ -660,6 +660,7 @@ overlay_get_ready (void)
   struct qcow2_io *io;
   struct stat st;
   char *why = NULL;
+  bool missing;
   int r;
 
   if (!overlay_file)
@@ -675,12 +676,13 @@ overlay_get_ready (void)
     return -1;
   }
   /* Missing or empty: made once nbdkit has forked, if it may write. */
-  if (stat (overlay_file, &st) == -1 || st.st_size == 0) {
+  missing = stat (overlay_file, &st) == -1;
+  if (missing || st.st_size == 0) {
     if (!readonly)
       return 0;
     nbdkit_error ("qcow2-overlay: %s %s, and nbdkit serves read-only (-r): "
                   "it is made only to be written", overlay_file,
-                  errno == ENOENT ? "does not exist" : "is empty");
+                  missing ? "does not exist" : "is empty");
     return -1;
   }
   io = fileio_open_with (overlay_file, true, &glue_file_options, &why);
