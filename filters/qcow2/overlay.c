@@ -214,15 +214,17 @@ overlay_record (const char *name, char **plugin, char **stack)
   const char *p;
 
   *plugin = *stack = NULL;
-  if (strncmp (name, OVERLAY_JSON_HEAD, head) != 0 ||
-      !(p = overlay_json_string (name + head, plugin)))
-    return false;
-  if (strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
-    return true;
-  if (strncmp (p - 1, OVERLAY_JSON_STACK, strlen (OVERLAY_JSON_STACK)) == 0 &&
-      (p = overlay_json_string (p - 1 + strlen (OVERLAY_JSON_STACK), stack)) &&
-      strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
-    return true;
+  if (strncmp (name, OVERLAY_JSON_HEAD, head) == 0 &&
+      (p = overlay_json_string (name + head, plugin))) {
+    if (strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
+      return true;
+    if (strncmp (p - 1, OVERLAY_JSON_STACK,
+                 strlen (OVERLAY_JSON_STACK)) == 0 &&
+        (p = overlay_json_string (p - 1 + strlen (OVERLAY_JSON_STACK),
+                                  stack)) &&
+        strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
+      return true;
+  }
   free (*plugin);
   free (*stack);
   *plugin = *stack = NULL;
