@@ -13,8 +13,9 @@
 #    qemu-img rebase (test-overlay-identity.sh has what is recorded);
 #    with qcow2-overlay-backing=NAME, FILE alone (qemu-img, and our
 #    plugin) reads as what was served;
-#  - nbdkit -r leaves FILE as it was; a FILE of another size, another
-#    backing name or not qcow2 is refused, naming both.
+#  - nbdkit -r leaves FILE as it was; a FILE over another file (before
+#    its size: test-overlay-start.sh has that), another backing name or
+#    not qcow2 is refused, naming both.
 source "${srcdir:-.}/functions.sh"
 set -e
 source "${srcdir:-.}/overlay-functions.sh"
@@ -134,7 +135,7 @@ sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
 # Refusals, each naming what differs.
 cp "$base" "$tmp/grown.raw"
 truncate -s +1M "$tmp/grown.raw"
-expect_unserved "holds a disk of 8388608 bytes, but the plugin's disk is 9437184 bytes" \
+expect_refused "records \"base.raw\" format raw \(another file below it than the plugin's\)" \
   --filter=qcow2 file "$tmp/grown.raw" qcow2-overlay="$ov2"
 expect_unserved "records \"base.raw\" format raw \(another disk below it\)" \
   --filter=qcow2 file "$base" qcow2-overlay="$ov2" qcow2-overlay-backing=other.raw

@@ -14,7 +14,12 @@
 #  - a standalone image made by qemu-img, and one with a chain of its
 #    own, are refused; qcow2-overlay-force=true serves them anyway (a
 #    notice says so), FILE left as it was;
-#  - the plugin's file as its own overlay: refused, saying so.
+#  - the plugin's file as its own overlay: refused, saying so;
+#  - the plugin's file spelled otherwise (./, ../, a symbolic link) is
+#    the same disk; filters below and their keys (not those of filters
+#    that change no byte), a sh plugin's keys (not credentials) are
+#    recorded and compared; a FILE of the previous version (no stack)
+#    is continued with a notice whose rebase then records the stack.
 source "${srcdir:-.}/functions.sh"
 set -e
 source "${srcdir:-.}/overlay-functions.sh"
@@ -32,6 +37,13 @@ put ()
     nbdsh -u "$uri" -c "h.pwrite(b\"\\x'"$3"'\" * 65536, '"$2"')"' ||
     fail "writing through $1"
 }
+# putx FILE OFFSET BYTE NBDKIT-ARGS...: the same over what ARGS serve.
+putx ()
+{
+  nbdkit -U - --filter=qcow2 "${@:4}" qcow2-overlay="$1" --run '
+    nbdsh -u "$uri" -c "h.pwrite(b\"\\x'"$3"'\" * 65536, '"$2"')"' ||
+    fail "writing through $1 over ${*:4}"
+}
 
 # Made without a name: QEMU refuses FILE, naming our driver.
 put "$ov" 0 11
@@ -45,7 +57,7 @@ grep -q "Unknown driver 'nbdkit-qcow2-overlay'" "$tmp/qio.out" ||
 put "$ov" 65536 22
 expect_unserved "records \"json:.*file file=$a.*\" format raw \(another disk below it\), but the plugin serves file file=$b$" \
   --filter=qcow2 file "$b" qcow2-overlay="$ov"
-grep -Eq "^nbdkit: error: hint: .*\"qemu-img rebase -u -b 'json:.*file file=$b\"}}' -F raw $ov\"" \
+grep -Eq "^nbdkit: error: hint: .*\"qemu-img rebase -u -b 'json:.*file file=$b\",\"stack\":\"\"}}' -F raw $ov\"" \
   "$tmp/unserved.err" || fail "no rebase command: $(cat "$tmp/unserved.err")"
 # Its command makes them agree.
 cmd=$(sed -n 's/.*"\(qemu-img rebase .*\)" records it.*/\1/p' "$tmp/unserved.err")
@@ -105,4 +117,68 @@ expect_unserved "qcow2-overlay=$a is the file the plugin serves" \
   --filter=qcow2 file "$a" qcow2-overlay="$a"
 expect_refused "qcow2-overlay-force= needs qcow2-overlay=FILE" \
   --filter=qcow2 file "$a" qcow2-overlay-force=true
+
+# The plugin's file spelled otherwise (./a.raw, ../d/a.raw, a symbolic
+# link) is the same disk: compared by what it is.
+put "$tmp/sp.qcow2" 0 55
+mkdir "$tmp/d"
+ln -s a.raw "$tmp/link.raw"
+(cd "$tmp" && putx sp.qcow2 4096 56 file ./a.raw) ||
+  fail "./a.raw is another disk"
+(cd "$tmp/d" && putx ../sp.qcow2 8192 57 file ../a.raw) ||
+  fail "../d/a.raw is another disk"
+putx "$tmp/sp.qcow2" 12288 58 file "$tmp/link.raw"
+nbdkit -U - --filter=qcow2 file "$a" qcow2-overlay="$tmp/sp.qcow2" --run '
+  nbdsh -u "$uri" -c "
+assert h.pread(4, 0) == b\"\\x55\" * 4 and h.pread(4, 12288) == b\"\\x58\" * 4
+"' || fail "the writes through other spellings"
+
+# The stack below: the filters between and the keys passed on (not
+# those of filters that change no byte, like delay, nor credentials);
+# other keys are another disk.  A plugin whose keys are not known
+# (sh) has them all recorded.
+putx "$tmp/off.qcow2" 0 66 --filter=offset file "$a" offset=1M range=2M
+qemu-img info "$tmp/off.qcow2" |
+  grep -q '"plugin":"file file='"$a"'","stack":"--filter=offset offset=1M range=2M"' ||
+  fail "the stack: $(qemu-img info "$tmp/off.qcow2")"
+putx "$tmp/off.qcow2" 65536 67 --filter=offset --filter=delay file "$a" \
+  offset=1M range=2M delay-read=1ms
+expect_refused "\(other filters or keys below it\), but the plugin serves file file=$a --filter=offset offset=1M range=3M$" \
+  --filter=qcow2 --filter=offset file "$a" offset=1M range=3M \
+  qcow2-overlay="$tmp/off.qcow2"
+cat > "$tmp/disk.sh" <<'EOS'
+case "$1" in
+  config) exit 0 ;;
+  get_size) echo 1M ;;
+  pread) head -c "$3" /dev/zero ;;
+  *) exit 2 ;;
+esac
+EOS
+chmod +x "$tmp/disk.sh"
+nbdkit -U - --filter=qcow2 sh "$tmp/disk.sh" disk=one secret-key=xyzzy \
+  qcow2-overlay="$tmp/sh.qcow2" --run true || fail "over sh"
+qemu-img info "$tmp/sh.qcow2" |
+  grep -q '"plugin":"sh","stack":"script='"$tmp"'/disk.sh disk=one"' ||
+  fail "sh's keys: $(qemu-img info "$tmp/sh.qcow2")"
+expect_refused "\(other filters or keys below it\), but the plugin serves sh script=$tmp/disk.sh disk=two$" \
+  --filter=qcow2 sh "$tmp/disk.sh" disk=two qcow2-overlay="$tmp/sh.qcow2"
+
+# A FILE made before the stack was recorded names the plugin only: it
+# is continued, on the plugin alone, a notice giving the rebase that
+# records the stack, after which another stack is refused.
+old='json:{"driver":"raw","file":{"driver":"nbdkit-qcow2-overlay","plugin":"file file='"$a"'"}}'
+qemu-img rebase -u -b "$old" -F raw "$tmp/off.qcow2"
+nbdkit -U - --filter=qcow2 --filter=offset file "$a" offset=1M range=2M \
+  qcow2-overlay="$tmp/off.qcow2" --run 'nbdsh -u "$uri" -c "
+assert h.pread(2, 65535) == b\"\\x66\\x67\"
+"' 2> "$tmp/old.err" || fail "a FILE of the previous version: $(cat "$tmp/old.err")"
+cmd=$(sed -n 's/.*notice: .*what is between, --filter=offset offset=1M range=2M, is not checked; "\(qemu-img rebase .*\)" records it$/\1/p' \
+      "$tmp/old.err")
+[ -n "$cmd" ] || fail "no notice: $(cat "$tmp/old.err")"
+eval "$cmd" || fail "$cmd"
+putx "$tmp/off.qcow2" 131072 68 --filter=offset file "$a" offset=1M range=2M
+expect_refused "other filters or keys below it" \
+  --filter=qcow2 --filter=offset file "$a" offset=3M range=2M \
+  qcow2-overlay="$tmp/off.qcow2"
+check_overlay "$tmp/off.qcow2" || fail "qemu-img check"
 sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's files were written"

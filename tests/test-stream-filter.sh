@@ -4,7 +4,8 @@
 # plugin's disk copied into FILE while it is served (the plugin's holes
 # left unallocated), then FILE's backing name dropped; with
 # qcow2-overlay-stream-detach=false the name kept; refused without
-# qcow2-overlay= and with nbdkit -r.  FILE passes qemu-img check and
+# qcow2-overlay= and with nbdkit -r.  Detached, FILE is served alone
+# by the same command line.  FILE passes qemu-img check and
 # reads as the plugin's disk with the client's write over it.
 source "${srcdir:-.}/functions.sh"
 set -e
@@ -33,13 +34,27 @@ for detach in true false; do
     [ "$d" = "streamed: no longer depends on its backing chain" ] ||
       fail "description: $d"
     qemu-img info "$ov" | grep -q "backing file" && fail "still a backing file"
-    # FILE stands alone now: the filter over the plugin refuses it,
-    # naming the plugin that serves it; the plugin serves the disk.
-    expect_unserved "standalone image.*streamed in.*nbdkit qcow2 FILE" \
+    # FILE stands alone now: the same command line serves it alone (a
+    # notice says so), the plugin below unused; without
+    # qcow2-overlay-stream=true the filter refuses it, and the hint's
+    # command serves it.
+    nbdkit -U - --filter=qcow2 --filter=delay file "$base" \
+      delay-read=10ms qcow2-overlay="$ov" qcow2-overlay-backing=base.raw \
+      qcow2-overlay-stream=true qcow2-overlay-stream-detach=$detach \
+      --run "nbdcopy \"\$uri\" $tmp/again.raw" 2> "$tmp/again.err" ||
+      fail "the same command line after the stream: $(cat "$tmp/again.err")"
+    grep -q "notice: $ov: .*served alone, the plugin below unused" \
+      "$tmp/again.err" || fail "no notice: $(cat "$tmp/again.err")"
+    cmp "$tmp/again.raw" "$tmp/expected" ||
+      fail "the streamed FILE served again differs from the disk"
+    expect_refused "records no backing file \(a standalone image" \
       --filter=qcow2 file "$base" qcow2-overlay="$ov" \
       qcow2-overlay-backing=base.raw
-    nbdkit -U - qcow2 "$ov" --run "nbdcopy \"\$uri\" $tmp/served.raw" ||
-      fail "nbdkit qcow2 FILE after the stream"
+    cmd=$(sed -n 's/.*hint: "\(nbdkit qcow2 [^"]*\)" serves it.*/\1/p' \
+          "$tmp/refused.err")
+    [ "$cmd" = "nbdkit qcow2 $ov" ] || fail "hint: $(cat "$tmp/refused.err")"
+    $cmd -U - --run "nbdcopy \"\$uri\" $tmp/served.raw" ||
+      fail "the hint's $cmd after the stream"
     cmp "$tmp/served.raw" "$tmp/expected" ||
       fail "the streamed FILE served alone differs from the disk"
   else

@@ -268,6 +268,11 @@ extern void glue_log_notice (const char *module, const char *path,
 /* The name of the plugin nbdkit loaded ("file"), or "" if not known. */
 #define GLUE_PLUGIN_NAME_MAX 64
 extern void glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX]);
+/* The filters given below the filter self ("qcow2") on nbdkit's
+ * command line, top first: "--filter=offset --filter=xz", "" if none,
+ * NULL on error (errno).
+ */
+extern char *glue_filters_below (const char *self);
 /* open (opaque), with nbdkit's "no connection in this thread" error
  * (logged when a plugin asks for a client's export name in a context
  * that has no client) left out of nbdkit's stderr.

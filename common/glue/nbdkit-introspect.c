@@ -215,6 +215,65 @@ glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX])
   assert (strlen (name) < GLUE_PLUGIN_NAME_MAX);
 }
 
+/* The filters named after --filter=self, as "--filter=NAME" each
+ * (NAME: a path's nbdkit-NAME-filter.so shortened), space-separated.
+ */
+struct introspect_filters {
+  const char *self;
+  bool below;                   /* self seen */
+  FILE *fp;
+};
+
+static bool
+introspect_arg_filter (const char *a, const char *next, void *opaque)
+{
+  struct introspect_filters *f = opaque;
+  const char *name, *base;
+  size_t len;
+
+  if (strncmp (a, "--filter=", 9) == 0)
+    name = a + 9;
+  else if (strcmp (a, "--filter") == 0 && next)
+    name = next;
+  else
+    return false;
+  base = strrchr (name, '/');
+  base = base ? base + 1 : name;
+  len = strlen (base);
+  if (strncmp (base, "nbdkit-", 7) == 0 && len > 7 + 10 &&
+      strcmp (base + len - 10, "-filter.so") == 0) {
+    base += 7;
+    len -= 17;
+  }
+  if (f->below)
+    fprintf (f->fp, "%s--filter=%.*s", ftell (f->fp) ? " " : "",
+             (int) len, base);
+  else if (strlen (f->self) == len && strncmp (base, f->self, len) == 0)
+    f->below = true;
+  return false;
+}
+
+/* Depends on: the command line (above), and nbdkit stacking the
+ * filters in the order given, the first on top.  Retired by: an nbdkit
+ * call naming the layers below a filter (none up to 1.45).
+ */
+char *
+glue_filters_below (const char *self)
+{
+  struct introspect_filters f = { .self = self };
+  char *names = NULL;
+  size_t size = 0;
+
+  if (!(f.fp = open_memstream (&names, &size)))
+    return NULL;
+  introspect_cmdline (introspect_arg_filter, &f);
+  if (fclose (f.fp) == EOF) {
+    free (names);
+    return NULL;
+  }
+  return names;
+}
+
 /* What nbdkit logs when a plugin asks for the client's export name in
  * a context without a client, as the nbd plugin does at open (1.32 to
  * 1.43; "no context" from 1.44): harmless, the plugin then uses its

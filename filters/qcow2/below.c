@@ -55,6 +55,18 @@ static char *below_keys;
 static char *below_id_keys;
 static char *identity;
 
+/* What else makes the disk below (below_stack): the filters between
+ * the qcow2 filter and the plugin, and the keys passed on that do not
+ * name it (below_others, each "key=value", without credentials),
+ * recorded when there are such filters or the plugin's naming keys
+ * are not known.  The whole of it in messages (description).
+ */
+static char **below_others;
+static size_t below_others_len;
+static bool below_filters;      /* filters between (transparent or not) */
+static char *stack;
+static char *description;
+
 /* When the plugin's thread model does not allow requests in parallel
  * (nbdkit tells get_ready), the engine's calls into it, which may come
  * from several threads at once (its I/O pool, flushes), take turns:
@@ -283,6 +295,52 @@ static const char *const naming_keys[] = {
   "export",
 };
 
+/* Plugins whose disk those keys name (for memory, none: it is always
+ * new and empty): the others' keys are all recorded.
+ */
+static const char *const named_plugins[] = {
+  "file", "curl", "ssh", "nbd", "memory",
+};
+
+/* Filters that change no byte of the disk (they delay, count, cache,
+ * limit or fail requests): left out of the stack, with the keys named
+ * after them (delay-read=, latency-read=, iostats-file=).
+ */
+static const char *const transparent_filters[] = {
+  "blocksize", "blocksize-policy", "cache", "cacheextents", "delay",
+  "error", "exitlast", "exitwhen", "fastzero", "flush-coalesce", "fua",
+  "iostats", "ip", "latency", "limit", "log", "multi-conn", "noextents",
+  "nofilter", "noparallel", "nozero", "pause", "protect", "rate",
+  "readahead", "retry", "retry-request", "stats",
+};
+
+/* Words of keys that carry credentials, never recorded (a password, an
+ * S3 secret key, an HTTP header or cookie): they do not say what the
+ * disk is, and FILE is no place for them.
+ */
+static const char *const secret_words[] = {
+  "password", "passphrase", "secret", "token", "cookie", "header",
+  "access-key",
+};
+
+static bool
+below_in (const char *s, const char *const *list, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (strcmp (s, list[i]) == 0)
+      return true;
+  return false;
+}
+
+static bool
+below_secret (const char *key)
+{
+  for (size_t i = 0; i < sizeof secret_words / sizeof *secret_words; i++)
+    if (strstr (key, secret_words[i]))
+      return true;
+  return false;
+}
+
 /* key=value appended to *keys; a URL's user and password left out. */
 static int
 below_note_key (char **keys_p, const char *key, const char *value)
@@ -317,6 +375,60 @@ below_identity (void)
 }
 
 const char *
+below_stack (void)
+{
+  return stack;
+}
+
+const char *
+below_description (void)
+{
+  return description;
+}
+
+const char *
+below_served_file (void)
+{
+  return below_file_plugin && below_file_count == 1 ? below_file : NULL;
+}
+
+/* The file plugin serves a regular file with no filter between, which
+ * may change its size (even the blocksize filter rounds it): its size
+ * is the disk's.
+ */
+int64_t
+below_served_size (void)
+{
+  struct stat st;
+
+  if (!below_served_file () || below_filters ||
+      stat (below_file, &st) == -1 || !S_ISREG (st.st_mode))
+    return -1;
+  return st.st_size;
+}
+
+/* A local file in a record of ours is the file the plugin serves when
+ * it is the same file, however spelled (./a.raw, ../d/a.raw, a
+ * symbolic link): only its path differs from our identity.
+ */
+bool
+below_same_plugin (const char *recorded)
+{
+  static const char head[] = "file file=";
+  const size_t len = sizeof head - 1;
+  const char *served = below_served_file ();
+  struct stat a, b;
+
+  if (strcmp (recorded, identity) == 0)
+    return true;
+  return served && strncmp (identity, head, len) == 0 &&
+    strcmp (identity + len, served) == 0 &&
+    strncmp (recorded, head, len) == 0 &&
+    stat (recorded + len, &a) == 0 && stat (served, &b) == 0 &&
+    a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+const char *
 below_local_file (void)
 {
   return below_file_is_image ? below_file : NULL;
@@ -332,9 +444,7 @@ below_lock_file (bool readonly)
   struct stat st;
   char *why = NULL;
 
-  if (below_file_count != 1 || !below_file)
-    return 0;
-  if (!below_file_plugin || stat (below_file, &st) == -1 ||
+  if (!below_served_file () || stat (below_file, &st) == -1 ||
       !S_ISREG (st.st_mode)) {
     nbdkit_debug ("%s: not locked: the plugin below is not nbdkit's file "
                   "plugin serving this local file", below_file);
@@ -385,13 +495,99 @@ below_config (const char *key, const char *value)
     below_file = nbdkit_absolute_path (value);
     below_file_count++;
   }
-  for (size_t i = 0; i < sizeof naming_keys / sizeof *naming_keys; i++)
-    if (strcmp (key, naming_keys[i]) == 0 &&
-        (below_note_key (&below_keys, key, value) == -1 ||
-         below_note_key (&below_id_keys, key,
-                         strcmp (key, "file") == 0 && below_file ?
-                         below_file : value) == -1))
+  if (!below_in (key, naming_keys, sizeof naming_keys / sizeof *naming_keys)) {
+    char **others;
+
+    if (below_secret (key))
+      return 0;
+    others = realloc (below_others, (below_others_len + 1) * sizeof *others);
+    if (!others) {
+      nbdkit_error ("realloc: %s", errstr (errno));
       return -1;
+    }
+    below_others = others;
+    others[below_others_len] = NULL;
+    if (below_note_key (&others[below_others_len], key, value) == -1)
+      return -1;
+    below_others_len++;
+    return 0;
+  }
+  if (below_note_key (&below_keys, key, value) == -1 ||
+      below_note_key (&below_id_keys, key,
+                      strcmp (key, "file") == 0 && below_file ?
+                      below_file : value) == -1)
+    return -1;
+  return 0;
+}
+
+/* Whether key=value (or a filter's name, with its "--filter=") is one
+ * of the filters given that change nothing below, or named after one.
+ */
+static bool
+below_transparent (const char *word, const char *filters)
+{
+  for (size_t i = 0;
+       i < sizeof transparent_filters / sizeof *transparent_filters; i++) {
+    const char *name = transparent_filters[i];
+    size_t len = strlen (name);
+    const char *f;
+
+    if (strncmp (word, "--filter=", 9) == 0) {
+      if (strcmp (word + 9, name) == 0)
+        return true;
+      continue;
+    }
+    /* Given: "--filter=NAME" followed by a space or the end. */
+    for (f = strstr (filters, name); f; f = strstr (f + 1, name))
+      if (f - filters >= 9 && strncmp (f - 9, "--filter=", 9) == 0 &&
+          (f[len] == ' ' || f[len] == '\0'))
+        break;
+    if (f && strncmp (word, name, len) == 0)
+      return true;
+  }
+  return false;
+}
+
+/* word appended to the stack being made, unless transparent. */
+static void
+below_stack_word (FILE *fp, const char *word, const char *filters)
+{
+  if (!below_transparent (word, filters))
+    fprintf (fp, "%s%s", ftell (fp) ? " " : "", word);
+}
+
+/* The filters below and the other keys, if the disk depends on them
+ * (see below_stack).  0, or -1 said.
+ */
+static int
+below_make_stack (const char *plugin)
+{
+  char *filters = glue_filters_below ("qcow2");
+  char *words = filters ? strdup (filters) : NULL, *save, *w;
+  bool named = below_in (plugin, named_plugins,
+                         sizeof named_plugins / sizeof *named_plugins);
+  size_t size = 0;
+  FILE *fp = words ? open_memstream (&stack, &size) : NULL;
+
+  if (!fp) {
+    nbdkit_error ("the filters below: %s", errstr (errno));
+    free (filters);
+    free (words);
+    return -1;
+  }
+  below_filters = filters[0] != '\0';
+  /* Filters are named by their short names: no spaces in them. */
+  for (w = strtok_r (words, " ", &save); w; w = strtok_r (NULL, " ", &save))
+    below_stack_word (fp, w, filters);
+  if (ftell (fp) || !named)
+    for (size_t i = 0; i < below_others_len; i++)
+      below_stack_word (fp, below_others[i], filters);
+  free (filters);
+  free (words);
+  if (fclose (fp) == EOF) {
+    nbdkit_error ("the filters below: %s", errstr (errno));
+    return -1;
+  }
   return 0;
 }
 
@@ -413,6 +609,13 @@ below_config_complete (void)
       asprintf (&identity, "%s%s%s", plugin[0] ? plugin : "plugin",
                 below_id_keys ? " " : "",
                 below_id_keys ? below_id_keys : "") == -1) {
+    nbdkit_error ("asprintf: %s", errstr (errno));
+    return -1;
+  }
+  if (below_make_stack (plugin) == -1)
+    return -1;
+  if (asprintf (&description, "%s%s%s", identity, stack[0] ? " " : "",
+                stack) == -1) {
     nbdkit_error ("asprintf: %s", errstr (errno));
     return -1;
   }
@@ -458,5 +661,10 @@ below_unload (void)
   free (below_keys);
   free (below_id_keys);
   free (identity);
+  for (size_t i = 0; i < below_others_len; i++)
+    free (below_others[i]);
+  free (below_others);
+  free (stack);
+  free (description);
   free (image_name);
 }

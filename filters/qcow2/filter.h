@@ -53,6 +53,27 @@ extern void below_cleanup (void);
  * config_complete.
  */
 extern const char *below_identity (void);
+/* What else makes the disk below, recorded with the identity: the
+ * filters between the qcow2 filter and the plugin and the keys passed
+ * on but the naming ones and credentials ("--filter=offset offset=1M
+ * range=2M"; for a plugin not among those whose naming keys name its
+ * disk, its keys: "script=/x.sh"), or "" when the plugin's naming keys
+ * say it all.  Set at config_complete.
+ */
+extern const char *below_stack (void);
+/* The identity and the stack, in messages. */
+extern const char *below_description (void);
+/* Whether an identity recorded (below_identity's form) names this
+ * plugin's disk: the same, or a local file served by nbdkit's file
+ * plugin spelled otherwise (same device and inode).
+ */
+extern bool below_same_plugin (const char *recorded);
+/* The one local file nbdkit's file plugin is given, or NULL. */
+extern const char *below_served_file (void);
+/* The size of the disk below, when known before the plugin is opened
+ * (that file, regular, with no filter between), else -1.
+ */
+extern int64_t below_served_size (void);
 /* The local file the plugin serves (known once below_lock_file ran),
  * or NULL.
  */
@@ -74,9 +95,20 @@ extern int overlay_config (const char *key, const char *value);
  */
 extern int overlay_config_complete (bool create, bool chain);
 extern bool overlay_active (void);
+/* Before nbdkit forks (get_ready): what can be checked of FILE
+ * without the plugin's disk (it is ours, and records this plugin and
+ * the stack below), so that a refusal reaches the terminal and
+ * nbdkit's exit status.  0, or -1 said.
+ */
+extern int overlay_get_ready (void);
+/* Whether FILE is served alone, the plugin below unused: a FILE that
+ * qcow2-overlay-stream=true (given again) has detached already.
+ */
+extern bool overlay_standalone (void);
 /* Open FILE (made if missing) as *image over below, the plugin's
  * context (opened read-only, prepared), whose disk is size bytes and
- * is called name in messages: 0, or -1 said.
+ * is called name in messages (below NULL, size -1: standalone): 0, or
+ * -1 said.
  */
 extern int overlay_open (nbdkit_next *below, int64_t size, const char *name,
                          struct qcow2_image **image);

@@ -41,16 +41,23 @@ static char *overlay_on_read_path;
  */
 static int overlay_on_cache = -1;
 static bool overlay_force;      /* qcow2-overlay-force= */
+/* Set before nbdkit forks (overlay_get_ready): FILE was there and its
+ * record checked; it is served alone (see overlay_standalone).
+ */
+static bool overlay_checked;
+static bool overlay_alone;
 
 /* What a FILE made without qcow2-overlay-backing= records as its
  * backing file (format raw): a json: name of a driver QEMU does not
  * have, so that QEMU refuses FILE ("Unknown driver") rather than read
  * it as a whole disk, holding what the plugin below is (see
- * below_identity).
+ * below_identity) and what is between (below_stack).  FILEs made
+ * before the stack was recorded have no "stack" (overlay_record).
  */
 #define OVERLAY_JSON_HEAD \
   "json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbdkit-qcow2-overlay\"," \
   "\"plugin\":\""
+#define OVERLAY_JSON_STACK "\",\"stack\":\""
 #define OVERLAY_JSON_TAIL "\"}}"
 static char *overlay_own_name;
 
@@ -128,21 +135,10 @@ overlay_active (void)
   return overlay_file != NULL;
 }
 
-/* OVERLAY_JSON_HEAD, what (JSON-escaped), OVERLAY_JSON_TAIL; NULL on
- * error (said).
- */
+/* what, JSON-escaped, at p: the end. */
 static char *
-overlay_json_name (const char *what)
+overlay_json_escape (char *p, const char *what)
 {
-  size_t len = strlen (OVERLAY_JSON_HEAD) + 6 * strlen (what) +
-    strlen (OVERLAY_JSON_TAIL) + 1;
-  char *name = malloc (len), *p;
-
-  if (!name) {
-    nbdkit_error ("malloc: %s", errstr (errno));
-    return NULL;
-  }
-  p = stpcpy (name, OVERLAY_JSON_HEAD);
   for (const unsigned char *c = (const unsigned char *) what; *c; c++) {
     if (*c == '"' || *c == '\\')
       *p++ = '\\', *p++ = *c;
@@ -151,9 +147,112 @@ overlay_json_name (const char *what)
     else
       *p++ = *c;
   }
+  return p;
+}
+
+/* OVERLAY_JSON_HEAD, plugin, OVERLAY_JSON_STACK, stack (both
+ * JSON-escaped), OVERLAY_JSON_TAIL; NULL on error (said).
+ */
+static char *
+overlay_json_name (const char *plugin, const char *stack)
+{
+  size_t len = strlen (OVERLAY_JSON_HEAD) + 6 * strlen (plugin) +
+    strlen (OVERLAY_JSON_STACK) + 6 * strlen (stack) +
+    strlen (OVERLAY_JSON_TAIL) + 1;
+  char *name = malloc (len), *p;
+
+  if (!name) {
+    nbdkit_error ("malloc: %s", errstr (errno));
+    return NULL;
+  }
+  p = overlay_json_escape (stpcpy (name, OVERLAY_JSON_HEAD), plugin);
+  p = overlay_json_escape (stpcpy (p, OVERLAY_JSON_STACK), stack);
   assert ((size_t) (p - name) + strlen (OVERLAY_JSON_TAIL) < len);
   strcpy (p, OVERLAY_JSON_TAIL);
   return name;
+}
+
+/* The JSON string at p, as overlay_json_escape wrote it, up to its
+ * closing quote, into *out (malloc'd): the end, past the quote, or
+ * NULL if it is not one of ours (or on error, *out NULL).
+ */
+static const char *
+overlay_json_string (const char *p, char **out)
+{
+  char *q = *out = malloc (strlen (p) + 1);
+  unsigned c;
+  int n;
+
+  if (!q)
+    return NULL;
+  for (; *p != '"'; p++) {
+    if (*p == '\0')
+      return NULL;
+    if (*p != '\\')
+      *q++ = *p;
+    else if (p[1] == '"' || p[1] == '\\')
+      *q++ = *++p;
+    else if (sscanf (p, "\\u%4x%n", &c, &n) == 1 && n == 6 && c && c < 0x20) {
+      *q++ = c;
+      p += 5;
+    }
+    else
+      return NULL;
+  }
+  *q = '\0';
+  return p + 1;
+}
+
+/* What a name of ours records: true, with *plugin, and *stack (NULL in
+ * a FILE made before the stack was recorded); false if name is not
+ * one of ours.  Both malloc'd.
+ */
+static bool
+overlay_record (const char *name, char **plugin, char **stack)
+{
+  size_t head = strlen (OVERLAY_JSON_HEAD);
+  const char *p;
+
+  *plugin = *stack = NULL;
+  if (strncmp (name, OVERLAY_JSON_HEAD, head) == 0 &&
+      (p = overlay_json_string (name + head, plugin))) {
+    if (strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
+      return true;
+    if (strncmp (p - 1, OVERLAY_JSON_STACK,
+                 strlen (OVERLAY_JSON_STACK)) == 0 &&
+        (p = overlay_json_string (p - 1 + strlen (OVERLAY_JSON_STACK),
+                                  stack)) &&
+        strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
+      return true;
+  }
+  free (*plugin);
+  free (*stack);
+  *plugin = *stack = NULL;
+  return false;
+}
+
+/* s as one shell word, for a command to paste: as it is if it needs no
+ * quotes (always: in single quotes), else in single quotes.  NULL on
+ * error (said).
+ */
+static char *
+overlay_shell_word (const char *s, bool always)
+{
+  char *word = malloc (4 * strlen (s) + 3), *p = word;
+
+  if (!word) {
+    nbdkit_error ("malloc: %s", errstr (errno));
+    return NULL;
+  }
+  if (!always && s[0] &&
+      strspn (s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+              "0123456789_/.,:+=@%-") == strlen (s))
+    return strcpy (word, s);
+  *p++ = '\'';
+  for (; *s; s++)
+    p = *s == '\'' ? stpcpy (p, "'\\''") : (*p = *s, p + 1);
+  strcpy (p, "'");
+  return word;
 }
 
 int
@@ -209,7 +308,8 @@ overlay_config_complete (bool create, bool chain)
                   overlay_file);
     return -1;
   }
-  if (!(overlay_own_name = overlay_json_name (below_identity ())))
+  if (!(overlay_own_name = overlay_json_name (below_identity (),
+                                             below_stack ())))
     return -1;
   /* FILE's backing file is the plugin's disk, raw: the name given, else
    * ours, which QEMU refuses.
@@ -295,7 +395,7 @@ overlay_same_file (const char *a, const char *b)
 static bool
 overlay_is_below (void)
 {
-  const char *served = below_local_file ();
+  const char *served = below_served_file ();
 
   if (!served || overlay_same_file (overlay_file, served) != 1)
     return false;
@@ -318,6 +418,11 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
   char *why = NULL;
 
   *made = MADE_NOTHING;
+  if (overlay_alone && (!existed || st.st_size == 0)) {
+    nbdkit_error ("qcow2-overlay: %s is gone since nbdkit started",
+                  overlay_file);
+    return NULL;
+  }
   if (!existed || st.st_size == 0) {
     if (!readonly)
       return overlay_make_file (existed, size, made);
@@ -337,20 +442,19 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
 
 /* Whether the backing file name recorded, if a local file, is another
  * file than the one the plugin serves, where that file is the disk
- * (as large: no filter between makes another disk of it, as the xz or
- * partition filters do): then FILE sits on another disk.  A name that
- * is not a local file (a URL, a file since moved) cannot be compared.
+ * (no filter between makes another disk of it, as the xz or partition
+ * filters do): then FILE sits on another disk.  A name that is not a
+ * local file (a URL, a file since moved) cannot be compared.
  */
 static bool
-overlay_other_file (const char *name, int64_t size)
+overlay_other_file (const char *name)
 {
-  const char *served = below_local_file ();
-  struct stat st;
+  const char *served = below_served_file ();
   char *path;
   bool other;
 
-  if (!served || (name[0] != '/' && !qcow2_name_is_relative (name)) ||
-      stat (served, &st) == -1 || st.st_size != size)
+  if (!served || below_stack ()[0] ||
+      (name[0] != '/' && !qcow2_name_is_relative (name)))
     return false;
   if (name[0] == '/')
     path = strdup (name);
@@ -365,74 +469,258 @@ overlay_other_file (const char *name, int64_t size)
   return other;
 }
 
+/* A name of ours recorded: NULL if it names this disk, else why not.
+ * One made before the stack below was recorded names the plugin only:
+ * *unchecked, the stack not compared.
+ */
+static const char *
+overlay_our_mismatch (const char *name, bool *unchecked)
+{
+  char *plugin, *stack;
+  const char *why = NULL;
+
+  if (!overlay_record (name, &plugin, &stack))
+    why = "another disk below it";
+  else if (!below_same_plugin (plugin))
+    why = "another disk below it";
+  else if (stack && strcmp (stack, below_stack ()) != 0)
+    why = "other filters or keys below it";
+  else
+    *unchecked = !stack && below_stack ()[0];
+  free (plugin);
+  free (stack);
+  return why;
+}
+
 /* What FILE's backing file name says of the disk below it, against
  * what is given: NULL if it is this disk, else why not.
  */
 static const char *
-overlay_mismatch (const struct qcow2_info *i, const char *given,
-                  int64_t size)
+overlay_mismatch (const struct qcow2_info *i, bool *unchecked)
 {
+  const char *why;
+
+  *unchecked = false;
   if (!i->backing)
     return "a standalone image, whose unallocated clusters read as zeros "
-      "in QEMU; one streamed in by qcow2-overlay-stream=true holds the "
-      "whole disk: serve it with \"nbdkit qcow2 FILE\"";
+      "in QEMU";
   if (i->backing_format && strcmp (i->backing_format, "raw") != 0)
     return "a chain of its own, which QEMU reads and the plugin's disk "
       "would stand in for";
-  if (strcmp (i->backing, given) != 0 &&
-      (overlay_backing || strncmp (i->backing, OVERLAY_JSON_HEAD,
-                                   strlen (OVERLAY_JSON_HEAD)) == 0))
-    return "another disk below it";
-  if (overlay_other_file (i->backing, size))
+  if (overlay_backing) {
+    if (strcmp (i->backing, overlay_backing) != 0)
+      return "another disk below it";
+  }
+  else if (strncmp (i->backing, OVERLAY_JSON_HEAD,
+                    strlen (OVERLAY_JSON_HEAD)) == 0 &&
+           (why = overlay_our_mismatch (i->backing, unchecked)))
+    return why;
+  if (overlay_other_file (i->backing))
     return "another file below it than the plugin's";
   return NULL;
 }
 
-/* FILE continued must be an overlay of this disk: as large, and made
- * over it (its backing file name: qcow2-overlay-backing= if given,
- * else ours, naming the plugin, or the plugin's file).  0, or -1 said.
+static void
+overlay_not_qcow2 (void)
+{
+  nbdkit_error ("qcow2-overlay: %s is not a qcow2 image: name a new file, "
+                "or remove it", overlay_file);
+}
+
+/* FILE as QEMU opens it alone, without its backing file, as one shell
+ * word (a json: name); NULL on error (said).
+ */
+static char *
+overlay_json_name_of_file (void)
+{
+  static const char head[] =
+    "json:{\"driver\":\"qcow2\",\"backing\":null,"
+    "\"file\":{\"driver\":\"file\",\"filename\":\"";
+  char *name = malloc (strlen (head) + 6 * strlen (overlay_file) + 4), *word;
+
+  if (!name) {
+    nbdkit_error ("malloc: %s", errstr (errno));
+    return NULL;
+  }
+  strcpy (overlay_json_escape (stpcpy (name, head), overlay_file), "\"}}");
+  word = overlay_shell_word (name, true);
+  free (name);
+  return word;
+}
+
+/* FILE's record: it must be the backing name given, else ours naming
+ * this plugin and the stack below, or, with qcow2-overlay-stream=true
+ * given again, none (FILE streamed and detached: served alone).  0, or
+ * -1 said.
  */
 static int
-overlay_check (struct qcow2_image *img, int64_t size)
+overlay_check_record (struct qcow2_image *img)
 {
-  uint64_t want = (size + 511) & ~INT64_C (511);
   const char *given = overlay_backing ? overlay_backing : overlay_own_name;
-  const char *why;
+  char *b = NULL, *f = NULL;
   struct qcow2_info i;
+  const char *why, *format;
+  bool unchecked;
 
   qcow2_get_info (img, &i);
-  if (i.size != want) {
-    nbdkit_error ("qcow2-overlay: %s holds a disk of %" PRIu64 " bytes, but "
-                  "the plugin's disk is %" PRId64 " bytes", overlay_file,
-                  i.size, size);
-    glue_hint ("an overlay is as large as the disk below it: if the "
-               "plugin's disk has grown, \"qemu-img resize %s %" PRIu64
-               "\" grows FILE", overlay_file, want);
-    return -1;
-  }
-  if (!(why = overlay_mismatch (&i, given, size)))
+  /* A format without a name (left by a detach) says nothing. */
+  format = i.backing ? i.backing_format : NULL;
+  if (!i.backing && glue_stream.on && glue_stream.detach) {
+    overlay_alone = true;       /* said by overlay_open, as it serves */
     return 0;
+  }
+  if (!(why = overlay_mismatch (&i, &unchecked))) {
+    if (unchecked && (b = overlay_shell_word (overlay_own_name, true)) &&
+        (f = overlay_shell_word (overlay_file, false)))
+      glue_noticef (overlay_file, "FILE records the plugin only (made by an "
+                    "earlier version): what is between, %s, is not checked; "
+                    "\"qemu-img rebase -u -b %s -F raw %s\" records it",
+                    below_stack (), b, f);
+    free (b);
+    free (f);
+    return 0;
+  }
   if (overlay_force) {
     glue_noticef (overlay_file, "qcow2-overlay-force=true: served over "
                   "%s although FILE records %s%s%s%s%s",
-                  below_identity (),
+                  below_description (),
                   i.backing ? "\"" : "no backing file", i.backing ?
                   i.backing : "", i.backing ? "\"" : "",
-                  i.backing_format ? " format " : "",
-                  i.backing_format ? i.backing_format : "");
+                  format ? " format " : "", format ? format : "");
     return 0;
   }
   nbdkit_error ("qcow2-overlay: %s records %s%s%s%s%s (%s), but the "
                 "plugin serves %s", overlay_file,
                 i.backing ? "\"" : "no backing file", i.backing ? i.backing
-                : "", i.backing ? "\"" : "", i.backing_format ? " format "
-                : "", i.backing_format ? i.backing_format : "", why,
-                below_identity ());
-  glue_hint ("if FILE's changes belong over it, \"qemu-img rebase -u -b "
-             "'%s' -F raw %s\" records it; else name a new FILE "
-             "(qcow2-overlay-force=true serves it anyway)", given,
-             overlay_file);
+                : "", i.backing ? "\"" : "", format ? " format " : "",
+                format ? format : "", why, below_description ());
+  if (!(f = overlay_shell_word (overlay_file, false)))
+    return -1;
+  if (!i.backing)
+    glue_hint ("\"nbdkit qcow2 %s\" serves it; one streamed in by "
+               "qcow2-overlay-stream=true holds the whole disk, and the "
+               "filter with that key serves it alone", f);
+  else if ((b = overlay_shell_word (given, true)))
+    glue_hint ("if FILE's changes belong over it, \"qemu-img rebase -u -b "
+               "%s -F raw %s\" records it; else name a new FILE "
+               "(qcow2-overlay-force=true serves it anyway)", b, f);
+  free (b);
+  free (f);
   return -1;
+}
+
+/* FILE continued must hold a disk as large as the plugin's, size
+ * bytes.  0, or -1 said.
+ */
+static int
+overlay_check_size (struct qcow2_image *img, int64_t size)
+{
+  uint64_t want = (size + 511) & ~INT64_C (511);
+  struct qcow2_info i;
+  char *f;
+
+  qcow2_get_info (img, &i);
+  if (i.size == want)
+    return 0;
+  nbdkit_error ("qcow2-overlay: %s holds a disk of %" PRIu64 " bytes, but "
+                "the plugin's disk is %" PRId64 " bytes", overlay_file,
+                i.size, size);
+  /* QEMU opens FILE only without its backing file (ours it cannot
+   * open); shrinking drops what FILE holds past the new end.
+   */
+  if (!(f = overlay_json_name_of_file ()))
+    return -1;
+  glue_hint ("an overlay is as large as the disk below it: if the "
+             "plugin's disk has %s, \"qemu-img resize%s %s %" PRIu64 "\" %s "
+             "FILE%s", i.size < want ? "grown" : "shrunk",
+             i.size < want ? "" : " --shrink", f, want,
+             i.size < want ? "grows" : "shrinks",
+             i.size < want ? "" : " (what it holds past the new end is "
+             "lost)");
+  free (f);
+  return -1;
+}
+
+/* Once nbdkit has forked and the plugin is open: FILE's size (known
+ * before only when the file plugin serves a local file directly), and,
+ * if FILE was not there before, what it records.  0, or -1 said.
+ */
+static int
+overlay_check (struct qcow2_image *img, int64_t size)
+{
+  if (!overlay_checked && overlay_check_record (img) == -1)
+    return -1;
+  return overlay_check_size (img, size);
+}
+
+int
+overlay_get_ready (void)
+{
+  bool readonly = glue.engine.readonly || glue_server_readonly ();
+  struct qcow2_options opts = glue.engine;
+  struct qcow2_image *img;
+  struct qcow2_io *io;
+  struct stat st;
+  char *why = NULL;
+  bool missing;
+  int r;
+
+  if (!overlay_file)
+    return 0;
+  if (overlay_is_below ())
+    return -1;
+  if (overlay_backing && !overlay_force &&
+      overlay_other_file (overlay_backing)) {
+    nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
+                  "plugin's (%s)", overlay_backing, below_served_file ());
+    glue_hint ("FILE's backing file is the plugin's disk "
+               "(qcow2-overlay-force=true records it anyway)");
+    return -1;
+  }
+  /* Missing or empty: made once nbdkit has forked, if it may write. */
+  missing = stat (overlay_file, &st) == -1;
+  if (missing || st.st_size == 0) {
+    if (!readonly)
+      return 0;
+    nbdkit_error ("qcow2-overlay: %s %s, and nbdkit serves read-only (-r): "
+                  "it is made only to be written", overlay_file,
+                  missing ? "does not exist" : "is empty");
+    return -1;
+  }
+  io = fileio_open_with (overlay_file, true, &glue_file_options, &why);
+  if (!io) {
+    nbdkit_error ("qcow2-overlay: %s: %s", overlay_file,
+                  why ? why : errstr (errno));
+    free (why);
+    return -1;
+  }
+  /* FILE alone, read-only, just for its header: its backing file is
+   * what is being checked.
+   */
+  opts.readonly = true;
+  opts.no_backing = true;
+  opts.backing_chain_len = 0;
+  opts.backing_io = NULL;
+  opts.copy_on_read = false;
+  opts.io_threads = 0;
+  img = qcow2_open (&glue_env, io, overlay_file, &opts);
+  if (!img) {
+    if (errno == EMEDIUMTYPE)
+      overlay_not_qcow2 ();
+    return -1;
+  }
+  r = overlay_check_record (img);
+  if (r == 0 && !overlay_alone && below_served_size () >= 0)
+    r = overlay_check_size (img, below_served_size ());
+  qcow2_close (img);
+  overlay_checked = r == 0;
+  return r;
+}
+
+bool
+overlay_standalone (void)
+{
+  return overlay_alone;
 }
 
 int
@@ -446,40 +734,38 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   int e;
 
   assert (overlay_file && overlay_own_name);    /* overlay_active () */
+  assert (!below == overlay_alone);
 
   /* A local file the plugin serves is locked as QEMU locks a backing
    * file: no one may write it while it is under FILE.
    */
-  if (below_lock_file (true) == -1 || overlay_is_below ())
+  if (below && below_lock_file (true) == -1)
     return -1;
-  if (overlay_backing && !overlay_force &&
-      overlay_other_file (overlay_backing, size)) {
-    nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
-                  "plugin's (%s)", overlay_backing, below_local_file ());
-    glue_hint ("FILE's backing file is the plugin's disk "
-               "(qcow2-overlay-force=true records it anyway)");
-    return -1;
-  }
+  if (!below)
+    glue_noticef (overlay_file, "qcow2-overlay-stream=true: FILE holds the "
+                  "whole disk, streamed and detached already: served alone, "
+                  "the plugin below unused");
   if (!(io = overlay_open_file (readonly, size, &made)))
     return -1;
   opts.readonly = readonly;
-  opts.copy_on_read = overlay_on_read;
-  opts.backing_io_name = name;
-  opts.backing_io = below_nextio_new (below, size,
-                                       NEXTIO_READONLY | NEXTIO_EXTENTS);
-  if (!opts.backing_io) {
-    io->ops->close (io);
-    overlay_undo (made);
-    return -1;
+  opts.copy_on_read = overlay_on_read && below;
+  if (below) {
+    opts.backing_io_name = name;
+    opts.backing_io = below_nextio_new (below, size,
+                                         NEXTIO_READONLY | NEXTIO_EXTENTS);
+    if (!opts.backing_io) {
+      io->ops->close (io);
+      overlay_undo (made);
+      return -1;
+    }
   }
   *image = qcow2_open (&glue_env, io, overlay_file, &opts);
   e = errno;
   /* FILE is open: its key is made (and a new FILE's header written). */
   glue_forget_password ();
   if (!*image && e == EMEDIUMTYPE)
-    nbdkit_error ("qcow2-overlay: %s is not a qcow2 image: name a new file, "
-                  "or remove it", overlay_file);
-  else if (*image && made == MADE_NOTHING &&
+    overlay_not_qcow2 ();
+  else if (*image && made == MADE_NOTHING && below &&
            overlay_check (*image, size) == -1) {
     qcow2_close (*image);
     *image = NULL;
@@ -504,9 +790,10 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
                            readonly) == -1 ||
       glue_stream_start () == -1)
     return -1;
-  nbdkit_debug ("qcow2-overlay: %s over the plugin's disk (%" PRId64
-                " bytes)%s", overlay_file, size,
-                overlay_on_read ? ", copying what is read" : "");
+  if (below)
+    nbdkit_debug ("qcow2-overlay: %s over the plugin's disk (%" PRId64
+                  " bytes)%s", overlay_file, size,
+                  overlay_on_read ? ", copying what is read" : "");
   return 0;
 }
 

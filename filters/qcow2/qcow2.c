@@ -241,7 +241,8 @@ qcow2_filter_get_ready (int thread_model)
    */
   if (below_get_ready (thread_model))
     glue.engine.io_threads = 0;
-  return 0;
+  /* Before nbdkit forks: a refusal then reaches the terminal. */
+  return overlay_get_ready ();
 }
 
 /* create=true reads at most this much of the export to check that it
@@ -440,6 +441,9 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   int64_t size;
   int w, r;
 
+  glue.engine.debug_cache = qcow2_debug_cache;
+  if (overlay_standalone ())
+    return overlay_open (NULL, -1, NULL, &image);
   /* The plugin under an overlay is only read. */
   below = below_open (backend, readonly || overlay_active ());
   if (!below)
@@ -449,7 +453,6 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   size = below->get_size (below);
   if (size == -1)
     return -1;
-  glue.engine.debug_cache = qcow2_debug_cache;
   if (overlay_active ())
     return overlay_open (below, size, below_name (), &image);
   if (!readonly && (w = below->can_write (below)) != 1) {
