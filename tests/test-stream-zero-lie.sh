@@ -5,10 +5,15 @@
 # is a hole that reads as zeros, reads return the data): the stream
 # copies what the chain reads, not what block status claims, so that
 # once detached the image reads as the chain did (compared byte for
-# byte with the server's content, with qemu-img compare).
+# byte with the server's content, with qemu-img compare).  The same
+# through the qcow2 filter's overlay over nbdkit's nbd plugin.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdinfo nbdsh /usr/bin/python3
+nbdkit nbd --version > /dev/null 2>&1 || {
+  echo "$0: test skipped: no nbd plugin"
+  exit 77
+}
 source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/stream-functions.sh"
 
@@ -21,7 +26,8 @@ port=$(cat "$tmp/port") || fail "bad-nbd-server.py did not start"
 /usr/bin/python3 -c '
 import sys
 pattern = bytes((i * 7 + 1) & 255 for i in range(256))
-sys.stdout.buffer.write(pattern * (16384))' > "$tmp/expected.raw"
+sys.stdout.buffer.write(pattern * (16384))' > "$tmp/server.raw"
+cp "$tmp/server.raw" "$tmp/expected.raw"
 QIO_FMT=raw qio "$tmp/expected.raw" 'write -P 0x31 1M 64k'
 
 top=$tmp/top.qcow2
@@ -42,4 +48,16 @@ qemu-img info "$top" | grep -q "backing file" && fail "still a backing file"
 qemu-img check -q "$top" || fail "qemu-img check after the stream"
 qemu-img compare -q -f qcow2 -F raw "$top" "$tmp/expected.raw" ||
   fail "the image does not read as the chain did: the ZERO claim was trusted"
+
+# The filter: its plugin below (nbdkit's nbd plugin) passes the lie on.
+ov=$tmp/ov.qcow2
+stream_serve f --filter=qcow2 nbd uri="nbd://127.0.0.1:$port/zero" \
+  qcow2-overlay="$ov" qcow2-overlay-stream=true
+d=$(wait_streamed f)
+[ "$d" = "streamed: no longer depends on its backing chain" ] ||
+  fail "the filter's stream ended otherwise: $d; $(cat "$tmp/f.log")"
+stop_server f
+qemu-img check -q "$ov" || fail "qemu-img check of the filter's FILE"
+qemu-img compare -q -f qcow2 -F raw "$ov" "$tmp/server.raw" ||
+  fail "the filter's FILE does not read as the plugin's disk"
 echo OK
