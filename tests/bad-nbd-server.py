@@ -19,6 +19,8 @@
 #   simple   a simple reply with the data (structured replies having
 #            been negotiated)
 #   handle   the right data under the wrong handle
+#   zero     reads right, but block status (base:allocation) claims
+#            the whole export a hole that reads as zeros
 import os
 import socket
 import struct
@@ -28,8 +30,10 @@ import threading
 NBD_OPT_EXPORT_NAME = 1
 NBD_OPT_GO = 7
 NBD_OPT_STRUCTURED_REPLY = 8
+NBD_OPT_SET_META_CONTEXT = 10
 NBD_REP_ACK = 1
 NBD_REP_INFO = 3
+NBD_REP_META_CONTEXT = 4
 NBD_REP_ERR_UNSUP = 0x80000001
 REPLY_MAGIC = 0x3e889045565a9
 STRUCTURED_MAGIC = 0x668e33ef
@@ -38,9 +42,13 @@ FLAG_DONE = 1
 TYPE_NONE = 0
 TYPE_OFFSET_DATA = 1
 TYPE_OFFSET_HOLE = 2
-CMD_READ, CMD_DISC = 0, 2
+TYPE_BLOCK_STATUS = 5
+CMD_READ, CMD_DISC, CMD_BLOCK_STATUS = 0, 2, 7
+STATE_HOLE_ZERO = 3
+BASE_ALLOCATION_ID = 1
 
-MODES = ("good", "scattered", "short", "overlap", "gap", "outside", "simple", "handle")
+MODES = ("good", "scattered", "short", "overlap", "gap", "outside", "simple",
+         "handle", "zero")
 portfile = sys.argv[1]
 size = 4 << 20
 pattern = bytes((i * 7 + 1) & 255 for i in range(256))
@@ -73,7 +81,7 @@ def chunk(handle, off, data, done):
 
 def answer_read(s, mode, handle, off, n):
     half, quarter = n // 2, n // 4
-    if mode == "good":
+    if mode in ("good", "zero"):
         s.sendall(chunk(handle, off, content(off, n), True))
     elif mode == "scattered":
         hole = struct.pack(">IHHQIQI", STRUCTURED_MAGIC, 0, TYPE_OFFSET_HOLE,
@@ -109,6 +117,14 @@ def serve(s):
         if opt == NBD_OPT_STRUCTURED_REPLY:
             structured = True
             opt_reply(s, opt, NBD_REP_ACK)
+        elif (opt == NBD_OPT_SET_META_CONTEXT and
+              data[4:4 + struct.unpack(">I", data[:4])[0]] == b"zero"):
+            # base:allocation, whatever was asked (the client asks it);
+            # the other modes have no block status.
+            opt_reply(s, opt, NBD_REP_META_CONTEXT,
+                      struct.pack(">I", BASE_ALLOCATION_ID) +
+                      b"base:allocation")
+            opt_reply(s, opt, NBD_REP_ACK)
         elif (opt == NBD_OPT_GO and
               data[4:4 + struct.unpack(">I", data[:4])[0]].decode() in MODES):
             mode = data[4:4 + struct.unpack(">I", data[:4])[0]].decode()
@@ -131,6 +147,10 @@ def serve(s):
             return
         if cmd == CMD_READ:
             answer_read(s, mode, handle, off, n)
+        elif cmd == CMD_BLOCK_STATUS and mode == "zero":
+            s.sendall(struct.pack(">IHHQIIII", STRUCTURED_MAGIC, FLAG_DONE,
+                                  TYPE_BLOCK_STATUS, handle, 12,
+                                  BASE_ALLOCATION_ID, n, STATE_HOLE_ZERO))
         else:
             s.sendall(struct.pack(">IIQ", SIMPLE_MAGIC, 22, handle))
 

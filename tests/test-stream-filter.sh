@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The qcow2 filter's overlay with qcow2-overlay-stream=true: the
 # plugin's disk copied into FILE while it is served (the plugin's holes
-# left unallocated), then FILE's backing name dropped; with
+# read too, becoming zero clusters, not data), then FILE's backing name
+# dropped; with
 # qcow2-overlay-stream-detach=false the name kept; refused without
 # qcow2-overlay= and with nbdkit -r.  Detached, FILE is served alone
 # by the same command line.  FILE passes qemu-img check and

@@ -37,9 +37,10 @@ d=$(wait_streamed a)
   fail "description at the end: $d"
 total0=$(sed -n 's/.*started: \([0-9]*\) bytes.*/\1/p' "$tmp/a.log")
 [ -n "$total0" ] || fail "no notice at the start: $(cat "$tmp/a.log")"
-grep -q "stream: [1-9]0% copied ([0-9]* of $total0 bytes)" "$tmp/a.log" ||
-  fail "no notice of a tenth: $(cat "$tmp/a.log")"
-grep -q "stream: done: .* copied in .* s (" "$tmp/a.log" || fail "no end notice"
+grep -q "stream: [1-9][0-9]% copied ([0-9.]* [KM]iB of [0-9.]* MiB)" \
+  "$tmp/a.log" || fail "no notice of a tenth: $(cat "$tmp/a.log")"
+grep -q "stream: done: [0-9]* bytes copied (.*) in .* s (" "$tmp/a.log" ||
+  fail "no end notice: $(cat "$tmp/a.log")"
 grep -q 'no longer depends on "mid.qcow2": its backing file is now none' \
   "$tmp/a.log" || fail "no notice of the detach: $(cat "$tmp/a.log")"
 # Served from top alone now: the chain may go.

@@ -291,8 +291,14 @@ struct glue_stream {
   char *base;                   /* stream-base=NAME, or NULL */
   uint64_t rate;                /* stream-rate=, bytes/s (0: no limit) */
   bool detach;                  /* stream-detach= (true) */
+  bool rate_given, detach_given;
 };
 extern struct glue_stream glue_stream;
+/* At config_complete: the companions of key=true (stream, or
+ * qcow2-overlay-stream: key-base=, key-rate=, key-detach=) refused
+ * without it.  0, or -1 said.
+ */
+extern int glue_stream_config_complete (const char *key);
 extern int qcow2_debug_stream;
 /* Once the image named name is open (before nbdkit forks): the job
  * checked (key names stream=true in the message refusing a read-only

@@ -15,6 +15,7 @@
 #include <nbdkit-plugin.h>
 
 #include "glue.h"
+#include "humansize.h"
 
 struct glue_stream glue_stream = { .detach = true };
 
@@ -23,6 +24,20 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_stream = 0;
 
 static struct qcow2_stream *job;
 static unsigned busy;           /* client requests in flight (atomic) */
+
+int
+glue_stream_config_complete (const char *key)
+{
+  const char *companion = glue_stream.base ? "base" :
+    glue_stream.rate_given ? "rate" : glue_stream.detach_given ? "detach" :
+    NULL;
+
+  if (glue_stream.on || !companion)
+    return 0;
+  nbdkit_error ("%s-%s= needs %s=true", key,
+                companion, key);
+  return -1;
+}
 
 int
 glue_stream_prepare (struct qcow2_image *img, const char *name,
@@ -81,7 +96,7 @@ const char *
 glue_stream_description (void)
 {
   struct qcow2_stream_progress p;
-  const double gib = 1024.0 * 1024 * 1024;
+  char d[HUMAN_SIZE_LEN], t[HUMAN_SIZE_LEN];
 
   if (!job)
     return NULL;
@@ -91,17 +106,26 @@ glue_stream_description (void)
     return "streaming: starting";
   case QCOW2_STREAM_RUNNING:
   case QCOW2_STREAM_WAITING:
-    return nbdkit_printf_intern ("streaming: %" PRIu64 "%%, %.1f of %.1f "
-                                 "GiB%s",
+    if (!p.counted)
+      return p.state == QCOW2_STREAM_WAITING
+        ? "streaming: counting what to copy (waiting for the backing chain)"
+        : "streaming: counting what to copy";
+    return nbdkit_printf_intern ("streaming: %" PRIu64 "%%, %s of %s%s",
                                  p.total ? p.done * 100 / p.total : 0,
-                                 p.done / gib, p.total / gib,
+                                 human_size (d, p.done),
+                                 human_size (t, p.total),
                                  p.state == QCOW2_STREAM_WAITING
                                  ? " (waiting for the backing chain)" : "");
   case QCOW2_STREAM_DONE:
     return "streamed: the backing chain is copied (the link kept)";
   case QCOW2_STREAM_DETACHED:
+    if (p.base)
+      return nbdkit_printf_intern ("streamed: now backed by %s", p.base);
     return "streamed: no longer depends on its backing chain";
   case QCOW2_STREAM_FAILED:
+    if (!p.counted)
+      return "streaming stopped while counting what to copy (see the "
+        "server's log)";
     return nbdkit_printf_intern ("streaming stopped at %" PRIu64 "%% (see "
                                  "the server's log)",
                                  p.total ? p.done * 100 / p.total : 0);

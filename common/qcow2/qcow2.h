@@ -308,7 +308,12 @@ enum qcow2_stream_state {
 };
 struct qcow2_stream_progress {
   enum qcow2_stream_state state;
-  uint64_t total, done;         /* bytes to copy, and copied */
+  bool counted;                 /* total known (the job counts first) */
+  /* Bytes to copy (what is copied and what is left, counted again now
+   * and then: clients' writes take ranges over), and copied.
+   */
+  uint64_t total, done;
+  const char *base;             /* the options' base, or NULL */
 };
 /* A job for img, checked (the image writable, the base found), not
  * started: NULL with errno, the reason reported; ENOENT: the image has

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The end of a stream (stream.c): the image cut loose from the layers
  * it no longer needs.  The header's backing name is rewritten in one
- * crash-safe step, to none or to the base, and the layers dropped are
- * closed.
+ * crash-safe step, to none or to the base, with the backing format
+ * extension as QEMU's block-stream leaves it (gone, or the base's
+ * format), and the layers dropped are closed.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -14,11 +15,12 @@
 #include "internal.h"
 
 /* The header's backing name and format, as they become: none, or the
- * base (its name resolved as the image names it, its format).
+ * base (its name resolved as the image names it, its format).  Both
+ * allocated, so that nothing can fail once the header is written.
  */
 static int
 stream_detach_base_name (struct qcow2_image *img, struct qcow2_image *base,
-                         char **name, const char **format)
+                         char **name, char **format)
 {
   struct qcow2_image *above = img;
 
@@ -38,18 +40,105 @@ stream_detach_base_name (struct qcow2_image *img, struct qcow2_image *base,
     *name = strdup (above->h.backing_file);
   else
     *name = strdup (base->path);
-  if (!*name)
+  if (!*name || !(*format = strdup (base->raw ? "raw" : "qcow2"))) {
+    free (*name);
+    *name = NULL;
     return -errno;
-  *format = base->raw ? "raw" : "qcow2";
+  }
+  return 0;
+}
+
+/* The header's first bytes, as read and as they become. */
+#define DETACH_HEAD 4096
+#define DETACH_SECTOR 512
+
+/* Where the header's extensions go once rewritten. */
+struct stream_detach_exts {
+  uint64_t end;                 /* what must be written: a sector at most */
+  uint64_t new_end;             /* the new list's, with its end mark */
+  uint64_t format_at, bitmaps_at;       /* 0: none */
+};
+
+/* The header extensions of head (size bytes) rebuilt with the backing
+ * format extension set to format (in its place, or added last), or
+ * gone (NULL); the others keep their order.  What follows the new end
+ * mark is never read, so only the bytes before it that change must be
+ * written: -ENOTSUP unless they all lie in the first sector, and the
+ * new list ends before limit.
+ */
+static int
+stream_detach_exts (const struct qcow2_header *h, uint8_t *head,
+                    size_t size, const char *format, uint64_t limit,
+                    struct stream_detach_exts *x)
+{
+  CLEANUP_FREE uint8_t *out = calloc (1, size);
+  uint64_t off = h->header_length, o = off, changed = 0;
+  size_t flen = format ? strlen (format) : 0;
+  uint64_t fpad = (flen + 7) & ~UINT64_C (7);
+
+  if (!out)
+    return -errno;
+  x->format_at = x->bitmaps_at = 0;
+  for (;;) {
+    if (off > size || size - off < 8)
+      return -ENOTSUP;
+    uint32_t type = be32_get (head + off);
+    uint64_t padded = ((uint64_t) be32_get (head + off + 4) + 7)
+                      & ~UINT64_C (7);
+
+    if (type == QCOW2_EXT_END)
+      break;
+    if (padded > size - off - 8)
+      return -ENOTSUP;
+    if (type == QCOW2_EXT_BACKING_FORMAT) {
+      off += 8 + padded;
+      if (!format || x->format_at)
+        continue;
+      x->format_at = o;
+      padded = fpad;
+      be32_put (out + o, QCOW2_EXT_BACKING_FORMAT);
+      be32_put (out + o + 4, flen);
+      memcpy (out + o + 8, format, flen);
+    }
+    else {
+      if (type == QCOW2_EXT_BITMAPS)
+        x->bitmaps_at = o;
+      memcpy (out + o, head + off, 8 + padded);
+      off += 8 + padded;
+    }
+    o += 8 + padded;
+    if (o > size - 8)
+      return -ENOTSUP;
+  }
+  if (format && !x->format_at) {
+    if (o + 8 + fpad > size - 8)
+      return -ENOTSUP;
+    x->format_at = o;
+    be32_put (out + o, QCOW2_EXT_BACKING_FORMAT);
+    be32_put (out + o + 4, flen);
+    memcpy (out + o + 8, format, flen);
+    o += 8 + fpad;
+  }
+  o += 8;                       /* the end mark: zeros */
+  for (uint64_t i = h->header_length; i < o; i++)
+    if (out[i] != head[i])
+      changed = i + 1;
+  if (o > limit || changed > DETACH_SECTOR)
+    return -ENOTSUP;
+  /* What the old list held past the new one, cleared in the sector. */
+  x->end = MAX (changed, MIN (off + 8, DETACH_SECTOR));
+  memcpy (head + h->header_length, out + h->header_length,
+          x->end - h->header_length);
+  x->new_end = o;
   return 0;
 }
 
 /* Rewrite the header's backing name in one crash-safe step: the new
  * name (if any) is written past everything the header cluster holds,
- * and made durable; then the fields that point at it, and the backing
- * format extension when it changes, are written in one write within
- * the first sector.  Before the second write the image opens with its
- * old chain, after it with the new one.
+ * and made durable; then the fields that point at it, and the
+ * extensions when the backing format changes, are written in one write
+ * within the first sector.  Before the second write the image opens
+ * with its old chain, after it with the new one.
  */
 static int
 stream_detach_write_header (struct qcow2_image *img, const char *name,
@@ -57,57 +146,75 @@ stream_detach_write_header (struct qcow2_image *img, const char *name,
   TSA_REQUIRES (img->lock)
 {
   struct qcow2_header *h = &img->h;
-  uint8_t sector[512];
+  struct stream_detach_exts x = { 0 };
+  size_t size = MIN (DETACH_HEAD, img->geo.cluster_size);
+  CLEANUP_FREE uint8_t *head = malloc (size);
   uint64_t at = 0, len = name ? strlen (name) : 0, first = HDR_BACKING_OFFSET;
   uint64_t last = HDR_BACKING_SIZE + 4;
+  bool exts = format ? !h->backing_format ||
+                       strcmp (format, h->backing_format) != 0
+                     : h->backing_format != NULL;
   int r;
 
+  if (!head)
+    return -errno;
+  r = img->io->ops->pread (img->io, head, size, 0);
+  if (r < 0) {
+    log_error (img, "reading the header: %s", errstr (-r));
+    return r;
+  }
   if (name) {
-    at = (h->names_end + 7) & ~UINT64_C (7);
+    /* Past the format extension the list may gain (16 bytes). */
+    at = (h->names_end + (exts ? 16 : 0) + 7) & ~UINT64_C (7);
     if (len > QCOW2_MAX_BACKING_NAME || at < h->names_end ||
         range_exceeds (at, len, img->geo.cluster_size)) {
       log_notice (img, "stream: no room in the header cluster for the name "
                   "of the base \"%s\": the backing link is kept", name);
       return -ENOSPC;
     }
-    if ((r = io_write_meta (img, name, len, at, "backing file name",
-                            OL (MAIN_HEADER))) < 0 ||
-        (r = io_flush (img)) < 0)
+  }
+  if (exts &&
+      (r = stream_detach_exts (h, head, size, format, name ? at : size,
+                               &x)) < 0) {
+    if (r != -ENOTSUP)
       return r;
-  }
-  r = img->io->ops->pread (img->io, sector, sizeof sector, 0);
-  if (r < 0) {
-    log_error (img, "reading the header: %s", errstr (-r));
-    return r;
-  }
-  be64_put (sector + HDR_BACKING_OFFSET, at);
-  be32_put (sector + HDR_BACKING_SIZE, len);
-  if (format && h->backing_format &&
-      strcmp (format, h->backing_format) != 0) {
-    uint64_t ext = h->backing_format_ext;
-    size_t flen = strlen (format);
-
-    /* "raw" and "qcow2" both pad to 8 bytes: the extension keeps its
-     * size, so what follows it stays in place.
+    /* The old format stays with no backing file (QEMU ignores it), or
+     * none is recorded for the base (QEMU probes it).
      */
-    if (ext == 0 || ext + 16 > sizeof sector ||
-        ((strlen (h->backing_format) + 7) & ~7u) != 8) {
+    if (!format || !h->backing_format) {
+      log_debug (img, "stream: the header extensions cannot be rewritten "
+                 "in one sector: the backing format extension is left as "
+                 "it is");
+      exts = false;
+    }
+    else {
       log_notice (img, "stream: the backing format extension cannot be "
                   "rewritten in one step: the backing link is kept");
       return -ENOTSUP;
     }
-    be32_put (sector + ext + 4, flen);
-    memset (sector + ext + 8, 0, 8);
-    memcpy (sector + ext + 8, format, flen);
-    last = MAX (last, ext + 16);
   }
-  if ((r = io_write_meta (img, sector + first, last - first, first,
+  if (name &&
+      ((r = io_write_meta (img, name, len, at, "backing file name",
+                           OL (MAIN_HEADER))) < 0 ||
+       (r = io_flush (img)) < 0))
+    return r;
+  be64_put (head + HDR_BACKING_OFFSET, at);
+  be32_put (head + HDR_BACKING_SIZE, len);
+  if (exts)
+    last = MAX (last, x.end);
+  if ((r = io_write_meta (img, head + first, last - first, first,
                           "header", OL (MAIN_HEADER))) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
   h->backing_file_offset = at;
   h->backing_file_size = len;
   h->names_end = MAX (h->names_end, at + len);
+  if (exts) {
+    h->backing_format_ext = x.format_at;
+    if (h->has_bitmaps_ext && x.bitmaps_at)
+      h->bitmaps_field_offset = x.bitmaps_at + 8 + 16;
+    h->names_end = MAX (h->names_end, x.new_end);
+  }
   return 0;
 }
 
@@ -133,9 +240,8 @@ int
 stream_detach (struct qcow2_image *img, struct qcow2_image *base)
 {
   struct qcow2_image *dropped = NULL;
-  CLEANUP_FREE char *name = NULL;
-  const char *format;
-  char *old_name;
+  CLEANUP_FREE char *name = NULL, *format = NULL;
+  char *old;
   int r;
 
   if (!stream_detach_sizes_agree (img, base)) {
@@ -158,17 +264,12 @@ stream_detach (struct qcow2_image *img, struct qcow2_image *base)
     dropped = img->backing;
     above->backing = NULL;
     img->backing = base;
-    old_name = img->h.backing_file;
+    old = img->h.backing_file;
     img->h.backing_file = name;
-    name = old_name;
-    if (format) {
-      char *f = strdup (format);
-
-      if (f) {
-        free (img->h.backing_format);
-        img->h.backing_format = f;
-      }
-    }
+    name = old;
+    old = img->h.backing_format;
+    img->h.backing_format = format;
+    format = old;
   }
   image_unlock (img);
   image_data_unlock (img);

@@ -19,8 +19,9 @@
  * One step (at most STREAM_STEP bytes) is in flight at a time; before
  * each the job waits, for a bounded time, while clients have requests
  * in flight, and keeps to the rate asked.  A step that fails for want
- * of space ends the job; other failures (a remote layer down) are
- * retried, waiting longer each time up to a bound.
+ * of space ends the job; other failures of a step or of a count of
+ * what is left (a remote layer down) are retried, waiting longer each
+ * time up to a bound.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -32,8 +33,8 @@
 #include "checked.h"
 #include "errstr.h"
 #include "internal.h"
+#include "humansize.h"
 #include "monotonic.h"
-#include "iszero.h"
 
 #define STREAM_STEP (1u << 20)
 /* While clients have requests in flight, the job waits this long at
@@ -48,6 +49,8 @@
 #define STREAM_RETRIES 25
 /* What is copied is flushed this often. */
 #define STREAM_FLUSH_NS (1000 * 1000000LL)
+/* The total is counted again at most this often (see stream_copy). */
+#define STREAM_RECOUNT_NS (1000 * 1000000LL)
 /* Passes that find work left but copy nothing before the job stops. */
 #define STREAM_IDLE_PASSES 5
 
@@ -57,12 +60,20 @@ struct qcow2_stream {
   struct qcow2_stream_options opts;
   pthread_t thread;
   bool started;
-  pthread_mutex_t lock;         /* guards stop, state; cond signals stop */
+  char *base_name;              /* stream-base= as given, or NULL */
+  pthread_mutex_t lock;         /* guards stop, state, counted; cond
+                                 * signals stop
+                                 */
   pthread_cond_t cond;
   bool stop;
   enum qcow2_stream_state state;
+  bool counted;                 /* total known */
   uint64_t total, done;         /* atomic */
-  uint64_t pos;                 /* the job's own: where the pass is */
+  /* The job's own: where the pass is, when the last count ended and
+   * how long it took.
+   */
+  uint64_t pos;
+  int64_t counted_at, count_ns;
 };
 
 static void
@@ -136,11 +147,11 @@ stream_top_gap (struct qcow2_image *img, uint64_t c, uint64_t *mask)
 
 /* Whether a layer above the base holds something of [offset,
  * offset+len): *n, how far the answer holds.  A layer shorter than
- * offset reads as zeros there, so holds it; a raw layer holds what its
- * storage does not report as reading zeros (the bottom layer's zeros
- * read the same once it is gone).  Remote storage keeps what its
- * server said (see status in io.h): asking a cluster at a time costs
- * no round trip.
+ * offset reads as zeros there, so holds it.  A raw layer holds all it
+ * covers, its holes included: what its storage reports as zeros is
+ * not taken on trust (a server may claim zeros over data), but read
+ * and compared, as QEMU's copy-on-read does: the copy (fill.c) makes
+ * zero clusters of what reads as zeros.
  */
 static int
 stream_held_below (struct qcow2_stream *s, uint64_t offset, uint64_t len,
@@ -153,25 +164,11 @@ stream_held_below (struct qcow2_stream *s, uint64_t offset, uint64_t len,
     struct qcow2_run run;
     int r;
 
-    if (offset >= l->size) {
+    if (offset >= l->size || l->raw) {
       *held = true;
       return 0;
     }
     *n = MIN (*n, l->size - offset);
-    if (l->raw) {
-      uint32_t type = 0;
-      uint64_t got = *n;
-
-      if (l->io->ops->status &&
-          (r = l->io->ops->status (l->io, offset, *n, &type, &got)) < 0) {
-        log_error (l, "finding holes at %#" PRIx64 ": %s", offset,
-                   errstr (-r));
-        return r;
-      }
-      *n = MAX (MIN (got, *n), 1);
-      *held = !(type & QCOW2_EXTENT_ZERO) || l->backing;
-      return 0;
-    }
     image_lock (l);
     r = cluster_map (l, offset, *n, &run);
     image_unlock (l);
@@ -377,36 +374,93 @@ stream_pace (struct qcow2_stream *s, int64_t started, uint64_t copied)
   return stream_stopping (s);
 }
 
-/* A step failed with r: whether to retry it (after a wait), said. */
-static bool
-stream_retry (struct qcow2_stream *s, int r, unsigned *failures)
+/* A remote step failed with r (what says which, for the notice): 0 to
+ * retry it, after a wait said, else what the job ends with
+ * (-ECANCELED: told to stop meanwhile).
+ */
+static int
+stream_retry (struct qcow2_stream *s, const char *what, int r,
+              unsigned *failures)
 {
   unsigned wait = 1;
+  enum qcow2_stream_state was;
 
+  if (r == -ECANCELED)
+    return r;
   if (r == -ENOSPC || r == -EDQUOT || r == -EFBIG) {
     log_notice (s->img, "stream: no space left for the copy at offset "
                 "%" PRIu64 ": the job stops\n"
                 "the image is consistent: start the job again with "
                 "stream=true once there is room", s->pos);
-    return false;
+    return r;
   }
   if (!qcow2_can_write (s->img) || ++*failures > STREAM_RETRIES) {
-    log_notice (s->img, "stream: copying at offset %" PRIu64 " failed "
-                "(%s)%s: the job stops", s->pos, errstr (-r),
+    log_notice (s->img, "stream: %s failed (%s)%s: the job stops", what,
+                errstr (-r),
                 *failures > STREAM_RETRIES ? ", too many times" : "");
-    return false;
+    return r;
   }
   for (unsigned i = 1; i < *failures && wait < STREAM_RETRY_MAX_S; i++)
     wait *= 2;
   wait = MIN (wait, STREAM_RETRY_MAX_S);
-  log_notice (s->img, "stream: copying at offset %" PRIu64 " failed (%s): "
-              "retrying in %u s (attempt %u of %u)", s->pos, errstr (-r),
-              wait, *failures, STREAM_RETRIES);
-  stream_set_state (s, QCOW2_STREAM_WAITING);
+  log_notice (s->img, "stream: %s failed (%s): retrying in %u s (attempt "
+              "%u of %u)", what, errstr (-r), wait, *failures,
+              STREAM_RETRIES);
+  pthread_mutex_lock (&s->lock);
+  was = s->state;
+  s->state = QCOW2_STREAM_WAITING;
+  pthread_mutex_unlock (&s->lock);
   if (stream_sleep (s, wait * 1000000000LL))
-    return false;
-  stream_set_state (s, QCOW2_STREAM_RUNNING);
-  return true;
+    return -ECANCELED;
+  stream_set_state (s, was);
+  return 0;
+}
+
+/* Count the bytes left to copy, retried as a step is (a remote layer's
+ * L2 tables are read), and make the total what is copied and what is
+ * left: clients' writes and trims take ranges over, so it shrinks.
+ */
+static int
+stream_recount (struct qcow2_stream *s, unsigned *failures, uint64_t *left)
+{
+  int64_t t0 = (int64_t) monotonic_ns ();
+  int r;
+
+  while ((r = stream_count (s, left)) < 0)
+    if ((r = stream_retry (s, "counting what to copy", r, failures)) < 0)
+      return r;
+  *failures = 0;
+  __atomic_store_n (&s->total, __atomic_load_n (&s->done, __ATOMIC_RELAXED)
+                    + *left, __ATOMIC_RELAXED);
+  s->counted_at = (int64_t) monotonic_ns ();
+  s->count_ns = s->counted_at - t0;
+  pthread_mutex_lock (&s->lock);
+  s->counted = true;
+  pthread_mutex_unlock (&s->lock);
+  return 0;
+}
+
+/* After a step that copied found bytes: the notice of a tenth passed
+ * (one a step at most, the true percentage; the last is the end's).
+ */
+static void
+stream_progress_notice (struct qcow2_stream *s, uint64_t found,
+                        unsigned *tenth)
+{
+  uint64_t done = __atomic_add_fetch (&s->done, found, __ATOMIC_RELAXED);
+  uint64_t total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
+  char d[HUMAN_SIZE_LEN], t[HUMAN_SIZE_LEN];
+
+  if (s->opts.debug)
+    log_debug (s->img, "stream: copied %" PRIu64 " bytes up to offset "
+               "%" PRIu64 " (%" PRIu64 " of %" PRIu64 ")", found, s->pos,
+               done, total);
+  if (done < total && done * 10 >= (*tenth + 1) * total) {
+    *tenth = done * 10 / total;
+    log_notice (s->img, "stream: %u%% copied (%s of %s)",
+                (unsigned) (done * 100 / total), human_size (d, done),
+                human_size (t, total));
+  }
 }
 
 /* Copy all there is: 0 when nothing is left, else -errno. */
@@ -416,6 +470,7 @@ stream_copy (struct qcow2_stream *s, int64_t started)
   uint64_t copied = 0, left;
   unsigned failures = 0, idle = 0, tenth = 0;
   int64_t flushed = (int64_t) monotonic_ns ();
+  char what[64];
   int r;
 
   for (;;) {
@@ -424,19 +479,23 @@ stream_copy (struct qcow2_stream *s, int64_t started)
     s->pos = 0;
     for (;;) {
       uint64_t found;
+      int64_t now;
 
       if (stream_pace (s, started, copied))
         return -ECANCELED;
       r = stream_step (s, &found);
       if (r < 0) {
-        if (!stream_retry (s, r, &failures))
+        snprintf (what, sizeof what, "copying at offset %" PRIu64, s->pos);
+        if ((r = stream_retry (s, what, r, &failures)) < 0)
           return r;
         continue;
       }
       failures = 0;
       /* What is copied is kept, for a start after a crash to go on. */
-      if ((int64_t) monotonic_ns () - flushed > STREAM_FLUSH_NS || found == 0) {
-        if ((r = qcow2_flush (s->img)) < 0 && !stream_retry (s, r, &failures))
+      now = (int64_t) monotonic_ns ();
+      if (now - flushed > STREAM_FLUSH_NS || found == 0) {
+        if ((r = qcow2_flush (s->img)) < 0 &&
+            (r = stream_retry (s, "flushing the copy", r, &failures)) < 0)
           return r;
         flushed = (int64_t) monotonic_ns ();
       }
@@ -444,26 +503,19 @@ stream_copy (struct qcow2_stream *s, int64_t started)
         break;
       copied += found;
       pass_copied += found;
-      uint64_t done = __atomic_add_fetch (&s->done, found, __ATOMIC_RELAXED);
-      uint64_t total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
-      if (s->opts.debug)
-        log_debug (s->img, "stream: copied %" PRIu64 " bytes up to offset "
-                   "%" PRIu64 " (%" PRIu64 " of %" PRIu64 ")", found,
-                   s->pos, done, total);
-      /* One notice a step at most, at the last tenth it passed. */
-      if (total && tenth < 9 && done * 10 >= (tenth + 1) * total) {
-        tenth = MIN (done * 10 / total, 9);
-        log_notice (s->img, "stream: %u%% copied (%" PRIu64 " of %" PRIu64
-                    " bytes)", tenth * 10, MIN (done, total), total);
-      }
+      /* Counted again now and then (a twentieth of the time at most),
+       * for the total to follow what clients took over.
+       */
+      if (now - s->counted_at > MAX (STREAM_RECOUNT_NS, 20 * s->count_ns) &&
+          (r = stream_recount (s, &failures, &left)) < 0)
+        return r;
+      stream_progress_notice (s, found, &tenth);
     }
-    if ((r = stream_count (s, &left)) < 0)
+    if ((r = stream_recount (s, &failures, &left)) < 0)
       return r;
     if (left == 0)
       return 0;
     /* Clusters claimed by clients, or written meanwhile: again. */
-    __atomic_store_n (&s->total, __atomic_load_n (&s->done, __ATOMIC_RELAXED)
-                      + left, __ATOMIC_RELAXED);
     idle = pass_copied ? 0 : idle + 1;
     if (idle >= STREAM_IDLE_PASSES) {
       log_notice (s->img, "stream: %" PRIu64 " bytes cannot be copied (the "
@@ -481,22 +533,31 @@ stream_thread (void *arg)
 {
   struct qcow2_stream *s = arg;
   int64_t started = (int64_t) monotonic_ns ();
-  uint64_t total;
+  uint64_t first, done;
+  unsigned failures = 0;
+  char h[HUMAN_SIZE_LEN], rest[128] = "";
   int r;
 
-  if ((r = stream_count (s, &total)) < 0)
+  if ((r = stream_recount (s, &failures, &first)) < 0)
     goto out;
-  __atomic_store_n (&s->total, total, __ATOMIC_RELAXED);
-  log_notice (s->img, "stream: started: %" PRIu64 " bytes to copy%s%s%s",
-              total, s->base ? " (down to the base \"" : "",
-              s->base ? s->base->path : "", s->base ? "\")" : "");
+  log_notice (s->img, "stream: started: %" PRIu64 " bytes to copy (%s%s%s%s)",
+              first, human_size (h, first),
+              s->base ? ", down to the base \"" : "",
+              s->base ? s->base->path : "", s->base ? "\"" : "");
   if ((r = stream_copy (s, started)) < 0)
     goto out;
   double secs = ((int64_t) monotonic_ns () - started) / 1e9;
-  uint64_t done = __atomic_load_n (&s->done, __ATOMIC_RELAXED);
-  log_notice (s->img, "stream: done: %" PRIu64 " bytes copied in %.1f s "
-              "(%.1f MiB/s)", done, secs,
-              secs > 0 ? done / secs / (1 << 20) : 0.0);
+  done = __atomic_load_n (&s->done, __ATOMIC_RELAXED);
+  /* The start's count, less what clients took over, is what was
+   * copied: both said.
+   */
+  if (done < first)
+    snprintf (rest, sizeof rest, "; clients' writes and trims took over "
+              "the other %" PRIu64 " bytes counted at the start",
+              first - done);
+  log_notice (s->img, "stream: done: %" PRIu64 " bytes copied (%s) in "
+              "%.1f s (%.1f MiB/s)%s", done, human_size (h, done), secs,
+              secs > 0 ? done / secs / (1 << 20) : 0.0, rest);
   if (s->opts.keep_backing)
     log_notice (s->img, "stream: stream-detach=false: the backing link "
                 "is kept");
@@ -583,6 +644,10 @@ qcow2_stream_new (struct qcow2_image *img,
   s->base = base;
   s->opts = *opts;
   s->opts.base = NULL;
+  if (opts->base && !(s->base_name = strdup (opts->base))) {
+    free (s);
+    return NULL;
+  }
   s->state = QCOW2_STREAM_STARTING;
   pthread_mutex_init (&s->lock, NULL);
   pthread_cond_init (&s->cond, NULL);
@@ -612,7 +677,9 @@ qcow2_stream_progress (struct qcow2_stream *s,
 {
   pthread_mutex_lock (&s->lock);
   p->state = s->state;
+  p->counted = s->counted;
   pthread_mutex_unlock (&s->lock);
+  p->base = s->base_name;
   p->total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
   p->done = MIN (__atomic_load_n (&s->done, __ATOMIC_RELAXED), p->total);
 }
@@ -631,6 +698,7 @@ qcow2_stream_free (struct qcow2_stream *s)
   }
   pthread_mutex_destroy (&s->lock);
   pthread_cond_destroy (&s->cond);
+  free (s->base_name);
   free (s);
 }
 

@@ -117,8 +117,10 @@ static const struct glue_option overlay_options[] = {
   { "qcow2-overlay-on-cache", GLUE_FN, .fn = overlay_config_on_cache },
   { "qcow2-overlay-force", GLUE_BOOL, .dest = &overlay_force },
   { "qcow2-overlay-stream", GLUE_BOOL, .dest = &glue_stream.on },
-  { "qcow2-overlay-stream-rate", GLUE_SIZE, .dest = &glue_stream.rate },
-  { "qcow2-overlay-stream-detach", GLUE_BOOL, .dest = &glue_stream.detach },
+  { "qcow2-overlay-stream-rate", GLUE_SIZE, .dest = &glue_stream.rate,
+    .given = &glue_stream.rate_given },
+  { "qcow2-overlay-stream-detach", GLUE_BOOL, .dest = &glue_stream.detach,
+    .given = &glue_stream.detach_given },
 };
 
 int
@@ -265,6 +267,8 @@ overlay_config_complete (bool create, bool chain)
     glue.create.size != -1 ? "virtual-size= (FILE's disk is as large as "
     "the plugin's)" : NULL;
 
+  if (glue_stream_config_complete ("qcow2-overlay-stream") == -1)
+    return -1;
   if (!overlay_file) {
     if (overlay_backing || overlay_on_read || overlay_on_read_path ||
         overlay_on_cache != -1 || overlay_force || glue_stream.on) {

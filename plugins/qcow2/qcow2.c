@@ -140,8 +140,10 @@ static const struct glue_option plugin_options[] = {
   { "size", GLUE_FN, true, .fn = glue_config_create_size },
   { "stream", GLUE_BOOL, .dest = &glue_stream.on },
   { "stream-base", GLUE_STRING, .dest = &glue_stream.base },
-  { "stream-rate", GLUE_SIZE, .dest = &glue_stream.rate },
-  { "stream-detach", GLUE_BOOL, .dest = &glue_stream.detach },
+  { "stream-rate", GLUE_SIZE, .dest = &glue_stream.rate,
+    .given = &glue_stream.rate_given },
+  { "stream-detach", GLUE_BOOL, .dest = &glue_stream.detach,
+    .given = &glue_stream.detach_given },
 };
 
 static int
@@ -196,6 +198,8 @@ plugin_config_complete (void)
       glue.create.opts.preallocation == QCOW2_PREALLOC_OFF)
     glue.create.opts.preallocation = QCOW2_PREALLOC_METADATA;
   glue.engine.data_file = data_file;
+  if (glue_stream_config_complete ("stream") == -1)
+    return -1;
   return glue_config_complete ();
 }
 
