@@ -6,7 +6,7 @@
 #  - images appear and disappear with the folder's files, no restart;
 #  - the empty name is refused unless default-export= names one;
 #  - export names are untrusted: '/', "..", a leading '.', control
-#    bytes, more than 255 bytes, a link leading out of the folder are
+#    bytes, NUL, more than 255 bytes, a link leading out of the folder are
 #    refused, one line naming the export and why, nothing outside the
 #    folder opened (the image outside stays unlocked);
 #  - file= and dir= exclude each other; dir='s keys need dir=.
@@ -51,7 +51,28 @@ except nbd.Error:
 sys.exit(1)
 " "$n" "$unixsocket" || { echo "served: [$n]"; exit 1; }
   done
+  # Refused before anything was opened: the image outside is unlocked.
+  qemu-img info "$tmp/outside.qcow2" > /dev/null
   nbdinfo --size "nbd+unix:///alias?socket=$unixsocket" > "$tmp/alias.size"
+  # A NUL byte, by hand (libnbd cannot send one): refused (by nbdkit).
+  /usr/bin/python3 - "$unixsocket" <<"PY"
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rwb")
+assert f.read(18)[:16] == b"NBDMAGICIHAVEOPT"
+name = b"vm1\0../../outside.qcow2"
+data = struct.pack(">I", len(name)) + name + struct.pack(">H", 0)
+f.write(struct.pack(">I", 3) + b"IHAVEOPT" +
+        struct.pack(">II", 7, len(data)) + data)          # NBD_OPT_GO
+f.flush()
+while True:
+    _, _, typ, n = struct.unpack(">QIII", f.read(20))
+    f.read(n)
+    if typ != 3:                                          # NBD_REP_INFO
+        break
+assert typ & 0x80000000, "a name holding a NUL byte was served"
+PY
 ' 2> "$tmp/err" || { cat "$tmp/err"; fail "serving dir="; }
 
 python3 - "$tmp/list.json" <<'PY' || fail "the listing: $(cat "$tmp/list.json")"
