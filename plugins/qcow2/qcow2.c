@@ -1119,7 +1119,8 @@ fleet_describe (const char *name, const char *path)
 
   lock_acquire (&fleet.lock);
   for (struct plugin_export *e = fleet.exports; e; e = e->next)
-    if (e->state == EXPORT_OPEN && strcmp (e->path, path) == 0) {
+    if (e->state == EXPORT_OPEN && !e->stale &&
+        strcmp (e->path, path) == 0) {
       s = fleet_info_text (e->image);
       lock_release (&fleet.lock);
       return s;
@@ -1483,7 +1484,8 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
   glue_stream_enter ();
-  int r = qcow2_write (plugin_image (handle), buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  int r = qcow2_write (plugin_image (handle), buf, count, offset,
+                       flags & NBDKIT_FLAG_FUA);
   glue_stream_leave ();
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -1491,7 +1493,8 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
 static int
 plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_zero (plugin_image (handle), count, offset, flags & NBDKIT_FLAG_MAY_TRIM,
+  int r = qcow2_zero (plugin_image (handle), count, offset,
+                      flags & NBDKIT_FLAG_MAY_TRIM,
                       flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -1499,7 +1502,8 @@ plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_trim (plugin_image (handle), count, offset, flags & NBDKIT_FLAG_FUA);
+  int r = qcow2_trim (plugin_image (handle), count, offset,
+                      flags & NBDKIT_FLAG_FUA);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -1523,8 +1527,9 @@ static int
 plugin_extents (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
 {
-  int r = qcow2_extents (plugin_image (handle), offset, count, flags & NBDKIT_FLAG_REQ_ONE,
-                         plugin_add_extent, extents);
+  int r = qcow2_extents (plugin_image (handle), offset, count,
+                         flags & NBDKIT_FLAG_REQ_ONE, plugin_add_extent,
+                         extents);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
