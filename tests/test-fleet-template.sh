@@ -86,4 +86,6 @@ qio "$d/race.qcow2" "read -P 0x33 0 1M" "read -P 8 $(((2 << 20) + 7 * 4096)) 4K"
 for bad in -x "a b" "x!" _y; do [ ! -e "$d/$bad" ] || fail "made $bad"; done
 
 expect_refused 'missing.qcow2' qcow2 dir="$d" template=missing.qcow2
+expect_refused 'template= makes images to write: not with readonly=true' \
+  -r qcow2 dir="$d" template=golden.qcow2
 echo "$0: ok"

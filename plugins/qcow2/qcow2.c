@@ -1227,10 +1227,17 @@ fleet_get_ready (void)
     nbdkit_error ("dir: %s: %s", fleet.dir, errstr (errno));
     return -1;
   }
+  if (fleet.template && (glue.engine.readonly || glue_server_readonly ())) {
+    nbdkit_error ("template= makes images to write: not with readonly=true "
+                  "or nbdkit -r");
+    return -1;
+  }
   if (fleet.template) {
     opts.backing = fleet.template;
-    if (asprintf (&named, "%s/new", fleet.dir) == -1)
+    if (asprintf (&named, "%s/new", fleet.dir) == -1) {
+      nbdkit_error ("dir: %s", errstr (errno));
       return -1;
+    }
     r = plugin_create_options (named, &opts, glue.create.size);
     free (named);
   }
