@@ -5,7 +5,8 @@
 # served keeps its clients, a new client gets the new file of that
 # name or nothing; the base of an overlay in use, asked for as a
 # writable export, is refused by its locks (as QEMU's), and served
-# once the overlay is idle.
+# once the overlay is idle; password= opens an encrypted image each
+# time it is opened.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
@@ -83,4 +84,19 @@ grep -q 'base.qcow2: failed to get "write" lock' "$tmp/err" &&
 qemu-img check -q "$d/vm1" && qemu-img check -q "$d/base.qcow2" ||
   fail "qemu-img check"
 qio "$d/vm1" "read -P 0x4f 0 512"
+
+# password=: kept for the images opened later, each time one is.
+e="$tmp/enc"
+mkdir "$e"
+qemu_img_pbkdf create -q --object secret,id=sec0,data=pw -f qcow2 \
+  -o encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10 \
+  "$e/disk" 1M || fail "qemu-img create (LUKS)"
+nbdkit -U - qcow2 dir="$e" password=pw idle-close=0 --run '
+  set -e
+  for i in 1 2; do
+    nbdsh -u "nbd+unix:///disk?socket=$unixsocket" -c "h.pwrite(b\"E\" * 512, 0)"
+    sleep 0.3
+  done
+' || fail "an encrypted image, opened twice"
+QEMU_SECRET=pw qio "$e/disk" "read -P 0x45 0 512"
 echo "$0: ok"
