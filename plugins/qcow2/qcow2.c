@@ -199,6 +199,8 @@ plugin_unload (void)
   free (data_file_name);
   glue_unload ();
   free (create_backing);
+  if (fleet.dirfd >= 0)
+    close (fleet.dirfd);
   free (fleet.dir);
   free (fleet.default_export);
   free (fleet.template);
