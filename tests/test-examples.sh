@@ -66,6 +66,9 @@ grep -q 'cluster_size: 4096' "$tmp/nbdkit-qcow2-plugin.pod.log" ||
   fail "the plugin's options= example made another image"
 grep -q 'Images are identical' "$tmp/nbdkit-qcow2-plugin.pod.log" ||
   fail "the plugin's overlay example wrote its base"
+grep -q 'export="vm1.qcow2"' "$tmp/nbdkit-qcow2-plugin.pod.log" &&
+  grep -q 'backing file: golden.qcow2' "$tmp/nbdkit-qcow2-plugin.pod.log" ||
+  fail "the plugin's dir= example made no overlay of golden.qcow2"
 if [ -n "$units" ]; then
   grep -qx '21474836480' "$tmp/nbdkit-qcow2-plugin.pod.log" ||
     fail "the systemd unit's disk: $(cat "$tmp/nbdkit-qcow2-plugin.pod.log")"

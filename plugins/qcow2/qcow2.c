@@ -1,17 +1,24 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit qcow2 plugin: the glue between nbdkit and the qcow2 engine in
- * common/qcow2.  The image is opened once, in get_ready, and shared by
- * every connection; the engine does its own locking.
+ * common/qcow2.  Open images are kept in one table (fleet), each shared
+ * by every connection to its export; the engine does its own locking.
+ * file=: one image, opened in get_ready, held to the end.  dir=: every
+ * image of a folder is an export of its name, opened at its first
+ * client's open and closed idle-close= seconds after its last one left.
  */
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NBDKIT_API_VERSION 2
@@ -20,17 +27,161 @@
 #include "errstr.h"
 #include "fileio.h"
 #include "glue.h"
+#include "lock.h"
 #include "qcow2.h"
 
 static char *filename;
 /* data-file=: absolute (opened), and as given (recorded by create=). */
 static char *data_file;
 static char *data_file_name;
-static struct qcow2_image *image;
+
+/* An open image, and the handle of each connection to it. */
+struct plugin_export {
+  struct plugin_export *next;
+  char *name;                   /* the export name (file=: the file's) */
+  char *path;                   /* the file opened, every link resolved */
+  struct qcow2_image *image;    /* NULL while opening */
+  /* The engine's environment of the image (dir=: quiet while a first
+   * try may fail, see fleet_open_image).
+   */
+  struct qcow2_env env;
+  enum { EXPORT_OPENING, EXPORT_OPEN, EXPORT_CLOSING } state;
+  /* Deleted or replaced in the folder since it was opened: served to
+   * its clients still, found by no new one, closed when they leave.
+   */
+  bool stale;
+  dev_t dev;
+  ino_t ino;
+  unsigned users;               /* connections (file=: one more, held) */
+  struct timespec idle_since;   /* when users fell to 0 */
+};
+
+/* The table of open images, and dir='s keys.  Its fields are guarded
+ * by lock (clang 14 cannot mark fields of a C struct guarded: the
+ * functions using them are marked TSA_REQUIRES (&fleet.lock)), but the
+ * keys, set before any connection.
+ */
+static struct plugin_fleet {
+  struct lock lock;
+  /* An export's state changed, or the idle sweeper has work. */
+  pthread_cond_t changed;
+  struct plugin_export *exports;
+  unsigned count;               /* entries in exports */
+  pthread_t sweeper;            /* closes idle images (idle_close > 0) */
+  bool sweeper_running, stopping;
+  /* The keys: dir= (resolved), default-export=, template=,
+   * idle-close= (seconds), max-exports= (0: no bound).
+   */
+  char *dir;
+  char *default_export;
+  char *template;
+  uint64_t idle_close;
+  uint64_t max_exports;
+  int dirfd;                    /* dir=, opened */
+  const char *key;              /* the first of those keys given */
+} fleet = {
+  .lock = LOCK_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
+  .idle_close = 5, .dirfd = -1,
+};
 
 /* create=true or create=if-missing: make the image at get_ready. */
 static enum { CREATE_NO, CREATE_YES, CREATE_IF_MISSING } create;
 static char *create_backing;
+
+/* Why dir= refuses an export name, or NULL: a name only ever names a
+ * file directly in the folder, never one outside it, nor a hidden one
+ * (template= makes new images under hidden names).
+ */
+static const char *
+fleet_name_refusal (const char *name)
+{
+  if (strlen (name) > 255)
+    return "it is longer than 255 bytes";
+  if (name[0] == '.')
+    return "it starts with '.'";
+  if (strchr (name, '/'))
+    return "it holds a '/'";
+  if (strstr (name, ".."))
+    return "it holds \"..\"";
+  for (const char *c = name; *c; c++)
+    if ((unsigned char) *c < 0x20 || *c == 0x7f)
+      return "it holds a control byte";
+  return NULL;
+}
+
+/* The entry of the export name (not stale), or NULL. */
+static struct plugin_export *
+fleet_find (const char *name)
+  TSA_REQUIRES (&fleet.lock)
+{
+  for (struct plugin_export *e = fleet.exports; e; e = e->next)
+    if (!e->stale && strcmp (e->name, name) == 0)
+      return e;
+  return NULL;
+}
+
+/* A new entry, in the table. */
+static struct plugin_export *
+fleet_add (const char *name)
+  TSA_REQUIRES (&fleet.lock)
+{
+  struct plugin_export *e = calloc (1, sizeof *e);
+
+  if (!e || !(e->name = strdup (name))) {
+    nbdkit_error ("export \"%s\": %s", name, errstr (errno));
+    free (e);
+    return NULL;
+  }
+  e->state = EXPORT_OPENING;
+  e->users = 1;
+  e->next = fleet.exports;
+  fleet.exports = e;
+  fleet.count++;
+  return e;
+}
+
+/* e out of the table, and freed (its image closed or never opened). */
+static void
+fleet_remove (struct plugin_export *e)
+  TSA_REQUIRES (&fleet.lock)
+{
+  struct plugin_export **p = &fleet.exports;
+
+  while (*p != e)
+    p = &(*p)->next;
+  *p = e->next;
+  fleet.count--;
+  free (e->name);
+  free (e->path);
+  free (e);
+  pthread_cond_broadcast (&fleet.changed);
+}
+
+/* Close the image of e, and drop e.  The lock is let go meanwhile (a
+ * flush may take long), e marked closing: an open of its name waits
+ * (its file's locks are held until it is closed).
+ */
+static void
+fleet_close (struct plugin_export *e)
+  TSA_REQUIRES (&fleet.lock)
+{
+  e->state = EXPORT_CLOSING;
+  lock_release (&fleet.lock);
+  if (e->image && qcow2_close (e->image) < 0)
+    nbdkit_error ("%s: closing the image failed: its last changes may not "
+                  "be durable", e->path);
+  lock_acquire (&fleet.lock);
+  fleet_remove (e);
+}
+
+static void
+fleet_close_all (void)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet.lock);
+  while (fleet.exports)
+    fleet_close (fleet.exports);
+}
 
 static void
 plugin_load (void)
@@ -42,14 +193,17 @@ static void
 plugin_unload (void)
 {
   glue_stream_stop ();
-  if (image && qcow2_close (image) < 0)
-    nbdkit_error ("%s: closing the image failed: its last changes may not "
-                  "be durable", filename);
+  fleet_close_all ();
   free (filename);
   free (data_file);
   free (data_file_name);
   glue_unload ();
   free (create_backing);
+  if (fleet.dirfd >= 0)
+    close (fleet.dirfd);
+  free (fleet.dir);
+  free (fleet.default_export);
+  free (fleet.template);
 }
 
 /* cache=none|writeback (index in the row's words). */
@@ -102,6 +256,48 @@ plugin_config_create (const char *key, const char *value)
   return 0;
 }
 
+/* dir=: a folder, resolved (what is in it is what it holds once
+ * every link is followed).
+ */
+static int
+plugin_config_dir (const char *key, const char *value)
+{
+  char *dir = realpath (value, NULL);
+  struct stat st;
+
+  if (!dir || stat (dir, &st) == -1 || !S_ISDIR (st.st_mode)) {
+    nbdkit_error ("%s: %s: %s", key, value,
+                  dir ? "not a folder" : errstr (errno));
+    free (dir);
+    return -1;
+  }
+  free (fleet.dir);
+  fleet.dir = dir;
+  return 0;
+}
+
+/* The keys that only go with dir=. */
+static int
+plugin_config_fleet (const char *key, const char *value)
+{
+  char **dest = strcmp (key, "template") == 0 ? &fleet.template
+    : strcmp (key, "default-export") == 0 ? &fleet.default_export : NULL;
+
+  if (!fleet.key)
+    fleet.key = strcmp (key, "template") == 0 ? "template"
+      : strcmp (key, "default-export") == 0 ? "default-export"
+      : strcmp (key, "idle-close") == 0 ? "idle-close" : "max-exports";
+  if (strcmp (key, "idle-close") == 0)
+    return glue_parse_number (key, value, "seconds", 86400,
+                              &fleet.idle_close);
+  if (strcmp (key, "max-exports") == 0)
+    return glue_parse_range (key, value, "images", 1, 1000000,
+                             &fleet.max_exports);
+  free (*dest);
+  *dest = strdup (value);
+  return *dest ? 0 : -1;
+}
+
 #define WORDS(...) (const char *const []) { __VA_ARGS__, NULL }
 
 /* The plugin's own keys (glue.c has those the filter takes too). */
@@ -110,6 +306,11 @@ static const struct glue_option plugin_options[] = {
    * resolve against the image's folder.
    */
   { "file", GLUE_PATH, .dest = &filename },
+  { "dir", GLUE_FN, .fn = plugin_config_dir },
+  { "default-export", GLUE_FN, .fn = plugin_config_fleet },
+  { "template", GLUE_FN, .fn = plugin_config_fleet },
+  { "idle-close", GLUE_FN, .fn = plugin_config_fleet },
+  { "max-exports", GLUE_FN, .fn = plugin_config_fleet },
   { "password", GLUE_FN, .any_value = true,
     .fn = glue_config_password },
   /* nbdkit's luks filter calls it passphrase=. */
@@ -164,14 +365,59 @@ plugin_config (const char *key, const char *value)
   return r == 1 ? 0 : -1;
 }
 
+/* dir= and what it cannot take (yet). */
+static int
+plugin_config_fleet_complete (void)
+{
+  const char *why;
+
+  if (filename) {
+    nbdkit_error ("file= and dir= exclude each other: file= serves one "
+                  "image, dir= each image in a folder");
+    return -1;
+  }
+  if (create != CREATE_NO || data_file || create_backing ||
+      glue_stream.on) {
+    nbdkit_error ("%s", create != CREATE_NO
+                  ? "create= makes the image of file=: with dir=, "
+                    "template= makes the images of new exports"
+                  : data_file ? "data-file= names the data file of one "
+                    "image: not with dir="
+                  : create_backing ? "backing=FILE describes the image "
+                    "create= makes: with dir=, template=FILE makes "
+                    "overlays of FILE"
+                  : "stream=true is not supported with dir= yet");
+    return -1;
+  }
+  if (glue.create.first_key && !fleet.template) {
+    nbdkit_error ("%s= describes an image to make: with dir=, it needs "
+                  "template=", glue.create.first_key);
+    return -1;
+  }
+  if (fleet.default_export &&
+      (why = fleet_name_refusal (fleet.default_export))) {
+    nbdkit_error ("default-export=%s: refused: %s", fleet.default_export,
+                  why);
+    return -1;
+  }
+  return 0;
+}
+
 static int
 plugin_config_complete (void)
 {
-  if (!filename) {
-    nbdkit_error ("you must supply the file=<FILENAME> parameter");
+  if (fleet.dir && plugin_config_fleet_complete () == -1)
+    return -1;
+  if (!fleet.dir && fleet.key) {
+    nbdkit_error ("%s= goes with dir=", fleet.key);
     return -1;
   }
-  if (create == CREATE_NO && glue.create.first_key) {
+  if (!filename && !fleet.dir) {
+    nbdkit_error ("you must supply the file=<FILENAME> parameter");
+    glue_hint ("or dir=<DIR>, to serve each image in the folder DIR");
+    return -1;
+  }
+  if (!fleet.dir && create == CREATE_NO && glue.create.first_key) {
     nbdkit_error ("%s= describes an image to make: it needs create=true "
                   "(or create=if-missing)%s", glue.create.first_key,
                   strcmp (glue.create.first_key, "backing") == 0 ?
@@ -203,13 +449,15 @@ plugin_config_complete (void)
   return glue_config_complete ();
 }
 
-/* The backing file of an image being created: its format and, unless
- * size= was given, its size.  Relative names are relative to the new
- * image's folder, as in the header; remote names (URLs, json:) are
- * opened as the engine opens backing files.
+/* The backing file of an image being created at path: its format
+ * into opts (unless given) and, unless *size is set (not -1), its size.
+ * Relative names are relative to the new image's folder, as in the
+ * header; remote names (URLs, json:) are opened as the engine opens
+ * backing files.
  */
 static int
-plugin_probe_backing (void)
+plugin_probe_backing (const char *path, const char *backing,
+                      struct qcow2_create_options *opts, int64_t *size)
 {
   /* An encrypted backing file opens with its own password. */
   struct qcow2_options probe = {
@@ -221,45 +469,44 @@ plugin_probe_backing (void)
   struct qcow2_image *b = NULL;
   struct qcow2_io *io;
   const char *named_format;
-  char *path = NULL;
+  char *resolved = NULL;
   int r = -1;
 
-  io = qcow2_open_name (&glue_env, filename, create_backing, &path,
-                        &named_format);
+  io = qcow2_open_name (&glue_env, path, backing, &resolved, &named_format);
   if (!io)
     goto out;
-  if (!glue.create.opts.backing_format)
-    glue.create.opts.backing_format = named_format;
-  if (!glue.create.opts.backing_format) {
+  if (!opts->backing_format)
+    opts->backing_format = named_format;
+  if (!opts->backing_format) {
     if (qcow2_probe (io) == 1)
-      glue.create.opts.backing_format = "qcow2";
+      opts->backing_format = "qcow2";
     else {
       /* A raw file could hold anything, even a qcow2 header later:
        * QEMU made the format of a backing file mandatory for that.
        */
-      nbdkit_error ("backing file %s is not a qcow2 image", path);
+      nbdkit_error ("backing file %s is not a qcow2 image", resolved);
       glue_hint ("if it is a raw image, say so with backing-fmt=raw "
                  "(qemu-img create -F raw)");
       io->ops->close (io);
       goto out;
     }
   }
-  if (strcmp (glue.create.opts.backing_format, "qcow2") == 0) {
-    b = qcow2_open (&glue_env, io, path, &probe);
+  if (strcmp (opts->backing_format, "qcow2") == 0) {
+    b = qcow2_open (&glue_env, io, resolved, &probe);
     if (!b)
       goto out;
-    if (glue.create.size == -1)
-      glue.create.size = qcow2_get_size (b);
+    if (*size == -1)
+      *size = qcow2_get_size (b);
     qcow2_close (b);
   }
   else {
-    if (glue.create.size == -1)
-      glue.create.size = io->ops->size (io);
+    if (*size == -1)
+      *size = io->ops->size (io);
     io->ops->close (io);
   }
-  r = glue.create.size >= 0 ? 0 : -1;
+  r = *size >= 0 ? 0 : -1;
  out:
-  free (path);
+  free (resolved);
   return r;
 }
 
@@ -298,6 +545,26 @@ plugin_create_file (const char *path, enum create_made *made)
   return io;
 }
 
+/* The options of an image to make at path (opts->backing, if any,
+ * probed: its format and, if size is -1, its size): checked.  0, or -1
+ * said.
+ */
+static int
+plugin_create_options (const char *path, struct qcow2_create_options *opts,
+                       int64_t size)
+{
+  if (opts->backing &&
+      plugin_probe_backing (path, opts->backing, opts, &size) == -1)
+    return -1;
+  /* Whole sectors, as qemu-img rounds it. */
+  if (size > INT64_MAX - 511) {
+    nbdkit_error ("size %" PRId64 " is too large", size);
+    return -1;
+  }
+  opts->size = (size + 511) & ~INT64_C (511);
+  return qcow2_create_check (&glue_env, opts) < 0 ? -1 : 0;
+}
+
 /* Everything is checked before the file is touched; then the image is
  * written into a new file, or an empty one (create=if-missing leaves a
  * file that is not empty alone, to be served as it is).
@@ -317,17 +584,10 @@ plugin_create (struct qcow2_io **iop, enum create_made *made)
                   "is the image described", filename);
     return 0;
   }
-  if (create_backing && plugin_probe_backing () == -1)
-    return -1;
-  /* Whole sectors, as qemu-img rounds it. */
-  if (glue.create.size > INT64_MAX - 511) {
-    nbdkit_error ("size %" PRId64 " is too large", glue.create.size);
-    return -1;
-  }
-  glue.create.opts.size = (glue.create.size + 511) & ~INT64_C (511);
   glue.create.opts.backing = create_backing;
   glue.create.opts.data_file = data_file_name;
-  if (qcow2_create_check (&glue_env, &glue.create.opts) < 0)
+  if (plugin_create_options (filename, &glue.create.opts,
+                             glue.create.size) == -1)
     return -1;
 
   /* The data file first, closed again: the engine opens it (and
@@ -377,6 +637,14 @@ plugin_create_undo (enum create_made made)
 
 #define plugin_config_help \
   "[file=]<FILENAME>               (required) The qcow2 image to serve.\n" \
+  "dir=<DIR>                       Or: each qcow2 image in DIR, an export\n" \
+  "                                of its file name.\n" \
+  "default-export=<NAME>           dir=: the export of the empty name.\n" \
+  "template=<FILE>                 dir=: a new export name makes an overlay\n" \
+  "                                of FILE (the create options apply).\n" \
+  "idle-close=<SECS>               dir=: close an image that long after its\n" \
+  "                                last client left (default 5).\n" \
+  "max-exports=<N>                 dir=: at most N images open at once.\n" \
   "backing=none                    Serve the image without its backing file.\n" \
   "data-file=<FILENAME>            Override the external data file (with\n" \
   "                                create=: the one made).\n" \
@@ -406,59 +674,580 @@ plugin_create_undo (enum create_made made)
 
 /* Hints for files that are not qcow2 images (qcow2_open's errno). */
 static void
-plugin_open_hint (int e)
+plugin_open_hint (const char *path, int e)
 {
+  if (fleet.dir)                /* the engine said what the file is */
+    return;
   if (e == ENODATA)
     nbdkit_error ("%s is empty: to make a new image in it, add create=true "
-                  "size=SIZE", filename);
+                  "size=SIZE", path);
   else if (e == EMEDIUMTYPE && create == CREATE_IF_MISSING)
     nbdkit_error ("create=if-missing: %s exists but is not a qcow2 image: "
-                  "it is left as it is", filename);
+                  "it is left as it is", path);
   else if (e == EMEDIUMTYPE)
     nbdkit_error ("if %s is a raw disk image, nbdkit's file plugin serves "
-                  "it: nbdkit file %s", filename, filename);
+                  "it: nbdkit file %s", path, path);
 }
 
-/* Open the image (through io if create= made it), read-write where the
- * file and the user allow it.
+/* Open the image at path (through io if it was just made), read-write
+ * where the file and the user allow it: the image, *readonly saying
+ * how it is served, or NULL (said; if quiet, as debug messages only).
  */
-static int
-plugin_open_image (struct qcow2_io *io)
+static struct qcow2_image *
+plugin_open_image (const char *path, struct qcow2_io *io, bool *readonly,
+                   const struct qcow2_env *env, bool quiet)
 {
   bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
+  /* A copy: each export of dir= opens its image with these. */
+  struct qcow2_options opts = glue.engine;
+  struct qcow2_image *img;
   char *why = NULL;
   int e = 0;
 
   /* A snapshot is served read-only: the file is opened so, and locked
    * as a reader, as qemu-nbd -l does (the notice below says so).
    */
-  glue.engine.readonly = asked_readonly || glue.engine.snapshot;
-  if (!io && !glue.engine.readonly) {
-    io = fileio_open_with (filename, false, &glue_file_options, &why);
+  opts.readonly = asked_readonly || opts.snapshot;
+  if (!io && !opts.readonly) {
+    io = fileio_open_with (path, false, &glue_file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
       e = errno;
-      glue.engine.readonly = true;
+      opts.readonly = true;
     }
   }
-  if (!io && glue.engine.readonly && !why)
-    io = fileio_open_with (filename, true, &glue_file_options, &why);
+  if (!io && opts.readonly && !why)
+    io = fileio_open_with (path, true, &glue_file_options, &why);
   if (!io) {
-    nbdkit_error ("open: %s: %s%s", filename, why ? why : errstr (errno),
-                  glue_file_options.direct && errno == EINVAL ?
-                  " (cache=none needs O_DIRECT)" : "");
+    (quiet ? nbdkit_debug : nbdkit_error)
+      ("open: %s: %s%s", path, why ? why : errstr (errno),
+       glue_file_options.direct && errno == EINVAL ?
+       " (cache=none needs O_DIRECT)" : "");
     free (why);
+    return NULL;
+  }
+  opts.debug_cache = qcow2_debug_cache;
+  img = qcow2_open (env, io, path, &opts);
+  if (!img) {
+    if (!quiet)
+      plugin_open_hint (path, errno);
+    return NULL;
+  }
+  if (glue_opened (img, path, asked_readonly,
+                   e ? nbdkit_printf_intern ("it cannot be opened for "
+                                             "writing: %s", errstr (e))
+                     : NULL) == -1) {
+    qcow2_close (img);
+    return NULL;
+  }
+  *readonly = opts.readonly;
+  return img;
+}
+
+/* The open images that no client uses. */
+static unsigned
+fleet_idle_count (void)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  unsigned n = 0;
+
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet.lock);
+  for (struct plugin_export *e = fleet.exports; e; e = e->next)
+    n += e->state == EXPORT_OPEN && e->users == 0;
+  return n;
+}
+
+static void
+fleet_close_idle (void)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  struct plugin_export *e;
+
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet.lock);
+  do {
+    for (e = fleet.exports; e; e = e->next)
+      if (e->state == EXPORT_OPEN && e->users == 0)
+        break;
+    if (e)
+      fleet_close (e);
+  } while (e);
+}
+
+/* idle-close=: the images of exports idle that long closed, in a
+ * thread of their own, woken when an export falls idle.
+ */
+static void *
+fleet_sweep (void *arg)
+{
+  lock_acquire (&fleet.lock);
+  while (!fleet.stopping) {
+    struct timespec now, next = { 0, 0 };
+    struct plugin_export *e;
+
+    clock_gettime (CLOCK_REALTIME, &now);
+    for (e = fleet.exports; e; e = e->next) {
+      struct timespec due = e->idle_since;
+
+      if (e->state != EXPORT_OPEN || e->users > 0)
+        continue;
+      due.tv_sec += fleet.idle_close;
+      if (due.tv_sec < now.tv_sec ||
+          (due.tv_sec == now.tv_sec && due.tv_nsec <= now.tv_nsec))
+        break;
+      if (next.tv_sec == 0 || due.tv_sec < next.tv_sec ||
+          (due.tv_sec == next.tv_sec && due.tv_nsec < next.tv_nsec))
+        next = due;
+    }
+    if (e)
+      fleet_close (e);
+    else if (next.tv_sec)
+      pthread_cond_timedwait (&fleet.changed, &fleet.lock.mutex, &next);
+    else
+      pthread_cond_wait (&fleet.changed, &fleet.lock.mutex);
+  }
+  lock_release (&fleet.lock);
+  return NULL;
+}
+
+/* The name shown in a message: control bytes as '?', cut at 64 bytes
+ * (a name is untrusted: it must not forge log lines, nor flood them).
+ */
+static const char *
+fleet_shown (const char *name, char buf[72])
+{
+  size_t i;
+
+  for (i = 0; name[i] && i < 64; i++)
+    buf[i] = (unsigned char) name[i] < 0x20 || name[i] == 0x7f ? '?'
+                                                                : name[i];
+  strcpy (buf + i, name[i] ? "..." : "");
+  return buf;
+}
+
+/* The names template= makes images of. */
+static bool
+fleet_creatable (const char *name)
+{
+  static const char more[] = "abcdefghijklmnopqrstuvwxyz"
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-";
+
+  return name[0] && strchr (more, name[0]) && !strchr ("._-", name[0]) &&
+    strspn (name, more) == strlen (name);
+}
+
+/* Whether path (every link resolved) is in dir=. */
+static bool
+fleet_in_dir (const char *path)
+{
+  size_t n = strlen (fleet.dir);
+
+  if (strcmp (fleet.dir, "/") == 0)
+    return path[1] != '\0';
+  return strncmp (path, fleet.dir, n) == 0 && path[n] == '/';
+}
+
+/* template=: the image named (DIR/NAME) made, an overlay of the
+ * template, under a temporary hidden name first, then linked to its
+ * name: a half-made image is never served, and of two servers making
+ * the same name, the second serves the first's.  0 with *iop its file,
+ * locked (NULL: the name was taken meanwhile), or -1 said.
+ */
+static int
+fleet_create (const char *shown, const char *named, struct qcow2_io **iop)
+{
+  struct qcow2_create_options opts = glue.create.opts;
+  enum create_made made;
+  struct qcow2_io *io = NULL;
+  char *tmp = NULL;
+  int fd, r = -1;
+
+  *iop = NULL;
+  opts.backing = fleet.template;
+  if (plugin_create_options (named, &opts, glue.create.size) == -1)
+    return -1;
+  if (asprintf (&tmp, "%s/.new-XXXXXX", fleet.dir) == -1 ||
+      (fd = mkstemp (tmp)) == -1) {
+    nbdkit_error ("export \"%s\": template: making a file in %s: %s", shown,
+                  fleet.dir, errstr (errno));
+    free (tmp);
     return -1;
   }
-  glue.engine.debug_cache = qcow2_debug_cache;
-  image = qcow2_open (&glue_env, io, filename, &glue.engine);
-  if (!image) {
-    plugin_open_hint (errno);
+  close (fd);
+  io = plugin_create_file (tmp, &made);
+  if (!io)
+    goto out;
+  if (qcow2_create (&glue_env, io, &opts) < 0 ||
+      (io->ops->flush && io->ops->flush (io) < 0))
+    goto out;
+  if (link (tmp, named) == -1) {
+    if (errno != EEXIST) {
+      nbdkit_error ("export \"%s\": template: linking %s to %s: %s", shown,
+                    tmp, named, errstr (errno));
+      goto out;
+    }
+    io->ops->close (io);
+    io = NULL;
+  }
+  /* Its name durable with it. */
+  fsync (fleet.dirfd);
+  *iop = io;
+  io = NULL;
+  r = 0;
+ out:
+  if (io)
+    io->ops->close (io);
+  unlink (tmp);
+  free (tmp);
+  return r;
+}
+
+/* Open the image of the export of e (made first if it is missing and
+ * template= is given): 0, or -1 said.  The lock is not held: e is
+ * opening, which no one else touches.
+ */
+static int
+fleet_open_image (struct plugin_export *e, const char *shown)
+{
+  struct qcow2_io *io = NULL;
+  char *named = NULL, *real = NULL;
+  bool made = false, readonly;
+  struct stat st;
+  int r = -1;
+
+  if (asprintf (&named, "%s/%s", fleet.dir, e->name) == -1) {
+    nbdkit_error ("export \"%s\": %s", shown, errstr (errno));
     return -1;
   }
-  return glue_opened (image, filename, asked_readonly,
-                      e ? nbdkit_printf_intern ("it cannot be opened for "
-                                                "writing: %s", errstr (e))
-                        : NULL);
+  real = realpath (named, NULL);
+  if (!real && errno == ENOENT && fleet.template) {
+    if (!fleet_creatable (e->name)) {
+      nbdkit_error ("export \"%s\": no such image in %s, and template= "
+                    "makes only names of [A-Za-z0-9][A-Za-z0-9._-]*", shown,
+                    fleet.dir);
+      goto out;
+    }
+    if (fleet_create (shown, named, &io) == -1)
+      goto out;
+    made = io != NULL;
+    real = realpath (named, NULL);
+  }
+  if (!real) {
+    nbdkit_error ("export \"%s\": %s%s", shown, errno == ENOENT
+                  ? "no such image in " : errstr (errno),
+                  errno == ENOENT ? fleet.dir : "");
+    goto out;
+  }
+  /* A link may lead anywhere: only what is in the folder is served
+   * (the file opened is the one checked, by its resolved name).
+   */
+  if (!fleet_in_dir (real)) {
+    nbdkit_error ("export \"%s\": refused: it is a link leading out of "
+                  "dir= (to %s)", shown, real);
+    goto out;
+  }
+  if (stat (real, &st) == -1 || !S_ISREG (st.st_mode)) {
+    nbdkit_error ("export \"%s\": refused: %s is not a regular file", shown,
+                  real);
+    goto out;
+  }
+  /* An idle image of ours may hold locks refusing this one (it is a
+   * backing file of this one, written; or this one is its backing file,
+   * asked for writing): tried quietly first, then with the idle ones
+   * closed, whose locks must not refuse a client.
+   */
+  e->env = glue_env;
+  if (fleet_idle_count () == 0 || made)
+    e->image = plugin_open_image (real, io, &readonly, &e->env, false);
+  else {
+    e->env.error = glue_debug;
+    e->image = plugin_open_image (real, NULL, &readonly, &e->env, true);
+    e->env.error = glue_env.error;
+    if (!e->image) {
+      fleet_close_idle ();
+      e->image = plugin_open_image (real, NULL, &readonly, &e->env, false);
+    }
+  }
+  io = NULL;
+  if (!e->image && errno == EAGAIN)
+    glue_hint ("it may be an export of this server that holds it: an "
+               "image is not written while it is the backing file of "
+               "another served");
+  if (!e->image ||
+      (made && qcow2_preallocate (e->image,
+                                  glue.create.opts.preallocation) < 0) ||
+      (glue.repair_leaks && glue_repair (e->image, real) == -1))
+    goto out;
+  e->path = real;
+  real = NULL;
+  e->dev = st.st_dev;
+  e->ino = st.st_ino;
+  r = 0;
+ out:
+  if (r == -1 && e->image) {
+    qcow2_close (e->image);
+    e->image = NULL;
+  }
+  if (r == -1 && made)
+    unlink (named);
+  if (io)
+    io->ops->close (io);
+  free (named);
+  free (real);
+  return r;
+}
+
+/* Whether the name of e still names the file e serves (not deleted,
+ * not replaced).
+ */
+static bool
+fleet_same_file (const struct plugin_export *e)
+{
+  struct stat st;
+
+  return fstatat (fleet.dirfd, e->name, &st, 0) == 0 &&
+    st.st_dev == e->dev && st.st_ino == e->ino;
+}
+
+/* A connection to the export name: its entry, the image opened if it
+ * is not yet (it is then by this connection alone, others asking for
+ * it waiting), or NULL (said).
+ */
+static struct plugin_export *
+fleet_open (const char *name, const char *shown)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  struct plugin_export *e;
+
+  lock_acquire (&fleet.lock);
+  for (;;) {
+    e = fleet_find (name);
+    if (e && e->state != EXPORT_OPEN) {
+      pthread_cond_wait (&fleet.changed, &fleet.lock.mutex);
+      continue;
+    }
+    if (e && !fleet_same_file (e)) {
+      /* Its file is gone: its clients keep it, new ones do not. */
+      e->stale = true;
+      if (e->users == 0)
+        fleet_close (e);
+      continue;
+    }
+    if (e) {
+      e->users++;
+      lock_release (&fleet.lock);
+      return e;
+    }
+    if (fleet.max_exports && fleet.count >= fleet.max_exports) {
+      /* Room made by an idle one, if there is one. */
+      for (e = fleet.exports; e; e = e->next)
+        if (e->state == EXPORT_OPEN && e->users == 0)
+          break;
+      if (e) {
+        fleet_close (e);
+        continue;
+      }
+      lock_release (&fleet.lock);
+      nbdkit_error ("export \"%s\": refused: max-exports=%" PRIu64 " images "
+                    "are open already", shown, fleet.max_exports);
+      return NULL;
+    }
+    break;
+  }
+  e = fleet_add (name);
+  lock_release (&fleet.lock);
+  if (!e)
+    return NULL;
+  if (fleet_open_image (e, shown) == -1) {
+    lock_acquire (&fleet.lock);
+    fleet_remove (e);
+    lock_release (&fleet.lock);
+    return NULL;
+  }
+  lock_acquire (&fleet.lock);
+  e->state = EXPORT_OPEN;
+  pthread_cond_broadcast (&fleet.changed);
+  lock_release (&fleet.lock);
+  return e;
+}
+
+/* A connection to e ended: its image closed if it was the last, now
+ * or idle-close= seconds later.
+ */
+static void
+fleet_release (struct plugin_export *e)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet.lock);
+  assert (e->users > 0);
+  if (--e->users > 0)
+    return;
+  if (e->stale || !fleet.sweeper_running)
+    fleet_close (e);
+  else {
+    clock_gettime (CLOCK_REALTIME, &e->idle_since);
+    pthread_cond_broadcast (&fleet.changed);
+  }
+}
+
+/* What an export's description says of its image. */
+static char *
+fleet_info_text (const struct qcow2_image *img)
+{
+  struct qcow2_info i;
+  char *s;
+
+  qcow2_get_info (img, &i);
+  if (asprintf (&s, "qcow2, virtual size %" PRIu64 " bytes, %s%s", i.size,
+                i.backing ? "backing file " : "no backing file",
+                i.backing ? i.backing : "") == -1)
+    return NULL;
+  return s;
+}
+
+/* The description of the image at path (of the export name): NULL if
+ * it is not a qcow2 image.  An image open is asked; another is read
+ * without taking its locks (a writer may hold them), without its
+ * backing files.
+ */
+static char *
+fleet_describe (const char *name, const char *path)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  struct fileio_options nolock = glue_file_options;
+  struct qcow2_options opts = {
+    .no_backing = true, .readonly = true,
+    .passwords = glue.engine.passwords,
+    .passwords_len = glue.engine.passwords_len,
+  };
+  struct qcow2_env env = glue_env;
+  struct qcow2_image *img;
+  struct qcow2_io *io;
+  char *s;
+
+  lock_acquire (&fleet.lock);
+  for (struct plugin_export *e = fleet.exports; e; e = e->next)
+    if (e->state == EXPORT_OPEN && !e->stale &&
+        strcmp (e->path, path) == 0) {
+      s = fleet_info_text (e->image);
+      lock_release (&fleet.lock);
+      return s;
+    }
+  lock_release (&fleet.lock);
+
+  nolock.locking = FILEIO_LOCKING_OFF;
+  nolock.direct = false;
+  env.opaque = &nolock;
+  env.error = glue_debug;       /* a listing is no place for them */
+  io = fileio_open_with (path, true, &nolock, NULL);
+  if (!io)
+    return NULL;
+  if (qcow2_probe (io) != 1) {
+    io->ops->close (io);
+    return NULL;
+  }
+  img = qcow2_open (&env, io, path, &opts);
+  if (!img)
+    return strdup ("qcow2 (its header cannot be read here)");
+  s = fleet_info_text (img);
+  qcow2_close (img);
+  return s;
+}
+
+/* dir=: each qcow2 image in the folder, as the names it may be asked
+ * by (the others are not listed: they could not be opened).
+ */
+static int
+fleet_list (struct nbdkit_exports *exports)
+{
+  DIR *d = opendir (fleet.dir);
+  struct dirent *de;
+  int r = 0;
+
+  if (!d) {
+    nbdkit_error ("list: %s: %s", fleet.dir, errstr (errno));
+    return -1;
+  }
+  while (r == 0 && (de = readdir (d))) {
+    char *named, *real, *s = NULL;
+
+    if (fleet_name_refusal (de->d_name) ||
+        asprintf (&named, "%s/%s", fleet.dir, de->d_name) == -1)
+      continue;
+    real = realpath (named, NULL);
+    free (named);
+    if (real && fleet_in_dir (real) && (s = fleet_describe (de->d_name, real)))
+      r = nbdkit_add_export (exports, de->d_name, s);
+    free (s);
+    free (real);
+  }
+  closedir (d);
+  return r;
+}
+
+static int
+plugin_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
+{
+  if (!fleet.dir)
+    return nbdkit_use_default_export (exports);
+  return fleet_list (exports);
+}
+
+static const char *
+plugin_default_export (int readonly, int is_tls)
+{
+  return fleet.default_export ? fleet.default_export : "";
+}
+
+/* file=: the image made the table's one entry, held to the end. */
+static int
+fleet_hold (struct qcow2_image *img)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  struct plugin_export *e;
+
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet.lock);
+  e = fleet_add (filename);
+  if (!e)
+    return -1;
+  if (!(e->path = strdup (filename))) {
+    nbdkit_error ("%s: %s", filename, errstr (errno));
+    fleet_remove (e);
+    return -1;
+  }
+  e->image = img;
+  e->state = EXPORT_OPEN;
+  return 0;
+}
+
+/* dir=: the folder, and the template (for the errors in it to be said
+ * at start rather than to a client).
+ */
+static int
+fleet_get_ready (void)
+{
+  struct qcow2_create_options opts = glue.create.opts;
+  char *named = NULL;
+  int r = 0;
+
+  fleet.dirfd = open (fleet.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fleet.dirfd == -1) {
+    nbdkit_error ("dir: %s: %s", fleet.dir, errstr (errno));
+    return -1;
+  }
+  if (fleet.template && (glue.engine.readonly || glue_server_readonly ())) {
+    nbdkit_error ("template= makes images to write: not with readonly=true "
+                  "or nbdkit -r");
+    return -1;
+  }
+  if (fleet.template) {
+    opts.backing = fleet.template;
+    if (asprintf (&named, "%s/new", fleet.dir) == -1) {
+      nbdkit_error ("dir: %s", errstr (errno));
+      return -1;
+    }
+    r = plugin_create_options (named, &opts, glue.create.size);
+    free (named);
+  }
+  return r;
 }
 
 static int
@@ -466,14 +1255,18 @@ plugin_get_ready (void)
 {
   struct qcow2_io *io = NULL;
   enum create_made made = MADE_NOTHING;
-  int r;
+  struct qcow2_image *image = NULL;
+  bool readonly = true;
 
+  /* Passwords are kept for the images opened later. */
+  if (fleet.dir)
+    return fleet_get_ready ();
   if (create != CREATE_NO && plugin_create (&io, &made) == -1)
     goto fail;
-  r = plugin_open_image (io);
+  image = plugin_open_image (filename, io, &readonly, &glue_env, false);
   /* The image and its backing files are open: their keys are made. */
   glue_forget_password ();
-  if (r == -1)
+  if (!image)
     goto fail;
   glue.create.opts.backing = create_backing;
   if (create == CREATE_IF_MISSING && made == MADE_NOTHING &&
@@ -484,15 +1277,14 @@ plugin_get_ready (void)
     goto fail;
   if (glue.repair_leaks && glue_repair (image, filename) == -1)
     goto fail;
-  if (glue_stream_prepare (image, filename, "stream",
-                           glue.engine.readonly) == -1)
+  if (glue_stream_prepare (image, filename, "stream", readonly) == -1)
     goto fail;
-  assert (image != NULL);
+  if (fleet_hold (image) == -1)
+    goto fail;
   return 0;
 
  fail:
   qcow2_close (image);
-  image = NULL;
   plugin_create_undo (made);
   return -1;
 }
@@ -501,6 +1293,15 @@ plugin_get_ready (void)
 static int
 plugin_after_fork (void)
 {
+  if (fleet.dir && fleet.idle_close > 0) {
+    int e = pthread_create (&fleet.sweeper, NULL, fleet_sweep, NULL);
+
+    if (e) {
+      nbdkit_error ("idle-close: starting a thread: %s", errstr (e));
+      return -1;
+    }
+    fleet.sweeper_running = true;
+  }
   return glue_stream_start ();
 }
 
@@ -508,36 +1309,82 @@ static void
 plugin_cleanup (void)
 {
   glue_stream_stop ();
+  if (fleet.sweeper_running) {
+    lock_acquire (&fleet.lock);
+    fleet.stopping = true;
+    pthread_cond_broadcast (&fleet.changed);
+    lock_release (&fleet.lock);
+    pthread_join (fleet.sweeper, NULL);
+    fleet.sweeper_running = false;
+  }
+}
+
+static struct qcow2_image *
+plugin_image (void *handle)
+{
+  return ((struct plugin_export *) handle)->image;
 }
 
 static const char *
 plugin_export_description (void *handle)
 {
-  return glue_stream_description ();
+  char *s;
+  const char *r;
+
+  if (!fleet.dir)
+    return glue_stream_description ();
+  s = fleet_info_text (plugin_image (handle));
+  r = s ? nbdkit_strdup_intern (s) : NULL;
+  free (s);
+  return r;
 }
 
 static void *
 plugin_open (int readonly)
 {
-  return NBDKIT_HANDLE_NOT_NEEDED;
+  const char *name;
+  const char *why;
+  char shown[72];
+
+  if (!fleet.dir)
+    return fleet.exports;
+  name = nbdkit_export_name ();
+  if (!name)
+    return NULL;
+  if (!*name && fleet.default_export)
+    name = fleet.default_export;
+  fleet_shown (name, shown);
+  if (!*name) {
+    nbdkit_error ("export \"\": refused: dir= serves images by their name "
+                  "(nbdinfo --list lists them), and default-export= names "
+                  "none");
+    return NULL;
+  }
+  if ((why = fleet_name_refusal (name))) {
+    nbdkit_error ("export \"%s\": refused: %s", shown, why);
+    return NULL;
+  }
+  return fleet_open (name, shown);
 }
 
 static void
 plugin_close (void *handle)
 {
-  glue_close_stats (image);
+  glue_close_stats (plugin_image (handle));
+  if (fleet.dir)
+    fleet_release (handle);
 }
 
 static int64_t
 plugin_get_size (void *handle)
 {
-  return qcow2_get_size (image);
+  return qcow2_get_size (plugin_image (handle));
 }
 
 static int
 plugin_can_write (void *handle)
 {
-  return qcow2_can_write (image);
+  return qcow2_can_write (plugin_image (handle));
 }
 
 static int
@@ -555,7 +1402,7 @@ plugin_can_fua (void *handle)
 static int
 plugin_can_trim (void *handle)
 {
-  return qcow2_can_trim (image);
+  return qcow2_can_trim (plugin_image (handle));
 }
 
 static int
@@ -614,7 +1461,7 @@ plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   glue_stream_enter ();
-  int r = qcow2_read (image, buf, count, offset);
+  int r = qcow2_read (plugin_image (handle), buf, count, offset);
   glue_stream_leave ();
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -637,7 +1484,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   while (count > 0 && r == 0) {
     uint32_t n = count < chunk ? count : chunk;
 
-    r = qcow2_read (image, buf, n, offset);
+    r = qcow2_read (plugin_image (handle), buf, n, offset);
     offset += n;
     count -= n;
   }
@@ -650,7 +1497,8 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
   glue_stream_enter ();
-  int r = qcow2_write (image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  int r = qcow2_write (plugin_image (handle), buf, count, offset,
+                       flags & NBDKIT_FLAG_FUA);
   glue_stream_leave ();
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -658,7 +1506,8 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
 static int
 plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_zero (image, count, offset, flags & NBDKIT_FLAG_MAY_TRIM,
+  int r = qcow2_zero (plugin_image (handle), count, offset,
+                      flags & NBDKIT_FLAG_MAY_TRIM,
                       flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -666,16 +1515,17 @@ plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 static int
 plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_trim (image, count, offset, flags & NBDKIT_FLAG_FUA);
+  int r = qcow2_trim (plugin_image (handle), count, offset,
+                      flags & NBDKIT_FLAG_FUA);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_flush (void *handle, uint32_t flags)
 {
-  int r = qcow2_flush (image);
+  int r = qcow2_flush (plugin_image (handle));
 
-  glue_flushed (image);
+  glue_flushed (plugin_image (handle));
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -690,8 +1540,9 @@ static int
 plugin_extents (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
 {
-  int r = qcow2_extents (image, offset, count, flags & NBDKIT_FLAG_REQ_ONE,
-                         plugin_add_extent, extents);
+  int r = qcow2_extents (plugin_image (handle), offset, count,
+                         flags & NBDKIT_FLAG_REQ_ONE, plugin_add_extent,
+                         extents);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -708,6 +1559,8 @@ static struct nbdkit_plugin plugin = {
   .config_help       = plugin_config_help,
   .magic_config_key  = "file",
   .dump_plugin       = glue_dump_plugin,
+  .list_exports      = plugin_list_exports,
+  .default_export    = plugin_default_export,
   .get_ready         = plugin_get_ready,
   .after_fork        = plugin_after_fork,
   .cleanup           = plugin_cleanup,

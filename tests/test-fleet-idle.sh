@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# dir=: an image is closed idle-close= seconds after its last client
+# left (its locks then released), not before; an export deleted while
+# served keeps its clients, a new client gets the new file of that
+# name or nothing; the base of an overlay in use, asked for as a
+# writable export, is refused by its locks (as QEMU's), and served
+# once the overlay is idle; password= opens an encrypted image each
+# time it is opened.
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img qemu-io nbdsh
+
+d="$tmp/vms"
+mkdir "$d"
+qemu-img create -q -f qcow2 "$d/base.qcow2" 4M
+qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "$d/vm1"
+qemu-img create -q -f qcow2 "$d/vm2" 2M
+export d tmp
+
+# locked NAME: whether our server holds the image's locks.
+cat > "$tmp/locked.sh" <<'EOS'
+locked () { ! qemu-img info "$d/$1" > /dev/null 2>&1; }
+EOS
+. "$tmp/locked.sh"
+
+nbdkit -U - qcow2 dir="$d" idle-close=2 --run '
+  set -e
+  . "$tmp/locked.sh"
+  nbdinfo --size "nbd+unix:///vm1?socket=$unixsocket" > /dev/null
+  sleep 0.5
+  locked vm1 || { echo "vm1 closed before idle-close=2"; exit 1; }
+  for i in $(seq 40); do locked vm1 || break; sleep 0.1; done
+  ! locked vm1 || { echo "vm1 still open 6 s after its client left"; exit 1; }
+' 2> "$tmp/err" || { cat "$tmp/err"; fail "idle-close=2"; }
+
+nbdkit -U - qcow2 dir="$d" idle-close=0 --run '
+/usr/bin/python3 - "$unixsocket" <<"PY"
+import nbd, os, subprocess, sys, time
+sock, d = sys.argv[1], os.environ["d"]
+def connect(name):
+    h = nbd.NBD()
+    h.set_export_name(name)
+    h.connect_unix(sock)
+    return h
+def refused(name):
+    try:
+        connect(name)
+    except nbd.Error:
+        return True
+    return False
+# Deleted while served: its client goes on, a new one is refused;
+# a new file of that name is a new disk.
+a = connect("vm2")
+a.pwrite(b"A" * 4096, 0)
+os.unlink(d + "/vm2")
+assert refused("vm2"), "a deleted export served to a new client"
+a.pwrite(b"B" * 4096, 4096)
+a.flush()
+assert a.pread(8192, 0) == b"A" * 4096 + b"B" * 4096
+subprocess.check_call(["qemu-img", "create", "-q", "-f", "qcow2",
+                       d + "/vm2", "1M"])
+b = connect("vm2")
+assert b.get_size() == 1 << 20 and a.get_size() == 2 << 20
+assert b.pread(4096, 0) == b"\0" * 4096
+# The base of an overlay in use: not served writable.
+o = connect("vm1")
+assert refused("base.qcow2"), "the base of an overlay in use was served"
+o.pwrite(b"O" * 512, 0)
+o.shutdown()
+for i in range(50):             # closed when the server sees it leave
+    if not refused("base.qcow2"):
+        break
+    time.sleep(0.1)
+else:
+    raise AssertionError("the base of an idle overlay stays refused")
+PY
+' 2> "$tmp/err" || { cat "$tmp/err"; fail "deleted, base in use"; }
+grep -q 'export "vm2": no such image in' "$tmp/err" ||
+  { cat "$tmp/err"; fail "a deleted export: no message"; }
+grep -q 'base.qcow2: failed to get "write" lock' "$tmp/err" &&
+  grep -q 'hint: it may be an export of this server' "$tmp/err" ||
+  { cat "$tmp/err"; fail "the base in use: no message"; }
+qemu-img check -q "$d/vm1" && qemu-img check -q "$d/base.qcow2" ||
+  fail "qemu-img check"
+qio "$d/vm1" "read -P 0x4f 0 512"
+
+# password=: kept for the images opened later, each time one is.
+e="$tmp/enc"
+mkdir "$e"
+qemu_img_pbkdf create -q --object secret,id=sec0,data=pw -f qcow2 \
+  -o encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10 \
+  "$e/disk" 1M || fail "qemu-img create (LUKS)"
+nbdkit -U - qcow2 dir="$e" password=pw idle-close=0 --run '
+  set -e
+  for i in 1 2; do
+    nbdsh -u "nbd+unix:///disk?socket=$unixsocket" -c "h.pwrite(b\"E\" * 512, 0)"
+    sleep 0.3
+  done
+' || fail "an encrypted image, opened twice"
+QEMU_SECRET=pw qio "$e/disk" "read -P 0x45 0 512"
+echo "$0: ok"
