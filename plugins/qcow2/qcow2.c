@@ -80,7 +80,7 @@ static struct plugin_fleet {
   int dirfd;                    /* dir=, opened */
   const char *key;              /* the first of those keys given */
 } fleet = {
-  .lock = LOCK_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
+  .lock = LOCK_INITIALIZER,
   .idle_close = 5, .dirfd = -1,
 };
 
@@ -186,7 +186,16 @@ fleet_close_all (void)
 static void
 plugin_load (void)
 {
+  pthread_condattr_t attr;
+
   glue_load ("qcow2", "password", GLUE_IO_THREADS);
+  /* idle-close= waits on the monotonic clock: a change of the time of
+   * day must not close an image early or keep it open for long.
+   */
+  pthread_condattr_init (&attr);
+  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
+  pthread_cond_init (&fleet.changed, &attr);
+  pthread_condattr_destroy (&attr);
 }
 
 static void
@@ -204,6 +213,7 @@ plugin_unload (void)
   free (fleet.dir);
   free (fleet.default_export);
   free (fleet.template);
+  pthread_cond_destroy (&fleet.changed);
 }
 
 /* cache=none|writeback (index in the row's words). */
@@ -783,7 +793,7 @@ fleet_sweep (void *arg)
     struct timespec now, next = { 0, 0 };
     struct plugin_export *e;
 
-    clock_gettime (CLOCK_REALTIME, &now);
+    clock_gettime (CLOCK_MONOTONIC, &now);
     for (e = fleet.exports; e; e = e->next) {
       struct timespec due = e->idle_since;
 
@@ -1083,7 +1093,7 @@ fleet_release (struct plugin_export *e)
   if (e->stale || !fleet.sweeper_running)
     fleet_close (e);
   else {
-    clock_gettime (CLOCK_REALTIME, &e->idle_since);
+    clock_gettime (CLOCK_MONOTONIC, &e->idle_since);
     pthread_cond_broadcast (&fleet.changed);
   }
 }
