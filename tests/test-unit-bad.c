@@ -202,7 +202,9 @@ test_bad_headers (void)
   const struct bad_header cases[] = {
     { "magic", { { 0, 4, 0x514649fa } }, EMEDIUMTYPE,
       "not a qcow2 image" },
-    { "version 1", { { 4, 4, 1 } }, ENOTSUP, "unsupported qcow2 version 1" },
+    { "vmdk magic", { { 0, 4, 0x4b444d56 } }, ENOTSUP,
+      "a VMDK image (its signature at offset 0), not a qcow2 image" },
+    { "version 1", { { 4, 4, 1 } }, ENOTSUP, "a qcow image, not qcow2" },
     { "version 4", { { 4, 4, 4 } }, ENOTSUP, "unsupported qcow2 version 4" },
     { "cluster_bits 8", { { 20, 4, 8 } }, EINVAL, "cluster_bits 8" },
     { "cluster_bits 22", { { 20, 4, 22 } }, EINVAL, "cluster_bits 22" },

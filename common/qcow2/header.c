@@ -326,6 +326,63 @@ header_check_tables (struct qcow2_image *img)
   return 0;
 }
 
+/* Images of the other formats qemu-img makes, by their signature
+ * (QEMU's probes), so that one is called what it is, with what
+ * converts and serves it, rather than "not a qcow2 image" taken for a
+ * raw disk.
+ */
+static const struct {
+  const char *magic;
+  unsigned offset, len;         /* within the HDR_V3_MIN bytes read */
+  const char *name;             /* in "a NAME image" */
+  const char *format;           /* qemu-img's -f */
+} header_foreign[] = {
+  { "KDMV", 0, 4, "VMDK", "vmdk" },
+  { "COWD", 0, 4, "VMDK (COWD)", "vmdk" },
+  { "# Disk DescriptorFile", 0, 21, "VMDK (descriptor file)", "vmdk" },
+  { "conectix", 0, 8, "VHD (vpc)", "vpc" },
+  { "vhdxfile", 0, 8, "VHDX", "vhdx" },
+  { "\x7f\x10\xda\xbe", 64, 4, "VDI", "vdi" },
+  { "QED\0", 0, 4, "QED", "qed" },
+  { "LUKS\xba\xbe", 0, 6, "LUKS", "luks" },
+  { "WithoutFreeSpace", 0, 16, "Parallels", "parallels" },
+  { "WithouFreSpacExt", 0, 16, "Parallels", "parallels" },
+  { "Bochs Virtual HD Image", 0, 22, "Bochs", "bochs" },
+};
+
+/* Say what the file is if fixed (its first bytes) is another format's
+ * header: -ENOTSUP, else 0.
+ */
+static int
+header_foreign_format (struct qcow2_image *img,
+                       const uint8_t fixed[HDR_V3_MIN])
+{
+  for (size_t i = 0;
+       i < sizeof header_foreign / sizeof header_foreign[0]; i++) {
+    const char *fmt = header_foreign[i].format, *path = img->path;
+    char remedy[1024];
+
+    assert (header_foreign[i].offset + header_foreign[i].len <= HDR_V3_MIN);
+    if (memcmp (fixed + header_foreign[i].offset, header_foreign[i].magic,
+                header_foreign[i].len) != 0)
+      continue;
+    /* A LUKS payload is a raw disk: nbdkit decrypts it itself. */
+    if (strcmp (fmt, "luks") == 0)
+      snprintf (remedy, sizeof remedy, "nbdkit's luks filter serves it: "
+                "nbdkit file %s --filter=luks passphrase=+PASSWORD-FILE",
+                path);
+    else
+      snprintf (remedy, sizeof remedy, "qemu-img convert -f %s -O qcow2 %s "
+                "NEW.qcow2 makes a qcow2 image of it; qemu-nbd -f %s %s "
+                "serves it as it is", fmt, path, fmt, path);
+    log_error (img, "a %s image (its signature at offset %#x), not a qcow2 "
+               "image\n%s", header_foreign[i].name, header_foreign[i].offset,
+               remedy);
+    return -ENOTSUP;
+  }
+  return 0;
+}
+
 /* Reading: the fixed fields, checked; the cluster size, which the rest
  * depends on.
  */
@@ -351,11 +408,21 @@ header_read_fields (struct qcow2_image *img)
     return r;
   }
   if (be32_get (fixed + HDR_MAGIC) != QCOW2_MAGIC) {
+    if ((r = header_foreign_format (img, fixed)) < 0)
+      return r;
     log_error (img, "not a qcow2 image (magic %#" PRIx32 " at offset 0, "
                "expected %#x)", be32_get (fixed), QCOW2_MAGIC);
     return -EMEDIUMTYPE;
   }
   h->version = be32_get (fixed + HDR_VERSION);
+  if (h->version == 1) {
+    /* QEMU's qcow format, qcow2's predecessor. */
+    log_error (img, "unsupported qcow2 version 1 (header offset %d): a qcow "
+               "image, not qcow2\n"
+               "qemu-img convert -f qcow -O qcow2 %s NEW.qcow2 makes a qcow2 "
+               "image of it", HDR_VERSION, img->path);
+    return -ENOTSUP;
+  }
   if (h->version != 2 && h->version != 3) {
     log_error (img, "unsupported qcow2 version %" PRIu32 " (header offset "
                "%d)", h->version, HDR_VERSION);
