@@ -28,7 +28,7 @@ for f in vmdk:VMDK:0 vpc:VHD:0 vdi:VDI:0x40 vhdx:VHDX:0 qed:QED:0 \
   IFS=: read -r fmt name at <<< "$f"
   qemu-img create -q -f "$fmt" "$tmp/disk.$fmt" 4M
   if [ "$fmt" = qcow ]; then
-    what="unsupported qcow2 version 1 \(header offset 4\): a qcow image, not qcow2"
+    what="unsupported qcow2 version 1 \(header offset 0x4\): a qcow image, not qcow2"
     serve=
   else
     what="a $name[ (a-z)]* image \(its signature at offset $at\), not a qcow2 image"
@@ -96,5 +96,5 @@ for v in 0 1 4 0x7fffffff; do
   cp "$tmp/good.qcow2" "$tmp/v$v.qcow2"
   qpatch "$tmp/v$v.qcow2" be32 4 $v
   expect_open_error "$tmp/v$v.qcow2" \
-    "unsupported qcow2 version $((v)) \(header offset 4\)"
+    "unsupported qcow2 version $((v)) \(header offset 0x4\)"
 done

@@ -222,7 +222,7 @@ test_bad_headers (void)
     { "reftable past the end", { { 48, 8, eof } }, EINVAL,
       "beyond the end of the file" },
     { "reftable clusters 0", { { 56, 4, 0 } }, EINVAL,
-      "refcount_table_clusters (header offset 56) is 0" },
+      "refcount_table_clusters (header offset 0x38) is 0" },
     { "reftable clusters huge", { { 56, 4, 0x10000 } }, EFBIG,
       "refcount_table_clusters" },
     { "nb_snapshots huge", { { 60, 4, 65537 } }, EFBIG, "nb_snapshots" },

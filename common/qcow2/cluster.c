@@ -234,8 +234,9 @@ cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
 
   if (img->data_io == img->io && cluster >= img->file_size)
     return io_corrupt (img, "data at host offset %#" PRIx64 " (%" PRIu64
-                       " bytes) lies beyond the end of the file (%" PRIu64
-                       " bytes)", host_offset, len, img->file_size);
+                       " bytes) lies beyond the end of the file (the file "
+                       "ends at %#" PRIx64 ")", host_offset, len,
+                       img->file_size);
   return 0;
 }
 

@@ -162,8 +162,8 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
    */
   if (comp_offset >= file_size) {
     log_error (img, "corrupt image: compressed cluster at host offset %#"
-               PRIx64 " lies beyond the end of the file (%" PRIu64
-               " bytes)", comp_offset, file_size);
+               PRIx64 " lies beyond the end of the file (the file ends at %#"
+               PRIx64 ")", comp_offset, file_size);
     return -EIO;
   }
   /* The last compressed cluster may end before its last sector. */
