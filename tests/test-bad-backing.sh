@@ -23,7 +23,7 @@ for os in "65536 14" "65530 14" "65535 2" "8 14" "111 14" "$bo 1024" \
   qpatch "$bad" be64 8 $1
   qpatch "$bad" be32 16 $2
   expect_open_error "$bad" \
-    "backing file name at offset $(printf %#x $1) \($(($2)) bytes, header offsets 8 and 16\) does not fit in the first cluster after the header"
+    "backing file name at offset $(printf %#x $1) \($(($2)) bytes, header offsets 0x8 and 0x10\) does not fit in the first cluster after the header"
 done
 
 # An empty name (offset set, size 0) means no backing file, as qemu
@@ -50,7 +50,7 @@ cp "$base" "$tmp/badbase.qcow2"
 qpatch "$tmp/badbase.qcow2" be32 20 8
 qemu-img create -q -f qcow2 -u -b badbase.qcow2 -F qcow2 "$tmp/top2.qcow2" 4M
 ERR_FILE=$tmp/badbase.qcow2 expect_open_error "$tmp/top2.qcow2" \
-  "cluster_bits 8 \(header offset 20\) is out of range"
+  "cluster_bits 8 \(header offset 0x14\) is out of range"
 
 # A loop: a -> b -> a.
 qemu-img create -q -f qcow2 "$tmp/a.qcow2" 4M

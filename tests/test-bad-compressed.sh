@@ -53,7 +53,7 @@ for ct in zlib zstd; do
     cp "$img" "$tmp/bad.qcow2"
     qpatch "$tmp/bad.qcow2" be64 $eoff $(( (entry & ~((1 << x) - 1)) | off ))
     expect_served_errors "$tmp/bad.qcow2" "$script" \
-      "error: $tmp/bad.qcow2: corrupt image: compressed cluster at host offset $(printf %#x $off) lies beyond the end of the file \($size bytes\)"
+      "error: $tmp/bad.qcow2: corrupt image: compressed cluster at host offset $(printf %#x $off) lies beyond the end of the file \(the file ends at $(printf %#x $size)\)"
   done
 
   # Garbage where the compressed data should be.  qemu agrees that it

@@ -14,7 +14,7 @@ bad=$tmp/bad.qcow2
 cp "$good" "$bad"
 qpatch "$bad" set-bits 72 $((1 << 20))
 expect_open_error "$bad" \
-  "unsupported incompatible feature\(s\): bit 20 \(incompatible_features 0x100000 at header offset 72\)"
+  "unsupported incompatible feature\(s\): bit 20 \(incompatible_features 0x100000 at header offset 0x48\)"
 
 # Several unknown bits, all reported.
 cp "$good" "$bad"
@@ -32,7 +32,7 @@ qpatch "$bad" set-bits 72 $(( (1 << 20) | (1 << 21) ))
 { qemu-img info "$bad" 2>&1 || :; } | grep -q "frobnicated clusters" ||
   fail "qemu-img does not see the added feature name: the table is wrong"
 expect_open_error "$bad" \
-  "unsupported incompatible feature\(s\): bit 20 \(frobnicated clusters\), bit 21 \(incompatible_features 0x300000 at header offset 72\)"
+  "unsupported incompatible feature\(s\): bit 20 \(frobnicated clusters\), bit 21 \(incompatible_features 0x300000 at header offset 0x48\)"
 grep -qE "a compatible feature|not this name" "$tmp/open-error.log" &&
   fail "the name of a compatible feature was used"
 
@@ -64,14 +64,14 @@ expect_open_error "$bad" "bit 30 \(extended L2 entries\)"
 # header, and an unknown one (the LUKS refusals: test-luks-refused.sh).
 cp "$good" "$bad"
 qpatch "$bad" be32 32 1
-expect_open_error "$bad" "legacy AES method \(crypt_method 1 at header offset 32\)" \
+expect_open_error "$bad" "legacy AES method \(crypt_method 1 at header offset 0x20\)" \
   "qemu-img convert"
 cp "$good" "$bad"
 qpatch "$bad" be32 32 2
 expect_open_error "$bad" "LUKS-encrypted \(crypt_method 2\) but has no encryption header extension"
 cp "$good" "$bad"
 qpatch "$bad" be32 32 3
-expect_open_error "$bad" "unknown encryption method 3 \(crypt_method at header offset 32\)"
+expect_open_error "$bad" "unknown encryption method 3 \(crypt_method at header offset 0x20\)"
 
 # External data file: bit 2 set but no data file named; the raw data
 # autoclear bit without a data file; the named data file missing.

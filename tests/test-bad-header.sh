@@ -17,7 +17,7 @@ for bits in 0 8 22 63 0xffffffff; do
   cp "$good" "$bad"
   qpatch "$bad" be32 20 $bits
   expect_open_error "$bad" \
-    "cluster_bits $((bits)) \(header offset 20\) is out of range"
+    "cluster_bits $((bits)) \(header offset 0x14\) is out of range"
 done
 
 # header_length below the version 3 minimum (104), or beyond the
@@ -26,13 +26,13 @@ for len in 0 72 100 103; do
   cp "$good" "$bad"
   qpatch "$bad" be32 100 $len
   expect_open_error "$bad" \
-    "header_length $len \(header offset 100\) is shorter than the version 3 minimum"
+    "header_length $len \(header offset 0x64\) is shorter than the version 3 minimum"
 done
 for len in 65537 0xffffffff; do
   cp "$good" "$bad"
   qpatch "$bad" be32 100 $len
   expect_open_error "$bad" \
-    "header_length $((len)) \(header offset 100\) exceeds the cluster size 65536"
+    "header_length $((len)) \(header offset 0x64\) exceeds the cluster size 65536"
 done
 
 # refcount_order: refcounts of 1 to 64 bits (0 to 6).
@@ -40,26 +40,26 @@ for order in 7 64 0xffffffff; do
   cp "$good" "$bad"
   qpatch "$bad" be32 96 $order
   expect_open_error "$bad" \
-    "refcount_order $((order)) \(header offset 96\) is out of range"
+    "refcount_order $((order)) \(header offset 0x60\) is out of range"
 done
 
 # Compression type 2 is not defined (with or without bit 3 set).
 cp "$good" "$bad"
 qpatch "$bad" u8 104 2
-expect_open_error "$bad" "unknown compression type 2 \(header offset 104\)"
+expect_open_error "$bad" "unknown compression type 2 \(header offset 0x68\)"
 qpatch "$bad" set-bits 72 8
-expect_open_error "$bad" "unknown compression type 2 \(header offset 104\)"
+expect_open_error "$bad" "unknown compression type 2 \(header offset 0x68\)"
 
 # Compression type 1 (zstd) without incompatible bit 3, and bit 3
 # with the default (deflate).
 cp "$good" "$bad"
 qpatch "$bad" u8 104 1
 expect_open_error "$bad" \
-  "compression type 1 \(header offset 104\) does not agree with incompatible feature bit 3 \(clear\)"
+  "compression type 1 \(header offset 0x68\) does not agree with incompatible feature bit 3 \(clear\)"
 cp "$good" "$bad"
 qpatch "$bad" set-bits 72 8
 expect_open_error "$bad" \
-  "compression type 0 \(header offset 104\) does not agree with incompatible feature bit 3 \(set\)"
+  "compression type 0 \(header offset 0x68\) does not agree with incompatible feature bit 3 \(set\)"
 
 # A header extension (the feature name table at 112) whose length runs
 # past the first cluster.

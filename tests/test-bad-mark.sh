@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Every corruption the engine finds and refuses marks an image opened
-# for writing corrupt, as QEMU's qcow2_signal_corruption does, so that
-# qemu-img and the next nbdkit run say to repair it; served read-only
-# (or as a backing file) it is only reported, the file left as it is:
+# Every broken structure the engine finds and refuses marks an image
+# opened for writing corrupt, as QEMU's qcow2_signal_corruption does
+# (on reads too), so that qemu-img and the next nbdkit run say to
+# repair it, the mark on disk (flushed) before it is said; served
+# read-only (or as a backing file) it is only reported, the file left
+# as it is:
 #  - no refcount block for the header's cluster (refcount table entry
 #    0 empty): a write that must allocate is refused, the image marked
 #    on disk at once; qemu-img info says "corrupt: true", the next
 #    read-write start is refused saying what repairs it, -r serves it,
 #    and after qemu-img check -r all it is written again;
 #  - an unaligned L2 table offset, met by a read; the same with -r;
-#  - a compressed cluster that does not decompress, met by a read
-#    (found without the image lock: marked by the next write or flush,
-#    or at the latest when nbdkit exits);
+#  - a data cluster written in place past the end of the file: the
+#    mark is on disk when said (nbdkit killed then);
+#  - a compressed cluster that does not decompress, met by a read:
+#    reported, not marked (bad data, as QEMU says: no mark, and a read
+#    writes nothing);
 #  - the same compressed cluster in a backing file: the overlay is
 #    served, the backing file neither written nor marked.
 source "${srcdir:-.}/bad-functions.sh"
@@ -86,6 +90,33 @@ says "corrupt image: unaligned L2 table offset"
 [ "$(md5sum < "$tmp/l2-ro.qcow2")" = "$sum" ] ||
   fail "a read-only export changed the image"
 
+echo "== a data cluster written in place past the end of the file"
+img=$tmp/eof.qcow2
+qemu-img create -q -f qcow2 -o cluster_size=4k "$img" 4M
+qio "$img" "write -P 0x66 1M 4k"
+read -r l2e l2e_at < <(qpatch "$img" l2-entry 1M)
+size=$(stat -c %s "$img")
+qpatch "$img" be64 "$l2e_at" $(( (1 << 63) | ((size + 8191) & ~4095) ))
+# The server killed once the write failed: the mark said is on disk.
+# (nbdkit then kills the command too: its status says nothing.)
+rm -f "$tmp/pid" "$tmp/refused"
+export BAD_PRELUDE pidfile=$tmp/pid refused=$tmp/refused WRITE_SCRIPT='
+try:
+    h.pwrite(b"\x77" * 512, 1 << 20)
+    raise AssertionError("the write succeeded")
+except nbd.Error as e:
+    assert e.errnum == errno.EIO, e.errno
+'
+rc=0
+timeout 60 nbdkit -U - -P "$pidfile" qcow2 "$img" --run '
+  nbdsh -u "$uri" -c "$BAD_PRELUDE" -c "$WRITE_SCRIPT" && touch "$refused" &&
+    kill -KILL $(cat "$pidfile")' > "$tmp/log" 2>&1 || rc=$?
+sed 's/^/    /' "$tmp/log"
+[ "$rc" -ne 124 ] || fail "serving $img: timed out"
+[ -e "$tmp/refused" ] || fail "the write was not refused with EIO"
+says "corrupt image: data at host offset .* lies beyond the end of the file .*; the image is marked corrupt$"
+marked "$img" || fail "the mark said was not on disk when nbdkit was killed"
+
 echo "== a compressed cluster that does not decompress"
 img=$tmp/c.qcow2
 qemu-img create -q -f qcow2 -o cluster_size=4k "$img" 4M
@@ -97,8 +128,8 @@ run "$img" -- '
 expect_eio(0, 4096)
 expect_pattern(65536, 4096, 0x45)
 '
-says "corrupt image: compressed cluster at host offset .* does not decompress to one cluster; the image is marked corrupt"
-marked "$img" || fail "a compressed cluster that does not decompress did not mark the image"
+says "corrupt image: compressed cluster at host offset .* does not decompress to one cluster$"
+cmp "$img" "$tmp/base.qcow2" || fail "a read of a bad compressed cluster wrote"
 
 echo "== the same cluster in a backing file"
 sum=$(md5sum < "$tmp/base.qcow2")

@@ -22,21 +22,21 @@ for off in 0x10000000 $size 0xffffffffffff0000; do
   cp "$good" "$bad"
   qpatch "$bad" be64 64 $off
   expect_open_error "$bad" \
-    "snapshot table at $(printf %#x $off) \(1 bytes, header offset 64\) lies beyond the end of the file \($size bytes\)"
+    "snapshot table at $(printf %#x $off) \(1 bytes, header offset 0x40\) lies beyond the end of the file \(the file ends at $(printf %#x $size)\)"
 done
 
 # Snapshot table offset not cluster aligned.
 cp "$good" "$bad"
 qpatch "$bad" be64 64 $((so + 8))
 expect_open_error "$bad" \
-  "snapshot table offset $(printf %#x $((so + 8))) \(header offset 64\) is not aligned to the cluster size"
+  "snapshot table offset $(printf %#x $((so + 8))) \(header offset 0x40\) is not aligned to the cluster size"
 
 # nb_snapshots absurdly large (the limit is 65536).
 for n in 0xffffffff 65537; do
   cp "$good" "$bad"
   qpatch "$bad" be32 60 $n
   expect_open_error "$bad" \
-    "nb_snapshots $((n)) \(header offset 60\) is too large \(at most 65536\)"
+    "nb_snapshots $((n)) \(header offset 0x3c\) is too large \(at most 65536\)"
 done
 # At the limit: the "entries" after the real one are whatever follows
 # the table (zeros, then the active layer's data) until one is bad.

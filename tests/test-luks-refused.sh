@@ -156,7 +156,7 @@ nbdkit -U - -r qcow2 "file=$tmp/long.qcow2" password=other --run '
 # plain image with the method set.
 qemu-img create -q -f qcow2 "$tmp/aes.qcow2" 1M
 printf '\x00\x00\x00\x01' | dd of="$tmp/aes.qcow2" bs=1 seek=32 conv=notrunc status=none
-expect_refused "legacy AES method \(crypt_method 1 at header offset 32\) is not supported$" \
+expect_refused "legacy AES method \(crypt_method 1 at header offset 0x20\) is not supported$" \
   qcow2 "file=$tmp/aes.qcow2" password=x
 grep -q "^convert the image to LUKS: qemu-img convert .*encrypt.format=luks" \
   "$tmp/refused.err" || fail "legacy AES: no remedy on the next line"

@@ -8,11 +8,31 @@
 
 #include "unit-engine.h"
 
+/* A read of [off, off+len) gives zeros, and says nothing. */
+static void
+check_zero_read (struct qcow2_image *img, struct memenv *me, uint64_t off,
+                 uint64_t len, const char *what)
+{
+  uint8_t *buf = malloc (len);
+  uint64_t i = 0;
+
+  memenv_clear_errors (me);
+  if (CHECKF (buf && qcow2_read (img, buf, len, off) == 0,
+              "%s: read at %#" PRIx64 " failed", what, off))
+    for (i = 0; i < len && buf[i] == 0; i++)
+      ;
+  CHECKF (i == len, "%s: byte %" PRIu64 " is not zero", what, off + i);
+  CHECKF (!*memenv_last_error (me), "%s: said \"%s\"", what,
+          memenv_last_error (me));
+  free (buf);
+}
+
 static void
 test_bad_entries (void)
 {
   struct memenv *me = memenv_new ();
   struct qcow2_image *img;
+  struct qcow2_io *io = NULL;
   struct ib ib;
   const uint64_t cs = 65536, span = cs * 8192;
   uint64_t good, half, host;
@@ -52,40 +72,48 @@ test_bad_entries (void)
   }
   ib_dump (&ib, "bad-entries.qcow2");
 
-  img = open_ib (me, &ib, "bad.qcow2", NULL, NULL);
+  img = open_ib (me, &ib, "bad.qcow2", NULL, &io);
   if (!CHECKF (img != NULL, "open: %s", memenv_last_error (me)))
     goto out;
   check_read (img, &ib.model, 0, cs, "good cluster");
   check_read (img, &ib.model, 5 * cs, cs, "good cluster");
-  check_bad_read (img, me, &ib.model, 1 * cs, 512, "data past the end",
-                  "beyond the end of the file");
-  check_bad_read (img, me, &ib.model, 2 * cs + 4096, 512,
-                  "unaligned data", "unaligned data cluster offset");
+  /* Past the end of the file reads as zeros, as in QEMU, and a read
+   * writes nothing: data, an L2 table, a request with good data too.
+   */
+  check_zero_read (img, me, 1 * cs, 512, "data past the end");
+  check_zero_read (img, me, span + 5 * cs, 512, "L2 table past the end");
+  CHECK_INT (qcow2_read (img, buf, 512, cs - 256), 0);
+  CHECK (buf[0] == model_pattern (false, 1, cs - 256) &&
+         buf[256] == 0 && buf[511] == 0);
+  CHECK_INT (qcow2_extents (img, span, 512, false, collect,
+                            &(struct extents) { .n = 0 }), 0);
+  check_no_writes (io, "reads past the end");
   check_bad_read (img, me, &ib.model, 3 * cs, 512, "compressed garbage",
                   "does not decompress to one cluster");
   check_bad_read (img, me, &ib.model, 4 * cs, 512,
                   "compressed past the end", "beyond the end of the file");
   check_bad_read (img, me, &ib.model, 6 * cs + 100, 512,
                   "compressed short", "does not decompress to one cluster");
-  check_bad_read (img, me, &ib.model, span + 5 * cs, 512,
-                  "L2 table past the end", "L2 table beyond the end");
+  /* Bad compressed data is not a broken structure: no mark. */
+  check_no_writes (io, "bad compressed clusters");
+  check_bad_read (img, me, &ib.model, 2 * cs + 4096, 512,
+                  "unaligned data", "unaligned data cluster offset");
   check_bad_read (img, me, &ib.model, 2 * span, 512, "unaligned L2 table",
                   "unaligned L2 table offset");
   /* A request that touches a bad entry fails as a whole. */
-  check_bad_read (img, me, &ib.model, 0, 2 * cs, "good then bad",
-                  "beyond the end of the file");
+  check_bad_read (img, me, &ib.model, 0, 3 * cs, "good then bad",
+                  "unaligned data cluster offset");
   check_read (img, &ib.model, 5 * cs, cs, "good cluster after errors");
   check_read (img, &ib.model, 7 * cs, 2 * cs, "good cluster after errors");
 
   /* Extents need the L2 tables, and see unaligned data offsets. */
-  CHECK_INT (qcow2_extents (img, span, 512, false, collect,
-                            &(struct extents) { .n = 0 }), -EIO);
   CHECK_INT (qcow2_extents (img, 2 * span + cs, 512, false, collect,
                             &(struct extents) { .n = 0 }), -EIO);
   CHECK_INT (qcow2_extents (img, 2 * cs, 512, false, collect,
                             &(struct extents) { .n = 0 }), -EIO);
   CHECK_INT (qcow2_read (img, buf, 512, 9 * cs), 0);
   qcow2_close (img);
+  io->ops->close (io);
  out:
   ib_free (&ib);
 
@@ -174,7 +202,9 @@ test_bad_headers (void)
   const struct bad_header cases[] = {
     { "magic", { { 0, 4, 0x514649fa } }, EMEDIUMTYPE,
       "not a qcow2 image" },
-    { "version 1", { { 4, 4, 1 } }, ENOTSUP, "unsupported qcow2 version 1" },
+    { "vmdk magic", { { 0, 4, 0x4b444d56 } }, ENOTSUP,
+      "a VMDK image (its signature at offset 0), not a qcow2 image" },
+    { "version 1", { { 4, 4, 1 } }, ENOTSUP, "a qcow image, not qcow2" },
     { "version 4", { { 4, 4, 4 } }, ENOTSUP, "unsupported qcow2 version 4" },
     { "cluster_bits 8", { { 20, 4, 8 } }, EINVAL, "cluster_bits 8" },
     { "cluster_bits 22", { { 20, 4, 22 } }, EINVAL, "cluster_bits 22" },
@@ -192,7 +222,7 @@ test_bad_headers (void)
     { "reftable past the end", { { 48, 8, eof } }, EINVAL,
       "beyond the end of the file" },
     { "reftable clusters 0", { { 56, 4, 0 } }, EINVAL,
-      "refcount_table_clusters (header offset 56) is 0" },
+      "refcount_table_clusters (header offset 0x38) is 0" },
     { "reftable clusters huge", { { 56, 4, 0x10000 } }, EFBIG,
       "refcount_table_clusters" },
     { "nb_snapshots huge", { { 60, 4, 65537 } }, EFBIG, "nb_snapshots" },

@@ -61,10 +61,13 @@ test_growing (unsigned seed)
     uint32_t ign__ = (ign_);                                            \
     bool want = truth_hits (truth, f_, f_ + n__ - 1,                    \
                             img.overlap_mask & ~ign__);                 \
-    bool got = overlap_check (&img, f_, n__, ign__) == -EIO;            \
+    struct overlap_hit hit_;                                            \
+    bool got = overlap_check (&img, f_, n__, ign__, &hit_) == -EIO;     \
     checks++;                                                           \
     hits += want;                                                       \
-    if (want != got) {                                                  \
+    if (want != got ||                                                  \
+        (got && (hit_.at < f_ || hit_.at >= f_ + n__ ||                 \
+                 truth[hit_.at] != hit_.bit + 1))) {                    \
       mismatches++;                                                     \
       fprintf (stderr, "write [%" PRIu64 ", +%" PRIu64 ") ign %#x: "   \
                "want %d got %d\n", f_, n__, ign__, want, got);          \

@@ -139,20 +139,22 @@ cluster_map_common (struct qcow2_image *img, uint64_t offset,
   ASSERT_LOCKED (img);
  again:
   memset (run, 0, sizeof *run);
-  if (l1_index >= img->l1_size ||
-      (l2_offset = img->l1[l1_index] & QCOW2_OFFSET_MASK) == 0) {
-    /* No L2 table: the whole span of the table is unallocated. */
+  l2_offset = l1_index < img->l1_size ? img->l1[l1_index] & QCOW2_OFFSET_MASK
+    : 0;
+  if (l2_offset & (cs - 1))
+    return cluster_corrupt (img, "unaligned L2 table offset", l2_offset,
+                            offset);
+  /* No L2 table: the whole span of the table is unallocated.  So is a
+   * table past the end of a file cut short, which reads as zeros in
+   * QEMU (a write there is refused: see cluster_l2_table); one cut in
+   * the middle reads as zeros where it is cut.
+   */
+  if (l2_offset == 0 || l2_offset >= img->file_size) {
     uint64_t span_end = (l1_index + 1) << l2_span_bits;
     run->kind = RUN_UNALLOCATED;
     run->length = MIN (max_len, span_end - offset);
     return 0;
   }
-  if (l2_offset & (cs - 1))
-    return cluster_corrupt (img, "unaligned L2 table offset", l2_offset,
-                            offset);
-  if (range_exceeds (l2_offset, cs, img->file_size))
-    return cluster_corrupt (img, "L2 table beyond the end of the file at",
-                            l2_offset, offset);
 
   if (unlocked) {
     bool released;
@@ -220,22 +222,21 @@ cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
   return cluster_map_common (img, offset, max_len, run, true);
 }
 
-/* A data cluster in the image file itself must start inside the file;
- * whatever of it lies past the end reads as zeros, as in QEMU (a crash
- * may leave a new cluster's tail unwritten).  With img->lock or not.
+/* A data cluster in the image file itself written in place must start
+ * inside the file.  (Reads need not ask: past the end of the file
+ * reads as zeros, as in QEMU, for a file cut short.)
  */
 int
 cluster_check_data_offset (struct qcow2_image *img, uint64_t host_offset,
                            uint64_t len)
 {
-  uint64_t file_size = image_file_size (img);
   uint64_t cluster = host_offset & ~(img->geo.cluster_size - 1);
 
-  if (img->data_io == img->io && cluster >= file_size)
-    return io_corrupt_nolock (img, "data at host offset %#" PRIx64 " (%"
-                              PRIu64 " bytes) lies beyond the end of the "
-                              "file (%" PRIu64 " bytes)", host_offset, len,
-                              file_size);
+  if (img->data_io == img->io && cluster >= img->file_size)
+    return io_corrupt (img, "data at host offset %#" PRIx64 " (%" PRIu64
+                       " bytes) lies beyond the end of the file (the file "
+                       "ends at %#" PRIx64 ")", host_offset, len,
+                       img->file_size);
   return 0;
 }
 

@@ -156,10 +156,16 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
   assert (len > 0 && in_cluster + len <= cs);
   if (!t)
     return -ENOMEM;
-  if (comp_offset >= file_size)
-    return io_corrupt_nolock (img, "compressed cluster at host offset %#"
-                              PRIx64 " lies beyond the end of the file (%"
-                              PRIu64 " bytes)", comp_offset, file_size);
+  /* Bad compressed data fails the read, as in QEMU, but does not mark
+   * the image corrupt: a file cut short is not a broken structure, and
+   * a read writes nothing.
+   */
+  if (comp_offset >= file_size) {
+    log_error (img, "corrupt image: compressed cluster at host offset %#"
+               PRIx64 " lies beyond the end of the file (the file ends at %#"
+               PRIx64 ")", comp_offset, file_size);
+    return -EIO;
+  }
   /* The last compressed cluster may end before its last sector. */
   comp_size = MIN (comp_size, file_size - comp_offset);
 
@@ -180,11 +186,11 @@ compress_read (struct qcow2_image *img, uint64_t comp_offset,
   else
     r = compress_inflate (t, out, cs, in, comp_size);
   if (r == -EIO)
-    io_corrupt_nolock (img, "compressed cluster at host offset %#" PRIx64
-                       " (%" PRIu64 " bytes, %s) does not decompress to one "
-                       "cluster", comp_offset, comp_size,
-                       img->h.compression_type == QCOW2_COMPRESSION_ZSTD
-                       ? "zstd" : "deflate");
+    log_error (img, "corrupt image: compressed cluster at host offset %#"
+               PRIx64 " (%" PRIu64 " bytes, %s) does not decompress to one "
+               "cluster", comp_offset, comp_size,
+               img->h.compression_type == QCOW2_COMPRESSION_ZSTD
+               ? "zstd" : "deflate");
   else if (r == 0 && out != buf)
     memcpy (buf, out + in_cluster, len);
   return r;

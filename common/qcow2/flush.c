@@ -118,7 +118,6 @@ flush_locked (struct qcow2_image *img)
   int r;
 
   ASSERT_LOCKED (img);
-  io_sync_corrupt (img);
   if (!img->dirty.changed)
     return 0;
   if ((r = flush_tables (img)) < 0 || (r = io_flush (img)) < 0)

@@ -47,15 +47,15 @@ header_check_table (struct qcow2_image *img, const char *what,
                     uint64_t offset, uint64_t bytes, uint64_t field)
 {
   if (offset & (img->geo.cluster_size - 1)) {
-    log_error (img, "%s offset %#" PRIx64 " (header offset %" PRIu64 ") is not "
+    log_error (img, "%s offset %#" PRIx64 " (header offset %#" PRIx64 ") is not "
                "aligned to the cluster size %" PRIu64,
                what, offset, field, img->geo.cluster_size);
     return -EINVAL;
   }
   if (bytes && range_exceeds (offset, bytes, img->file_size)) {
     log_error (img, "%s at %#" PRIx64 " (%" PRIu64 " bytes, header offset "
-               "%" PRIu64 ") lies beyond the end of the file (%" PRIu64 " bytes)",
-               what, offset, bytes, field, img->file_size);
+               "%#" PRIx64 ") lies beyond the end of the file (the file ends "
+               "at %#" PRIx64 ")", what, offset, bytes, field, img->file_size);
     return -EINVAL;
   }
   return 0;
@@ -91,7 +91,7 @@ header_report_unknown (struct qcow2_image *img, uint64_t bits,
     n += r;
   }
   log_error (img, "image uses unsupported incompatible feature(s): %s "
-             "(incompatible_features %#" PRIx64 " at header offset %d)",
+             "(incompatible_features %#" PRIx64 " at header offset %#x)",
              msg, img->h.incompatible_features, HDR_INCOMPAT);
 }
 
@@ -204,19 +204,19 @@ header_check_v3 (struct qcow2_image *img, const uint8_t *buf)
   h->header_length = be32_get (buf + HDR_HEADER_LENGTH);
 
   if (h->header_length < HDR_V3_MIN) {
-    log_error (img, "header_length %" PRIu32 " (header offset %d) is "
+    log_error (img, "header_length %" PRIu32 " (header offset %#x) is "
                "shorter than the version 3 minimum of %d",
                h->header_length, HDR_HEADER_LENGTH, HDR_V3_MIN);
     return -EINVAL;
   }
   if (h->header_length > img->geo.cluster_size) {
-    log_error (img, "header_length %" PRIu32 " (header offset %d) exceeds "
+    log_error (img, "header_length %" PRIu32 " (header offset %#x) exceeds "
                "the cluster size %" PRIu64,
                h->header_length, HDR_HEADER_LENGTH, img->geo.cluster_size);
     return -EINVAL;
   }
   if (h->refcount_order > 6) {
-    log_error (img, "refcount_order %" PRIu32 " (header offset %d) is out "
+    log_error (img, "refcount_order %" PRIu32 " (header offset %#x) is out "
                "of range (0 to 6)", h->refcount_order, HDR_REFCOUNT_ORDER);
     return -EINVAL;
   }
@@ -230,12 +230,12 @@ header_check_compression (struct qcow2_image *img)
   bool bit = h->incompatible_features & QCOW2_INCOMPAT_COMPRESSION;
 
   if (h->compression_type > QCOW2_COMPRESSION_ZSTD) {
-    log_error (img, "unknown compression type %u (header offset %d)",
+    log_error (img, "unknown compression type %u (header offset %#x)",
                h->compression_type, HDR_COMPRESSION_TYPE);
     return -ENOTSUP;
   }
   if (bit != (h->compression_type != QCOW2_COMPRESSION_DEFLATE)) {
-    log_error (img, "compression type %u (header offset %d) does not agree "
+    log_error (img, "compression type %u (header offset %#x) does not agree "
                "with incompatible feature bit 3 (%s)", h->compression_type,
                HDR_COMPRESSION_TYPE, bit ? "set" : "clear");
     return -EINVAL;
@@ -254,14 +254,14 @@ header_check_tables (struct qcow2_image *img)
   l2_coverage = img->geo.cluster_size << img->geo.l2_bits;
   l1_needed = div_round_up (h->size, l2_coverage);
   if ((uint64_t) h->l1_size * 8 > QCOW2_MAX_L1_BYTES) {
-    log_error (img, "l1_size %" PRIu32 " (header offset %d) is too large "
+    log_error (img, "l1_size %" PRIu32 " (header offset %#x) is too large "
                "(at most %u entries)", h->l1_size, HDR_L1_SIZE,
                QCOW2_MAX_L1_BYTES / 8);
     return -EFBIG;
   }
   if (h->l1_size < l1_needed) {
     log_error (img, "L1 table is too small: l1_size %" PRIu32 " (header "
-               "offset %d) but the virtual size %" PRIu64 " needs %" PRIu64
+               "offset %#x) but the virtual size %" PRIu64 " needs %" PRIu64
                " entries", h->l1_size, HDR_L1_SIZE, h->size, l1_needed);
     return -EINVAL;
   }
@@ -271,14 +271,14 @@ header_check_tables (struct qcow2_image *img)
     return r;
 
   if (h->refcount_table_clusters == 0) {
-    log_error (img, "refcount_table_clusters (header offset %d) is 0",
+    log_error (img, "refcount_table_clusters (header offset %#x) is 0",
                HDR_REFTABLE_CLUSTERS);
     return -EINVAL;
   }
   if (mul_overflow_u64 (h->refcount_table_clusters, img->geo.cluster_size,
                         &bytes) ||
       bytes > QCOW2_MAX_REFTABLE_BYTES) {
-    log_error (img, "refcount_table_clusters %" PRIu32 " (header offset %d)"
+    log_error (img, "refcount_table_clusters %" PRIu32 " (header offset %#x)"
                " is too large", h->refcount_table_clusters,
                HDR_REFTABLE_CLUSTERS);
     return -EFBIG;
@@ -289,7 +289,7 @@ header_check_tables (struct qcow2_image *img)
     return r;
 
   if (h->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
-    log_error (img, "nb_snapshots %" PRIu32 " (header offset %d) is too "
+    log_error (img, "nb_snapshots %" PRIu32 " (header offset %#x) is too "
                "large (at most %d)", h->nb_snapshots, HDR_NB_SNAPSHOTS,
                QCOW2_MAX_SNAPSHOTS);
     return -EFBIG;
@@ -326,6 +326,63 @@ header_check_tables (struct qcow2_image *img)
   return 0;
 }
 
+/* Images of the other formats qemu-img makes, by their signature
+ * (QEMU's probes), so that one is called what it is, with what
+ * converts and serves it, rather than "not a qcow2 image" taken for a
+ * raw disk.
+ */
+static const struct {
+  const char *magic;
+  unsigned offset, len;         /* within the HDR_V3_MIN bytes read */
+  const char *name;             /* in "a NAME image" */
+  const char *format;           /* qemu-img's -f */
+} header_foreign[] = {
+  { "KDMV", 0, 4, "VMDK", "vmdk" },
+  { "COWD", 0, 4, "VMDK (COWD)", "vmdk" },
+  { "# Disk DescriptorFile", 0, 21, "VMDK (descriptor file)", "vmdk" },
+  { "conectix", 0, 8, "VHD (vpc)", "vpc" },
+  { "vhdxfile", 0, 8, "VHDX", "vhdx" },
+  { "\x7f\x10\xda\xbe", 64, 4, "VDI", "vdi" },
+  { "QED\0", 0, 4, "QED", "qed" },
+  { "LUKS\xba\xbe", 0, 6, "LUKS", "luks" },
+  { "WithoutFreeSpace", 0, 16, "Parallels", "parallels" },
+  { "WithouFreSpacExt", 0, 16, "Parallels", "parallels" },
+  { "Bochs Virtual HD Image", 0, 22, "Bochs", "bochs" },
+};
+
+/* Say what the file is if fixed (its first bytes) is another format's
+ * header: -ENOTSUP, else 0.
+ */
+static int
+header_foreign_format (struct qcow2_image *img,
+                       const uint8_t fixed[HDR_V3_MIN])
+{
+  for (size_t i = 0;
+       i < sizeof header_foreign / sizeof header_foreign[0]; i++) {
+    const char *fmt = header_foreign[i].format, *path = img->path;
+    char remedy[1024];
+
+    assert (header_foreign[i].offset + header_foreign[i].len <= HDR_V3_MIN);
+    if (memcmp (fixed + header_foreign[i].offset, header_foreign[i].magic,
+                header_foreign[i].len) != 0)
+      continue;
+    /* A LUKS payload is a raw disk: nbdkit decrypts it itself. */
+    if (strcmp (fmt, "luks") == 0)
+      snprintf (remedy, sizeof remedy, "nbdkit's luks filter serves it: "
+                "nbdkit file %s --filter=luks passphrase=+PASSWORD-FILE",
+                path);
+    else
+      snprintf (remedy, sizeof remedy, "qemu-img convert -f %s -O qcow2 %s "
+                "NEW.qcow2 makes a qcow2 image of it; qemu-nbd -f %s %s "
+                "serves it as it is", fmt, path, fmt, path);
+    log_error (img, "a %s image (its signature at offset %#x), not a qcow2 "
+               "image\n%s", header_foreign[i].name, header_foreign[i].offset,
+               remedy);
+    return -ENOTSUP;
+  }
+  return 0;
+}
+
 /* Reading: the fixed fields, checked; the cluster size, which the rest
  * depends on.
  */
@@ -351,14 +408,24 @@ header_read_fields (struct qcow2_image *img)
     return r;
   }
   if (be32_get (fixed + HDR_MAGIC) != QCOW2_MAGIC) {
+    if ((r = header_foreign_format (img, fixed)) < 0)
+      return r;
     log_error (img, "not a qcow2 image (magic %#" PRIx32 " at offset 0, "
                "expected %#x)", be32_get (fixed), QCOW2_MAGIC);
     return -EMEDIUMTYPE;
   }
   h->version = be32_get (fixed + HDR_VERSION);
+  if (h->version == 1) {
+    /* QEMU's qcow format, qcow2's predecessor. */
+    log_error (img, "unsupported qcow2 version 1 (header offset %#x): a qcow "
+               "image, not qcow2\n"
+               "qemu-img convert -f qcow -O qcow2 %s NEW.qcow2 makes a qcow2 "
+               "image of it", HDR_VERSION, img->path);
+    return -ENOTSUP;
+  }
   if (h->version != 2 && h->version != 3) {
     log_error (img, "unsupported qcow2 version %" PRIu32 " (header offset "
-               "%d)", h->version, HDR_VERSION);
+               "%#x)", h->version, HDR_VERSION);
     return -ENOTSUP;
   }
   if (h->version == 3 && img->file_size < HDR_V3_MIN) {
@@ -381,7 +448,7 @@ header_read_fields (struct qcow2_image *img)
 
   if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       h->cluster_bits > QCOW2_MAX_CLUSTER_BITS) {
-    log_error (img, "cluster_bits %" PRIu32 " (header offset %d) is out of "
+    log_error (img, "cluster_bits %" PRIu32 " (header offset %#x) is out of "
                "range (%d to %d)", h->cluster_bits, HDR_CLUSTER_BITS,
                QCOW2_MIN_CLUSTER_BITS, QCOW2_MAX_CLUSTER_BITS);
     return -EINVAL;
@@ -391,7 +458,7 @@ header_read_fields (struct qcow2_image *img)
 
   if (h->crypt_method == QCOW2_CRYPT_AES) {
     log_error (img, "legacy AES method (crypt_method 1 at header offset "
-               "%d) is not supported\n"
+               "%#x) is not supported\n"
                "convert the image to LUKS: qemu-img convert "
                "--object secret,id=s0,data=PASSWORD --image-opts "
                "driver=qcow2,file.filename=IMAGE,encrypt.key-secret=s0 "
@@ -401,7 +468,7 @@ header_read_fields (struct qcow2_image *img)
   }
   if (h->crypt_method != 0 && h->crypt_method != QCOW2_CRYPT_LUKS) {
     log_error (img, "unknown encryption method %" PRIu32 " (crypt_method "
-               "at header offset %d)", h->crypt_method, HDR_CRYPT);
+               "at header offset %#x)", h->crypt_method, HDR_CRYPT);
     return -ENOTSUP;
   }
 
@@ -440,7 +507,7 @@ header_read_names (struct qcow2_image *img, uint8_t *buf,
         range_exceeds (h->backing_file_offset, h->backing_file_size,
                        img->geo.cluster_size)) {
       log_error (img, "backing file name at offset %#" PRIx64 " (%" PRIu32
-                 " bytes, header offsets %d and %d) does not fit in the "
+                 " bytes, header offsets %#x and %#x) does not fit in the "
                  "first cluster after the header", h->backing_file_offset,
                  h->backing_file_size, HDR_BACKING_OFFSET, HDR_BACKING_SIZE);
       return -EINVAL;

@@ -5,7 +5,7 @@
  * the header's feature bits, written when a failure marks the image
  * dirty or corrupt.
  *
- * Called with img->lock held, but io_write_checked and io_corrupt_nolock.
+ * Called with img->lock held, but io_write_checked.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,93 +35,75 @@ io_note_written (struct qcow2_image *img, uint64_t end)
   img->host.written_end = MAX (img->host.written_end, end);
 }
 
-/* Write the corrupt bit to the header (v3: v2 has no feature bits,
- * so the mark lasts as long as the image is open), so that QEMU does
- * not write the image either.  Best effort: the write that found the
- * corruption is refused anyway.
+/* Write the corrupt bit, set in memory, to the header (v3: v2 has no
+ * feature bits, so the mark lasts as long as the image is open), so
+ * that QEMU does not write the image either, and flush it, before the
+ * mark is announced: the words that follow "; " in the announcement.
+ * Best effort: the write that found the corruption is refused anyway.
  */
-static void
+static const char *
 io_write_corrupt (struct qcow2_image *img)
   TSA_REQUIRES (img->lock)
 {
-  __atomic_store_n (&img->host.corrupt_unwritten, false, __ATOMIC_RELAXED);
-  if (img->host.writing_corrupt || img->h.version < 3)
-    return;
-  img->host.writing_corrupt = true;
-  if (io_write_features (img) == 0)
-    io_flush (img);
-  img->host.writing_corrupt = false;
+  int r = 0;
+
+  if (img->h.version < 3)
+    return "the image is marked corrupt until it is closed (a version 2 "
+      "header has no corrupt bit)\n"
+      "qemu-img check -r all repairs it";
+  if (img->host.writing_corrupt)
+    r = -EIO;                   /* the guard refused the mark's own write */
+  else {
+    img->host.writing_corrupt = true;
+    if ((r = io_write_features (img)) == 0)
+      r = io_flush (img);
+    img->host.writing_corrupt = false;
+  }
+  if (r < 0)
+    return "the image is marked corrupt until it is closed (writing the "
+      "mark failed)\n"
+      "qemu-img check -r all repairs it";
+  return "the image is marked corrupt\n"
+    "it will not be written until qemu-img check -r all repairs it";
 }
 
 /* The guard's check of a write.  A hit marks the image corrupt, and
- * the mark goes to the header at once.
+ * the mark goes to the header at once, then the hit is said.
  */
 static int
 io_guard (struct qcow2_image *img, uint64_t offset, uint64_t len,
           uint32_t may_touch)
   TSA_REQUIRES (img->lock)
 {
-  int r = overlap_check (img, offset, len, may_touch);
+  struct overlap_hit hit;
+  int r = overlap_check (img, offset, len, may_touch, &hit);
 
   if (r == -EIO)
-    io_write_corrupt (img);
+    log_error (img, "overlap guard: a write of %" PRIu64 " bytes at host "
+               "offset %#" PRIx64 " would overwrite the %s at %#" PRIx64
+               ": refused; %s", len, offset, overlap_name (hit.bit), hit.at,
+               io_write_corrupt (img));
   return r;
-}
-
-/* Say the corruption, and set the corrupt bit if the image was opened
- * for writing (a backing file, or an image served read-only, is only
- * reported on, as QEMU's non-fatal corruption events): true if this
- * call set it.
- */
-static bool __attribute__ ((format (printf, 2, 0)))
-io_signal_corruption (struct qcow2_image *img, const char *fmt, va_list ap)
-{
-  char msg[512];
-  bool marked = false;
-
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  if (img->writable)
-    marked = !(image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT)
-               & QCOW2_INCOMPAT_CORRUPT);
-  log_error (img, "corrupt image: %s%s", msg, marked ? "; the image is "
-             "marked corrupt\n"
-             "it will not be written until qemu-img check -r all repairs "
-             "it" : "");
-  return marked;
 }
 
 int
 io_corrupt (struct qcow2_image *img, const char *fmt, ...)
 {
-  va_list ap;
-  bool marked;
-
-  va_start (ap, fmt);
-  marked = io_signal_corruption (img, fmt, ap);
-  va_end (ap);
-  if (marked)
-    io_write_corrupt (img);
-  return -EIO;
-}
-
-int
-io_corrupt_nolock (struct qcow2_image *img, const char *fmt, ...)
-{
+  char msg[512];
   va_list ap;
 
   va_start (ap, fmt);
-  if (io_signal_corruption (img, fmt, ap))
-    __atomic_store_n (&img->host.corrupt_unwritten, true, __ATOMIC_RELAXED);
+  vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
+  /* A backing file, or an image served read-only, is only reported
+   * on, as QEMU's non-fatal corruption events.
+   */
+  if (img->writable && !(image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT)
+                         & QCOW2_INCOMPAT_CORRUPT))
+    log_error (img, "corrupt image: %s; %s", msg, io_write_corrupt (img));
+  else
+    log_error (img, "corrupt image: %s", msg);
   return -EIO;
-}
-
-/* Called where img->lock is held on every write, flush and close. */
-void
-io_sync_corrupt (struct qcow2_image *img)
-{
-  if (__atomic_load_n (&img->host.corrupt_unwritten, __ATOMIC_RELAXED))
-    io_write_corrupt (img);
 }
 
 /* Also on an image marked corrupt: for the header's feature bits. */

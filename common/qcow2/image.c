@@ -423,7 +423,6 @@ qcow2_close (struct qcow2_image *img)
   if (img->writable) {
     image_data_wrlock (img);
     image_lock (img);
-    io_sync_corrupt (img);
     r = state_close (img);
     if (r < 0)
       io_mark_dirty (img);

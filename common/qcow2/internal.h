@@ -155,10 +155,6 @@ struct image_host {
   uint64_t written_end, durable_end;
   uint64_t flushes;             /* host flushes issued (for tests) */
   bool flush_failed;            /* see io_flush_failed */
-  /* The corrupt bit was set without img->lock (io_corrupt_nolock):
-   * the header is written by the next io_sync_corrupt.  Atomic.
-   */
-  bool corrupt_unwritten;
   /* io_write_corrupt is writing the mark: the guard refusing that write
    * (another structure claims the header's cluster) ends there.
    */

@@ -133,7 +133,8 @@ extern int cluster_map_may_unlock (struct qcow2_image *img, uint64_t offset,
                                    uint64_t max_len, struct qcow2_run *run)
   TSA_REQUIRES (img->lock);
 extern int cluster_check_data_offset (struct qcow2_image *img,
-                                      uint64_t host_offset, uint64_t len);
+                                      uint64_t host_offset, uint64_t len)
+  TSA_REQUIRES (img->lock);
 extern int cluster_l2_slice (struct qcow2_image *img, uint64_t offset,
                              uint8_t **slice, uint64_t *index)
   TSA_REQUIRES (img->lock);
@@ -365,20 +366,14 @@ extern int io_write_features (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 extern void io_mark_dirty (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
-/* A corruption found: said ("corrupt image: ..."), and, in an image
- * opened for writing, the image marked corrupt on disk as QEMU's
+/* A corruption found: in an image opened for writing, the image
+ * marked corrupt on disk (written and flushed) as QEMU's
  * qcow2_signal_corruption marks it, so that nothing writes it again
- * until it is repaired.  Returns -EIO.
+ * until it is repaired; then said ("corrupt image: ...").  Returns
+ * -EIO.
  */
 extern int io_corrupt (struct qcow2_image *img, const char *fmt, ...)
   TSA_REQUIRES (img->lock) __attribute__ ((format (printf, 2, 3)));
-/* The same from code that may not hold img->lock: the mark is set at
- * once, and written to the header by the next io_sync_corrupt.
- */
-extern int io_corrupt_nolock (struct qcow2_image *img, const char *fmt, ...)
-  __attribute__ ((format (printf, 2, 3)));
-extern void io_sync_corrupt (struct qcow2_image *img)
-  TSA_REQUIRES (img->lock);
 
 /* flush.c: the marks of what the next flush must write, inline (they
  * are single stores into img->dirty, made from every writing file).
@@ -510,8 +505,13 @@ extern int overlap_remove (struct qcow2_image *img, uint64_t offset,
 extern int overlap_add_found (struct qcow2_image *img, uint64_t offset,
                               uint64_t len, unsigned bit)
   TSA_REQUIRES (img->lock);
+/* What a write the guard refused would have overwritten. */
+struct overlap_hit {
+  unsigned bit;                 /* the structure's QCOW2_OL_*_BIT */
+  uint64_t at;                  /* its cluster's host offset */
+};
 extern int overlap_check (struct qcow2_image *img, uint64_t offset,
-                          uint64_t len, uint32_t ign)
+                          uint64_t len, uint32_t ign, struct overlap_hit *hit)
   TSA_REQUIRES (img->lock);
 extern int overlap_build (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);

@@ -99,29 +99,12 @@ overlap_remove (struct qcow2_image *img, uint64_t offset, uint64_t len)
   return 0;
 }
 
-/* A write must not happen: say what it would have destroyed, and mark
- * the image corrupt, so that nothing but the mark is written again
- * (hostio.c writes the mark to the header; reads keep working).
- */
-static void
-overlap_hit (struct qcow2_image *img, unsigned bit, uint64_t at,
-             uint64_t offset, uint64_t len)
-  TSA_REQUIRES (img->lock)
-{
-  log_error (img, "overlap guard: a write of %" PRIu64 " bytes at host "
-             "offset %#" PRIx64 " would overwrite the %s at %#" PRIx64 ": "
-             "refused; the image is marked corrupt\n"
-             "it will not be written until qemu-img check -r all repairs "
-             "it", len, offset, overlap_name (bit), at);
-  image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT);
-}
-
 /* The lookup of overlap_check, out of line so that the common cases
  * need no stack frame.
  */
 static int __attribute__ ((noinline))
 overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
-                   uint32_t checked)
+                   uint32_t checked, struct overlap_hit *hit)
   TSA_REQUIRES (img->lock)
 {
   unsigned type;
@@ -135,17 +118,22 @@ overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
 
   if (c == UINT64_MAX)
     return 0;
-  overlap_hit (img, type - 1, c << img->geo.cluster_bits, offset, len);
+  /* Nothing but the mark is written again; hostio.c writes the mark to
+   * the header, then says what the write would have destroyed.
+   */
+  image_set_incompat (img, QCOW2_INCOMPAT_CORRUPT);
+  *hit = (struct overlap_hit) { type - 1, c << img->geo.cluster_bits };
   return -EIO;
 }
 
 /* Before a write of [offset, offset+len) that may touch only the
  * structures in the mask ign: 0, or -EIO after marking the image
- * corrupt in memory (the write must not happen).
+ * corrupt in memory (the write must not happen), what it would have
+ * overwritten in *hit.
  */
 int
 overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
-               uint32_t ign)
+               uint32_t ign, struct overlap_hit *hit)
 {
   const struct overlap_map *m = img->overlap;
   uint64_t first;
@@ -171,7 +159,7 @@ overlap_check (struct qcow2_image *img, uint64_t offset, uint64_t len,
     if (!overlap_map_type_in (m, first, checked, true))
       return 0;
   }
-  return overlap_check_map (img, offset, len, checked);
+  return overlap_check_map (img, offset, len, checked, hit);
 }
 
 int64_t

@@ -202,7 +202,9 @@ extern struct qcow2_io *qcow2_open_name (const struct qcow2_env *env,
 /* Open the image in io (named path, used to resolve relative names).
  * On success the image owns io.  On failure returns NULL and errno,
  * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is
- * not a qcow2 image (no magic), so that the caller can say what to do.
+ * not a qcow2 image (no magic), so that the caller can say what to do;
+ * ENOTSUP for an image of another format QEMU knows (VMDK, VHD...),
+ * said with what converts and serves it.
  */
 extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
                                        struct qcow2_io *io, const char *path,

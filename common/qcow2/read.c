@@ -391,7 +391,7 @@ read_pieces (const struct qcow2_run *runs, size_t n)
  * storage: data in the file, into data[] (*nd), and what the backing
  * layer holds, into below[] (*nb): a raw layer's file, or the layer.
  */
-static int
+static void
 read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
            size_t n, uint64_t offset, struct pool_piece *data, size_t *nd,
            struct pool_piece *below, size_t *nb)
@@ -401,17 +401,15 @@ read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
   *nd = *nb = 0;
   for (size_t i = 0; i < n; i++) {
     uint64_t len = runs[i].length, blen;
-    int r;
 
-    if (runs[i].kind == RUN_DATA) {
-      r = cluster_check_data_offset (img, runs[i].host_offset, len);
-      if (r < 0)
-        return r;
+    /* Data past the end of a file cut short reads as zeros, as in
+     * QEMU (storage reads so): no error, and nothing written.
+     */
+    if (runs[i].kind == RUN_DATA)
       data[(*nd)++] = (struct pool_piece) {
         .io = img->guest_io, .buf = buf, .len = len,
         .offset = runs[i].host_offset,
       };
-    }
     else if (runs[i].kind == RUN_UNALLOCATED &&
              (blen = read_backing_len (img, offset, len)) > 0 &&
              !(b->raw && b->readahead &&
@@ -431,7 +429,6 @@ read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
     below[0].fn = read_layer_piece;
   else if (*nb > 1 && b->raw && b->readahead)
     readahead_note (b->readahead, below[*nb - 1].offset + below[*nb - 1].len);
-  return 0;
 }
 
 /* The error of a piece that failed, said where the layer did not. */
@@ -477,9 +474,7 @@ read_runs (struct qcow2_image *img, uint8_t *buf, struct read_batch *rb,
   int r;
 
   assert (n <= READ_BATCH);
-  r = read_plan (img, buf, runs, n, offset, pieces, &nd, below, &nb);
-  if (r < 0)
-    return r;
+  read_plan (img, buf, runs, n, offset, pieces, &nd, below, &nb);
   /* Pieces of one file next to each other there become one request,
    * those of remote storage one pread_many; a raw backing file's too.
    */

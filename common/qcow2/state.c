@@ -89,7 +89,6 @@ state_begin_write (struct qcow2_image *img)
    * cluster: one the overlap guard (or any corruption found) marked
    * corrupt since the request began goes no further.
    */
-  io_sync_corrupt (img);
   if (qcow2_is_corrupt (img))
     return qcow2_check_writable (img);
   if (img->write_started)
