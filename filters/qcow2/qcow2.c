@@ -516,7 +516,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
  * plugin opens it (read-only if it cannot be written) and locked as
  * below_lock_file locks it, so that a lock QEMU holds is refused; the
  * image opened read-only with the same keys (create=true: the checks
- * of the export) and closed: nothing written, no lock held across the
+ * of the export, a regular file) and closed: nothing written, no lock held across the
  * fork.  after_fork opens it again (the file may change in between).
  * 0, or -1 said.
  */
@@ -559,8 +559,11 @@ qcow2_filter_probe (void)
     io->ops->close (io);
     return -1;
   }
+  /* A block device has no holes to seek (EINVAL): the plugin's reads
+   * check it after the fork.
+   */
   if (create) {
-    r = qcow2_filter_create_check (io, name, readonly);
+    r = regular ? qcow2_filter_create_check (io, name, readonly) : 0;
     io->ops->close (io);
     free (dir);
     return r;
