@@ -380,8 +380,8 @@ qcow2_filter_create (struct qcow2_io *io, const char *name, int64_t size,
 }
 
 /* Where relative backing file names are (see backing_dir), and the
- * name the engine knows the image by: the file's path when the plugin
- * serves file, a local file (else NULL), else the plugin and its keys.
+ * name the engine knows the image by: file's path (the local file the
+ * plugin serves as the image, or NULL), else the plugin and its keys.
  * Then the names of backing=, resolved there.  0, or -1 said.
  */
 static int
@@ -424,8 +424,9 @@ static void
 qcow2_filter_hint_empty (struct qcow2_io *io, const char *name)
 {
   char buf[4096];
-  uint32_t len = MIN (io->ops->size (io), (int64_t) sizeof buf);
-  int r = io->ops->pread (io, buf, len, 0);
+  int64_t size = io->ops->size (io);
+  uint32_t len = MIN (size, (int64_t) sizeof buf);
+  int r = size < 0 ? -1 : io->ops->pread (io, buf, len, 0);
 
   if (r == 0 && (len == 0 || (buf[0] == 0 &&
                               memcmp (buf, buf + 1, len - 1) == 0)))
@@ -508,6 +509,15 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   return r;
 }
 
+/* The engine's debug messages in qcow2_filter_probe, which opens the
+ * image read-only whatever is served.
+ */
+static void
+qcow2_filter_probe_debug (void *opaque, const char *msg)
+{
+  nbdkit_debug ("before the fork: %s", msg);
+}
+
 /* Before nbdkit forks, when the disk below is a local file that
  * nbdkit's file plugin serves with no filter between: what after_fork
  * would refuse of it is refused now, so that the refusal reaches the
@@ -516,15 +526,10 @@ qcow2_filter_open_image (nbdkit_backend *backend)
  * plugin opens it (read-only if it cannot be written) and locked as
  * below_lock_file locks it, so that a lock QEMU holds is refused; the
  * image opened read-only with the same keys (create=true: the checks
- * of the export, a regular file) and closed: nothing written, no lock held across the
- * fork.  after_fork opens it again (the file may change in between).
- * 0, or -1 said.
+ * of the export, if a regular file) and closed: nothing written, no
+ * lock held across the fork.  after_fork opens it again (the file may
+ * change in between).  0, or -1 said.
  */
-static void
-qcow2_filter_probe_debug (void *opaque, const char *msg)
-{
-  nbdkit_debug ("before the fork: %s", msg);
-}
 
 static int
 qcow2_filter_probe (void)
@@ -573,9 +578,7 @@ qcow2_filter_probe (void)
   opts.readonly = true;
   opts.copy_on_read = false;
   opts.io_threads = 0;          /* no threads before the fork */
-  /* Notices are said once, after the fork; debug messages say what
-   * they are about, the image read-only here whatever is served.
-   */
+  /* Notices are said once, after the fork. */
   env.opaque = &backing_fo;
   env.notice = NULL;
   env.debug = qcow2_filter_probe_debug;
