@@ -116,17 +116,26 @@ glue_opened_password (struct qcow2_image *img, const char *name)
 }
 
 int
-glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
-             const char *why)
+glue_opened_check (struct qcow2_image *img, const char *name,
+                   bool asked_readonly)
 {
-  const char *reason;
-
   if (glue_opened_password (img, name) == -1)
     return -1;
   if (qcow2_is_corrupt (img) && !asked_readonly && !glue.engine.snapshot) {
     qcow2_check_writable (img);         /* says why, and what to do */
     return -1;
   }
+  return 0;
+}
+
+int
+glue_opened (struct qcow2_image *img, const char *name, bool asked_readonly,
+             const char *why)
+{
+  const char *reason;
+
+  if (glue_opened_check (img, name, asked_readonly) == -1)
+    return -1;
   if (why)
     glue_noticef (name, "served read-only: %s", why);
   else if (glue.engine.snapshot)        /* asked for: not news */

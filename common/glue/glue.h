@@ -237,6 +237,11 @@ extern struct qcow2_env glue_env;
  */
 extern int glue_opened (struct qcow2_image *img, const char *name,
                         bool asked_readonly, const char *why);
+/* glue_opened's refusals alone, nothing said otherwise (the filter's
+ * check before nbdkit forks of an image it opens again after).
+ */
+extern int glue_opened_check (struct qcow2_image *img, const char *name,
+                              bool asked_readonly);
 
 /* repair=leaks on the image named name: 0, or -1 said. */
 extern int glue_repair (struct qcow2_image *img, const char *name);

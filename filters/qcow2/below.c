@@ -392,17 +392,30 @@ below_served_file (void)
   return below_file_plugin && below_file_count == 1 ? below_file : NULL;
 }
 
-/* The file plugin serves a regular file with no filter between, which
- * may change its size (even the blocksize filter rounds it): its size
- * is the disk's.
+/* No filter between, which may change the disk's bytes or size (even
+ * the blocksize filter rounds it): the file's are the disk's.
  */
-int64_t
-below_served_size (void)
+const char *
+below_direct_file (bool *regular)
 {
   struct stat st;
 
   if (!below_served_file () || below_filters ||
-      stat (below_file, &st) == -1 || !S_ISREG (st.st_mode))
+      stat (below_file, &st) == -1 ||
+      !(S_ISREG (st.st_mode) || S_ISBLK (st.st_mode)))
+    return NULL;
+  *regular = S_ISREG (st.st_mode);
+  return below_file;
+}
+
+int64_t
+below_served_size (void)
+{
+  struct stat st;
+  bool regular;
+
+  if (!below_direct_file (&regular) || !regular ||
+      stat (below_file, &st) == -1)
     return -1;
   return st.st_size;
 }
@@ -633,16 +646,6 @@ below_get_ready (int thread_model)
 {
   below_serialized = thread_model != NBDKIT_THREAD_MODEL_PARALLEL;
   return below_serialized;
-}
-
-int
-below_pread (nbdkit_next *next, void *buf, uint32_t count, uint64_t offset)
-{
-  struct nextio_call c = {
-    .op = NEXTIO_READ, .buf = buf, .len = count, .offset = offset,
-  };
-
-  return nextio_turn (next, &c) < 0 ? -1 : 0;
 }
 
 void

@@ -28,9 +28,6 @@ extern int below_config_complete (void);
 extern bool below_get_ready (int thread_model);
 /* The context into the plugin, shared by all connections, or NULL. */
 extern nbdkit_next *below_open (nbdkit_backend *backend, bool readonly);
-/* A read from the plugin, in turn with the engine's: 0, or -1. */
-extern int below_pread (nbdkit_next *next, void *buf, uint32_t count,
-                        uint64_t offset);
 
 /* The plugin's export (size bytes) as a qcow2_io, which the engine
  * owns, NULL on error (said).  Flags: NEXTIO_READONLY, never written;
@@ -70,6 +67,11 @@ extern const char *below_description (void);
 extern bool below_same_plugin (const char *recorded);
 /* The one local file nbdkit's file plugin is given, or NULL. */
 extern const char *below_served_file (void);
+/* That file when its bytes are the disk below (no filter between),
+ * known before the plugin is opened: a regular file (*regular, the
+ * image below_lock_file locks) or a block device.  Else NULL.
+ */
+extern const char *below_direct_file (bool *regular);
 /* The size of the disk below, when known before the plugin is opened
  * (that file, regular, with no filter between), else -1.
  */

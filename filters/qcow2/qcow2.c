@@ -233,18 +233,6 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
   "                                with extended-l2=on.\n" \
   GLUE_CREATE_SPELLINGS_HELP
 
-static int
-qcow2_filter_get_ready (int thread_model)
-{
-  /* No pool of threads calling a plugin that takes one request at a
-   * time: they would only wait for each other.
-   */
-  if (below_get_ready (thread_model))
-    glue.engine.io_threads = 0;
-  /* Before nbdkit forks: a refusal then reaches the terminal. */
-  return overlay_get_ready ();
-}
-
 /* create=true reads at most this much of the export to check that it
  * is empty: what the plugin's block status does not report as zeros
  * (all of it, for a plugin without block status).  Past it the export
@@ -254,29 +242,22 @@ qcow2_filter_get_ready (int thread_model)
 #define CREATE_READ_MAX (UINT64_C (1) << 30)
 #define CREATE_READ_MAX_TEXT "1 GiB"
 
-/* Whether the export is empty, for create=true: every run that block
- * status does not report as zeros is read, in the order of the disk.
- * 0 if it is, else -1 said (the first byte of data, or too much to
- * read).
+/* Whether the export, read through scan, is empty, for create=true:
+ * every run that block status does not report as zeros is read, in
+ * the order of the disk.  0 if it is, else -1 said (the first byte of
+ * data, or too much to read).
  */
 static int
-qcow2_filter_check_empty (const char *name, uint64_t size)
+qcow2_filter_check_empty (struct qcow2_io *scan, const char *name,
+                          uint64_t size)
 {
   const size_t chunk = 1u << 20;
-  struct qcow2_io *scan;
   uint64_t offset = 0, nread = 0;
   uint8_t *buf;
   int r = 0;
 
-  /* An io of its own, whose status answers from the plugin's extents
-   * (the image's io is made without them).
-   */
-  scan = below_nextio_new (below, size, NEXTIO_READONLY | NEXTIO_EXTENTS);
-  if (!scan)
-    return -1;
   if (!(buf = malloc (chunk))) {
     nbdkit_error ("malloc: %s", errstr (errno));
-    scan->ops->close (scan);
     return -1;
   }
   while (r == 0 && offset < size) {
@@ -332,19 +313,26 @@ qcow2_filter_check_empty (const char *name, uint64_t size)
     }
   }
   free (buf);
-  scan->ops->close (scan);
   return r < 0 ? -1 : 0;
 }
 
-/* create=true: a new image in the export, which must be empty (no
- * data anywhere: not an image, a partition table or a file system
+/* Whether create=true may make an image in the export, read through
+ * scan (whose status answers block status): it must be writable, empty
+ * (no data anywhere: not an image, a partition table or a file system
  * someone would miss) and large enough.  0, or -1 said.
  */
 static int
-qcow2_filter_create (struct qcow2_io *io, const char *name)
+qcow2_filter_create_check (struct qcow2_io *scan, const char *name,
+                           bool readonly)
 {
-  uint64_t size = io->ops->size (io), need;
+  uint64_t size = scan->ops->size (scan), need;
 
+  if (readonly) {
+    nbdkit_error ("create=true: the export is read-only");
+    glue_hint ("it is made read-only by nbdkit -r, readonly=true, or a "
+               "plugin that cannot write");
+    return -1;
+  }
   if (qcow2_create_bytes (&glue_env, &glue.create.opts,
                           glue.create.opts.preallocation != QCOW2_PREALLOC_OFF,
                           &need) < 0)
@@ -361,7 +349,28 @@ qcow2_filter_create (struct qcow2_io *io, const char *name)
     glue_hint ("give the export more, or the disk less");
     return -1;
   }
-  if (qcow2_filter_check_empty (name, size) == -1)
+  return qcow2_filter_check_empty (scan, name, size);
+}
+
+/* create=true: a new image in io, the plugin's export (size bytes),
+ * checked first.  0, or -1 said.
+ */
+static int
+qcow2_filter_create (struct qcow2_io *io, const char *name, int64_t size,
+                     bool readonly)
+{
+  /* An io of its own, whose status answers from the plugin's extents
+   * (the image's io is made without them).
+   */
+  struct qcow2_io *scan = below_nextio_new (below, size,
+                                            NEXTIO_READONLY | NEXTIO_EXTENTS);
+  int r;
+
+  if (!scan)
+    return -1;
+  r = qcow2_filter_create_check (scan, name, readonly);
+  scan->ops->close (scan);
+  if (r == -1)
     return -1;
   if (qcow2_create (&glue_env, io, &glue.create.opts) < 0)
     return -1;
@@ -371,15 +380,13 @@ qcow2_filter_create (struct qcow2_io *io, const char *name)
 }
 
 /* Where relative backing file names are (see backing_dir), and the
- * name the engine knows the image by: the file's path when the plugin
- * serves a local file, else the plugin and its keys.  Then the names
- * of backing=, resolved there.  0, or -1 said.
+ * name the engine knows the image by: file's path (the local file the
+ * plugin serves as the image, or NULL), else the plugin and its keys.
+ * Then the names of backing=, resolved there.  0, or -1 said.
  */
 static int
-qcow2_filter_name_files (const char **name, char **dir)
+qcow2_filter_name_files (const char *file, const char **name, char **dir)
 {
-  const char *file = below_local_file ();
-
   if (backing_dir || !file)
     *dir = strdup (backing_dir ? backing_dir : start_dir);
   else {
@@ -409,15 +416,17 @@ qcow2_filter_name_files (const char **name, char **dir)
   return 0;
 }
 
-/* An export that is not an image: if it starts with zeros, it is
- * likely a new one, for create=true (which checks all of it).
+/* An export (read through io) that is not an image: if it starts with
+ * zeros, it is likely a new one, for create=true (which checks all of
+ * it).
  */
 static void
-qcow2_filter_hint_empty (const char *name, int64_t size)
+qcow2_filter_hint_empty (struct qcow2_io *io, const char *name)
 {
   char buf[4096];
+  int64_t size = io->ops->size (io);
   uint32_t len = MIN (size, (int64_t) sizeof buf);
-  int r = below_pread (below, buf, len, 0);
+  int r = size < 0 ? -1 : io->ops->pread (io, buf, len, 0);
 
   if (r == 0 && (len == 0 || (buf[0] == 0 &&
                               memcmp (buf, buf + 1, len - 1) == 0)))
@@ -463,13 +472,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   glue.engine.readonly = readonly;
   if (below_lock_file (readonly) == -1)
     return -1;
-  if (create && readonly) {
-    nbdkit_error ("create=true: the export is read-only");
-    glue_hint ("it is made read-only by nbdkit -r, readonly=true, or a "
-               "plugin that cannot write");
-    return -1;
-  }
-  if (qcow2_filter_name_files (&name, &dir) == -1)
+  if (qcow2_filter_name_files (below_local_file (), &name, &dir) == -1)
     return -1;
   glue.engine.names_dir = below_local_file () && !backing_dir ? NULL : dir;
   if (!(io = below_nextio_new (below, size,
@@ -477,7 +480,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
     free (dir);
     return -1;
   }
-  if (create && qcow2_filter_create (io, name) == -1) {
+  if (create && qcow2_filter_create (io, name, size, readonly) == -1) {
     io->ops->close (io);
     free (dir);
     return -1;
@@ -488,8 +491,11 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   /* The image and its backing files are open: their keys are made. */
   glue_forget_password ();
   if (!image) {
-    if (errno == ENODATA || errno == EMEDIUMTYPE)
-      qcow2_filter_hint_empty (name, size);
+    if ((errno == ENODATA || errno == EMEDIUMTYPE) &&
+        (io = below_nextio_new (below, size, NEXTIO_READONLY)) != NULL) {
+      qcow2_filter_hint_empty (io, name);
+      io->ops->close (io);
+    }
     return -1;
   }
   r = glue_opened (image, name, asked_readonly,
@@ -501,6 +507,109 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   if (r == 0 && glue.repair_leaks)
     r = glue_repair (image, name);
   return r;
+}
+
+/* The engine's debug messages in qcow2_filter_probe, which opens the
+ * image read-only whatever is served.
+ */
+static void
+qcow2_filter_probe_debug (void *opaque, const char *msg)
+{
+  nbdkit_debug ("before the fork: %s", msg);
+}
+
+/* Before nbdkit forks, when the disk below is a local file that
+ * nbdkit's file plugin serves with no filter between: what after_fork
+ * would refuse of it is refused now, so that the refusal reaches the
+ * terminal and nbdkit's exit status (by after_fork nbdkit has forked
+ * into the background, and logs to syslog).  The file is opened as the
+ * plugin opens it (read-only if it cannot be written) and locked as
+ * below_lock_file locks it, so that a lock QEMU holds is refused; the
+ * image opened read-only with the same keys (create=true: the checks
+ * of the export, if a regular file) and closed: nothing written, no
+ * lock held across the fork.  after_fork opens it again (the file may
+ * change in between).  0, or -1 said.
+ */
+
+static int
+qcow2_filter_probe (void)
+{
+  bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
+  bool readonly = asked_readonly, regular;
+  const char *file = below_direct_file (&regular), *name;
+  struct fileio_options fo = glue_file_options, backing_fo;
+  struct qcow2_env env = glue_env;
+  struct qcow2_options opts;
+  struct qcow2_image *img;
+  struct qcow2_io *io;
+  char *why = NULL, *dir;
+  int r, e;
+
+  if (!file || overlay_active ())
+    return 0;
+  fo.notice = NULL;             /* said once, after the fork */
+  backing_fo = fo;
+  fo.direct = false;            /* the plugin's own reads are not */
+  io = fileio_open_with (file, readonly, &fo, &why);
+  if (!io && !readonly && (errno == EACCES || errno == EROFS)) {
+    readonly = true;
+    io = fileio_open_with (file, true, &fo, &why);
+  }
+  if (!io) {
+    nbdkit_error ("%s: %s", file, why ? why : errstr (errno));
+    free (why);
+    return -1;
+  }
+  if (qcow2_filter_name_files (regular ? file : NULL, &name, &dir) == -1) {
+    io->ops->close (io);
+    return -1;
+  }
+  /* A block device has no holes to seek (EINVAL): the plugin's reads
+   * check it after the fork.
+   */
+  if (create) {
+    r = regular ? qcow2_filter_create_check (io, name, readonly) : 0;
+    io->ops->close (io);
+    free (dir);
+    return r;
+  }
+  opts = glue.engine;
+  opts.names_dir = regular && !backing_dir ? NULL : dir;
+  opts.readonly = true;
+  opts.copy_on_read = false;
+  opts.io_threads = 0;          /* no threads before the fork */
+  /* Notices are said once, after the fork. */
+  env.opaque = &backing_fo;
+  env.notice = NULL;
+  env.debug = qcow2_filter_probe_debug;
+  img = qcow2_open (&env, io, name, &opts);
+  e = errno;
+  free (dir);
+  if (!img) {
+    if ((e == ENODATA || e == EMEDIUMTYPE) &&
+        (io = fileio_open_with (file, true, &fo, NULL)) != NULL) {
+      qcow2_filter_hint_empty (io, name);
+      io->ops->close (io);
+    }
+    return -1;
+  }
+  r = glue_opened_check (img, name, asked_readonly);
+  qcow2_close (img);
+  return r;
+}
+
+static int
+qcow2_filter_get_ready (int thread_model)
+{
+  /* No pool of threads calling a plugin that takes one request at a
+   * time: they would only wait for each other.
+   */
+  if (below_get_ready (thread_model))
+    glue.engine.io_threads = 0;
+  /* Before nbdkit forks: a refusal then reaches the terminal. */
+  if (qcow2_filter_probe () == -1)
+    return -1;
+  return overlay_get_ready ();
 }
 
 /* An image that cannot be served ends nbdkit at start, with its
