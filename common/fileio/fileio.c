@@ -488,6 +488,12 @@ fileio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
 
   *type = QCOW2_EXTENT_HOLE | QCOW2_EXTENT_ZERO;
   if (data == -1) {
+    /* A block device has no SEEK_DATA (EINVAL): all of it is data. */
+    if (errno == EINVAL) {
+      *type = 0;
+      *len = count;
+      return 0;
+    }
     if (errno != ENXIO)
       return -errno;
     *len = count;               /* no data from here to the end */
