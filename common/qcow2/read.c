@@ -63,9 +63,10 @@ read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
  * read-ahead (qemu's nbd driver) makes it send.  And a window is
  * capped by how the last ones fared: a window dropped with more than
  * half of it unread halves the cap (down to READAHEAD_MIN), one read
- * to its end makes it twice that window's size; the cap never holds a
- * window below the size of the read that starts it.  A sequential
- * reader reads every window to its end: its windows grow as before.
+ * to its end doubles it, to twice that window at least (up to
+ * READAHEAD_WINDOW); the cap never holds a window below the size of
+ * the read that starts it.  A sequential reader reads every window to
+ * its end: its windows grow much as they did without the cap.
  */
 #define READAHEAD_WINDOW (4u << 20)
 #define READAHEAD_MIN (64u << 10)
