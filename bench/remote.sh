@@ -30,6 +30,11 @@
 #               the bytes the base served per byte copied (counted by
 #               nbdkit's log filter on the base's server for these)
 #   copy-http   the same of the overlay over the web server
+#   replay      a boot-like trace of 2,503 reads (226 MiB: scattered
+#               small reads, files read in short runs, a few long runs;
+#               bench/boot-trace.py) replayed one at a time from the
+#               overlay over the logged raw base: MiB/s of what was
+#               read, and the bytes the base served per byte read
 # Usage: bench/remote.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
 # REMOTE_CASES="rand-4k ..." runs only those)
 # Prints MiB/s or IOPS per server (medians) and the ratios, which go into
@@ -46,6 +51,7 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$wo
 # The images: the fragmented qcow2 base, and a raw base of its data.
 "$top/bench/mkimage.sh" layout random 1G "$work/frag.qcow2" >/dev/null
 qemu-img convert -O raw "$work/frag.qcow2" "$work/base.raw"
+/usr/bin/python3 "$top/bench/boot-trace.py" gen 1073741824 > "$work/trace"
 
 # serve NAME ARGS...: nbdkit on $work/NAME.sock.
 serve ()
@@ -57,7 +63,7 @@ serve ()
 }
 serve raw -r --filter=delay file "$work/base.raw" delay-read=2ms
 serve frag -r --filter=delay file "$work/frag.qcow2" delay-read=2ms
-# The same base with its reads logged, for the copy cases.
+# The same base with its reads logged, for the copy and replay cases.
 serve rawlog -r --filter=log --filter=delay file "$work/base.raw" \
   delay-read=2ms logfile="$work/rawlog.log"
 mkdir "$work/web"
@@ -89,9 +95,26 @@ r = json.loads(out[out.index("{"):])["jobs"][0]["read"]
 print("%.1f" % (r["iops"] if sys.argv[1] == "4k" else r["bw"] / 1024))' "$3"
 }
 
-# copy_run URI [NBDCOPY-OPTIONS]: MiB/s of nbdcopy of the whole export
-# to null:, then the bytes the logged base served per byte copied (if
-# it served any).
+# served SIZE T0 T1 FROM: MiB/s of SIZE bytes read from T0 to T1, then
+# the bytes the logged base served (from byte FROM of its log) per byte
+# read (if it served any).
+served ()
+{
+  local size=$1 t0=$2 t1=$3 from=$4
+  tail -c +"$((from + 1))" "$work/rawlog.log" |
+    /usr/bin/python3 -c '
+import re, sys
+size, secs = int(sys.argv[1]), float(sys.argv[2])
+got = sum(int(m.group(1), 0) for line in sys.stdin
+          if " Read id=" in line
+          for m in [re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line)] if m)
+# Over the web server the log sees nothing: the speed alone.
+print("%.1f" % (size / secs / 1048576), "%.3f" % (got / size) if got else "")
+' "$size" "$(echo "$t1 - $t0" | bc -l)"
+}
+
+# copy_run URI [NBDCOPY-OPTIONS]: nbdcopy of the whole export to
+# null:, as served says.
 copy_run ()
 {
   local uri=$1 t0 t1 size from
@@ -101,16 +124,18 @@ copy_run ()
   t0=$(date +%s.%N)
   nbdcopy --connections=1 --requests=16 "$@" "$uri" null:
   t1=$(date +%s.%N)
-  tail -c +"$((from + 1))" "$work/rawlog.log" |
-    /usr/bin/python3 -c '
-import re, sys
-size, secs = int(sys.argv[1]), float(sys.argv[2])
-got = sum(int(m.group(1), 0) for line in sys.stdin
-          if " Read id=" in line
-          for m in [re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line)] if m)
-# Over the web server the log sees nothing: the speed alone.
-print("%.1f" % (size / secs / 1048576), "%.2f" % (got / size) if got else "")
-' "$size" "$(echo "$t1 - $t0" | bc -l)"
+  served "$size" "$t0" "$t1" "$from"
+}
+
+# replay_run URI: the boot-like trace read from URI, as served says.
+replay_run ()
+{
+  local uri=$1 t0 t1 size from
+  from=$(wc -c < "$work/rawlog.log")
+  t0=$(date +%s.%N)
+  size=$(/usr/bin/python3 "$top/bench/boot-trace.py" replay "$work/trace" "$uri")
+  t1=$(date +%s.%N)
+  served "$size" "$t0" "$t1" "$from"
 }
 
 # one CASE SERVER: start the server, measure, stop it.
@@ -124,7 +149,7 @@ one ()
     http-*) ovl=ovl-http ;;
     seq-256k-qd16) ovl=ovl-raw bs=256k depth=16 ;;
     seq-1m-qd4) ovl=ovl-raw depth=4 ;;
-    copy*) ovl=ovl-rawlog base=rawlog ;;
+    copy* | replay) ovl=ovl-rawlog base=rawlog ;;
   esac
   [ "$case" = copy-http ] && ovl=ovl-http
   rm -f "$work/s.sock"
@@ -147,6 +172,7 @@ one ()
   case $case in
     copy | copy-http) copy_run "$uri" ;;
     copy-noext) copy_run "$uri" --no-extents ;;
+    replay) replay_run "$uri" ;;
     *) fio_run "$uri" "$rw" "$bs" "$depth" ;;
   esac
   [ "$server" = direct ] && [ "$ovl" != ovl-http ] ||
@@ -155,7 +181,7 @@ one ()
 }
 
 declare -A res fetched
-cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-noext copy-http}
+cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-noext copy-http replay}
 servers="ours qemu-nbd direct"
 for r in $(seq "$rounds"); do
   for c in $cases; do
@@ -169,7 +195,7 @@ for r in $(seq "$rounds"); do
 done
 
 median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "$rounds rounds of $secs s (copy cases: one copy a round); MiB/s (IOPS for rand-4k), medians; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$rounds rounds of $secs s (copy and replay cases: one a round); MiB/s (IOPS for rand-4k), medians; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| case | ours | qemu-nbd | direct | ours/qemu-nbd | ours/direct |"
 echo "|---|---|---|---|---|---|"
 : > "$work/ratios"
@@ -184,7 +210,7 @@ done
 [ "${BENCH_UPDATE:-1}" = 0 ] ||
   /usr/bin/python3 "$top/bench/report.py" --ratios \
     "remote backing files, 2 ms a read (bench/remote.sh)" < "$work/ratios"
-echo "bytes the base served per byte copied (medians):"
+echo "bytes the base served per byte copied or read (medians):"
 for c in $cases; do
   [ -n "${fetched[$c,ours]}" ] || continue
   echo "$c: ours $(median "${fetched[$c,ours]}")" \

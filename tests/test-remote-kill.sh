@@ -3,10 +3,10 @@
 # A remote base that fails while served: killed in the middle of a copy
 # (the copy fails with EIO at once, nbdkit stays up, what the overlay
 # holds is still served and written, a later read succeeds once the
-# server is back), stopped (SIGSTOP: reads fail after remote-timeout=,
-# and succeed again once it goes on), and shut down while a read waits
-# (it does not wait for us to leave).  The overlay passes qemu-img
-# check, and reads as QEMU reads it.
+# server is back), stopped (SIGSTOP: reads and block status fail with
+# EIO after remote-timeout=, and succeed again once it goes on), and
+# shut down while a read waits (it does not wait for us to leave).  The
+# overlay passes qemu-img check, and reads as QEMU reads it.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdcopy nbdsh
@@ -56,9 +56,19 @@ read_fails $((8 << 20))
 nbd_server base -r --filter=delay file "$base" delay-read=100ms
 read_ok $((8 << 20)) 0x11
 
-# Stopped: no answer, then the timeout; going on again, served again.
+# Stopped: no answer, then the timeout, for block status (of a server
+# started again, connected by a read, which has asked the base for no
+# block status yet) as for reads; going on again, served again.
+stop_server q
+nbd_server q qcow2 "$ovl" remote-timeout=2
+read_ok $((11 << 20)) 0x11
 kill -STOP "$(cat "$tmp/base.pid")"
 start=$(date +%s)
+! nbdsh --base-allocation -u "$uri" \
+  -c "h.block_status(65536, 12 << 20, lambda *args: 0)" 2> "$tmp/status.err" ||
+  fail "block status succeeded with the base stopped"
+grep -q "Input/output error" "$tmp/status.err" ||
+  fail "block status: not EIO: $(cat "$tmp/status.err")"
 read_fails $((9 << 20))
 [ $(( $(date +%s) - start )) -lt 10 ] || fail "remote-timeout=2 took too long"
 read_ok 4096 0x22

@@ -78,7 +78,7 @@ extent_walk_file (struct qcow2_image *img, struct qcow2_io *io,
     if (r < 0) {
       log_error (img, "finding holes at %#" PRIx64 ": %s", host_offset,
                  errstr (-r));
-      return r;
+      return io_errno (r);
     }
     len = MAX (MIN (len, count), 1);
     r = extent_emit (m, offset, len, raw ? type : type & QCOW2_EXTENT_ZERO);

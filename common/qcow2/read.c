@@ -52,11 +52,27 @@ read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
  * the read that started it, doubled per read of the run, so that read
  * waits for little more than its own data).  Two windows, so that one
  * stays readable while the other fills.
+ *
+ * Read-ahead pays for itself: over a real network every byte fetched
+ * and not read costs, and a guest's boot (scattered small reads, files
+ * read in short runs) ends most runs a window early.  So the bytes of
+ * windows never read, less the bytes read again from a window (which
+ * cost no fetch), are kept within a READAHEAD_THRIFT-th of the bytes
+ * read of the layer: past that no window starts until reads have paid
+ * for it, and the layer sends little more than a reader without
+ * read-ahead (qemu's nbd driver) makes it send.  And a window is
+ * capped by how the last ones fared: a window dropped with more than
+ * half of it unread halves the cap (down to READAHEAD_MIN), one read
+ * to its end doubles it, to twice that window at least (up to
+ * READAHEAD_WINDOW); the cap never holds a window below the size of
+ * the read that starts it.  A sequential reader reads every window to
+ * its end: its windows grow much as they did without the cap.
  */
 #define READAHEAD_WINDOW (4u << 20)
 #define READAHEAD_MIN (64u << 10)
 #define READAHEAD_MS 200
 #define READAHEAD_DEEP 8
+#define READAHEAD_THRIFT 128
 
 enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
 
@@ -72,9 +88,16 @@ struct readahead {
    */
   unsigned deep;
   uint64_t rate;                /* bytes a second the layer gave (0: ?) */
+  uint64_t asked;               /* bytes read of the layer */
+  /* Bytes of dropped windows never read, less those read again from a
+   * window: what the read-ahead cost (negative: it saved).
+   */
+  int64_t cost;
+  uint64_t cap;                 /* the largest window now */
   struct {
     enum window_state state;
     uint64_t start, len;
+    uint64_t served;            /* bytes read from it (some twice) */
     uint8_t *buf;
   } w[2];
 };
@@ -89,6 +112,7 @@ readahead_new (void)
   pthread_mutex_init (&ra->lock, NULL);
   pthread_cond_init (&ra->filled, NULL);
   ra->next = UINT64_MAX;        /* the first read starts no run */
+  ra->cap = READAHEAD_MIN;
   return ra;
 }
 
@@ -115,6 +139,52 @@ readahead_find (struct readahead *ra, uint64_t offset, uint64_t end)
   return -1;
 }
 
+/* [offset, end) of the full window i into buf, and counted (ra->lock
+ * held).
+ */
+static void
+readahead_take (struct readahead *ra, int i, uint8_t *buf, uint64_t offset,
+                uint64_t end)
+{
+  bool was_short = ra->w[i].served < ra->w[i].len;
+
+  memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), end - offset);
+  ra->w[i].served += end - offset;
+  ra->asked += end - offset;
+  if (was_short && ra->w[i].served >= ra->w[i].len)
+    ra->cap = MIN (MAX (ra->cap, ra->w[i].len) * 2, READAHEAD_WINDOW);
+}
+
+/* Window i dropped: what it cost, and the cap it leaves (ra->lock
+ * held).
+ */
+static void
+readahead_drop (struct readahead *ra, int i)
+{
+  if (ra->w[i].state == WINDOW_FULL) {
+    ra->cost += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
+    if (ra->w[i].served < ra->w[i].len / 2)
+      ra->cap = MAX (ra->cap / 2, READAHEAD_MIN);
+  }
+  free (ra->w[i].buf);
+  ra->w[i].buf = NULL;
+  ra->w[i].state = WINDOW_EMPTY;
+}
+
+/* What the read-ahead cost so far, the unread part of the full
+ * windows counted as lost (ra->lock held).
+ */
+static int64_t
+readahead_owed (const struct readahead *ra)
+{
+  int64_t owed = ra->cost;
+
+  for (int i = 0; i < 2; i++)
+    if (ra->w[i].state == WINDOW_FULL)
+      owed += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
+  return owed;
+}
+
 /* [offset, offset+count) copied from a window full of it, if one is. */
 static bool
 readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
@@ -125,7 +195,7 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
   pthread_mutex_lock (&ra->lock);
   i = readahead_find (ra, offset, offset + count);
   if (i >= 0 && ra->w[i].state == WINDOW_FULL) {
-    memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
+    readahead_take (ra, i, buf, offset, offset + count);
     if (offset == ra->next)
       ra->run++;
     ra->next = MAX (ra->next, offset + count);
@@ -136,12 +206,15 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
   return i >= 0;
 }
 
-/* Reads up to end were made without the read-ahead. */
+/* Reads up to end, count bytes in all, were made without the
+ * read-ahead.
+ */
 static void
-readahead_note (struct readahead *ra, uint64_t end)
+readahead_note (struct readahead *ra, uint64_t end, uint64_t count)
 {
   pthread_mutex_lock (&ra->lock);
   ra->next = end;
+  ra->asked += count;
   pthread_mutex_unlock (&ra->lock);
 }
 
@@ -157,11 +230,12 @@ readahead_extra (const struct readahead *ra, uint64_t count)
 {
   uint64_t w;
 
-  if (ra->run == 0)
+  if (ra->run == 0 ||
+      readahead_owed (ra) > (int64_t) (ra->asked / READAHEAD_THRIFT))
     return 0;
   w = MIN (count, READAHEAD_WINDOW);
   w = MAX (w, READAHEAD_MIN) << MIN (ra->run - 1, 8u);
-  w = MIN (w, READAHEAD_WINDOW);
+  w = MIN (w, MIN (MAX (ra->cap, count), READAHEAD_WINDOW));
   if (ra->rate)
     w = MIN (w, ra->rate / (1000 / READAHEAD_MS));
   /* Ending where a read of the run will: one that straddled the end
@@ -215,7 +289,7 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
                 uint64_t offset)
 {
   struct readahead *ra = b->readahead;
-  uint64_t end = offset + count, len, extra;
+  uint64_t end = offset + count, len, extra, head;
   uint8_t *wbuf;
   int i, r;
 
@@ -228,11 +302,25 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
       pthread_cond_wait (&ra->filled, &ra->lock);
   }
   if (i >= 0) {
-    memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), count);
+    readahead_take (ra, i, buf, offset, end);
     ra->next = MAX (ra->next, end);
     pthread_mutex_unlock (&ra->lock);
     return 0;
   }
+  /* A read that starts in a full window and goes past it (a run whose
+   * reads changed size) takes what the window has, and fetches only the
+   * rest, which continues the run.
+   */
+  if ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
+      ra->w[i].state == WINDOW_FULL) {
+    head = ra->w[i].start + ra->w[i].len - offset;
+    readahead_take (ra, i, buf, offset, offset + head);
+    ra->next = MAX (ra->next, offset + head);
+    buf += head;
+    offset += head;
+    count -= head;
+  }
+  ra->asked += count;
   /* A deep reader: what it asks for now; its run starts again once it
    * has read one request at a time for a while.
    */
@@ -260,10 +348,11 @@ readahead_read (struct qcow2_image *b, uint8_t *buf, uint64_t count,
     pthread_mutex_unlock (&ra->lock);
     return r;
   }
-  free (ra->w[i].buf);
+  readahead_drop (ra, i);
   ra->w[i].buf = wbuf;
   ra->w[i].start = offset;
   ra->w[i].len = len;
+  ra->w[i].served = count;
   ra->w[i].state = WINDOW_FILLING;
   ra->busy++;
   pthread_mutex_unlock (&ra->lock);
@@ -427,8 +516,13 @@ read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
    */
   if (*nb == 1 && b->raw && b->readahead)
     below[0].fn = read_layer_piece;
-  else if (*nb > 1 && b->raw && b->readahead)
-    readahead_note (b->readahead, below[*nb - 1].offset + below[*nb - 1].len);
+  else if (*nb > 1 && b->raw && b->readahead) {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < *nb; i++)
+      sum += below[i].len;
+    readahead_note (b->readahead, below[*nb - 1].offset + below[*nb - 1].len,
+                    sum);
+  }
 }
 
 /* The error of a piece that failed, said where the layer did not. */
