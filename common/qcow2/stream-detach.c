@@ -94,6 +94,11 @@ stream_detach_exts (const struct qcow2_header *h, uint8_t *head,
       off += 8 + padded;
       if (!format || x->format_at)
         continue;
+      /* The new format can be longer than the old one (an image's
+       * empty one): the list grows, and must still fit with its end.
+       */
+      if (o + 8 + fpad > size - 8)
+        return -ENOTSUP;
       x->format_at = o;
       padded = fpad;
       be32_put (out + o, QCOW2_EXT_BACKING_FORMAT);
@@ -101,14 +106,14 @@ stream_detach_exts (const struct qcow2_header *h, uint8_t *head,
       memcpy (out + o + 8, format, flen);
     }
     else {
+      if (o + 8 + padded > size - 8)
+        return -ENOTSUP;
       if (type == QCOW2_EXT_BITMAPS)
         x->bitmaps_at = o;
       memcpy (out + o, head + off, 8 + padded);
       off += 8 + padded;
     }
     o += 8 + padded;
-    if (o > size - 8)
-      return -ENOTSUP;
   }
   if (format && !x->format_at) {
     if (o + 8 + fpad > size - 8)
