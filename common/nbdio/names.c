@@ -348,8 +348,12 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
   if (pipe2 (io->relay.fd, O_CLOEXEC | O_NONBLOCK) == 0) {
     char *script;
     io->relay.on = true;
+    /* A redirection failing on a command (exec's) ends sh; on a
+     * group it does not, and the helper starts with our stderr.  An
+     * exec failing ends sh: nbdkit is not started twice.
+     */
     if (asprintf (&script, "f=/proc/$PPID/fd/%d; [ -w \"$f\" ] && "
-                  "exec \"$@\" 2>\"$f\"; exec \"$@\"",
+                  "{ exec \"$@\"; } 2>\"$f\"; exec \"$@\"",
                   io->relay.fd[1]) < 0)
       return -ENOMEM;
     r |= nbdio_arg (argv, &n, NULL, "sh");
