@@ -108,3 +108,27 @@ assert failed >= 50, failed
 [ "$(grep -c "nbdkit's curl plugin" "$tmp/down.err")" -le 3 ] &&
   grep -q "nbdkit's curl plugin said the same [0-9]* more times in" "$tmp/down.err" ||
   fail "not the first line, then a count: $(grep "curl plugin" "$tmp/down.err")"
+
+# The same from a server forked into the background (-v and --log
+# keep its stderr): the serving process relays its helpers' lines.
+http_server "$tmp/down"
+down_pid=${servers[-1]}
+qemu-img create -q -f qcow2 -u -b "http://127.0.0.1:$http_port/big.raw" \
+  -F raw "$tmp/bg.qcow2" 64M
+nbd_server bg -v --log=stderr -r qcow2 "$tmp/bg.qcow2" 2> "$tmp/bg.err"
+timeout 60 nbdsh -u "nbd+unix:///?socket=$tmp/bg.sock" -c "
+import os
+h.pread(4096, 0)
+os.kill($down_pid, 15)
+for i in range(30):
+    try:
+        h.pread(4096, (i * 7919 * 4096) % (64 << 20))
+    except nbd.Error:
+        pass
+" || fail "reads from the background server"
+stop_server bg
+! grep -q '^nbdkit: curl' "$tmp/bg.err" ||
+  fail "forked: the curl plugin's lines were not relayed"
+grep -q "nbdkit's curl plugin said the same [0-9]* more times in" \
+  "$tmp/bg.err" ||
+  fail "forked: no count: $(grep "curl plugin" "$tmp/bg.err")"

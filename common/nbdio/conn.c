@@ -177,7 +177,8 @@ nbdio_connect (struct nbdio_conn *c, char **why)
     sigset_t none, old;
     sigemptyset (&none);
     pthread_sigmask (SIG_SETMASK, &none, &old);
-    r = nbd_aio_connect_systemd_socket_activation (h, io->argv);
+    r = nbd_aio_connect_systemd_socket_activation (h,
+                                                    nbdio_helper_argv (io));
     pthread_sigmask (SIG_SETMASK, &old, NULL);
   }
   else

@@ -18,6 +18,7 @@
 
 #include <libnbd.h>
 
+#include "errstr.h"
 #include "nbdio-internal.h"
 
 /* Is cmd an executable file in a folder of PATH? */
@@ -190,7 +191,7 @@ nbdio_relay_line (struct nbdio *io, const char *line)
   struct nbdio_relay *rl = &io->relay;
   const char *msg = line, *p;
   uint64_t now = nbdio_now_ms ();
-  char *shape = nbdio_relay_shape (line);
+  char *shape = nbdio_relay_shape (line), *was;
 
   if (strncmp (line, "nbdkit: ", 8) == 0 && (p = strstr (line, ": error: ")))
     msg = p + 9;
@@ -206,8 +207,10 @@ nbdio_relay_line (struct nbdio *io, const char *line)
   nbdio_relay_count (io, now);
   nbdio_say (io, NBDIO_ERROR, "%s: nbdkit's %s plugin: %s", io->name,
              io->plugin, msg);
-  free (rl->shape);
+  /* Never a freed shape: a fork may copy it at any time. */
+  was = rl->shape;
   rl->shape = shape;
+  free (was);
   rl->last_ms = now;
 }
 
@@ -275,45 +278,98 @@ nbdio_relay_thread (void *arg)
   return NULL;
 }
 
+/* Start the thread that reads the pipe in this process: at open,
+ * before the first helper, and again in the server nbdkit forks (at
+ * its first connection, before it starts a helper).
+ */
 void
 nbdio_relay_start (struct nbdio *io)
 {
   struct nbdio_relay *rl = &io->relay;
   sigset_t all, old;
+  int e;
 
-  if (!rl->on || (rl->has_thread && rl->pid == getpid ()))
+  if (!rl->on || __atomic_load_n (&rl->pid, __ATOMIC_ACQUIRE) == getpid ())
     return;
-  /* The thread of the process before a fork is gone: its pipe too. */
+  /* The thread of the process before a fork is gone: its pipe too.
+   * That process may live on, its thread reading the pipe for its
+   * helpers (nbdkit --run runs the command there): this one's get a
+   * pipe of their own, at the same descriptors (named in argv).  When
+   * it exits, its helpers (which end with it) cannot block writing
+   * into a pipe nobody reads: a pipe without reader fails writes.
+   */
+  e = 0;
   if (rl->has_thread) {
+    int p[2];
+
     close (rl->wake[0]);
     close (rl->wake[1]);
     rl->has_thread = false;
+    rl->len = rl->repeats = 0;
+    if (pipe2 (p, O_CLOEXEC | O_NONBLOCK) == -1)
+      e = errno;
+    else {
+      if (dup3 (p[0], rl->fd[0], O_CLOEXEC) == -1 ||
+          dup3 (p[1], rl->fd[1], O_CLOEXEC) == -1)
+        e = errno;
+      close (p[0]);
+      close (p[1]);
+    }
+    /* Not a pipe of two halves: none, for good. */
+    if (e) {
+      close (rl->fd[0]);
+      close (rl->fd[1]);
+      free (rl->shape);
+      rl->shape = NULL;
+      rl->on = false;
+    }
   }
-  if (pipe2 (rl->wake, O_CLOEXEC | O_NONBLOCK) == -1)
-    return;                     /* said by nbdkit on its stderr then */
-  /* Signals are the server's. */
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  rl->has_thread =
-    pthread_create (&rl->thread, NULL, nbdio_relay_thread, io) == 0;
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
-  if (!rl->has_thread) {
-    close (rl->wake[0]);
-    close (rl->wake[1]);
+  if (e == 0 && pipe2 (rl->wake, O_CLOEXEC | O_NONBLOCK) == -1)
+    e = errno;
+  else if (e == 0) {
+    /* Signals are the server's. */
+    sigfillset (&all);
+    pthread_sigmask (SIG_SETMASK, &all, &old);
+    e = pthread_create (&rl->thread, NULL, nbdio_relay_thread, io);
+    pthread_sigmask (SIG_SETMASK, &old, NULL);
+    rl->has_thread = e == 0;
+    if (e) {
+      close (rl->wake[0]);
+      close (rl->wake[1]);
+    }
+  }
+  if (e) {
+    /* A pipe nobody reads would fill and block the helper writing. */
+    nbdio_say (io, NBDIO_DEBUG, "%s: nbdkit's %s plugin keeps our stderr: "
+               "cannot start the thread relaying it: %s", io->name,
+               io->plugin, errstr (e));
     return;
   }
-  rl->pid = getpid ();
+  __atomic_store_n (&rl->pid, getpid (), __ATOMIC_RELEASE);
+}
+
+/* The command starting a helper: given the pipe as stderr only if its
+ * thread runs in this process (see nbdio_relay_start).
+ */
+char **
+nbdio_helper_argv (struct nbdio *io)
+{
+  if (__atomic_load_n (&io->relay.pid, __ATOMIC_ACQUIRE) == getpid ())
+    return io->argv;
+  return io->argv + io->relay.wrap;
 }
 
 void
 nbdio_relay_stop (struct nbdio *io)
 {
   struct nbdio_relay *rl = &io->relay;
+  bool here;
 
   if (!rl->on)
     return;
+  here = __atomic_load_n (&rl->pid, __ATOMIC_ACQUIRE) == getpid ();
   if (rl->has_thread) {
-    if (rl->pid == getpid ()) {
+    if (here) {
       ssize_t r = write (rl->wake[1], "", 1);
       (void) r;
       pthread_join (rl->thread, NULL);
@@ -321,8 +377,11 @@ nbdio_relay_stop (struct nbdio *io)
     close (rl->wake[0]);
     close (rl->wake[1]);
   }
-  nbdio_relay_read (io, true);
-  nbdio_relay_count (io, nbdio_now_ms ());
+  /* The pipe of a thread in the process before a fork is its to read. */
+  if (here || !rl->has_thread) {
+    nbdio_relay_read (io, true);
+    nbdio_relay_count (io, nbdio_now_ms ());
+  }
   close (rl->fd[0]);
   close (rl->fd[1]);
   free (rl->shape);
@@ -333,7 +392,9 @@ nbdio_relay_stop (struct nbdio *io)
  * *why.  Its stderr is the relay's pipe, which it opens by our pid
  * and descriptor (the pipe is not inherited: neither by the other
  * children of the server, nor across its exec), as its parent's
- * stderr if that cannot be.
+ * stderr if that cannot be.  The shell that does so is the first
+ * relay.wrap arguments, left out when the pipe is not read (see
+ * nbdio_helper_argv).
  */
 int
 nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
@@ -348,14 +409,19 @@ nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,
   if (pipe2 (io->relay.fd, O_CLOEXEC | O_NONBLOCK) == 0) {
     char *script;
     io->relay.on = true;
+    /* A redirection failing on a command (exec's) ends sh; on a
+     * group it does not, and the helper starts with our stderr.  An
+     * exec failing ends sh: nbdkit is not started twice.
+     */
     if (asprintf (&script, "f=/proc/$PPID/fd/%d; [ -w \"$f\" ] && "
-                  "exec \"$@\" 2>\"$f\"; exec \"$@\"",
+                  "{ exec \"$@\"; } 2>\"$f\"; exec \"$@\"",
                   io->relay.fd[1]) < 0)
       return -ENOMEM;
     r |= nbdio_arg (argv, &n, NULL, "sh");
     r |= nbdio_arg (argv, &n, NULL, "-c");
     r |= nbdio_arg (argv, &n, NULL, script);
     r |= nbdio_arg (argv, &n, NULL, "nbdkit");  /* $0, in sh's messages */
+    io->relay.wrap = n;
     free (script);
   }
   for (const char *a = "nbdkit\0-r\0--exit-with-parent\0"; *a;

@@ -91,13 +91,15 @@ struct nbdio_conn {
  * counts the lines like it that follow (a base down makes nbdkit's
  * curl plugin say the same for every request) rather than each.
  * Nothing but that thread and, once it has ended, nbdio_close touches
- * it: no lock.
+ * the lines: no lock.  The thread is started under io->lock; pid is
+ * read without (nbdio_helper_argv).
  */
 struct nbdio_relay {
   bool on;                      /* fd holds the pipe */
   int fd[2];
+  size_t wrap;                  /* argv's first, giving the helper the pipe */
   bool has_thread;              /* then wake holds its pipe */
-  pid_t pid;                    /* the process the thread is in */
+  pid_t pid;                    /* the process the thread runs in (atomic) */
   pthread_t thread;
   int wake[2];
   char line[1024];              /* a line not yet ended */
@@ -166,6 +168,7 @@ extern int nbdio_nbdkit_argv (struct nbdio *io,
                               const struct qcow2_remote *remote, char **why);
 extern void nbdio_relay_start (struct nbdio *io)
   TSA_REQUIRES (io->lock);
+extern char **nbdio_helper_argv (struct nbdio *io);
 extern void nbdio_relay_stop (struct nbdio *io);
 
 #endif /* NBDIO_INTERNAL_H */

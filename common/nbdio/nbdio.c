@@ -714,6 +714,10 @@ nbdio_open (const struct qcow2_remote *remote,
     goto fail;
   if (e)
     goto fail;
+  /* The helpers' stderr read from the first on. */
+  lock_acquire (&io->lock);
+  nbdio_relay_start (io);
+  lock_release (&io->lock);
 
   /* Connected once now: what is wrong is said at start.  The
    * connection serves from the first request on, when its thread
