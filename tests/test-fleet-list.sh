@@ -9,6 +9,8 @@
 #    bytes, NUL, more than 255 bytes, a link leading out of the folder are
 #    refused, one line naming the export and why, nothing outside the
 #    folder opened (the image outside stays unlocked);
+#  - what is not a regular file (a FIFO) is neither listed (no hang)
+#    nor served;
 #  - file= and dir= exclude each other; dir='s keys need dir=.
 source "${srcdir:-.}/functions.sh"
 set -e
@@ -25,11 +27,12 @@ qemu-img create -q -f qcow2 "$tmp/outside.qcow2" 2M
 ln -s "$tmp/outside.qcow2" "$d/out"
 ln -s ../outside.qcow2 "$d/out2"
 ln -s big.qcow2 "$d/alias"
+mkfifo "$d/fifo"
 export d tmp
 
 nbdkit -U - qcow2 dir="$d" --run '
   set -e
-  nbdinfo --list --json "$uri" > "$tmp/list.json"
+  timeout 20 nbdinfo --list --json "$uri" > "$tmp/list.json"
   # A new image is served at once; a removed one is gone.
   qemu-img create -q -f qcow2 "$d/new.qcow2" 3M
   nbdinfo --size "nbd+unix:///new.qcow2?socket=$unixsocket" > "$tmp/new.size"
@@ -39,7 +42,7 @@ nbdkit -U - qcow2 dir="$d" --run '
   nbdinfo --list "$uri" | grep -q new.qcow2 &&
     { echo "a removed image still listed"; exit 1; }
   for n in "" "out" "out2" "../outside.qcow2" ".hidden" "a/b" "x..y" \
-           "$(printf "a\tb")" "$(printf "%0256d" 0)" nothere notes.txt; do
+           "$(printf "a\tb")" "$(printf "%0256d" 0)" nothere notes.txt fifo; do
     python3 -c "
 import nbd, sys
 h = nbd.NBD()
@@ -96,7 +99,8 @@ for re in 'export "": refused: .*default-export=' \
           'export "0{64}\.\.\.": refused: it is longer than 255 bytes' \
           'export "nothere": no such image in' \
           'export "new.qcow2": no such image in' \
-          'notes.txt.*(too small|not a qcow2)'; do
+          'notes.txt.*(too small|not a qcow2)' \
+          'export "fifo": refused: .*/fifo is not a regular file'; do
   grep -Eq "$re" "$tmp/err" || { cat "$tmp/err"; fail "no message /$re/"; }
 done
 # One line each: no control byte reached the log.

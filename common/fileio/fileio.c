@@ -700,11 +700,15 @@ fileio_open_with (const char *path, bool readonly,
   if (!why)
     why = &discard;
   *why = NULL;
-  fd = open (path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC |
+  /* Not blocking in open on a FIFO (which then fails below or at its
+   * first read): O_NONBLOCK is dropped once the file is open.
+   */
+  fd = open (path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NONBLOCK |
              (direct ? O_DIRECT : 0));
   if (fd == -1)
     return NULL;
-  if (fstat (fd, &st) == -1)
+  if (fstat (fd, &st) == -1 ||
+      fcntl (fd, F_SETFL, fcntl (fd, F_GETFL) & ~O_NONBLOCK) == -1)
     goto err;
   if (S_ISDIR (st.st_mode)) {
     errno = EISDIR;
@@ -742,6 +746,12 @@ fileio_open_with (const char *path, bool readonly,
   free (discard);
   errno = e;
   return NULL;
+}
+
+int
+fileio_stat (struct qcow2_io *io, struct stat *st)
+{
+  return fstat (((struct fileio *) io)->fd, st);
 }
 
 struct qcow2_io *

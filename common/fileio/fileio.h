@@ -4,6 +4,7 @@
 #define QCOW2_FILEIO_H
 
 #include <stdbool.h>
+#include <sys/stat.h>
 
 #include "io.h"
 
@@ -45,6 +46,11 @@ extern struct qcow2_io *fileio_open (const char *path, bool readonly);
 extern struct qcow2_io *fileio_open_with (const char *path, bool readonly,
                                           const struct fileio_options *opts,
                                           char **why);
+
+/* fstat of the file io (from fileio_open_with or fileio_create) has
+ * open: what was opened, whatever its name leads to since.
+ */
+extern int fileio_stat (struct qcow2_io *io, struct stat *st);
 
 /* Create path, or open it if it exists and is empty (else EEXIST),
  * locked for writing before anything is written.

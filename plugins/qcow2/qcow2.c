@@ -78,6 +78,8 @@ static struct plugin_fleet {
   uint64_t idle_close;
   uint64_t max_exports;
   int dirfd;                    /* dir=, opened */
+  char *template_path;          /* template=, as a path (DIR/NAME) */
+  mode_t umask;                 /* what new files' modes lack */
   const char *key;              /* the first of those keys given */
 } fleet = {
   .lock = LOCK_INITIALIZER,
@@ -196,6 +198,9 @@ plugin_load (void)
   pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
   pthread_cond_init (&fleet.changed, &attr);
   pthread_condattr_destroy (&attr);
+  /* Read (by setting it) while no other thread may make a file. */
+  fleet.umask = umask (022);
+  umask (fleet.umask);
 }
 
 static void
@@ -213,6 +218,7 @@ plugin_unload (void)
   free (fleet.dir);
   free (fleet.default_export);
   free (fleet.template);
+  free (fleet.template_path);
   pthread_cond_destroy (&fleet.changed);
 }
 
@@ -700,24 +706,28 @@ plugin_open_hint (const char *path, int e)
 }
 
 /* Open the image at path (through io if it was just made), read-write
- * where the file and the user allow it: the image, *readonly saying
- * how it is served, or NULL (said; if quiet, as debug messages only).
+ * where the file and the user allow it (and readonly_why is NULL):
+ * the image, *readonly saying how it is served, or NULL with errno set
+ * (said; if quiet, as debug messages only).  With checked, the file
+ * opened must be that one (the one path led to when it was checked).
  */
 static struct qcow2_image *
 plugin_open_image (const char *path, struct qcow2_io *io, bool *readonly,
-                   const struct qcow2_env *env, bool quiet)
+                   const struct qcow2_env *env, bool quiet,
+                   const struct stat *checked, const char *readonly_why)
 {
   bool asked_readonly = glue.engine.readonly || glue_server_readonly ();
   /* A copy: each export of dir= opens its image with these. */
   struct qcow2_options opts = glue.engine;
   struct qcow2_image *img;
+  struct stat st;
   char *why = NULL;
-  int e = 0;
+  int e = 0, err;
 
   /* A snapshot is served read-only: the file is opened so, and locked
    * as a reader, as qemu-nbd -l does (the notice below says so).
    */
-  opts.readonly = asked_readonly || opts.snapshot;
+  opts.readonly = asked_readonly || opts.snapshot || readonly_why;
   if (!io && !opts.readonly) {
     io = fileio_open_with (path, false, &glue_file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
@@ -728,25 +738,42 @@ plugin_open_image (const char *path, struct qcow2_io *io, bool *readonly,
   if (!io && opts.readonly && !why)
     io = fileio_open_with (path, true, &glue_file_options, &why);
   if (!io) {
+    err = errno;
     (quiet ? nbdkit_debug : nbdkit_error)
-      ("open: %s: %s%s", path, why ? why : errstr (errno),
-       glue_file_options.direct && errno == EINVAL ?
+      ("open: %s: %s%s", path, why ? why : errstr (err),
+       glue_file_options.direct && err == EINVAL ?
        " (cache=none needs O_DIRECT)" : "");
     free (why);
+    errno = err;
+    return NULL;
+  }
+  /* A link changed between the check and the open could lead anywhere. */
+  if (checked && (fileio_stat (io, &st) == -1 || !S_ISREG (st.st_mode) ||
+                  st.st_dev != checked->st_dev ||
+                  st.st_ino != checked->st_ino)) {
+    (quiet ? nbdkit_debug : nbdkit_error)
+      ("open: %s: refused: it changed while it was opened", path);
+    io->ops->close (io);
+    errno = EPERM;
     return NULL;
   }
   opts.debug_cache = qcow2_debug_cache;
   img = qcow2_open (env, io, path, &opts);
   if (!img) {
+    err = errno;
     if (!quiet)
-      plugin_open_hint (path, errno);
+      plugin_open_hint (path, err);
+    errno = err;
     return NULL;
   }
   if (glue_opened (img, path, asked_readonly,
-                   e ? nbdkit_printf_intern ("it cannot be opened for "
-                                             "writing: %s", errstr (e))
-                     : NULL) == -1) {
+                   readonly_why ? readonly_why
+                   : e ? nbdkit_printf_intern ("it cannot be opened for "
+                                               "writing: %s", errstr (e))
+                   : NULL) == -1) {
+    err = errno;
     qcow2_close (img);
+    errno = err;
     return NULL;
   }
   *readonly = opts.readonly;
@@ -855,19 +882,35 @@ fleet_in_dir (const char *path)
   return strncmp (path, fleet.dir, n) == 0 && path[n] == '/';
 }
 
+/* The name (in dir=) removed if it still names the file ours is: what
+ * another made under it meanwhile is not ours to remove.
+ */
+static void
+fleet_unlink_ours (const char *name, const struct stat *ours)
+{
+  struct stat st;
+
+  if (fstatat (fleet.dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      st.st_dev == ours->st_dev && st.st_ino == ours->st_ino)
+    unlinkat (fleet.dirfd, name, 0);
+}
+
 /* template=: the image named (DIR/NAME) made, an overlay of the
  * template, under a temporary hidden name first, then linked to its
  * name: a half-made image is never served, and of two servers making
  * the same name, the second serves the first's.  0 with *iop its file,
- * locked (NULL: the name was taken meanwhile), or -1 said.
+ * locked, and *made what it is (*iop NULL: the name was taken
+ * meanwhile), or -1 said.
  */
 static int
-fleet_create (const char *shown, const char *named, struct qcow2_io **iop)
+fleet_create (const char *shown, const char *named, struct qcow2_io **iop,
+              struct stat *made)
 {
   struct qcow2_create_options opts = glue.create.opts;
-  enum create_made made;
+  enum create_made how;
   struct qcow2_io *io = NULL;
   char *tmp = NULL;
+  bool linked = false;
   int fd, r = -1;
 
   *iop = NULL;
@@ -881,8 +924,17 @@ fleet_create (const char *shown, const char *named, struct qcow2_io **iop)
     free (tmp);
     return -1;
   }
+  /* mkstemp makes it 0600: it gets the mode open would have given. */
+  if (fstat (fd, made) == -1 || fchmod (fd, 0666 & ~fleet.umask) == -1) {
+    nbdkit_error ("export \"%s\": template: %s: %s", shown, tmp,
+                  errstr (errno));
+    close (fd);
+    unlink (tmp);
+    free (tmp);
+    return -1;
+  }
   close (fd);
-  io = plugin_create_file (tmp, &made);
+  io = plugin_create_file (tmp, &how);
   if (!io)
     goto out;
   if (qcow2_create (&glue_env, io, &opts) < 0 ||
@@ -897,17 +949,37 @@ fleet_create (const char *shown, const char *named, struct qcow2_io **iop)
     io->ops->close (io);
     io = NULL;
   }
-  /* Its name durable with it. */
-  fsync (fleet.dirfd);
+  else
+    linked = true;
+  /* Its name durable with it: else it is not served (nor left). */
+  if (fsync (fleet.dirfd) == -1) {
+    nbdkit_error ("export \"%s\": template: syncing %s: %s", shown,
+                  fleet.dir, errstr (errno));
+    if (linked)
+      fleet_unlink_ours (named + strlen (fleet.dir) + 1, made);
+    goto out;
+  }
   *iop = io;
   io = NULL;
   r = 0;
  out:
   if (io)
     io->ops->close (io);
-  unlink (tmp);
+  fleet_unlink_ours (tmp + strlen (fleet.dir) + 1, made);
   free (tmp);
   return r;
+}
+
+/* Whether st is the template (in dir= or not): served read-only, since
+ * a write to it would change every overlay made of it.
+ */
+static bool
+fleet_is_template (const struct stat *st)
+{
+  struct stat t;
+
+  return fleet.template_path && stat (fleet.template_path, &t) == 0 &&
+    t.st_dev == st->st_dev && t.st_ino == st->st_ino;
 }
 
 /* Open the image of the export of e (made first if it is missing and
@@ -920,8 +992,9 @@ fleet_open_image (struct plugin_export *e, const char *shown)
   struct qcow2_io *io = NULL;
   char *named = NULL, *real = NULL;
   bool made = false, readonly;
-  struct stat st;
-  int r = -1;
+  const char *readonly_why;
+  struct stat st, made_st;
+  int r = -1, err;
 
   if (asprintf (&named, "%s/%s", fleet.dir, e->name) == -1) {
     nbdkit_error ("export \"%s\": %s", shown, errstr (errno));
@@ -935,7 +1008,7 @@ fleet_open_image (struct plugin_export *e, const char *shown)
                     fleet.dir);
       goto out;
     }
-    if (fleet_create (shown, named, &io) == -1)
+    if (fleet_create (shown, named, &io, &made_st) == -1)
       goto out;
     made = io != NULL;
     real = realpath (named, NULL);
@@ -964,20 +1037,26 @@ fleet_open_image (struct plugin_export *e, const char *shown)
    * asked for writing): tried quietly first, then with the idle ones
    * closed, whose locks must not refuse a client.
    */
+  readonly_why = fleet_is_template (&st) ? "it is the template= of new "
+    "exports: a write would change every overlay made of it" : NULL;
   e->env = glue_env;
   if (fleet_idle_count () == 0 || made)
-    e->image = plugin_open_image (real, io, &readonly, &e->env, false);
+    e->image = plugin_open_image (real, io, &readonly, &e->env, false, &st,
+                                  readonly_why);
   else {
     e->env.error = glue_debug;
-    e->image = plugin_open_image (real, NULL, &readonly, &e->env, true);
+    e->image = plugin_open_image (real, NULL, &readonly, &e->env, true, &st,
+                                  readonly_why);
     e->env.error = glue_env.error;
     if (!e->image) {
       fleet_close_idle ();
-      e->image = plugin_open_image (real, NULL, &readonly, &e->env, false);
+      e->image = plugin_open_image (real, NULL, &readonly, &e->env, false,
+                                    &st, readonly_why);
     }
   }
+  err = e->image ? 0 : errno;   /* plugin_open_image's own */
   io = NULL;
-  if (!e->image && errno == EAGAIN)
+  if (err == EAGAIN)
     glue_hint ("it may be an export of this server that holds it: an "
                "image is not written while it is the backing file of "
                "another served");
@@ -997,7 +1076,7 @@ fleet_open_image (struct plugin_export *e, const char *shown)
     e->image = NULL;
   }
   if (r == -1 && made)
-    unlink (named);
+    fleet_unlink_ours (e->name, &made_st);
   if (io)
     io->ops->close (io);
   free (named);
@@ -1131,6 +1210,7 @@ fleet_describe (const char *name, const char *path)
   struct qcow2_env env = glue_env;
   struct qcow2_image *img;
   struct qcow2_io *io;
+  struct stat st;
   char *s;
 
   lock_acquire (&fleet.lock);
@@ -1150,7 +1230,9 @@ fleet_describe (const char *name, const char *path)
   io = fileio_open_with (path, true, &nolock, NULL);
   if (!io)
     return NULL;
-  if (qcow2_probe (io) != 1) {
+  /* Not a FIFO, a device...: no image of an export (see fleet_open). */
+  if (fileio_stat (io, &st) == -1 || !S_ISREG (st.st_mode) ||
+      qcow2_probe (io) != 1) {
     io->ops->close (io);
     return NULL;
   }
@@ -1228,6 +1310,46 @@ fleet_hold (struct qcow2_image *img)
   return 0;
 }
 
+/* template=: the temporary files (.new-XXXXXX, see fleet_create) of
+ * images a crash left half made, removed; one another server is making
+ * is locked by it, and left.
+ */
+static void
+fleet_remove_stale (void)
+{
+  static const char alnum[] = "abcdefghijklmnopqrstuvwxyz"
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  struct fileio_options o = glue_file_options;
+  DIR *d = opendir (fleet.dir);
+  struct dirent *de;
+
+  o.direct = false;
+  while (d && (de = readdir (d))) {
+    struct qcow2_io *io;
+    struct stat st, got;
+    char *path;
+
+    if (strlen (de->d_name) != 11 || strncmp (de->d_name, ".new-", 5) ||
+        strspn (de->d_name + 5, alnum) != 6 ||
+        fstatat (fleet.dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
+        !S_ISREG (st.st_mode) ||
+        asprintf (&path, "%s/%s", fleet.dir, de->d_name) == -1)
+      continue;
+    io = fileio_open_with (path, false, &o, NULL);
+    free (path);
+    if (!io)
+      continue;
+    if (fileio_stat (io, &got) == 0 && got.st_dev == st.st_dev &&
+        got.st_ino == st.st_ino) {
+      nbdkit_debug ("dir: removing %s, left half made", de->d_name);
+      fleet_unlink_ours (de->d_name, &got);
+    }
+    io->ops->close (io);
+  }
+  if (d)
+    closedir (d);
+}
+
 /* dir=: the folder, and the template (for the errors in it to be said
  * at start rather than to a client).
  */
@@ -1250,12 +1372,24 @@ fleet_get_ready (void)
   }
   if (fleet.template) {
     opts.backing = fleet.template;
+    /* As a backing file name: relative to the folder. */
     if (asprintf (&named, "%s/new", fleet.dir) == -1) {
       nbdkit_error ("dir: %s", errstr (errno));
       return -1;
     }
+    if (fleet.template[0] == '/')
+      fleet.template_path = strdup (fleet.template);
+    else if (asprintf (&fleet.template_path, "%s/%s", fleet.dir,
+                       fleet.template) == -1)
+      fleet.template_path = NULL;
+    if (!fleet.template_path) {
+      nbdkit_error ("template: %s", errstr (errno));
+      free (named);
+      return -1;
+    }
     r = plugin_create_options (named, &opts, glue.create.size);
     free (named);
+    fleet_remove_stale ();
   }
   return r;
 }
@@ -1273,7 +1407,8 @@ plugin_get_ready (void)
     return fleet_get_ready ();
   if (create != CREATE_NO && plugin_create (&io, &made) == -1)
     goto fail;
-  image = plugin_open_image (filename, io, &readonly, &glue_env, false);
+  image = plugin_open_image (filename, io, &readonly, &glue_env, false,
+                            NULL, NULL);
   /* The image and its backing files are open: their keys are made. */
   glue_forget_password ();
   if (!image)
@@ -1289,8 +1424,10 @@ plugin_get_ready (void)
     goto fail;
   if (glue_stream_prepare (image, filename, "stream", readonly) == -1)
     goto fail;
-  if (fleet_hold (image) == -1)
+  if (fleet_hold (image) == -1) {
+    glue_stream_stop ();        /* its job refers to the image */
     goto fail;
+  }
   return 0;
 
  fail:
