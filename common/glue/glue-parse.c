@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "errstr.h"
 #include "glue.h"
 
 /* A size: a whole number with one of the suffixes nbdkit's sizes take
@@ -140,6 +142,23 @@ glue_parse_number (const char *key, const char *value, const char *what,
                    uint64_t max, uint64_t *out)
 {
   return glue_parse_range (key, value, what, 0, max, out);
+}
+
+int
+glue_parse_folder (const char *key, const char *value, char **dir)
+{
+  char *path = realpath (value, NULL);
+  struct stat st;
+
+  if (!path || stat (path, &st) == -1 || !S_ISDIR (st.st_mode)) {
+    nbdkit_error ("%s: %s: %s", key, value,
+                  path ? "not a folder" : errstr (errno));
+    free (path);
+    return -1;
+  }
+  free (*dir);
+  *dir = path;
+  return 0;
 }
 
 int

@@ -183,6 +183,9 @@ extern void glue_forget_password (void);
 extern int glue_parse_size (const char *key, const char *value, bool zero_ok,
                             uint64_t *out);
 extern int glue_parse_bool (const char *key, const char *value, bool *out);
+/* A folder, its path resolved (every link followed): *dir replaced. */
+extern int glue_parse_folder (const char *key, const char *value,
+                              char **dir);
 /* A number from 0 to max; what: what it counts, for the error. */
 extern int glue_parse_number (const char *key, const char *value,
                               const char *what, uint64_t max, uint64_t *out);

@@ -67,18 +67,7 @@ glue_config_backing_protocols (const char *key, const char *value)
 int
 glue_config_backing_root (const char *key, const char *value)
 {
-  char *root = realpath (value, NULL);
-  struct stat st;
-
-  if (!root || stat (root, &st) == -1 || !S_ISDIR (st.st_mode)) {
-    nbdkit_error ("%s: %s: %s", key, value,
-                  root ? "not a folder" : errstr (errno));
-    free (root);
-    return -1;
-  }
-  free (glue.policy.root);
-  glue.policy.root = root;
-  return 0;
+  return glue_parse_folder (key, value, &glue.policy.root);
 }
 
 int

@@ -278,18 +278,7 @@ plugin_config_create (const char *key, const char *value)
 static int
 plugin_config_dir (const char *key, const char *value)
 {
-  char *dir = realpath (value, NULL);
-  struct stat st;
-
-  if (!dir || stat (dir, &st) == -1 || !S_ISDIR (st.st_mode)) {
-    nbdkit_error ("%s: %s: %s", key, value,
-                  dir ? "not a folder" : errstr (errno));
-    free (dir);
-    return -1;
-  }
-  free (fleet.dir);
-  fleet.dir = dir;
-  return 0;
+  return glue_parse_folder (key, value, &fleet.dir);
 }
 
 /* The keys that only go with dir=. */
