@@ -161,6 +161,14 @@ glue_parse_folder (const char *key, const char *value, char **dir)
   return 0;
 }
 
+bool
+glue_in_folder (const char *path, const char *folder)
+{
+  size_t n = strlen (folder);
+
+  return n == 1 || (strncmp (path, folder, n) == 0 && path[n] == '/');
+}
+
 int
 glue_parse_word (const char *key, const char *value,
                  const char *const *words)

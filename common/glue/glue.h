@@ -186,6 +186,8 @@ extern int glue_parse_bool (const char *key, const char *value, bool *out);
 /* A folder, its path resolved (every link followed): *dir replaced. */
 extern int glue_parse_folder (const char *key, const char *value,
                               char **dir);
+/* Whether path lies under folder (both resolved); "/" holds all. */
+extern bool glue_in_folder (const char *path, const char *folder);
 /* A number from 0 to max; what: what it counts, for the error. */
 extern int glue_parse_number (const char *key, const char *value,
                               const char *what, uint64_t max, uint64_t *out);

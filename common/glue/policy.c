@@ -159,7 +159,6 @@ struct qcow2_io *
 glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
 {
   const char *root = glue.policy.root;
-  size_t n = root ? strlen (root) : 0;
   struct qcow2_io *io;
   char *real;
 
@@ -170,8 +169,7 @@ glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
     return fileio_env_open (opaque, path, readonly, id);
   if (!(real = realpath (path, NULL)))
     return NULL;
-  /* "/" holds everything; else root, then a '/'. */
-  if (n > 1 && (strncmp (real, root, n) != 0 || real[n] != '/')) {
+  if (!glue_in_folder (real, root)) {
     /* The remedy keeps what the root holds: the folder holding both. */
     size_t k = 0;
     for (size_t i = 0; root[i] && root[i] == real[i]; i++)

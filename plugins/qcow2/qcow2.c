@@ -860,17 +860,6 @@ fleet_creatable (const char *name)
     strspn (name, more) == strlen (name);
 }
 
-/* Whether path (every link resolved) is in dir=. */
-static bool
-fleet_in_dir (const char *path)
-{
-  size_t n = strlen (fleet.dir);
-
-  if (strcmp (fleet.dir, "/") == 0)
-    return path[1] != '\0';
-  return strncmp (path, fleet.dir, n) == 0 && path[n] == '/';
-}
-
 /* The name (in dir=) removed if it still names the file ours is: what
  * another made under it meanwhile is not ours to remove.
  */
@@ -1011,7 +1000,7 @@ fleet_open_image (struct plugin_export *e, const char *shown)
   /* A link may lead anywhere: only what is in the folder is served
    * (the file opened is the one checked, by its resolved name).
    */
-  if (!fleet_in_dir (real)) {
+  if (!glue_in_folder (real, fleet.dir)) {
     nbdkit_error ("export \"%s\": refused: it is a link leading out of "
                   "dir= (to %s)", shown, real);
     goto out;
@@ -1255,7 +1244,8 @@ fleet_list (struct nbdkit_exports *exports)
       continue;
     real = realpath (named, NULL);
     free (named);
-    if (real && fleet_in_dir (real) && (s = fleet_describe (de->d_name, real)))
+    if (real && glue_in_folder (real, fleet.dir) &&
+        (s = fleet_describe (de->d_name, real)))
       r = nbdkit_add_export (exports, de->d_name, s);
     free (s);
     free (real);
