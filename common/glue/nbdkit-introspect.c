@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,25 @@ glue_introspect_load (void)
   load_pid = getpid ();
 }
 
+static char cmdline[16384];
+static size_t cmdline_len;
+static pthread_once_t cmdline_once = PTHREAD_ONCE_INIT;
+
+/* Read once, by whichever thread asks first: the command line does not
+ * change, and connections ask from several threads at once.
+ */
+static void
+introspect_read_cmdline (void)
+{
+  FILE *fp = fopen ("/proc/self/cmdline", "r");
+
+  if (fp) {
+    cmdline_len = fread (cmdline, 1, sizeof cmdline - 1, fp);
+    fclose (fp);
+  }
+  cmdline[cmdline_len] = '\0';
+}
+
 /* nbdkit's command line, as /proc/self/cmdline holds it: each argument
  * in turn to fn, with the one after it (or NULL), up to "--" or until
  * fn returns true: true if it did.
@@ -42,42 +62,34 @@ introspect_cmdline (bool (*fn) (const char *arg, const char *next,
                                 void *opaque),
                     void *opaque)
 {
-  static char buf[16384];
-  static size_t n;
-  static bool read_once;
+  pthread_once (&cmdline_once, introspect_read_cmdline);
+  assert (cmdline_len < sizeof cmdline);
+  for (size_t i = 0; i < cmdline_len; i += strlen (cmdline + i) + 1) {
+    size_t next = i + strlen (cmdline + i) + 1;
 
-  if (!read_once) {
-    FILE *fp = fopen ("/proc/self/cmdline", "r");
-
-    read_once = true;
-    if (fp) {
-      n = fread (buf, 1, sizeof buf - 1, fp);
-      fclose (fp);
-    }
-    buf[n] = '\0';
-  }
-  assert (n < sizeof buf);
-  for (size_t i = 0; i < n; i += strlen (buf + i) + 1) {
-    size_t next = i + strlen (buf + i) + 1;
-
-    if (strcmp (buf + i, "--") == 0)
+    if (strcmp (cmdline + i, "--") == 0)
       break;
-    if (fn (buf + i, next < n ? buf + next : NULL, opaque))
+    if (fn (cmdline + i, next < cmdline_len ? cmdline + next : NULL, opaque))
       return true;
   }
   return false;
 }
 
-/* -r, --readonly, --read-only, or -r among grouped short flags that
- * take no argument (-fr, -rv): nbdkit's flags of 1.32 to 1.45.
+/* -r, --readonly, --read-only, or r among grouped short flags (-fr,
+ * -r4, -rU SOCKET: the letters up to the first that takes an argument):
+ * nbdkit's short options of 1.32 to 1.45.
  */
 static bool
 introspect_arg_readonly (const char *a, const char *next, void *opaque)
 {
   if (strcmp (a, "--readonly") == 0 || strcmp (a, "--read-only") == 0)
     return true;
-  return a[0] == '-' && a[1] != '-' && a[1] &&
-    strspn (a + 1, "fnrsv") == strlen (a + 1) && strchr (a, 'r');
+  if (a[0] != '-' || a[1] == '-')
+    return false;
+  for (a++; *a && strchr ("46fnorsvV", *a); a++)
+    if (*a == 'r')
+      return true;
+  return false;
 }
 
 /* Depends on: the command line (above).  The plugin and the filter
