@@ -2,8 +2,9 @@
 /* Backing layers on remote storage (in-memory storage with pread_many,
  * which counts round trips): what sequential reads, random reads and
  * several threads reading at once read, through the read-ahead of a
- * raw and of a qcow2 layer, to the last unaligned byte; and that
- * sequential reads cost a round trip a window, not one a request.
+ * raw and of a qcow2 layer, to the last unaligned byte; that
+ * sequential reads cost a round trip a window, not one a request; and
+ * that what was read is kept a while: read again, it costs none.
  */
 #include <pthread.h>
 
@@ -171,9 +172,80 @@ test_qcow2 (void)
   memenv_free (me);
 }
 
+/* Round trips to the base for reads of count bytes at n scattered
+ * places (one every 20 KiB, from first, so that no two make a run),
+ * checked against the base.
+ */
+static uint64_t
+scattered_trips (struct qcow2_image *img, const struct model *m,
+                 struct qcow2_io *base_io, unsigned first, unsigned n,
+                 uint64_t count, const char *what)
+{
+  struct memio_stats st;
+  uint64_t before;
+
+  memio_stats (base_io, &st);
+  before = st.round_trips;
+  for (unsigned i = first; i < first + n; i++)
+    check_read (img, m, i * 20480 + 4096, count, what);
+  memio_stats (base_io, &st);
+  return st.round_trips - before;
+}
+
+/* top (empty) over the raw base: what was read, read again, is not
+ * fetched again, nor anything inside it, until 512 other pieces were
+ * read since.
+ */
+static void
+test_kept (void)
+{
+  struct memenv *me = memenv_new ();
+  struct model base;
+  struct qcow2_io *base_io;
+  uint8_t *raw = make_raw (me, &base, &base_io);
+  struct qcow2_image *img;
+  struct ib top;
+  uint64_t trips;
+
+  ib_init (&top, 3, 16, 12 * MIB, false);
+  top.backing = "nbd://h/raw";
+  top.backing_format = "raw";
+  top.model.backing = &base;
+  ib_finish (&top);
+  img = open_ib (me, &top, "/d/top.qcow2", NULL, NULL);
+  if (!CHECKF (img != NULL, "open: %s", memenv_last_error (me)))
+    goto out;
+  trips = scattered_trips (img, &top.model, base_io, 0, 100, 8192, "first");
+  CHECKF (trips == 100, "100 scattered reads took %" PRIu64 " round trips",
+          trips);
+  trips = scattered_trips (img, &top.model, base_io, 0, 100, 8192, "again");
+  CHECKF (trips == 0, "100 reads of what was read took %" PRIu64
+          " round trips", trips);
+  trips = scattered_trips (img, &top.model, base_io, 50, 10, 100, "inside");
+  CHECKF (trips == 0, "10 reads inside what was read took %" PRIu64
+          " round trips", trips);
+  /* 512 pieces more: the first 100 let go, the last ones kept. */
+  trips = scattered_trips (img, &top.model, base_io, 100, 512, 4096, "more");
+  CHECKF (trips == 512, "512 scattered reads took %" PRIu64 " round trips",
+          trips);
+  trips = scattered_trips (img, &top.model, base_io, 0, 10, 8192, "let go");
+  CHECKF (trips == 10, "10 reads of what was let go took %" PRIu64
+          " round trips", trips);
+  trips = scattered_trips (img, &top.model, base_io, 600, 12, 4096, "kept");
+  CHECKF (trips == 0, "12 reads of the last read took %" PRIu64
+          " round trips", trips);
+  qcow2_close (img);
+ out:
+  ib_free (&top);
+  base_io->ops->close (base_io);
+  free (raw);
+  memenv_free (me);
+}
+
 int
 main (void)
 {
+  test_kept ();
   test_raw ();
   test_qcow2 ();
   return unit_finish ();

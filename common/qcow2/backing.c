@@ -208,7 +208,7 @@ backing_attach (struct qcow2_image *img, struct qcow2_io *io,
                                    layer_opts, chain, depth + 1);
   /* Without it (out of memory) reads go on, only slower. */
   if (img->backing && io->ops->pread_many)
-    img->backing->readahead = readahead_new ();
+    img->backing->readahead = readahead_new (img->backing, layer_read);
   if (img->backing)
     return 0;
   /* ENODATA and EMEDIUMTYPE say what the top image is (qcow2.h). */

@@ -589,18 +589,29 @@ extern int check_run (struct qcow2_image *img, bool fix_leaks,
 extern int layer_read (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                        uint64_t offset)
   TSA_EXCLUDES (img->lock);
-/* The read-ahead of a backing layer on remote storage (its lock taken
- * with no lock of that layer held).
- */
-struct readahead;
-extern struct readahead *readahead_new (void);
-extern void readahead_free (struct readahead *ra);
 extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
                         uint64_t offset)
   TSA_REQUIRES (img->lock);
 /* With or without img->lock: it takes the backing layer's. */
 extern int read_backing (struct qcow2_image *img, uint8_t *buf,
                          uint64_t count, uint64_t offset);
+
+/* readahead.c: the read-ahead of a backing layer on remote storage
+ * (its lock taken with no lock of that layer held), reading the layer
+ * with fetch.
+ */
+struct readahead;
+typedef int (*readahead_fetch) (struct qcow2_image *layer, uint8_t *buf,
+                                uint64_t count, uint64_t offset);
+extern struct readahead *readahead_new (struct qcow2_image *layer,
+                                        readahead_fetch fetch);
+extern void readahead_free (struct readahead *ra);
+extern int readahead_read (struct readahead *ra, uint8_t *buf,
+                           uint64_t count, uint64_t offset);
+extern bool readahead_copy (struct readahead *ra, uint8_t *buf,
+                            uint64_t count, uint64_t offset);
+extern void readahead_note (struct readahead *ra, uint64_t end,
+                            uint64_t count);
 
 /* stream-detach.c: the end of a stream, the image cut loose from the
  * layers above base (NULL: from all of them).

@@ -1,0 +1,476 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The read-ahead of a backing layer on remote storage, and what it
+ * keeps of what it fetched.
+ */
+#include <assert.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "monotonic.h"
+
+/* Read-ahead of a backing layer on remote storage (storage with
+ * pread_many: each request costs a round trip).  A read of the layer
+ * that starts where the last one ended reads READAHEAD_WINDOW more in
+ * the same request, kept in a window that the next sequential reads
+ * are copied from: a guest read sequentially costs one round trip a
+ * window, not one a request.  It is by guest offset, so that it also
+ * works for a qcow2 layer whose clusters lie anywhere in its file.
+ * Backing layers are never written, so a window never goes stale.
+ *
+ * It starts with the second read of a sequential run (a lone read, such
+ * as the first sector's, gets what it asked for), with as much again
+ * as the read (READAHEAD_MIN at least), doubled by each further read of
+ * the run up to READAHEAD_WINDOW, and never more than the link was
+ * measured to deliver in READAHEAD_MS: over a slow link a small read
+ * does not wait for megabytes it did not ask for.
+ *
+ * A reader with several requests in flight (a guest's own read-ahead,
+ * nbdcopy, qemu-img convert) is its own read-ahead: a read that comes
+ * while another read of the layer is under way starts no window and
+ * waits for no other request, but goes out at once with what it asked
+ * for, all in flight together on the storage's connections.  Only a
+ * read that falls in a window being filled waits for it (a reader
+ * turning deep while a window fills; the window is as much again as
+ * the read that started it, doubled per read of the run, so that read
+ * waits for little more than its own data).  Two windows, so that one
+ * stays readable while the other fills.
+ *
+ * Read-ahead pays for itself: over a real network every byte fetched
+ * and not read costs, and a guest's boot (scattered small reads, files
+ * read in short runs) ends most runs a window early.  So the bytes of
+ * windows never read, less the bytes read again from a window (which
+ * cost no fetch), are kept within a READAHEAD_THRIFT-th of the bytes
+ * read of the layer: past that no window starts until reads have paid
+ * for it, and the layer sends little more than a reader without
+ * read-ahead (qemu's nbd driver) makes it send.  And a window is
+ * capped by how the last ones fared: a window dropped with more than
+ * half of it unread halves the cap (down to READAHEAD_MIN), one read
+ * to its end doubles it, to twice that window at least (up to
+ * READAHEAD_WINDOW); the cap never holds a window below the size of
+ * the read that starts it.  A sequential reader reads every window to
+ * its end: its windows grow much as they did without the cap.
+ *
+ * What was fetched is kept a while: the last READAHEAD_KEEP bytes that
+ * reads asked for one at a time, and the windows once dropped, in at
+ * most READAHEAD_KEEP_RUNS pieces, the least recently read let go
+ * first.  A read that falls in one of them (a guest reads again what
+ * its own cache let go: metadata, a file opened twice during a boot)
+ * costs no fetch.  Only what a window saved funds the next windows:
+ * what the kept pieces save comes on top, so that a reader that reads
+ * again some of what it read is sent less than it asked for, paying
+ * for the windows its short runs leave unread.  A deep reader's reads
+ * are not kept: it streams, and copying each read would cost it.
+ */
+#define READAHEAD_WINDOW (4u << 20)
+#define READAHEAD_MIN (64u << 10)
+#define READAHEAD_MS 200
+#define READAHEAD_DEEP 8
+#define READAHEAD_THRIFT 128
+#define READAHEAD_KEEP (32u << 20)
+#define READAHEAD_KEEP_RUNS 512
+
+enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
+
+struct readahead {
+  struct qcow2_image *layer;    /* the layer read ahead of */
+  readahead_fetch fetch;        /* reads the layer */
+  pthread_mutex_t lock;         /* guards all below */
+  pthread_cond_t filled;        /* a window stopped filling */
+  uint64_t next;                /* where the last read ended */
+  unsigned run;                 /* reads that continued the one before */
+  unsigned busy;                /* reads of the layer under way */
+  /* Reads lately that came while others were under way, up to
+   * READAHEAD_DEEP, less one per read that came alone: windows are for
+   * a reader at 0 only.
+   */
+  unsigned deep;
+  uint64_t rate;                /* bytes a second the layer gave (0: ?) */
+  uint64_t asked;               /* bytes read of the layer */
+  /* Bytes of dropped windows never read, less those read again from a
+   * window: what the read-ahead cost (negative: it saved).
+   */
+  int64_t cost;
+  uint64_t cap;                 /* the largest window now */
+  struct {
+    enum window_state state;
+    uint64_t start, len;
+    uint64_t served;            /* bytes read from it (some twice) */
+    uint8_t *buf;
+  } w[2];
+  struct {
+    uint64_t start, len;
+    uint64_t used;              /* ra->clock when last read (0: free) */
+    uint8_t *buf;
+  } kept[READAHEAD_KEEP_RUNS];
+  uint64_t kept_bytes;
+  uint64_t clock;
+};
+
+struct readahead *
+readahead_new (struct qcow2_image *layer, readahead_fetch fetch)
+{
+  struct readahead *ra = calloc (1, sizeof *ra);
+
+  if (!ra)
+    return NULL;
+  ra->layer = layer;
+  ra->fetch = fetch;
+  pthread_mutex_init (&ra->lock, NULL);
+  pthread_cond_init (&ra->filled, NULL);
+  ra->next = UINT64_MAX;        /* the first read starts no run */
+  ra->cap = READAHEAD_MIN;
+  return ra;
+}
+
+void
+readahead_free (struct readahead *ra)
+{
+  if (!ra)
+    return;
+  free (ra->w[0].buf);
+  free (ra->w[1].buf);
+  for (size_t i = 0; i < READAHEAD_KEEP_RUNS; i++)
+    free (ra->kept[i].buf);
+  pthread_cond_destroy (&ra->filled);
+  pthread_mutex_destroy (&ra->lock);
+  free (ra);
+}
+
+/* The window holding [offset, end), or -1; with ra->lock held. */
+static int
+readahead_find (struct readahead *ra, uint64_t offset, uint64_t end)
+{
+  for (int i = 0; i < 2; i++)
+    if (ra->w[i].state != WINDOW_EMPTY && offset >= ra->w[i].start &&
+        end <= ra->w[i].start + ra->w[i].len)
+      return i;
+  return -1;
+}
+
+/* [offset, end) of the full window i into buf, and counted (ra->lock
+ * held).
+ */
+static void
+readahead_take (struct readahead *ra, int i, uint8_t *buf, uint64_t offset,
+                uint64_t end)
+{
+  bool was_short = ra->w[i].served < ra->w[i].len;
+
+  memcpy (buf, ra->w[i].buf + (offset - ra->w[i].start), end - offset);
+  ra->w[i].served += end - offset;
+  ra->asked += end - offset;
+  if (was_short && ra->w[i].served >= ra->w[i].len)
+    ra->cap = MIN (MAX (ra->cap, ra->w[i].len) * 2, READAHEAD_WINDOW);
+}
+
+/* The kept piece holding [offset, end), or -1 (ra->lock held). */
+static int
+readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
+{
+  for (int i = 0; i < READAHEAD_KEEP_RUNS; i++)
+    if (ra->kept[i].used && offset >= ra->kept[i].start &&
+        end <= ra->kept[i].start + ra->kept[i].len)
+      return i;
+  return -1;
+}
+
+/* The kept piece least recently read, or a free slot (ra->lock held). */
+static int
+readahead_oldest_kept (struct readahead *ra)
+{
+  int oldest = 0;
+
+  for (int i = 0; i < READAHEAD_KEEP_RUNS; i++) {
+    if (!ra->kept[i].used)
+      return i;
+    if (ra->kept[i].used < ra->kept[oldest].used)
+      oldest = i;
+  }
+  return oldest;
+}
+
+static void
+readahead_let_go (struct readahead *ra, int i)
+{
+  assert (ra->kept_bytes >= ra->kept[i].len);
+  ra->kept_bytes -= ra->kept[i].len;
+  free (ra->kept[i].buf);
+  ra->kept[i].buf = NULL;
+  ra->kept[i].used = 0;
+}
+
+/* Keep buf, len bytes of the layer from start (taking it over), letting
+ * go of the least recently read pieces to make room (ra->lock held).
+ */
+static void
+readahead_keep (struct readahead *ra, uint8_t *buf, uint64_t start,
+                uint64_t len)
+{
+  int i;
+
+  if (len > READAHEAD_KEEP) {
+    free (buf);
+    return;
+  }
+  for (;;) {
+    i = readahead_oldest_kept (ra);
+    if (!ra->kept[i].used && ra->kept_bytes + len <= READAHEAD_KEEP)
+      break;
+    readahead_let_go (ra, i);
+  }
+  ra->kept[i].buf = buf;
+  ra->kept[i].start = start;
+  ra->kept[i].len = len;
+  ra->kept[i].used = ++ra->clock;
+  ra->kept_bytes += len;
+}
+
+/* [offset, end) copied from a kept piece holding it, if one does
+ * (ra->lock held).
+ */
+static bool
+readahead_take_kept (struct readahead *ra, uint8_t *buf, uint64_t offset,
+                     uint64_t end)
+{
+  int i = readahead_find_kept (ra, offset, end);
+
+  if (i < 0)
+    return false;
+  memcpy (buf, ra->kept[i].buf + (offset - ra->kept[i].start), end - offset);
+  ra->kept[i].used = ++ra->clock;
+  ra->asked += end - offset;
+  return true;
+}
+
+/* Window i dropped: what it cost, and the cap it leaves (ra->lock
+ * held).
+ */
+static void
+readahead_drop (struct readahead *ra, int i)
+{
+  if (ra->w[i].state == WINDOW_FULL) {
+    ra->cost += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
+    if (ra->w[i].served < ra->w[i].len / 2)
+      ra->cap = MAX (ra->cap / 2, READAHEAD_MIN);
+    readahead_keep (ra, ra->w[i].buf, ra->w[i].start, ra->w[i].len);
+  }
+  else
+    free (ra->w[i].buf);
+  ra->w[i].buf = NULL;
+  ra->w[i].state = WINDOW_EMPTY;
+}
+
+/* What the read-ahead cost so far, the unread part of the full
+ * windows counted as lost (ra->lock held).
+ */
+static int64_t
+readahead_owed (const struct readahead *ra)
+{
+  int64_t owed = ra->cost;
+
+  for (int i = 0; i < 2; i++)
+    if (ra->w[i].state == WINDOW_FULL)
+      owed += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
+  return owed;
+}
+
+/* [offset, offset+count) copied from a window full of it or a kept
+ * piece, if one is: true if it was.
+ */
+bool
+readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
+                uint64_t offset)
+{
+  bool found;
+  int i;
+
+  pthread_mutex_lock (&ra->lock);
+  i = readahead_find (ra, offset, offset + count);
+  if (i >= 0 && ra->w[i].state == WINDOW_FULL) {
+    readahead_take (ra, i, buf, offset, offset + count);
+    if (offset == ra->next)
+      ra->run++;
+    ra->next = MAX (ra->next, offset + count);
+    found = true;
+  }
+  else
+    found = readahead_take_kept (ra, buf, offset, offset + count);
+  pthread_mutex_unlock (&ra->lock);
+  return found;
+}
+
+/* Reads up to end, count bytes in all, were made without the
+ * read-ahead.
+ */
+void
+readahead_note (struct readahead *ra, uint64_t end, uint64_t count)
+{
+  pthread_mutex_lock (&ra->lock);
+  ra->next = end;
+  ra->asked += count;
+  pthread_mutex_unlock (&ra->lock);
+}
+
+static uint64_t
+readahead_now_us (void)
+{
+  return monotonic_ns () / 1000;
+}
+
+/* How much to read after a read of count bytes (ra->lock held). */
+static uint64_t
+readahead_extra (const struct readahead *ra, uint64_t count)
+{
+  uint64_t w;
+
+  if (ra->run == 0 ||
+      readahead_owed (ra) > (int64_t) (ra->asked / READAHEAD_THRIFT))
+    return 0;
+  w = MIN (count, READAHEAD_WINDOW);
+  w = MAX (w, READAHEAD_MIN) << MIN (ra->run - 1, 8u);
+  w = MIN (w, MIN (MAX (ra->cap, count), READAHEAD_WINDOW));
+  if (ra->rate)
+    w = MIN (w, ra->rate / (1000 / READAHEAD_MS));
+  /* Ending where a read of the run will: one that straddled the end
+   * would fetch the part it shares with the window again.
+   */
+  return w - w % (count <= w ? count : READAHEAD_MIN);
+}
+
+/* Read len bytes at offset of the layer, and learn the link's rate
+ * from it: what it delivers (latency included) averaged with what it
+ * did.
+ */
+static int
+readahead_timed (struct readahead *ra, uint8_t *buf, uint64_t len,
+                 uint64_t offset)
+{
+  uint64_t t = readahead_now_us (), rate;
+  int r = ra->fetch (ra->layer, buf, len, offset);
+
+  t = readahead_now_us () - t;
+  if (r == 0) {
+    rate = len * 1000000 / MAX (t, 1);
+    pthread_mutex_lock (&ra->lock);
+    ra->rate = ra->rate ? ra->rate / 2 + rate / 2 : rate;
+    pthread_mutex_unlock (&ra->lock);
+  }
+  return r;
+}
+
+/* Read [offset, offset+count) of the layer directly (a read that
+ * starts no window), counted in ra->busy (ra->lock held on entry and
+ * return).
+ */
+static int
+readahead_direct (struct readahead *ra, uint8_t *buf, uint64_t count,
+                  uint64_t offset)
+{
+  int r;
+
+  ra->busy++;
+  pthread_mutex_unlock (&ra->lock);
+  r = readahead_timed (ra, buf, count, offset);
+  pthread_mutex_lock (&ra->lock);
+  assert (ra->busy > 0);
+  ra->busy--;
+  return r;
+}
+
+/* [offset, offset+count) of the layer: from a window or a kept piece,
+ * or fetched (with a window more, or as asked).
+ */
+int
+readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
+                uint64_t offset)
+{
+  uint64_t end = offset + count, len, extra, head;
+  uint8_t *wbuf;
+  int i, r;
+
+  pthread_mutex_lock (&ra->lock);
+  if ((i = readahead_find (ra, offset, end)) >= 0 &&
+      ra->w[i].state == WINDOW_FILLING) {
+    ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
+    while ((i = readahead_find (ra, offset, end)) >= 0 &&
+           ra->w[i].state == WINDOW_FILLING)
+      pthread_cond_wait (&ra->filled, &ra->lock);
+  }
+  if (i >= 0) {
+    readahead_take (ra, i, buf, offset, end);
+    ra->next = MAX (ra->next, end);
+    pthread_mutex_unlock (&ra->lock);
+    return 0;
+  }
+  if (readahead_take_kept (ra, buf, offset, end)) {
+    pthread_mutex_unlock (&ra->lock);
+    return 0;
+  }
+  /* A read that starts in a full window and goes past it (a run whose
+   * reads changed size) takes what the window has, and fetches only the
+   * rest, which continues the run.
+   */
+  if ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
+      ra->w[i].state == WINDOW_FULL) {
+    head = ra->w[i].start + ra->w[i].len - offset;
+    readahead_take (ra, i, buf, offset, offset + head);
+    ra->next = MAX (ra->next, offset + head);
+    buf += head;
+    offset += head;
+    count -= head;
+  }
+  ra->asked += count;
+  /* A deep reader: what it asks for now; its run starts again once it
+   * has read one request at a time for a while.
+   */
+  if (ra->busy > 0 || ra->deep > 0) {
+    ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
+               : ra->deep - 1;
+    ra->run = 0;
+    ra->next = MAX (ra->next, end);
+    r = readahead_direct (ra, buf, count, offset);
+    pthread_mutex_unlock (&ra->lock);
+    return r;
+  }
+  ra->run = offset == ra->next ? ra->run + 1 : 0;
+  ra->next = end;
+  extra = readahead_extra (ra, count);
+  /* A window to fill: not the one filling, nor a request as large. */
+  i = ra->w[0].state == WINDOW_FILLING ? 1
+      : ra->w[1].state == WINDOW_FILLING ? 0
+      : ra->w[0].start > ra->w[1].start;
+  len = MIN (end + extra, ra->layer->size) - offset;
+  wbuf = len > count && count < READAHEAD_WINDOW &&
+         ra->w[i].state != WINDOW_FILLING ? malloc (len) : NULL;
+  if (!wbuf) {
+    r = readahead_direct (ra, buf, count, offset);
+    if (r == 0 && (wbuf = malloc (count)) != NULL) {
+      memcpy (wbuf, buf, count);
+      readahead_keep (ra, wbuf, offset, count);
+    }
+    pthread_mutex_unlock (&ra->lock);
+    return r;
+  }
+  readahead_drop (ra, i);
+  ra->w[i].buf = wbuf;
+  ra->w[i].start = offset;
+  ra->w[i].len = len;
+  ra->w[i].served = count;
+  ra->w[i].state = WINDOW_FILLING;
+  ra->busy++;
+  pthread_mutex_unlock (&ra->lock);
+
+  r = readahead_timed (ra, wbuf, len, offset);
+  if (r == 0)
+    memcpy (buf, wbuf, count);
+
+  pthread_mutex_lock (&ra->lock);
+  assert (ra->busy > 0 && ra->w[i].state == WINDOW_FILLING);
+  ra->busy--;
+  ra->w[i].state = r == 0 ? WINDOW_FULL : WINDOW_EMPTY;
+  pthread_cond_broadcast (&ra->filled);
+  pthread_mutex_unlock (&ra->lock);
+  return r;
+}
