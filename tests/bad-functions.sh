@@ -39,8 +39,9 @@ check_status ()
 # expect_open_error IMG REGEX...: nbdkit must refuse to serve IMG at
 # startup: exit status 1 (not success, not a crash, not a hang), the
 # --run command never runs, an "error:" line names the file the problem
-# is in ($ERR_FILE, default IMG), and the messages match each REGEX
-# (extended, case-insensitive).  Extra plugin arguments: $OPEN_ARGS.
+# is in ($ERR_FILE, default IMG), the messages match each REGEX
+# (extended, case-insensitive), and each line is one of nbdkit's
+# messages (message_shape).  Extra plugin arguments: $OPEN_ARGS.
 expect_open_error ()
 {
   local img="$1"; shift
@@ -58,6 +59,7 @@ expect_open_error ()
   for re in "$@"; do
     grep -qiE -- "$re" "$log" || fail "$img: error does not match: $re"
   done
+  message_shape "$log" || fail "$img: a line that is not one of nbdkit's messages"
 }
 
 # Python for nbdsh: expect_eio (offset, count) asserts that the read (or

@@ -192,7 +192,8 @@ check_map ()
 
 # expect_refused MESSAGE-REGEXP NBDKIT-ARGS...: nbdkit must refuse to
 # start (an error exit, not a crash or a hang; nothing run) with an
-# error message matching the extended regexp.
+# error message matching the extended regexp, every line of its stderr
+# one of nbdkit's messages (message_shape).
 expect_refused ()
 {
   local re="$1"; shift
@@ -209,6 +210,27 @@ expect_refused ()
     cat "$tmp/refused.err" >&2
     fail "nbdkit $*: error does not match /$re/"
   }
+  message_shape "$tmp/refused.err" ||
+    fail "nbdkit $*: a line that is not one of nbdkit's messages"
+}
+
+# message_shape FILE: each line of FILE (nbdkit's stderr) is one of
+# nbdkit's messages, "nbdkit: " first: an error, a notice, a debug line,
+# or a hint (the remedy of the error or notice before it, on a line of
+# its own).  A line without the prefix, a message's second line, would
+# be lost to "grep nbdkit:" and to syslog.  Says which lines are not.
+message_shape ()
+{
+  awk '
+    /^nbdkit: ([^ :]+: )?error: hint: / ||
+    /^nbdkit: [^ :]+: notice: .*: hint: / {
+      if (!said) { print FILENAME ":" FNR ": a hint of nothing: " $0; bad = 1 }
+      next
+    }
+    /^nbdkit: ([^ :]+: )?(error|notice): / { said = 1; next }
+    /^nbdkit: ([^ :]+: )?debug: / { next }
+    { print FILENAME ":" FNR ": not a line of nbdkit: " $0; bad = 1 }
+    END { exit bad }' "$1" >&2
 }
 
 # qsrc IMG: set qsrc to the qemu-img or qemu-io arguments that open

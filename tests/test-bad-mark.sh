@@ -55,12 +55,12 @@ except nbd.Error as e:
 expect_pattern(0, 65536, 0x11)
 '
 says "corrupt image: .*refcount table entry 0 is empty.*allocation refused; the image is marked corrupt$"
-says "^it will not be written until qemu-img check -r all repairs it$"
+says "^nbdkit: ([^ :]+: )?error: hint: it will not be written until qemu-img check -r all repairs it$"
 marked "$img" || fail "the image is not marked corrupt"
 qemu-img info "$img" | grep -q "corrupt: true" ||
   fail "qemu-img info does not say the image is corrupt"
 OPEN_ARGS= expect_open_error "$img" "marked corrupt.*refusing write access$" \
-  "^qemu-img check -r all repairs it"
+  "^nbdkit: error: hint: qemu-img check -r all repairs it"
 run "$img" -r -- 'expect_pattern(0, 65536, 0x11)'
 qemu-img check -q -r all "$img" > /dev/null 2>&1 || :
 marked "$img" && fail "qemu-img check -r all left the mark"

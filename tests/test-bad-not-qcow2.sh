@@ -35,7 +35,7 @@ for f in vmdk:VMDK:0 vpc:VHD:0 vdi:VDI:0x40 vhdx:VHDX:0 qed:QED:0 \
     serve="; qemu-nbd -f $fmt $tmp/disk.$fmt serves it as it is"
   fi
   expect_open_error "$tmp/disk.$fmt" "$what$" \
-    "^qemu-img convert -f $fmt -O qcow2 $tmp/disk.$fmt NEW.qcow2 makes a qcow2 image of it$serve$"
+    "^nbdkit: error: hint: qemu-img convert -f $fmt -O qcow2 $tmp/disk.$fmt NEW.qcow2 makes a qcow2 image of it$serve$"
   ! grep -q "raw disk image" "$tmp/open-error.log" ||
     fail "$fmt: called a raw disk image"
   rm -f "$tmp/NEW.qcow2"
@@ -54,7 +54,7 @@ qemu_img_pbkdf create -q -f luks --object secret,id=s0,data=secret \
   fail "qemu-img cannot make a LUKS image"
 expect_open_error "$tmp/disk.luks" \
   "a LUKS image \(its signature at offset 0\), not a qcow2 image" \
-  "^nbdkit's luks filter serves it: nbdkit file $tmp/disk.luks --filter=luks passphrase=\+PASSWORD-FILE$"
+  "^nbdkit: error: hint: nbdkit's luks filter serves it: nbdkit file $tmp/disk.luks --filter=luks passphrase=\+PASSWORD-FILE$"
 nbdkit -U - file "$tmp/disk.luks" --filter=luks passphrase=+"$tmp/password" \
   --run 'nbdinfo --size "$uri"' | grep -qx 4194304 ||
   fail "luks: the filter said does not serve it"

@@ -164,8 +164,8 @@ cp "$tmp/img.qcow2" "$tmp/corrupt.qcow2"
 /usr/bin/python3 "${srcdir:-.}/qcow2-patch.py" "$tmp/corrupt.qcow2" set-bits 72 2
 runs=1 refused corrupt "$tmp/corrupt.qcow2: image is marked corrupt .*refusing write access$" \
   --filter=qcow2 file "$tmp/corrupt.qcow2"
-grep -q "^qemu-img check -r all repairs it; nbdkit -r serves it read-only$" \
-  "$tmp/corrupt.err" || fail "corrupt: no remedy on the next line"
+grep -q "^nbdkit: error: hint: qemu-img check -r all repairs it; nbdkit -r serves it read-only$" \
+  "$tmp/corrupt.err" || fail "corrupt: no remedy in a hint"
 nbdkit -v -r -U - --filter=qcow2 file "$tmp/corrupt.qcow2" \
   --run 'nbdinfo "$uri"' > "$tmp/ro.out" 2> "$tmp/ro.err" ||
   fail "nbdkit -r does not serve a corrupt image: $(grep -v debug "$tmp/ro.err")"

@@ -109,14 +109,14 @@ nbdkit -U - qcow2 s-top.qcow2 create=true backing=s-base.qcow2 \
   fail "one password for a whole chain"
 expect_refused "base.qcow2: wrong password" \
   qcow2 top.qcow2 password=pw-top backing-password=pw-mid
-grep -q "^a backing file's own password is given with backing-password=" \
+grep -q "^nbdkit: error: hint: a backing file's own password is given with backing-password=" \
   "$tmp/refused.err" || fail "wrong backing password: no remedy"
 # The filter opens the image once nbdkit runs: no client is served.
 nbdkit -U - --filter=qcow2 file top.qcow2 qcow2-password=pw-top \
   --run 'nbdinfo --size "$uri"' > /dev/null 2> filter.err &&
   fail "the filter served a chain with the wrong backing password"
 grep -q "mid.qcow2: wrong password" filter.err &&
-  grep -q "^a backing file's own password is given with qcow2-backing-password=" \
+  grep -q "^nbdkit: \([^ :]*: \)\?error: hint: a backing file's own password is given with qcow2-backing-password=" \
     filter.err || fail "filter: $(cat filter.err)"
 # An unencrypted overlay over an encrypted backing file: only the
 # backing file has a password.

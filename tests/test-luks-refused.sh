@@ -158,8 +158,8 @@ qemu-img create -q -f qcow2 "$tmp/aes.qcow2" 1M
 printf '\x00\x00\x00\x01' | dd of="$tmp/aes.qcow2" bs=1 seek=32 conv=notrunc status=none
 expect_refused "legacy AES method \(crypt_method 1 at header offset 0x20\) is not supported$" \
   qcow2 "file=$tmp/aes.qcow2" password=x
-grep -q "^convert the image to LUKS: qemu-img convert .*encrypt.format=luks" \
-  "$tmp/refused.err" || fail "legacy AES: no remedy on the next line"
+grep -q "^nbdkit: error: hint: convert the image to LUKS: qemu-img convert .*encrypt.format=luks" \
+  "$tmp/refused.err" || fail "legacy AES: no remedy in a hint"
 printf '\x00\x00\x00\x07' | dd of="$tmp/aes.qcow2" bs=1 seek=32 conv=notrunc status=none
 expect_refused "unknown encryption method 7" qcow2 "file=$tmp/aes.qcow2"
 

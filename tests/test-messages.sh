@@ -58,8 +58,8 @@ nbdkit -U - qcow2 "$img" io-threads=64 --run 'nbdinfo --size "$uri"' >/dev/null 
 qemu-img create -q -f qcow2 -u -b gone.qcow2 -F qcow2 "$tmp/orphan.qcow2" 4M
 expect_refused 'cannot open backing file ".*/gone.qcow2": No such file or directory$' \
   qcow2 "$tmp/orphan.qcow2"
-grep -q '^backing=none serves the image without it; "qemu-img rebase -u -b NEW-NAME -F FORMAT IMAGE"' \
-  "$tmp/refused.err" || fail "a missing backing file: no remedy on the next line"
+grep -q '^nbdkit: error: hint: backing=none serves the image without it; "qemu-img rebase -u -b NEW-NAME -F FORMAT IMAGE"' \
+  "$tmp/refused.err" || fail "a missing backing file: no remedy in a hint"
 nbdkit -U - qcow2 "$tmp/orphan.qcow2" backing=none --run 'nbdinfo --size "$uri"' \
   >/dev/null || fail "backing=none does not serve the orphan"
 

@@ -33,17 +33,13 @@ glue_load (const char *name, const char *password_key, unsigned io_threads)
 void
 glue_error (void *opaque, const char *msg)
 {
-  /* A remedy the glue gave the engine in a reason (the policy's
-   * refusals) is said on a line of its own, as glue_hint says it.
-   */
-  const char *hint = strstr (msg, "\nhint: ");
+  nbdkit_error ("%s", msg);
+}
 
-  if (hint) {
-    nbdkit_error ("%.*s", (int) (hint - msg), msg);
-    nbdkit_error ("%s", hint + 1);
-  }
-  else
-    nbdkit_error ("%s", msg);
+void
+glue_env_hint (void *opaque, const char *msg)
+{
+  nbdkit_error ("hint: %s", msg);
 }
 
 void

@@ -589,6 +589,7 @@ struct qcow2_env glue_env = {
   .identity = fileio_env_identity,
   .open_remote = glue_policy_open_remote,
   .error = glue_error,
+  .hint = glue_env_hint,
   .debug = glue_debug,
   .notice = glue_notice,
 };

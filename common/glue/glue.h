@@ -215,6 +215,8 @@ extern void glue_load (const char *name, const char *password_key,
  * it is not given (syslog once nbdkit runs in the background).
  */
 extern void glue_error (void *opaque, const char *msg);
+/* The engine's remedy of its error (qcow2_env's hint), as glue_hint. */
+extern void glue_env_hint (void *opaque, const char *msg);
 extern void glue_debug (void *opaque, const char *msg);
 extern void glue_notice (void *opaque, const char *path, const char *msg);
 extern void glue_noticef (const char *path, const char *fmt, ...)

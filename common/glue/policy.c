@@ -94,8 +94,8 @@ glue_policy_free (void)
 }
 
 /* Whether backing-protocols= lets names reach protocol (one of
- * glue_protocols); if not, *why says so, and which value allows it
- * (a "hint: " line, which glue_error says as glue_hint does).
+ * glue_protocols); if not, *why says so, and after a newline which
+ * value allows it (the engine sends that as a hint).
  */
 static bool
 glue_policy_allows (const char *protocol, size_t len, char **why)
@@ -106,7 +106,7 @@ glue_policy_allows (const char *protocol, size_t len, char **why)
   if (!p->protocols_set || (p->protocols & glue_protocol_bit (protocol, len)))
     return true;
   if (asprintf (why, "%s %.*s is refused by backing-protocols=%s\n"
-                "hint: backing-protocols=%s%s%.*s allows it",
+                "backing-protocols=%s%s%.*s allows it",
                 len == 4 && strncasecmp (protocol, "file", 4) == 0
                 ? "a local file, protocol" : "protocol", (int) len, protocol,
                 t, t, *t ? "," : "", (int) len, protocol) < 0)
@@ -176,7 +176,7 @@ glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
       if (root[i] == '/')
         k = i;
     if (asprintf (id, "it is %s, not under backing-root=%s: refused\n"
-                  "hint: backing-root=%.*s allows it", real, root,
+                  "backing-root=%.*s allows it", real, root,
                   k ? (int) k : 1, k ? root : "/") < 0)
       *id = NULL;
     free (real);
@@ -217,7 +217,7 @@ glue_policy_open_remote (void *opaque, const struct qcow2_remote *remote,
        (remote->ssh.host && !remote->ssh.verify_host))) {
     if (asprintf (why, "the name turns off %s: refused with "
                   "backing-insecure=false\n"
-                  "hint: backing-insecure=true allows it", remote->sslverify
+                  "backing-insecure=true allows it", remote->sslverify
                   ? "the ssh host key check (host_key_check=no)"
                   : "the check of the server's certificate "
                     "(\"sslverify\": false)") < 0)

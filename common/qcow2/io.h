@@ -125,7 +125,8 @@ struct qcow2_env {
    * On success returns the I/O object and sets *id to a malloc'd name
    * that is equal for two paths naming the same file (used to detect
    * backing chains that loop).  On failure returns NULL and sets errno;
-   * *id is then a malloc'd message explaining why (or NULL).
+   * *id is then a malloc'd message explaining why, a remedy after a
+   * newline if any (or NULL).
    */
   struct qcow2_io *(*open) (void *opaque, const char *path, bool readonly,
                             char **id);
@@ -137,14 +138,19 @@ struct qcow2_env {
   char *(*identity) (void *opaque, const char *path);
   /* Optional (NULL: remote names are refused): open remote storage
    * read-only.  On failure returns NULL and sets errno; *why is then a
-   * malloc'd message saying what failed and what to do (or NULL).
+   * malloc'd message saying what failed, then after a newline what to
+   * do, if anything (or NULL).
    */
   struct qcow2_io *(*open_remote) (void *opaque,
                                    const struct qcow2_remote *remote,
                                    char **why);
-  /* Error and debug messages from the engine. */
+  /* Error and debug messages from the engine, each one line. */
   void (*error) (void *opaque, const char *msg);
   void (*debug) (void *opaque, const char *msg);
+  /* Optional (NULL: not said): what the user can do about the error
+   * just sent, one line, to be said on a line of its own.
+   */
+  void (*hint) (void *opaque, const char *msg);
   /* Optional: something the user should know that is not an error
    * (an image repaired, bitmaps dropped), about the file at path.
    */

@@ -1,21 +1,31 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Messages: the bottom of the engine, which every module calls.  They
  * go to the environment's callbacks (qcow2_env), never to a stream.
+ * A message is one line, what failed and where; what the user can do
+ * about it may follow after a newline, and is sent on its own, as a
+ * hint (nbdkit would print a second line of one message without its
+ * prefix, and syslog keeps one line a message).
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
-/* Format a message, prefixed if prefix is not NULL, for emit (one of
- * env's callbacks, which may be NULL).
+enum log_kind { LOG_ERROR, LOG_DEBUG, LOG_NOTICE };
+
+/* Format a message, prefixed if prefix is not NULL, and send its first
+ * line as kind says; each further line is a hint: to env->hint after
+ * an error (dropped without one), as a notice or debug line of its
+ * own, starting "hint: ", after those.
  */
-static void __attribute__ ((format (printf, 4, 0)))
-log_vmsg (const struct qcow2_env *env,
-          void (*emit) (void *opaque, const char *msg), const char *prefix,
-          const char *fmt, va_list ap)
+static void __attribute__ ((format (printf, 5, 0)))
+log_vmsg (const struct qcow2_env *env, enum log_kind kind, const char *path,
+          const char *prefix, const char *fmt, va_list ap)
 {
-  char msg[1024];
+  char msg[1024], hint[sizeof msg + 8];
+  void (*emit) (void *opaque, const char *msg);
+  char *line = msg, *nl;
   int n = 0;
 
   if (prefix)
@@ -23,8 +33,22 @@ log_vmsg (const struct qcow2_env *env,
   if (n < 0 || (size_t) n >= sizeof msg)
     n = 0;
   vsnprintf (msg + n, sizeof msg - n, fmt, ap);
-  if (emit)
-    emit (env->opaque, msg);
+  for (bool first = true; line; first = false, line = nl) {
+    if ((nl = strchr (line, '\n')))
+      *nl++ = '\0';
+    if (!first && kind != LOG_ERROR) {
+      snprintf (hint, sizeof hint, "hint: %s", line);
+      line = hint;
+    }
+    if (kind == LOG_NOTICE) {
+      if (env->notice)
+        env->notice (env->opaque, path, line);
+      continue;
+    }
+    emit = kind == LOG_DEBUG ? env->debug : first ? env->error : env->hint;
+    if (emit)
+      emit (env->opaque, line);
+  }
 }
 
 void
@@ -32,7 +56,7 @@ env_err (const struct qcow2_env *env, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (env, env->error, NULL, fmt, ap);
+  log_vmsg (env, LOG_ERROR, NULL, NULL, fmt, ap);
   va_end (ap);
 }
 
@@ -42,7 +66,7 @@ log_named_error (const struct qcow2_env *env, const char *name,
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (env, env->error, name, fmt, ap);
+  log_vmsg (env, LOG_ERROR, NULL, name, fmt, ap);
   va_end (ap);
 }
 
@@ -52,7 +76,7 @@ log_named_debug (const struct qcow2_env *env, const char *name,
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (env, env->debug, name, fmt, ap);
+  log_vmsg (env, LOG_DEBUG, NULL, name, fmt, ap);
   va_end (ap);
 }
 
@@ -64,21 +88,17 @@ log_error (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (img->env, img->env->error, img->path, fmt, ap);
+  log_vmsg (img->env, LOG_ERROR, NULL, img->path, fmt, ap);
   va_end (ap);
 }
 
 void
 log_notice (const struct qcow2_image *img, const char *fmt, ...)
 {
-  char msg[1024];
   va_list ap;
-
   va_start (ap, fmt);
-  vsnprintf (msg, sizeof msg, fmt, ap);
+  log_vmsg (img->env, LOG_NOTICE, img->path, NULL, fmt, ap);
   va_end (ap);
-  if (img->env->notice)
-    img->env->notice (img->env->opaque, img->path, msg);
 }
 
 void
@@ -86,6 +106,6 @@ log_debug (const struct qcow2_image *img, const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  log_vmsg (img->env, img->env->debug, img->path, fmt, ap);
+  log_vmsg (img->env, LOG_DEBUG, NULL, img->path, fmt, ap);
   va_end (ap);
 }

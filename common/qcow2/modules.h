@@ -12,7 +12,9 @@
 #endif
 
 /* log.c: errors name the layer's file; notices are what the user must
- * hear that is not an error; debug messages are for -v.
+ * hear that is not an error; debug messages are for -v.  A message is
+ * one line; a remedy may follow it after a newline: it is sent as a
+ * hint, on its own.
  */
 extern void log_error (const struct qcow2_image *img, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));

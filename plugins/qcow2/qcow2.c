@@ -684,14 +684,14 @@ plugin_open_hint (const char *path, int e)
   if (fleet.dir)                /* the engine said what the file is */
     return;
   if (e == ENODATA)
-    nbdkit_error ("%s is empty: to make a new image in it, add create=true "
-                  "size=SIZE", path);
+    glue_hint ("%s is empty: to make a new image in it, add create=true "
+               "size=SIZE", path);
   else if (e == EMEDIUMTYPE && create == CREATE_IF_MISSING)
-    nbdkit_error ("create=if-missing: %s exists but is not a qcow2 image: "
-                  "it is left as it is", path);
+    glue_hint ("create=if-missing: %s exists but is not a qcow2 image: "
+               "it is left as it is", path);
   else if (e == EMEDIUMTYPE)
-    nbdkit_error ("if %s is a raw disk image, nbdkit's file plugin serves "
-                  "it: nbdkit file %s", path, path);
+    glue_hint ("if %s is a raw disk image, nbdkit's file plugin serves "
+               "it: nbdkit file %s", path, path);
 }
 
 /* Open the image at path (through io if it was just made), read-write
@@ -1022,10 +1022,11 @@ fleet_open_image (struct plugin_export *e, const char *shown)
     e->image = plugin_open_image (real, io, &readonly, &e->env, false, &st,
                                   readonly_why);
   else {
-    e->env.error = glue_debug;
+    e->env.error = e->env.hint = glue_debug;
     e->image = plugin_open_image (real, NULL, &readonly, &e->env, true, &st,
                                   readonly_why);
     e->env.error = glue_env.error;
+    e->env.hint = glue_env.hint;
     if (!e->image) {
       fleet_close_idle ();
       e->image = plugin_open_image (real, NULL, &readonly, &e->env, false,
@@ -1204,7 +1205,7 @@ fleet_describe (const char *name, const char *path)
   nolock.locking = FILEIO_LOCKING_OFF;
   nolock.direct = false;
   env.opaque = &nolock;
-  env.error = glue_debug;       /* a listing is no place for them */
+  env.error = env.hint = glue_debug; /* a listing is no place for them */
   io = fileio_open_with (path, true, &nolock, NULL);
   if (!io)
     return NULL;
