@@ -12,11 +12,11 @@
 
 #define MIB (UINT64_C (1) << 20)
 
-/* The raw base: 12 MiB and 1000 bytes, on "nbd://h/raw". */
+/* The raw base: size bytes, on "nbd://h/raw". */
 static uint8_t *
-make_raw (struct memenv *me, struct model *m, struct qcow2_io **io)
+make_raw_sized (struct memenv *me, struct model *m, struct qcow2_io **io,
+                uint64_t size)
 {
-  uint64_t size = 12 * MIB + 1000;
   uint8_t *raw = malloc (size);
 
   if (!raw)
@@ -27,6 +27,13 @@ make_raw (struct memenv *me, struct model *m, struct qcow2_io **io)
   if (!*io || memenv_add (me, "nbd://h/raw", *io) < 0)
     abort ();
   return raw;
+}
+
+/* The raw base of 12 MiB and 1000 bytes. */
+static uint8_t *
+make_raw (struct memenv *me, struct model *m, struct qcow2_io **io)
+{
+  return make_raw_sized (me, m, io, 12 * MIB + 1000);
 }
 
 struct reader {
@@ -192,9 +199,27 @@ scattered_trips (struct qcow2_image *img, const struct model *m,
   return st.round_trips - before;
 }
 
-/* top (empty) over the raw base: what was read, read again, is not
- * fetched again, nor anything inside it, until 512 other pieces were
- * read since.
+/* Round trips for n reads of 1 MiB, 1.25 MiB apart, from piece first
+ * by step.
+ */
+static uint64_t
+large_trips (struct qcow2_image *img, const struct model *m,
+             struct qcow2_io *base_io, int first, int n, int step)
+{
+  struct memio_stats st;
+  uint64_t before;
+
+  memio_stats (base_io, &st);
+  before = st.round_trips;
+  for (int i = 0, p = first; i < n; i++, p += step)
+    check_read (img, m, (uint64_t) p * 1310720, MIB, "large");
+  memio_stats (base_io, &st);
+  return st.round_trips - before;
+}
+
+/* top (empty) over a raw base of 48 MiB: what was read, read again, is
+ * not fetched again, nor anything inside it, until 512 other pieces or
+ * 32 MiB were read since.
  */
 static void
 test_kept (void)
@@ -202,12 +227,12 @@ test_kept (void)
   struct memenv *me = memenv_new ();
   struct model base;
   struct qcow2_io *base_io;
-  uint8_t *raw = make_raw (me, &base, &base_io);
+  uint8_t *raw = make_raw_sized (me, &base, &base_io, 48 * MIB);
   struct qcow2_image *img;
   struct ib top;
   uint64_t trips;
 
-  ib_init (&top, 3, 16, 12 * MIB, false);
+  ib_init (&top, 3, 16, 48 * MIB, false);
   top.backing = "nbd://h/raw";
   top.backing_format = "raw";
   top.model.backing = &base;
@@ -233,6 +258,18 @@ test_kept (void)
           " round trips", trips);
   trips = scattered_trips (img, &top.model, base_io, 600, 12, 4096, "kept");
   CHECKF (trips == 0, "12 reads of the last read took %" PRIu64
+          " round trips", trips);
+  /* 1 MiB pieces, 1.25 MiB apart, 36 of them: the first 4 let go (the
+   * last 32 read again from the last, so that none is let go).
+   */
+  trips = large_trips (img, &top.model, base_io, 0, 36, 1);
+  CHECKF (trips == 36, "36 reads of 1 MiB took %" PRIu64 " round trips",
+          trips);
+  trips = large_trips (img, &top.model, base_io, 35, 32, -1);
+  CHECKF (trips == 0, "32 reads of the last 1 MiB pieces took %" PRIu64
+          " round trips", trips);
+  trips = large_trips (img, &top.model, base_io, 0, 4, 1);
+  CHECKF (trips == 4, "4 reads of 1 MiB let go took %" PRIu64
           " round trips", trips);
   qcow2_close (img);
  out:

@@ -176,25 +176,24 @@ readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
   return -1;
 }
 
-/* The kept piece least recently read, or a free slot (ra->lock held). */
+/* The kept piece least recently read (ra->lock held; one is). */
 static int
 readahead_oldest_kept (struct readahead *ra)
 {
-  int oldest = 0;
+  int oldest = -1;
 
-  for (int i = 0; i < READAHEAD_KEEP_RUNS; i++) {
-    if (!ra->kept[i].used)
-      return i;
-    if (ra->kept[i].used < ra->kept[oldest].used)
+  for (int i = 0; i < READAHEAD_KEEP_RUNS; i++)
+    if (ra->kept[i].used &&
+        (oldest < 0 || ra->kept[i].used < ra->kept[oldest].used))
       oldest = i;
-  }
+  assert (oldest >= 0);
   return oldest;
 }
 
 static void
 readahead_let_go (struct readahead *ra, int i)
 {
-  assert (ra->kept_bytes >= ra->kept[i].len);
+  assert (ra->kept[i].used && ra->kept_bytes >= ra->kept[i].len);
   ra->kept_bytes -= ra->kept[i].len;
   free (ra->kept[i].buf);
   ra->kept[i].buf = NULL;
@@ -210,14 +209,16 @@ readahead_keep (struct readahead *ra, uint8_t *buf, uint64_t start,
 {
   int i;
 
-  if (len > READAHEAD_KEEP) {
+  if (len == 0 || len > READAHEAD_KEEP) {
     free (buf);
     return;
   }
-  for (;;) {
+  while (ra->kept_bytes + len > READAHEAD_KEEP)
+    readahead_let_go (ra, readahead_oldest_kept (ra));
+  for (i = 0; i < READAHEAD_KEEP_RUNS && ra->kept[i].used; i++)
+    ;
+  if (i == READAHEAD_KEEP_RUNS) {
     i = readahead_oldest_kept (ra);
-    if (!ra->kept[i].used && ra->kept_bytes + len <= READAHEAD_KEEP)
-      break;
     readahead_let_go (ra, i);
   }
   ra->kept[i].buf = buf;
