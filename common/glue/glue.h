@@ -267,11 +267,25 @@ extern void glue_dump_plugin (void);
 /* nbdkit-introspect.c: what nbdkit's API does not tell modules,
  * inferred (that file says from what, and what would retire it).
  */
+/* Whether nbdkit is 1.MINOR.MICRO or later: the headers' version is the
+ * version of the nbdkit this build loads into (configure checks).  The
+ * includer has included nbdkit-plugin.h or nbdkit-filter.h.
+ */
+#ifndef NBDKIT_VERSION_MINOR
+#error "glue.h: include nbdkit-plugin.h or nbdkit-filter.h first"
+#endif
+#define GLUE_NBDKIT_AT_LEAST(minor, micro)                         \
+  (NBDKIT_VERSION_MAJOR > 1 || NBDKIT_VERSION_MINOR > (minor) ||   \
+   (NBDKIT_VERSION_MINOR == (minor) && NBDKIT_VERSION_MICRO >= (micro)))
 extern void glue_introspect_load (void);
 /* Whether nbdkit serves read-only (-r), before any connection. */
 extern bool glue_server_readonly (void);
-/* Whether nbdkit was asked to --dump-plugin (for nbdkit < 1.35.9). */
+#if !GLUE_NBDKIT_AT_LEAST (35, 9)
+/* Whether nbdkit was asked to --dump-plugin (filters have no
+ * .dump_plugin before nbdkit 1.35.9).
+ */
 extern bool glue_dump_asked (void);
+#endif
 /* Whether nbdkit runs a --run command. */
 extern bool glue_captive (void);
 /* A notice of the module, on path, where nbdkit logs (glue_notice). */
@@ -285,11 +299,14 @@ extern void glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX]);
  * NULL on error (errno).
  */
 extern char *glue_filters_below (const char *self);
-/* open (opaque), with nbdkit's "no connection in this thread" error
- * (logged when a plugin asks for a client's export name in a context
- * that has no client) left out of nbdkit's stderr.
+#if !GLUE_NBDKIT_AT_LEAST (43, 9)
+/* Returns open (opaque), with nbdkit's "no connection in this thread"
+ * error (logged by nbdkit before 1.43.9 when a plugin asks for the
+ * client's export name in a context that has no client) left out of
+ * nbdkit's stderr.
  */
 extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
+#endif
 /* The server failed at start: under --run, the command's client is
  * refused rather than left waiting.
  */

@@ -1,21 +1,56 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* What the plugin and the filter must know of nbdkit that nbdkit's API
  * (1.32 to 1.45) does not tell them, inferred here and nowhere else.
- * Each piece names the nbdkit behaviour it depends on, and the API that
- * would retire it.  Everything else goes through nbdkit's API.
+ * Each piece names the nbdkit behaviour it depends on, the nbdkit
+ * versions that need it, and the API that would retire it.  Everything
+ * else goes through nbdkit's API.
+ *
+ * What remains, what the user would miss without it, and the test
+ * showing it (nbdkit: the versions that need the piece):
+ *
+ *  piece                 serves                            nbdkit   test
+ *  glue_server_readonly  nbdkit -r opens the image         all      test-locking.sh,
+ *                        read-only at start: locked for             test-filter-qcow2-
+ *                        reading (shared with qemu-nbd              start.sh (corrupt)
+ *                        -r), a corrupt image served
+ *  glue_log_notice,      notices ("served read-only")      all      test-messages.sh
+ *  glue_captive          where nbdkit logs, without -v:
+ *                        stderr, syslog in the background
+ *  glue_plugin_name,     the overlay's record of what      all      test-overlay-
+ *  glue_filters_below    lies below the filter                      identity.sh
+ *  glue_refuse_clients   --run's command fails at once     all      test-filter-qcow2-
+ *                        when the image cannot be served            start.sh (start_fails)
+ *  glue_quiet_open       no "error: no connection in       <1.43.9  test-filter-qcow2-
+ *                        this thread" at start over the             start.sh (nbd plugin)
+ *                        nbd plugin
+ *  glue_dump_asked       the filter's keys in              <1.35.9  test-filter-qcow2-
+ *                        --dump-plugin                              options.sh
+ *
+ * Outside this file, common/nbdio/names.c gives the nbdkit helpers
+ * serving http(s) and ssh backing files a stderr of its own (a shell
+ * opening its pipe by /proc/$PPID/fd): their lines are logged with the
+ * backing file's name, and repeats counted (test-remote-http.sh).
+ * libnbd starts the helper with our stderr and offers no other.
  */
 #include <assert.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <syslog.h>
 #include <unistd.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
 
 #include "glue.h"
 
@@ -28,23 +63,40 @@ glue_introspect_load (void)
   load_pid = getpid ();
 }
 
-static char cmdline[16384];
+static char *cmdline;
 static size_t cmdline_len;
 static pthread_once_t cmdline_once = PTHREAD_ONCE_INIT;
 
 /* Read once, by whichever thread asks first: the command line does not
- * change, and connections ask from several threads at once.
+ * change, and connections ask from several threads at once.  Empty if
+ * it cannot be read.
  */
 static void
 introspect_read_cmdline (void)
 {
-  FILE *fp = fopen ("/proc/self/cmdline", "r");
+  FILE *fp = fopen ("/proc/self/cmdline", "re");
+  FILE *mem;
+  char buf[4096];
+  size_t n;
 
-  if (fp) {
-    cmdline_len = fread (cmdline, 1, sizeof cmdline - 1, fp);
-    fclose (fp);
+  if (!fp)
+    return;
+  /* The memory stream ends in a NUL of its own, should the last
+   * argument lack one.
+   */
+  if ((mem = open_memstream (&cmdline, &cmdline_len)) != NULL) {
+    bool bad;
+
+    while ((n = fread (buf, 1, sizeof buf, fp)) > 0)
+      fwrite (buf, 1, n, mem);
+    bad = ferror (fp);
+    if (fclose (mem) == EOF || bad) {
+      free (cmdline);
+      cmdline = NULL;
+      cmdline_len = 0;
+    }
   }
-  cmdline[cmdline_len] = '\0';
+  fclose (fp);
 }
 
 /* nbdkit's command line, as /proc/self/cmdline holds it: each argument
@@ -63,7 +115,6 @@ introspect_cmdline (bool (*fn) (const char *arg, const char *next,
                     void *opaque)
 {
   pthread_once (&cmdline_once, introspect_read_cmdline);
-  assert (cmdline_len < sizeof cmdline);
   for (size_t i = 0; i < cmdline_len; i += strlen (cmdline + i) + 1) {
     size_t next = i + strlen (cmdline + i) + 1;
 
@@ -102,6 +153,7 @@ glue_server_readonly (void)
   return introspect_cmdline (introspect_arg_readonly, NULL);
 }
 
+#if !GLUE_NBDKIT_AT_LEAST (35, 9)
 static bool
 introspect_arg_dump (const char *a, const char *next, void *opaque)
 {
@@ -116,6 +168,7 @@ glue_dump_asked (void)
 {
   return introspect_cmdline (introspect_arg_dump, NULL);
 }
+#endif
 
 static bool
 introspect_arg_run (const char *a, const char *next, void *opaque)
@@ -168,14 +221,17 @@ introspect_log_destination (void)
  * errors are LOG_ERR).  Needed because nbdkit gives modules no level
  * between debug (shown with -v only) and error, while the user must
  * hear of what is served other than asked (read-only, unlocked) also
- * from a server in the background, whose stderr is /dev/null.
- * Retired by: an nbdkit_notice (none up to 1.45).
+ * from a server in the background, whose stderr is /dev/null.  A line
+ * is one write, appended as nbdkit appends its own to --log=/path
+ * (nbdkit 1.43.2; an older nbdkit refuses such a --log before any
+ * notice).  Retired by: an nbdkit_notice (none up to 1.45).
  */
 void
 glue_log_notice (const char *module, const char *path, const char *msg)
 {
   const char *where = introspect_log_destination ();
-  FILE *fp = NULL;
+  char *line;
+  int fd;
 
   if (strcmp (where, "null") == 0)
     return;
@@ -183,15 +239,23 @@ glue_log_notice (const char *module, const char *path, const char *msg)
     syslog (LOG_DAEMON | LOG_NOTICE, "%s: notice: %s: %s", module, path, msg);
     return;
   }
-  if (where[0] == '/' && !(fp = fopen (where, "a")))
+  if (where[0] != '/') {
+    flockfile (stderr);
+    fprintf (stderr, "nbdkit: %s: notice: %s: %s\n", module, path, msg);
+    funlockfile (stderr);
     return;
-  if (!fp)
-    fp = stderr;
-  flockfile (fp);
-  fprintf (fp, "nbdkit: %s: notice: %s: %s\n", module, path, msg);
-  funlockfile (fp);
-  if (fp != stderr)
-    fclose (fp);
+  }
+  if (asprintf (&line, "nbdkit: %s: notice: %s: %s\n", module, path,
+                msg) < 0)
+    return;
+  fd = open (where, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+  if (fd >= 0) {
+    ssize_t r = write (fd, line, strlen (line));
+
+    (void) r;                   /* nowhere else to write it */
+    close (fd);
+  }
+  free (line);
 }
 
 /* The name of the plugin nbdkit loaded (nbdkit-NAME-plugin.so), into
@@ -286,49 +350,190 @@ glue_filters_below (const char *self)
   return names;
 }
 
-/* What nbdkit logs when a plugin asks for the client's export name in
- * a context without a client, as the nbd plugin does at open (1.32 to
- * 1.43; "no context" from 1.44): harmless, the plugin then uses its
- * own export=.
+#if !GLUE_NBDKIT_AT_LEAST (43, 9)
+/* What nbdkit before 1.43.9 logs when a plugin asks for the client's
+ * export name in a context without a client, as the nbd and sh plugins
+ * do at open: harmless, the plugin then uses its own export=.
  */
 static bool
 introspect_no_client_line (const char *line)
 {
-  return strstr (line, ": error: no connection in this thread\n") ||
-    strstr (line, ": error: no context in this thread\n") ||
-    strstr (line, ": error: no context->exportname in this thread\n");
+  return strstr (line, ": error: no connection in this thread\n") != NULL;
 }
 
-/* Depends on: nbdkit writing its log to fd 2 (not syslog) while a
+/* nbdkit's stderr while a context without a client opens: a pipe,
+ * whose lines go on to what stderr was (out), but for the one above.
+ * Whoever reads it holds lock.  The relay thread frees it at the
+ * pipe's end: when glue_quiet_open and every process started in the
+ * while (the nbd plugin's command=) have closed their end.
+ */
+struct introspect_relay {
+  pthread_mutex_t lock;
+  int in, out;
+  bool restored;                /* fd 2 is out again */
+  size_t len;
+  char line[4096];
+};
+
+/* Once fd 2 is out again, a line goes between nbdkit's messages, as
+ * nbdkit writes each (under stderr's lock, in several writes).  Not
+ * before: a thread holding that lock may be waiting for room in the
+ * pipe, which only this reader makes.
+ */
+static void
+introspect_relay_write (struct introspect_relay *r, const char *s, size_t n)
+{
+  if (r->restored)
+    flockfile (stderr);
+  while (n) {
+    ssize_t w = write (r->out, s, n);
+
+    if (w == -1 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      break;                    /* nowhere else to write it */
+    s += w;
+    n -= w;
+  }
+  if (r->restored)
+    funlockfile (stderr);
+}
+
+/* Reads up to max bytes (no more than the pipe holds), passing on each
+ * line ended, a line longer than the buffer in pieces, and at the
+ * pipe's end the unended rest.  Returns true at the pipe's end.
+ */
+static bool
+introspect_relay_read (struct introspect_relay *r, size_t max)
+{
+  bool end = false;
+
+  while (max && !end) {
+    size_t room = sizeof r->line - 1 - r->len;
+    ssize_t got = read (r->in, r->line + r->len, room < max ? room : max);
+    char *start = r->line, *nl;
+
+    if (got == -1 && errno == EINTR)
+      continue;
+    if (got == -1)
+      break;                    /* EAGAIN: nothing more for now */
+    end = got == 0;
+    max -= got;
+    r->len += got;
+    r->line[r->len] = '\0';
+    while ((nl = strchr (start, '\n'))) {
+      char after = nl[1];
+
+      nl[1] = '\0';
+      if (!introspect_no_client_line (start))
+        introspect_relay_write (r, start, nl + 1 - start);
+      nl[1] = after;
+      start = nl + 1;
+    }
+    r->len -= start - r->line;
+    memmove (r->line, start, r->len + 1);
+    if (r->len == sizeof r->line - 1 || (end && r->len)) {
+      introspect_relay_write (r, r->line, r->len);
+      r->len = 0;
+    }
+  }
+  return end;
+}
+
+static void *
+introspect_relay_thread (void *arg)
+{
+  struct introspect_relay *r = arg;
+  bool end = false;
+
+  while (!end) {
+    struct pollfd p = { .fd = r->in, .events = POLLIN };
+
+    if (poll (&p, 1, -1) == -1 && errno != EINTR)
+      break;
+    pthread_mutex_lock (&r->lock);
+    end = introspect_relay_read (r, sizeof r->line);
+    pthread_mutex_unlock (&r->lock);
+  }
+  close (r->in);
+  close (r->out);
+  pthread_mutex_destroy (&r->lock);
+  free (r);
+  return NULL;
+}
+
+/* Swaps what fd 2 is, between nbdkit's messages. */
+static void
+introspect_set_stderr (int fd)
+{
+  flockfile (stderr);
+  fflush (stderr);
+  dup2 (fd, STDERR_FILENO);
+  funlockfile (stderr);
+}
+
+/* The line above is left out by a thread of ours reading stderr while
+ * the context opens, not by a file read after: what other threads and
+ * processes write in the while goes on at once, and a process the open
+ * starts (the nbd plugin's command=) keeps a stderr that is read for
+ * as long as it runs.  Only where nbdkit logs to stderr (--log=syslog
+ * has the line).  Depends on: nbdkit writing its log to fd 2 while a
  * context without a client opens, and the wording of that line.
- * Retired by: nbdkit not calling it an error in a context opened by a
- * filter (as of 1.45 it does).
+ * Retired by: nbdkit 1.43.9, which no longer logs it.
  */
 void *
 glue_quiet_open (void *(*open) (void *opaque), void *opaque)
 {
-  FILE *caught = tmpfile ();
-  int saved = caught ? dup (STDERR_FILENO) : -1;
-  char *line = NULL;
-  size_t len = 0;
-  void *r;
+  struct introspect_relay *r;
+  int p[2] = { -1, -1 }, e, held;
+  sigset_t all, old;
+  pthread_t thread;
+  void *h;
 
-  if (saved >= 0)
-    dup2 (fileno (caught), STDERR_FILENO);
-  r = open (opaque);
-  if (saved >= 0) {
-    dup2 (saved, STDERR_FILENO);
-    close (saved);
-    rewind (caught);
-    while (getline (&line, &len, caught) != -1)
-      if (!introspect_no_client_line (line))
-        fputs (line, stderr);
-    free (line);
+  if (strcmp (introspect_log_destination (), "stderr") != 0)
+    return open (opaque);
+  if (!(r = calloc (1, sizeof *r)))
+    return open (opaque);
+  r->out = fcntl (STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+  /* Only the end read is not blocking: writers wait for room. */
+  if (r->out == -1 || pipe2 (p, O_CLOEXEC) == -1 ||
+      fcntl (p[0], F_SETFL, O_NONBLOCK) == -1) {
+    if (r->out >= 0)
+      close (r->out);
+    if (p[0] >= 0) {
+      close (p[0]);
+      close (p[1]);
+    }
+    free (r);
+    return open (opaque);
   }
-  if (caught)
-    fclose (caught);
-  return r;
+  r->in = p[0];
+  pthread_mutex_init (&r->lock, NULL);
+  /* Signals are the server's. */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  e = pthread_create (&thread, NULL, introspect_relay_thread, r);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (e) {
+    close (p[1]);
+    introspect_relay_thread (r);        /* closes and frees */
+    return open (opaque);
+  }
+  pthread_detach (thread);
+
+  introspect_set_stderr (p[1]);
+  h = open (opaque);
+  introspect_set_stderr (r->out);
+  /* What the open wrote comes before what its caller says next. */
+  pthread_mutex_lock (&r->lock);
+  r->restored = true;
+  if (ioctl (r->in, FIONREAD, &held) == 0 && held > 0)
+    introspect_relay_read (r, held);
+  pthread_mutex_unlock (&r->lock);
+  close (p[1]);                 /* r is the thread's from here */
+  return h;
 }
+#endif
 
 /* A listening socket: the connections queued on it are taken, and
  * left open, so that they close as this process exits and their
@@ -357,10 +562,16 @@ introspect_refuse_queue (int fd)
 /* The server failed at start (after_fork): nbdkit exits, but under
  * --run the parent, running the command, keeps the listening sockets
  * open, and the command's client would wait for ever on a server that
- * is gone.  Depends on: --run's fork (glue_captive) and the listening
- * sockets being this process's descriptors (found in /proc/self/fd).
- * Retired by: nbdkit closing its listening sockets in the --run parent,
- * or running .after_fork before it starts the command (not up to 1.45).
+ * is gone.  What can be read before the fork is refused there (the
+ * filter's probe of a file the file plugin serves); this is for the
+ * rest, read through a plugin's context, which exists only after the
+ * fork.  Depends on: --run's fork (glue_captive), in every nbdkit 1.32
+ * to 1.45 before .after_fork, and the listening sockets being this
+ * process's descriptors (found in /proc/self/fd).  Called by the one
+ * thread of nbdkit's in after_fork, before nbdkit accepts, the process
+ * ending just after: the sockets of a plugin's threads are none of them
+ * listening.  Retired by: nbdkit closing its listening sockets in the
+ * --run parent, or running .after_fork before it starts the command.
  */
 void
 glue_refuse_clients (void)

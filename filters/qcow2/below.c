@@ -488,16 +488,21 @@ below_open_1 (void *opaque)
   return nbdkit_next_context_open (c->backend, c->readonly, "", 1);
 }
 
-/* The context into the plugin, shared by all connections (it has no
- * client: nbdkit's complaint of the nbd plugin asking for the client's
- * export name is left out).
+/* The context into the plugin, shared by all connections.  It has no
+ * client: before nbdkit 1.43.9, nbdkit logs an error when the plugin
+ * asks for the client's export name (the nbd and sh plugins do, at
+ * open), which is left out.
  */
 nbdkit_next *
 below_open (nbdkit_backend *backend, bool readonly)
 {
   struct context_open c = { backend, readonly };
 
+#if GLUE_NBDKIT_AT_LEAST (43, 9)
+  return below_open_1 (&c);
+#else
   return glue_quiet_open (below_open_1, &c);
+#endif
 }
 
 int

@@ -31,9 +31,7 @@
  * filter's keys are printed at unload, which nbdkit --dump-plugin
  * reaches right after printing the plugin's.
  */
-#define HAVE_FILTER_DUMP_PLUGIN \
-  (NBDKIT_VERSION_MINOR > 35 || \
-   (NBDKIT_VERSION_MINOR == 35 && NBDKIT_VERSION_MICRO >= 9))
+#define HAVE_FILTER_DUMP_PLUGIN GLUE_NBDKIT_AT_LEAST (35, 9)
 
 /* backing-dir=: where backing files named by a relative name are.
  * Without it: the image's folder when the plugin serves a local file,
