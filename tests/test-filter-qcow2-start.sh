@@ -16,7 +16,9 @@
 #    directory") and nbdkit exits 1; in the background the server ends.
 # The missing password's hint names qcow2-password=.  A corrupt image
 # is served with -r, and -v says read-only.  Over the nbd plugin,
-# nbdkit logs no "no connection in this thread" at start.
+# nbdkit logs no "no connection in this thread" at start (nbdkit before
+# 1.43.9 does, as the filter opens the plugin for all clients), and
+# with -v what nbdkit logs of that open is kept, in order.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdinfo
@@ -181,6 +183,15 @@ wait_socket "$tmp/raw.sock" "$(cat "$tmp/raw.pid")" || fail "the file server"
 nbdkit -U - --filter=qcow2 nbd socket="$tmp/raw.sock" \
   --run 'nbdinfo --size "$uri"' > "$tmp/nbd.out" 2> "$tmp/nbd.err" ||
   { cat "$tmp/nbd.err"; kill "$(cat "$tmp/raw.pid")"; fail "over the nbd plugin"; }
+r=0
+nbdkit -v -U - --filter=qcow2 nbd socket="$tmp/raw.sock" \
+  --run 'nbdinfo --size "$uri"' > "$tmp/nbdv.out" 2> "$tmp/nbdv.err" || r=$?
 kill "$(cat "$tmp/raw.pid")"
 cat "$tmp/nbd.err"
 [ ! -s "$tmp/nbd.err" ] || fail "over the nbd plugin, nbdkit says something at start"
+[ "$r" -eq 0 ] || fail "over the nbd plugin, -v: $(grep -v debug "$tmp/nbdv.err")"
+! grep -q "no connection in this thread" "$tmp/nbdv.err" ||
+  fail "over the nbd plugin, -v: nbdkit logs \"no connection in this thread\""
+grep -A1 '^nbdkit: debug: nbd: open readonly=. exportname="" tls=0$' \
+  "$tmp/nbdv.err" | grep -q '^nbdkit: debug: nbd: open returned handle' ||
+  fail "over the nbd plugin, -v: nbdkit's lines of the open are not kept: $(grep 'nbd: open' "$tmp/nbdv.err")"
