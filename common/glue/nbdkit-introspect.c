@@ -53,6 +53,7 @@
 #include <nbdkit-plugin.h>
 
 #include "glue.h"
+#include "lock.h"
 
 /* The process nbdkit loaded the module in (set by glue_load). */
 static pid_t load_pid;
@@ -104,7 +105,8 @@ introspect_read_cmdline (void)
  * fn returns true: true if it did.
  *
  * Depends on: nbdkit parsing its options with getopt_long, so that
- * what follows "--" or a plugin's name is not nbdkit's.
+ * what follows "--" is not nbdkit's, and /proc/self/cmdline holding
+ * the arguments as given (getopt_long reorders only pointers to them).
  * Retired by: an nbdkit call telling a module, before the first
  * connection, whether it serves read-only (-r), where it logs (--log),
  * and that it runs --run's command (none up to 1.45).
@@ -143,9 +145,11 @@ introspect_arg_readonly (const char *a, const char *next, void *opaque)
   return false;
 }
 
-/* Depends on: the command line (above).  The plugin and the filter
- * open the image before any connection, where nbdkit tells .open
- * whether it is read-only.
+/* The plugin and the filter open the image before any connection,
+ * where nbdkit would tell .open whether it is read-only: so that
+ * nbdkit -r opens it read-only at start (locked for reading, shared
+ * with other readers; a corrupt image served).  Depends on: the
+ * command line (above).
  */
 bool
 glue_server_readonly (void)
@@ -200,7 +204,7 @@ introspect_arg_log (const char *arg, const char *next, void *opaque)
 }
 
 /* Where nbdkit logs: "stderr", "syslog", "null" or a file's path
- * (nbdkit 1.34 and later).  Depends on: --log (the command line), and
+ * (nbdkit 1.43.2 and later).  Depends on: --log (the command line), and
  * nbdkit's default: syslog once it forked into the background (a
  * process other than the one that loaded us, but for the server --run
  * forks, which stays in the foreground).
@@ -363,13 +367,14 @@ introspect_no_client_line (const char *line)
 
 /* nbdkit's stderr while a context without a client opens: a pipe,
  * whose lines go on to what stderr was (out), but for the one above.
- * Whoever reads it holds lock.  The relay thread frees it at the
- * pipe's end: when glue_quiet_open and every process started in the
- * while (the nbd plugin's command=) have closed their end.
+ * Whoever reads the pipe holds lock, which guards the rest.  The relay
+ * thread frees it at the pipe's end: when glue_quiet_open and every
+ * process started in the while (one a plugin leaves running) have
+ * closed their end.
  */
 struct introspect_relay {
-  pthread_mutex_t lock;
-  int in, out;
+  struct lock lock;
+  int in, out;                  /* fixed at start */
   bool restored;                /* fd 2 is out again */
   size_t len;
   char line[4096];
@@ -382,6 +387,7 @@ struct introspect_relay {
  */
 static void
 introspect_relay_write (struct introspect_relay *r, const char *s, size_t n)
+  TSA_REQUIRES (r->lock)
 {
   if (r->restored)
     flockfile (stderr);
@@ -405,6 +411,7 @@ introspect_relay_write (struct introspect_relay *r, const char *s, size_t n)
  */
 static bool
 introspect_relay_read (struct introspect_relay *r, size_t max)
+  TSA_REQUIRES (r->lock)
 {
   bool end = false;
 
@@ -451,13 +458,13 @@ introspect_relay_thread (void *arg)
 
     if (poll (&p, 1, -1) == -1 && errno != EINTR)
       break;
-    pthread_mutex_lock (&r->lock);
+    lock_acquire (&r->lock);
     end = introspect_relay_read (r, sizeof r->line);
-    pthread_mutex_unlock (&r->lock);
+    lock_release (&r->lock);
   }
   close (r->in);
   close (r->out);
-  pthread_mutex_destroy (&r->lock);
+  pthread_mutex_destroy (&r->lock.mutex);
   free (r);
   return NULL;
 }
@@ -473,10 +480,11 @@ introspect_set_stderr (int fd)
 }
 
 /* The line above is left out by a thread of ours reading stderr while
- * the context opens, not by a file read after: what other threads and
- * processes write in the while goes on at once, and a process the open
- * starts (the nbd plugin's command=) keeps a stderr that is read for
- * as long as it runs.  Only where nbdkit logs to stderr (--log=syslog
+ * the context opens, not by a file read after: what other threads (a
+ * plugin's, started at its after_fork) write in the while goes on at
+ * once and whole, none of it is held in a file should the process die
+ * in the open, and a process the open starts keeps a stderr that is
+ * read for as long as it runs.  Only where nbdkit logs to stderr (--log=syslog
  * has the line).  Depends on: nbdkit writing its log to fd 2 while a
  * context without a client opens, and the wording of that line.
  * Retired by: nbdkit 1.43.9, which no longer logs it.
@@ -508,7 +516,7 @@ glue_quiet_open (void *(*open) (void *opaque), void *opaque)
     return open (opaque);
   }
   r->in = p[0];
-  pthread_mutex_init (&r->lock, NULL);
+  pthread_mutex_init (&r->lock.mutex, NULL);
   /* Signals are the server's. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
@@ -525,11 +533,11 @@ glue_quiet_open (void *(*open) (void *opaque), void *opaque)
   h = open (opaque);
   introspect_set_stderr (r->out);
   /* What the open wrote comes before what its caller says next. */
-  pthread_mutex_lock (&r->lock);
+  lock_acquire (&r->lock);
   r->restored = true;
   if (ioctl (r->in, FIONREAD, &held) == 0 && held > 0)
     introspect_relay_read (r, held);
-  pthread_mutex_unlock (&r->lock);
+  lock_release (&r->lock);
   close (p[1]);                 /* r is the thread's from here */
   return h;
 }

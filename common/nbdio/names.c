@@ -389,11 +389,14 @@ nbdio_relay_stop (struct nbdio *io)
 }
 
 /* The nbdkit serving an http(s) or ssh URL: its arguments, or -1 with
- * *why.  Its stderr is the relay's pipe, which it opens by our pid
- * and descriptor (the pipe is not inherited: neither by the other
- * children of the server, nor across its exec), as its parent's
- * stderr if that cannot be.  The shell that does so is the first
- * relay.wrap arguments, left out when the pipe is not read (see
+ * *why.  Its stderr is the relay's pipe, so that its lines are logged
+ * with the backing file's name and its repeats counted (a base down
+ * gives a line and a count, not a line per read: test-remote-http.sh).
+ * libnbd starts it with our stderr and offers no other, so it opens the
+ * pipe by our pid and descriptor (the pipe is not inherited: neither by
+ * the other children of the server, nor across its exec), as its
+ * parent's stderr if that cannot be.  The shell that does so is the
+ * first relay.wrap arguments, left out when the pipe is not read (see
  * nbdio_helper_argv).
  */
 int
