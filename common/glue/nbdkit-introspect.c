@@ -428,7 +428,7 @@ introspect_relay_read (struct introspect_relay *r, size_t max)
     max -= got;
     r->len += got;
     r->line[r->len] = '\0';
-    while ((nl = strchr (start, '\n'))) {
+    while ((nl = memchr (start, '\n', r->line + r->len - start))) {
       char after = nl[1];
 
       nl[1] = '\0';
@@ -456,8 +456,10 @@ introspect_relay_thread (void *arg)
   while (!end) {
     struct pollfd p = { .fd = r->in, .events = POLLIN };
 
-    if (poll (&p, 1, -1) == -1 && errno != EINTR)
-      break;
+    /* Only the pipe's end ends the thread: until glue_quiet_open closed
+     * its end, it may use r.  A failed poll is a read finding nothing.
+     */
+    poll (&p, 1, -1);
     lock_acquire (&r->lock);
     end = introspect_relay_read (r, sizeof r->line);
     lock_release (&r->lock);
@@ -484,10 +486,10 @@ introspect_set_stderr (int fd)
  * plugin's, started at its after_fork) write in the while goes on at
  * once and whole, none of it is held in a file should the process die
  * in the open, and a process the open starts keeps a stderr that is
- * read for as long as it runs.  Only where nbdkit logs to stderr (--log=syslog
- * has the line).  Depends on: nbdkit writing its log to fd 2 while a
- * context without a client opens, and the wording of that line.
- * Retired by: nbdkit 1.43.9, which no longer logs it.
+ * read for as long as it runs.  Only where nbdkit logs to stderr
+ * (syslog gets the line).  Depends on: nbdkit writing its log to fd 2
+ * while a context without a client opens, and the wording of that
+ * line.  Retired by: nbdkit 1.43.9, which no longer logs it.
  */
 void *
 glue_quiet_open (void *(*open) (void *opaque), void *opaque)
