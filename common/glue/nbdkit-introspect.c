@@ -5,26 +5,27 @@
  * versions that need it, and the API that would retire it.  Everything
  * else goes through nbdkit's API.
  *
- * What remains, what the user would miss without it, and the test
- * showing it (nbdkit: the versions that need the piece):
+ * What remains, what the user would miss without it, the nbdkit
+ * versions that need it, and the test showing it:
  *
- *  piece                 serves                            nbdkit   test
- *  glue_server_readonly  nbdkit -r opens the image         all      test-locking.sh,
- *                        read-only at start: locked for             test-filter-qcow2-
- *                        reading (shared with qemu-nbd              start.sh (corrupt)
- *                        -r), a corrupt image served
- *  glue_log_notice,      notices ("served read-only")      all      test-messages.sh
- *  glue_captive          where nbdkit logs, without -v:
- *                        stderr, syslog in the background
- *  glue_plugin_name,     the overlay's record of what      all      test-overlay-
- *  glue_filters_below    lies below the filter                      identity.sh
- *  glue_refuse_clients   --run's command fails at once     all      test-filter-qcow2-
- *                        when the image cannot be served            start.sh (start_fails)
- *  glue_quiet_open       no "error: no connection in       <1.43.9  test-filter-qcow2-
- *                        this thread" at start over the             start.sh (nbd plugin)
- *                        nbd plugin
- *  glue_dump_asked       the filter's keys in              <1.35.9  test-filter-qcow2-
- *                        --dump-plugin                              options.sh
+ *  piece                what the user gets           nbdkit   test
+ *  glue_server_readonly nbdkit -r opens the image    all      test-locking,
+ *                       read-only at start: shared            test-filter-
+ *                       with readers, a corrupt               qcow2-start
+ *                       image served                          (corrupt)
+ *  glue_log_notice,     notices ("served read-only") all      test-messages
+ *  glue_captive         where nbdkit logs, without
+ *                       -v (syslog in background)
+ *  glue_plugin_name,    the overlay's record of what all      test-overlay-
+ *  glue_filters_below   lies below the filter                 identity
+ *  glue_refuse_clients  --run's command fails at     all      test-filter-
+ *                       once if the image cannot              qcow2-start
+ *                       be served                             (start_fails)
+ *  glue_quiet_open      no "error: no connection in  <1.43.9  test-filter-
+ *                       this thread" at start over            qcow2-start
+ *                       the nbd plugin                        (nbd plugin)
+ *  glue_dump_asked      the filter's keys in         <1.35.9  test-filter-
+ *                       --dump-plugin                         qcow2-options
  *
  * Outside this file, common/nbdio/names.c gives the nbdkit helpers
  * serving http(s) and ssh backing files a stderr of its own (a shell
