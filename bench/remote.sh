@@ -29,12 +29,15 @@
 #               and without (--no-extents); MiB/s from its time, and
 #               the bytes the base served per byte copied (counted by
 #               nbdkit's log filter on the base's server for these)
-#   copy-http   the same of the overlay over the web server
+#   copy-http   the same of the overlay over the web server (counted
+#               from the Range headers it was sent)
 #   replay      a boot-like trace of 2,503 reads (226 MiB: scattered
 #               small reads, files read in short runs, a few long runs;
 #               bench/boot-trace.py) replayed one at a time from the
 #               overlay over the logged raw base: MiB/s of what was
 #               read, and the bytes the base served per byte read
+#   replay-http the same over the web server (the bytes it served
+#               counted from the Range headers it was sent)
 # Usage: bench/remote.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
 # REMOTE_CASES="rand-4k ..." runs only those)
 # Prints MiB/s or IOPS per server (medians) and the ratios, which go into
@@ -68,7 +71,7 @@ serve rawlog -r --filter=log --filter=delay file "$work/base.raw" \
   delay-read=2ms logfile="$work/rawlog.log"
 mkdir "$work/web"
 ln -s "$work/base.raw" "$work/web/base.raw"
-RANGE_SERVER_DELAY=0.002 /usr/bin/python3 "$top/tests/range-server.py" \
+RANGE_SERVER_DELAY=0.002 RANGE_SERVER_LOG="$work/http.log" /usr/bin/python3 "$top/tests/range-server.py" \
   "$work/web" "$work/http.port" &
 pids+=("$!")
 for i in $(seq 100); do [ -s "$work/http.port" ] && break; sleep 0.1; done
@@ -95,47 +98,52 @@ r = json.loads(out[out.index("{"):])["jobs"][0]["read"]
 print("%.1f" % (r["iops"] if sys.argv[1] == "4k" else r["bw"] / 1024))' "$3"
 }
 
-# served SIZE T0 T1 FROM: MiB/s of SIZE bytes read from T0 to T1, then
-# the bytes the logged base served (from byte FROM of its log) per byte
-# read (if it served any).
+# served SIZE T0 T1 LOG FROM: MiB/s of SIZE bytes read from T0 to T1,
+# then the bytes the logged base served (from byte FROM of LOG: nbdkit's
+# log filter's, or the web server's headers) per byte read (if it served
+# any).
 served ()
 {
-  local size=$1 t0=$2 t1=$3 from=$4
-  tail -c +"$((from + 1))" "$work/rawlog.log" |
+  local size=$1 t0=$2 t1=$3 log=$4 from=$5
+  tail -c +"$((from + 1))" "$log" |
     /usr/bin/python3 -c '
 import re, sys
 size, secs = int(sys.argv[1]), float(sys.argv[2])
-got = sum(int(m.group(1), 0) for line in sys.stdin
-          if " Read id=" in line
-          for m in [re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line)] if m)
-# Over the web server the log sees nothing: the speed alone.
-print("%.1f" % (size / secs / 1048576), "%.3f" % (got / size) if got else "")
+got = 0
+for line in sys.stdin:
+    m = re.search(r" Read id=.* count=(0x[0-9a-f]+|[0-9]+)", line)
+    if m:
+        got += int(m.group(1), 0)
+    m = re.match(r"Range: bytes=(\d+)-(\d+)", line)
+    if m:
+        got += int(m.group(2)) - int(m.group(1)) + 1
+print("%.1f" % (size / secs / 1048576), "%.4f" % (got / size) if got else "")
 ' "$size" "$(echo "$t1 - $t0" | bc -l)"
 }
 
-# copy_run URI [NBDCOPY-OPTIONS]: nbdcopy of the whole export to
+# copy_run URI LOG [NBDCOPY-OPTIONS]: nbdcopy of the whole export to
 # null:, as served says.
 copy_run ()
 {
-  local uri=$1 t0 t1 size from
-  shift
+  local uri=$1 log=$2 t0 t1 size from
+  shift 2
   size=$(nbdinfo --size "$uri")
-  from=$(wc -c < "$work/rawlog.log")
+  from=$(wc -c < "$log")
   t0=$(date +%s.%N)
   nbdcopy --connections=1 --requests=16 "$@" "$uri" null:
   t1=$(date +%s.%N)
-  served "$size" "$t0" "$t1" "$from"
+  served "$size" "$t0" "$t1" "$log" "$from"
 }
 
-# replay_run URI: the boot-like trace read from URI, as served says.
+# replay_run URI LOG: the boot-like trace read from URI, as served says.
 replay_run ()
 {
-  local uri=$1 t0 t1 size from
-  from=$(wc -c < "$work/rawlog.log")
+  local uri=$1 log=$2 t0 t1 size from
+  from=$(wc -c < "$log")
   t0=$(date +%s.%N)
   size=$(/usr/bin/python3 "$top/bench/boot-trace.py" replay "$work/trace" "$uri")
   t1=$(date +%s.%N)
-  served "$size" "$t0" "$t1" "$from"
+  served "$size" "$t0" "$t1" "$log" "$from"
 }
 
 # one CASE SERVER: start the server, measure, stop it.
@@ -150,6 +158,7 @@ one ()
     seq-256k-qd16) ovl=ovl-raw bs=256k depth=16 ;;
     seq-1m-qd4) ovl=ovl-raw depth=4 ;;
     copy* | replay) ovl=ovl-rawlog base=rawlog ;;
+    replay-http) ovl=ovl-http ;;
   esac
   [ "$case" = copy-http ] && ovl=ovl-http
   rm -f "$work/s.sock"
@@ -170,9 +179,11 @@ one ()
   for i in $(seq 100); do [ -S "$work/s.sock" ] && [ -s "$work/s.pid" ] && break; sleep 0.1; done
   uri="nbd+unix:///?socket=$work/s.sock"
   case $case in
-    copy | copy-http) copy_run "$uri" ;;
-    copy-noext) copy_run "$uri" --no-extents ;;
-    replay) replay_run "$uri" ;;
+    copy) copy_run "$uri" "$work/rawlog.log" ;;
+    copy-http) copy_run "$uri" "$work/http.log" ;;
+    copy-noext) copy_run "$uri" "$work/rawlog.log" --no-extents ;;
+    replay) replay_run "$uri" "$work/rawlog.log" ;;
+    replay-http) replay_run "$uri" "$work/http.log" ;;
     *) fio_run "$uri" "$rw" "$bs" "$depth" ;;
   esac
   [ "$server" = direct ] && [ "$ovl" != ovl-http ] ||
@@ -181,7 +192,7 @@ one ()
 }
 
 declare -A res fetched
-cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-noext copy-http replay}
+cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-noext copy-http replay replay-http}
 servers="ours qemu-nbd direct"
 for r in $(seq "$rounds"); do
   for c in $cases; do
