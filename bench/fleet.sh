@@ -48,8 +48,9 @@
 #             descriptors of the base file open in the servers (local):
 #             how many times the base is opened
 # Usage: bench/fleet.sh [--quick] [ROUNDS [N...]]   (default 1 round
-# of N = 40 and 200; --quick: 1 round of N = 10).  FLEET_SERVERS and
-# FLEET_BASES pick servers and bases; FLEET_WAVE the wave size.
+# of N = 40 and 200, about 4 minutes on 2 loaded cores; 3 rounds of 40,
+# 2.5; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
+# servers and bases; FLEET_WAVE the wave size.
 # The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
 # 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
 # it for a partial run: the bench's rows are replaced as a whole).
