@@ -1,0 +1,426 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# A fleet of VM disks: N qcow2 overlays over one 1 GiB golden qcow2
+# base (random data), each opened by a client that does what a boot
+# does to its disk, every client staying connected until the servers'
+# memory is read.  Servers, in interleaved rounds on the same images
+# (fresh copies of the overlays for each):
+#   ours      one nbdkit, our plugin with dir= (clients name their
+#             overlay), nbdkit's default threads
+#   ours-t2   the same with nbdkit -t 2 (what nbdkit's threads per
+#             connection cost)
+#   qemu-nbd  one qemu-nbd per overlay (--cache=writeback), each on a
+#             socket of its own
+#   qsd       one qemu-storage-daemon: the base one read-only node that
+#             the N overlay nodes share ("backing": the base's node
+#             name), N NBD exports on one socket, all added over QMP
+#             by this script
+# Bases:
+#   local     the base a file beside the overlays
+#   nbd       the base served by nbdkit's file plugin on a Unix socket
+#             with 2 ms on every read (delay filter), the overlays'
+#             backing file an nbd+unix:// URL; its reads are counted by
+#             the log filter (a fresh base server for every run)
+# The client (Python, Debian's nbd module, one thread a disk; the
+# disks in waves of FLEET_WAVE (default 40) started together, each
+# wave once the one before has done its I/O, all staying connected):
+# connect, read 4 KiB at 0 (the boot sector: the first byte), then 63
+# reads of 4 to 64 KiB at random places and 4 sequential runs of
+# 8 x 64 KiB (2 MiB), the same places for every disk (one golden image,
+# one boot; seed 1), each checked against the base's data; then 16
+# writes of 4 KiB at random places of its own, a flush, and the writes
+# read back and checked.
+# Measured, per run, once every client has done that:
+#   PSS, RSS  the sum over the server's processes (and their children;
+#             the base's own server not counted), from
+#             /proc/PID/smaps_rollup and /proc/PID/status; MiB
+#   threads   the server processes' threads, all told
+#   first byte  time from the start of the connection to the first
+#             read's data, per disk: median and 90th percentile (ms).
+#             Ours opens an overlay when its first client connects, so
+#             that is in ours; qemu-nbd and qsd opened theirs before
+#   IOPS      the clients' reads (96 a disk) over the time from the
+#             first connection to the last read
+#   base MiB  bytes the base's server served (nbd base); the local
+#             base: n/a (the page cache serves a local file's reads,
+#             so no count at the file means what one at a server does)
+#   base conns  connections the base's server saw (nbd base), or the
+#             descriptors of the base file open in the servers (local):
+#             how many times the base is opened
+# Usage: bench/fleet.sh [--quick] [ROUNDS [N...]]   (default 1 round
+# of N = 40 and 200, about 4 minutes on 2 loaded cores; 3 rounds of 40,
+# 2.5; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
+# servers and bases; FLEET_WAVE the wave size.
+# The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
+# 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
+# it for a partial run: the bench's rows are replaced as a whole).
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+export PATH=$top:/usr/bin:$PATH
+if [ "${1:-}" = --quick ]; then
+  shift; rounds=1 sizes=10
+else
+  rounds=${1:-1}; shift || true
+  sizes=${*:-40 200}
+fi
+servers=${FLEET_SERVERS:-ours ours-t2 qemu-nbd qsd}
+bases=${FLEET_BASES:-local nbd}
+wave=${FLEET_WAVE:-40}
+work=$(mktemp -d /var/tmp/fleet-bench.XXXXXX)
+pids=()
+stop_all ()
+{
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    while kill -0 "$p" 2>/dev/null; do sleep 0.05; done
+  done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+echo "bench/fleet.sh: $rounds round(s), N = $sizes, waves of $wave;" \
+  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+
+# The client, and the QMP client that sets up qemu-storage-daemon.
+cat > "$work/fleet.py" <<'EOF'
+import json, os, random, socket, statistics, sys, threading, time
+
+K = 1024
+
+
+def clients(pairs_file, raw, pids_file, wave):
+    """Runs the clients of the "SOCKET<TAB>EXPORT" lines of pairs_file,
+    and prints what the header of bench/fleet.sh says, one line."""
+    import nbd
+    pairs = [l.rstrip("\n").split("\t") for l in open(pairs_file)]
+    size = os.path.getsize(raw)
+    rnd = random.Random(1)
+    scattered = [(0, 4 * K)] + [
+        (rnd.randrange(size // (4 * K) - 16) * 4 * K, rnd.randrange(1, 17) * 4 * K)
+        for _ in range(63)]
+    reads = []
+    for i, r in enumerate(scattered):
+        reads.append(r)
+        if i % 16 == 15:
+            start = rnd.randrange(size // (64 * K) - 8) * 64 * K
+            reads += [(start + j * 64 * K, 64 * K) for j in range(8)]
+    with open(raw, "rb") as f:
+        want = [os.pread(f.fileno(), n, off) for off, n in reads]
+    ttfb = [None] * len(pairs)
+    last_read = [0.0] * len(pairs)
+    errors = []
+    done = threading.Semaphore(0)
+    release = threading.Event()
+
+    def client(i):
+        sock, name = pairs[i]
+        h = None
+        try:
+            w = random.Random(1000 + i)
+            t0 = time.monotonic()
+            h = nbd.NBD()
+            h.set_export_name(name)
+            h.connect_unix(sock)
+            for j, (off, n) in enumerate(reads):
+                if h.pread(n, off) != want[j]:
+                    raise Exception("%s: wrong data at %d+%d" % (name, off, n))
+                if j == 0:
+                    ttfb[i] = time.monotonic() - t0
+            last_read[i] = time.monotonic()
+            writes = [(w.randrange(size // (4 * K)) * 4 * K,
+                       bytes([i % 251 + 1]) * (4 * K)) for _ in range(16)]
+            for off, data in writes:
+                h.pwrite(data, off)
+            h.flush()
+            for off, data in writes:
+                if h.pread(4 * K, off) != data:
+                    raise Exception("%s: write at %d not read back" % (name, off))
+        except Exception as e:
+            errors.append("client %d (%s): %s" % (i, name, e))
+        done.release()
+        release.wait()
+        if h is not None:
+            try:
+                h.shutdown()
+            except Exception:
+                pass
+
+    threads = []
+    t0 = time.monotonic()
+    for base in range(0, len(pairs), wave):
+        batch = range(base, min(base + wave, len(pairs)))
+        for i in batch:
+            t = threading.Thread(target=client, args=(i,), daemon=True)
+            t.start()
+            threads.append(t)
+        for i in batch:
+            if not done.acquire(timeout=300):
+                errors.append("clients still busy after 300 s")
+                break
+        if errors:
+            break
+    if errors:
+        release.set()
+        sys.exit("\n".join(errors[:5]))
+    span = max(last_read) - t0
+    # Every client connected, its I/O done: the servers' memory now.
+    roots = [int(p) for p in open(pids_file).read().split()]
+    procs = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open("/proc/%s/stat" % p).read()
+                procs[int(p)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError):
+                pass
+    ours = set(roots)
+    grew = True
+    while grew:
+        kids = {p for p, pp in procs.items() if pp in ours} - ours
+        grew = bool(kids)
+        ours |= kids
+    rss = pss = nthreads = fds = 0
+    base = os.path.realpath(sys.argv[5])
+    for p in ours:
+        try:
+            for l in open("/proc/%d/status" % p):
+                if l.startswith("VmRSS:"):
+                    rss += int(l.split()[1])
+                elif l.startswith("Threads:"):
+                    nthreads += int(l.split()[1])
+            for l in open("/proc/%d/smaps_rollup" % p):
+                if l.startswith("Pss:"):
+                    pss += int(l.split()[1])
+            for fd in os.listdir("/proc/%d/fd" % p):
+                try:
+                    if os.readlink("/proc/%d/fd/%s" % (p, fd)) == base:
+                        fds += 1
+                except OSError:
+                    pass
+        except OSError:
+            pass
+    release.set()
+    for t in threads:
+        t.join(timeout=30)
+    ms = sorted(x * 1000 for x in ttfb)
+    print("%.1f %.1f %.2f %.2f %.0f %d %d %d %.2f" % (
+        pss / 1024, rss / 1024, statistics.median(ms),
+        ms[min(len(ms) - 1, int(0.9 * len(ms)))], len(pairs) * len(reads) / span,
+        nthreads, fds, len(reads), sum(n for _, n in reads) / 1048576))
+
+
+def qmp(sock, base, base_sock, nbd_sock, pairs_file):
+    """Sets up qemu-storage-daemon over its QMP socket: the base node,
+    an overlay node over it for each image of pairs_file, the NBD
+    server and an export for each."""
+    s = socket.socket(socket.AF_UNIX)
+    for _ in range(600):
+        try:
+            s.connect(sock)
+            break
+        except OSError:
+            time.sleep(0.05)
+    f = s.makefile("rw")
+    json.loads(f.readline())
+
+    def cmd(execute, **args):
+        f.write(json.dumps({"execute": execute, "arguments": args}) + "\n")
+        f.flush()
+        while True:
+            r = json.loads(f.readline())
+            if "error" in r:
+                sys.exit("QMP %s: %s" % (execute, r["error"]["desc"]))
+            if "return" in r:
+                return r["return"]
+
+    cmd("qmp_capabilities")
+    if base_sock:
+        proto = {"driver": "nbd", "server": {"type": "unix", "path": base_sock}}
+    else:
+        proto = {"driver": "file", "filename": base}
+    cmd("blockdev-add", driver="qcow2", **{"node-name": "base"},
+        **{"read-only": True}, file=proto)
+    images = [l.rstrip("\n").split("\t") for l in open(pairs_file)]
+    for i, (path, name) in enumerate(images):
+        cmd("blockdev-add", driver="qcow2", **{"node-name": "o%d" % i},
+            file={"driver": "file", "filename": path}, backing="base")
+    # Debian's QEMU 7.2 allows 100 connections unless told (the fix of
+    # CVE-2024-7409): 0 is no bound, as qemu-nbd's -e 0 and ours.
+    cmd("nbd-server-start", addr={"type": "unix", "data": {"path": nbd_sock}},
+        **{"max-connections": 0})
+    for i, (path, name) in enumerate(images):
+        cmd("block-export-add", type="nbd", id="e%d" % i,
+            **{"node-name": "o%d" % i}, name=name, writable=True)
+
+
+if sys.argv[1] == "clients":
+    clients(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[6]))
+else:
+    qmp(*sys.argv[2:6], sys.argv[6])
+EOF
+
+# The base: 1 GiB of random data, as qcow2; the raw data kept for the
+# client's checks.
+head -c 1G /dev/urandom > "$work/base.raw"
+qemu-img convert -f raw -O qcow2 "$work/base.raw" "$work/base.qcow2"
+qemu-img create -q -u -f qcow2 -F qcow2 -b "$work/base.qcow2" \
+  "$work/tmpl-local.qcow2" 1G
+qemu-img create -q -u -f qcow2 -F qcow2 \
+  -b "nbd+unix:///?socket=$work/base.sock" "$work/tmpl-nbd.qcow2" 1G
+
+# wait_sock SOCKET [PIDFILE]: until they exist (or 30 s).
+wait_sock ()
+{
+  local i
+  for i in $(seq 600); do
+    [ -S "$1" ] && { [ -z "${2:-}" ] || [ -s "$2" ]; } && return
+    sleep 0.05
+  done
+  echo "fleet.sh: $1 not there after 30 s" >&2
+  return 1
+}
+
+# one N BASE SERVER: a run; prints the client's line, then the base's
+# bytes served and connections ("- -" for the local base).
+one ()
+{
+  local n=$1 base=$2 server=$3 i name threads=() basefile
+  rm -rf "$work/ovl" "$work"/*.sock "$work"/*.pid "$work/base.log"
+  mkdir "$work/ovl"
+  : > "$work/pairs"
+  : > "$work/images"
+  for i in $(seq -f %03g "$n"); do
+    name=vm$i.qcow2
+    cp "$work/tmpl-$base.qcow2" "$work/ovl/$name"
+    printf '%s\t%s\n' "$work/ovl/$name" "$name" >> "$work/images"
+  done
+  if [ "$base" = nbd ]; then
+    nbdkit -r -U "$work/base.sock" -P "$work/base.pid" \
+      --filter=delay --filter=log file "$work/base.qcow2" rdelay=2ms \
+      logfile="$work/base.log"
+    wait_sock "$work/base.sock" "$work/base.pid"
+    pids+=("$(cat "$work/base.pid")")
+  fi
+  case $server in
+    ours*)
+      [ "$server" = ours-t2 ] && threads=(-t 2)
+      nbdkit "${threads[@]}" -U "$work/s.sock" -P "$work/s.pid" \
+        qcow2 dir="$work/ovl"
+      wait_sock "$work/s.sock" "$work/s.pid"
+      cat "$work/s.pid" > "$work/spids"
+      while IFS=$'\t' read -r _ name; do
+        printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
+      done < "$work/images" ;;
+    qemu-nbd)
+      : > "$work/spids"
+      i=0
+      while IFS=$'\t' read -r _ name; do
+        i=$((i + 1))
+        qemu-nbd -k "$work/q$i.sock" -f qcow2 --cache=writeback \
+          "$work/ovl/$name" >/dev/null 2>&1 &
+        pids+=("$!")
+        echo "$!" >> "$work/spids"
+        printf '%s\t\n' "$work/q$i.sock" >> "$work/pairs"
+      done < "$work/images"
+      for i in $(seq "$n"); do wait_sock "$work/q$i.sock"; done ;;
+    qsd)
+      qemu-storage-daemon \
+        --chardev socket,path="$work/qmp.sock",server=on,wait=off,id=qmp \
+        --monitor chardev=qmp >/dev/null 2>&1 &
+      pids+=("$!")
+      echo "$!" > "$work/spids"
+      if [ "$base" = nbd ]; then basefile=$work/base.sock; else basefile=; fi
+      /usr/bin/python3 "$work/fleet.py" qmp "$work/qmp.sock" \
+        "$work/base.qcow2" "$basefile" "$work/s.sock" "$work/images"
+      wait_sock "$work/s.sock"
+      while IFS=$'\t' read -r _ name; do
+        printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
+      done < "$work/images" ;;
+  esac
+  [[ $server != ours* ]] || pids+=("$(cat "$work/s.pid")")
+  /usr/bin/python3 "$work/fleet.py" clients "$work/pairs" "$work/base.raw" \
+    "$work/spids" "$work/base.qcow2" "$wave"
+  stop_all
+  if [ "$base" = nbd ]; then
+    /usr/bin/python3 -c '
+import re, sys
+got = conns = 0
+for line in open(sys.argv[1]):
+    if " Read id=" in line:
+        got += int(re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+    elif " Connect " in line:
+        conns += 1
+print("%.1f" % (got / 1048576), conns)' "$work/base.log"
+  else
+    echo "- -"
+  fi
+}
+
+declare -A res
+add () { res[$1]+="$2 "; }
+for r in $(seq "$rounds"); do
+  for n in $sizes; do
+    for b in $bases; do
+      for s in $servers; do
+        one "$n" "$b" "$s" > "$work/out"
+        out=$(tr '\n' ' ' < "$work/out")
+        read -r pss rss ttfb p90 iops thr fds nreads rmib bmib bconns <<< "$out"
+        [ "$b" = local ] && bconns=$fds
+        for k in pss rss ttfb p90 iops thr bmib bconns; do
+          add "$n,$b,$s,$k" "${!k}"
+        done
+      done
+    done
+  done
+done
+
+median ()
+{
+  printf '%s\n' $1 | sort -g |
+    awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}
+m () { median "${res[$1]}"; }
+ratio () { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
+echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
+  "$nreads reads a disk ($rmib MiB, and 16 writes of 4 KiB: copy on" \
+  "write reads the rest of each one's cluster from the base);" \
+  "medians of $rounds round(s)"
+echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | base MiB served | base opened |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for n in $sizes; do
+  for b in $bases; do
+    for s in $servers; do
+      k=$n,$b,$s
+      bm=$(m "$k,bmib")
+      [ "$bm" = - ] && bm="n/a: local"
+      echo "| $n | $b | $s | $(m "$k,pss") | $(m "$k,rss") | $(m "$k,thr") |" \
+        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $bm |" \
+        "$(m "$k,bconns") |"
+    done
+  done
+done
+: > "$work/ratios"
+for n in $sizes; do
+  for b in $bases; do
+    for s in $servers; do
+      case $s in ours*) ;; *) continue ;; esac
+      for p in $servers; do
+        case $p in ours*) continue ;; esac
+        k=$n,$b,$s q=$n,$b,$p
+        printf '%s disks, %s base, %s: memory (PSS)\t%s\t%s\thigher\n' \
+          "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,pss")" "$(m "$k,pss")")"
+        printf '%s disks, %s base, %s: first byte (median)\t%s\t%s\thigher\n' \
+          "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,ttfb")" "$(m "$k,ttfb")")"
+        printf '%s disks, %s base, %s: read IOPS\t%s\t%s\thigher\n' \
+          "$n" "$b" "$s" "$p" "$(ratio "$(m "$k,iops")" "$(m "$q,iops")")"
+      done
+    done
+  done
+done >> "$work/ratios"
+echo "ratios (above 1: ours better; memory and first byte peer/ours, IOPS ours/peer):"
+awk -F'\t' '{ printf "%s against %s: %s\n", $1, $2, $3 }' "$work/ratios"
+[ "${BENCH_UPDATE:-1}" = 0 ] ||
+  /usr/bin/python3 "$top/bench/report.py" --ratios \
+    "a fleet of overlays (bench/fleet.sh)" < "$work/ratios"
+echo "all rounds:"
+for k in "${!res[@]}"; do echo "$k: ${res[$k]}"; done | sort
