@@ -29,7 +29,7 @@ static char *workdir;           /* image files for qemu-img */
 /* Reused from one image to the next: large allocations are slow under
  * AddressSanitizer.
  */
-static struct wl_buf buf_data, buf_again, buf_got;
+static struct wl_buf buf_data, buf_again, buf_got, buf_qemu;
 
 void
 crashcheck_fail (struct failure *f, const char *cls, const char *fmt, ...)
@@ -98,17 +98,26 @@ crashcheck_write_backing (const struct wl_setup *s)
   io->ops->close (io);
 }
 
-/* qemu-img check of an image: its exit status, its output in out. */
-int
-crashcheck_qemu (struct wl_files files, char *out, size_t outlen)
+/* qemu-img check of an image, with -r all if repair: its exit status,
+ * its output in out.  The image is left in the work folder.
+ */
+static int
+crashcheck_qemu_img (struct wl_files files, bool repair, char *out,
+                     size_t outlen)
 {
   char path[4096], log[4096], data[4096];
-  char *argv[] = { "qemu-img", "check", "-f", "qcow2", path, NULL };
+  char *argv[] = { "qemu-img", "check", "-f", "qcow2", path, NULL, NULL,
+                   NULL };
   posix_spawn_file_actions_t fa;
   int status, fd;
   ssize_t n;
   pid_t pid;
 
+  if (repair) {
+    argv[4] = "-r";
+    argv[5] = "all";
+    argv[6] = path;
+  }
   snprintf (path, sizeof path, "%s/crash.qcow2", workdir);
   snprintf (log, sizeof log, "%s/check.out", workdir);
   snprintf (data, sizeof data, "%s/data.raw", workdir);
@@ -142,6 +151,71 @@ crashcheck_qemu (struct wl_files files, char *out, size_t outlen)
     close (fd);
   }
   return WIFEXITED (status) ? WEXITSTATUS (status) : 128;
+}
+
+int
+crashcheck_qemu (struct wl_files files, char *out, size_t outlen)
+{
+  return crashcheck_qemu_img (files, false, out, outlen);
+}
+
+/* An image left dirty by lazy refcounts (its refcount blocks stale),
+ * repaired by qemu-img check -r all instead of by us: the repair must
+ * succeed, clear the dirty bit, and change no guest byte of data (as we
+ * read the image before).
+ */
+static bool
+crashcheck_qemu_repair (const struct wl_setup *setup, struct wl_files files,
+                        const uint8_t *data, uint64_t size, struct failure *f)
+{
+  struct wl_files repaired = files;
+  struct qcow2_image *img;
+  char path[4096], out[4096];
+  uint8_t *image = NULL, *got;
+  bool ok = false;
+  FILE *fp;
+  long len;
+  int r;
+
+  crashcheck_stats.qemu_repairs++;
+  if ((r = crashcheck_qemu_img (files, true, out, sizeof out)) != 0) {
+    crashcheck_fail (f, "qemu-img-repair", "qemu-img check -r all of the "
+                     "dirty image: exit %d:\n%s", r, out);
+    return false;
+  }
+  snprintf (path, sizeof path, "%s/crash.qcow2", workdir);
+  if (!(fp = fopen (path, "r")) || fseek (fp, 0, SEEK_END) != 0 ||
+      (len = ftell (fp)) < 0 || fseek (fp, 0, SEEK_SET) != 0 ||
+      !(image = malloc (len ? len : 1)) ||
+      fread (image, 1, len, fp) != (size_t) len) {
+    fprintf (stderr, "%s: %s\n", path, errstr (errno));
+    exit (EXIT_FAILURE);
+  }
+  fclose (fp);
+  repaired.image = image;
+  repaired.len = len;
+  if (crashcheck_dirty (image, len))
+    crashcheck_fail (f, "qemu-img-repair", "qemu-img check -r all left the "
+                     "image dirty");
+  else if (!(img = wl_open_copy (setup, repaired, true)))
+    crashcheck_fail (f, "qemu-img-repair", "the image qemu-img repaired "
+                     "does not open: %s", memenv_last_error (setup->me));
+  else {
+    if (!(got = wl_read_all (img, &buf_qemu)))
+      crashcheck_fail (f, "qemu-img-repair", "reading the image qemu-img "
+                       "repaired: %s", memenv_last_error (setup->me));
+    else if (memcmp (got, data, size) != 0) {
+      uint64_t i = crashcheck_first_difference (got, data, size);
+      crashcheck_fail (f, "qemu-img-repair", "qemu-img's repair changed "
+                       "guest byte %#" PRIx64 " from %#x to %#x", i, data[i],
+                       got[i]);
+    }
+    else
+      ok = true;
+    qcow2_close (img);
+  }
+  free (image);
+  return ok;
 }
 
 static bool
@@ -544,6 +618,8 @@ crashcheck_verify (const struct wl_setup *setup, const struct wl_model *m,
       ok = false;
     }
   }
+  if (ok && qemu && dirty)
+    ok = crashcheck_qemu_repair (setup, files, data, m->size, f);
   if (!ok)
     return false;
 

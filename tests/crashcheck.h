@@ -39,6 +39,7 @@ extern void crashcheck_fail (struct failure *f, const char *cls,
 /* Totals, for the summaries. */
 struct crashcheck_stats {
   uint64_t images, points, dirty, leaky, qemu, qemu_after, workloads;
+  uint64_t qemu_repairs;        /* dirty images qemu-img repaired */
   /* Images killed after a flush; the most leaked against its bound. */
   uint64_t kill_checks, kill_leaks_max, kill_leaks_limit;
 };

@@ -10,7 +10,9 @@
  *    other byte as some request wrote it;
  *  - have no corruption by our check (leaks are allowed), and by
  *    qemu-img check on a sample (exit 0 or 3) -- an image left dirty
- *    under lazy refcounts excepted: the spec says to repair it first;
+ *    under lazy refcounts excepted: the spec says to repair it first,
+ *    and on the sample qemu-img check -r all does, leaving it clean
+ *    and every guest byte as we read it;
  *  - right after each flush, with all the engine wrote kept (a process
  *    killed there), leak at most 4 MiB or 64 clusters, whichever is
  *    more;
@@ -468,9 +470,10 @@ main (void)
   }
   printf ("crash-sim: %" PRIu64 " crash images at %" PRIu64 " points of %"
           PRIu64 " workloads; %" PRIu64 " qemu-img checks of crash images, %"
-          PRIu64 " after repair; %u failures; %lds\n", crashcheck_stats.images,
+          PRIu64 " after repair, %" PRIu64 " repairs of dirty ones; %u "
+          "failures; %lds\n", crashcheck_stats.images,
           crashcheck_stats.points, crashcheck_stats.workloads, crashcheck_stats.qemu, crashcheck_stats.qemu_after,
-          failures, (long) (time (NULL) - start));
+          crashcheck_stats.qemu_repairs, failures, (long) (time (NULL) - start));
   printf ("crash-sim: %" PRIu64 " images of a process killed after a flush; "
           "leaks at most %" PRIu64 " clusters of the %" PRIu64 " allowed\n",
           crashcheck_stats.kill_checks, crashcheck_stats.kill_leaks_max,

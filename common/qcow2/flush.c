@@ -16,7 +16,9 @@
  *  - an evicted L2 slice syncs only if it changed since the last sync
  *    of dependencies (a generation per slice, see cache_write_entry),
  *    so that a client that never flushes pays about one sync per
- *    cache's worth of evictions, not one per eviction.
+ *    cache's worth of evictions, not one per eviction;
+ *  - with lazy refcounts, none of the above for refcount blocks once
+ *    the dirty bit is durable (see flush_refcounts_lazy).
  *
  * Called with img->lock held.
  */
@@ -49,6 +51,33 @@ flush_write_table (struct qcow2_image *img, const uint64_t *table,
   return r;
 }
 
+/* With lazy refcounts, once the first write has made the dirty bit
+ * durable, refcount blocks reach the disk only when evicted from their
+ * cache or at a clean close: neither a flush nor an L2 entry waits for
+ * them.  A crash leaves the image dirty, and the next read-write open
+ * rebuilds the refcounts from the tables (check_rebuild_refcounts), as
+ * QEMU does (qcow2_need_accurate_refcounts).  New refcount blocks and
+ * their table entries keep their order: rare, and the structure stays
+ * one that qemu-img check can walk.
+ */
+static bool
+flush_refcounts_lazy (const struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
+{
+  return img->lazy_refcounts && !img->alloc.closing &&
+    (img->h.incompatible_features & QCOW2_INCOMPAT_DIRTY);
+}
+
+/* Write the dirty refcount blocks, unless lazy refcounts defer them. */
+static int
+flush_refcount_blocks (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
+{
+  if (flush_refcounts_lazy (img))
+    return 0;
+  return cache_writeback (img, img->caches.refcount);
+}
+
 /* Before any L2 or L1 entry reaches the disk, make durable what it
  * may point at: refcount blocks, then the refcount table entries of new
  * blocks (after the blocks: a second flush, but a block counts many
@@ -66,7 +95,7 @@ flush_l2_dependencies (struct qcow2_image *img)
   if (!img->dirty.l2_needs_sync_first)
     return 0;
   if ((r = alloc_refill_reserve (img)) < 0 ||
-      (r = cache_writeback (img, img->caches.refcount)) < 0 ||
+      (r = flush_refcount_blocks (img)) < 0 ||
       (r = io_flush (img)) < 0)
     return r;
   if (img->dirty.rt_hi > img->dirty.rt_lo) {
@@ -96,7 +125,7 @@ flush_tables (struct qcow2_image *img)
   if (img->dirty.rt_hi > img->dirty.rt_lo)
     img->dirty.l2_needs_sync_first = true;
   if ((r = alloc_refill_reserve (img)) < 0 ||
-      (r = cache_writeback (img, img->caches.refcount)) < 0 ||
+      (r = flush_refcount_blocks (img)) < 0 ||
       (r = flush_l2_dependencies (img)) < 0)
     return r;
   if ((r = cache_writeback (img, img->caches.l2)) < 0)
@@ -158,7 +187,7 @@ qcow2_flush (struct qcow2_image *img)
    * then leaks nothing more than the reserve.
    */
   if (r == 0)
-    r = cache_writeback (img, img->caches.refcount);
+    r = flush_refcount_blocks (img);
   image_unlock (img);
   image_data_unlock (img);
   return r;

@@ -131,6 +131,12 @@ state_close (struct qcow2_image *img)
   if (!img->write_started)
     return 0;
   alloc_begin_close (img);
+  /* The refcount blocks that lazy refcounts left unwritten are owed
+   * before the dirty bit goes, even if nothing else changed since the
+   * last flush.
+   */
+  if (img->lazy_refcounts)
+    flush_mark_changed (img);
   if ((r = bitmap_store (img)) < 0 ||
       (r = flush_locked (img)) < 0 ||
       (r = alloc_apply_frees (img, img->alloc.pending_len)) < 0 ||
