@@ -47,6 +47,42 @@ requires ()
   done
 }
 
+# requires_python_nbd: skip the test (exit 77) if /usr/bin/python3
+# cannot import libnbd's nbd module, which the tests' Python clients use.
+requires_python_nbd ()
+{
+  /usr/bin/python3 -c 'import nbd' 2>/dev/null || {
+    echo "$0: test skipped: /usr/bin/python3 has no nbd module (libnbd's Python bindings)"
+    exit 77
+  }
+}
+
+# requires_nbdkit_plugin NAME...: skip the test (exit 77) if nbdkit
+# lacks one of these plugins.
+requires_nbdkit_plugin ()
+{
+  local p
+  for p in "$@"; do
+    if ! nbdkit "$p" --version >/dev/null 2>&1; then
+      echo "$0: test skipped: no nbdkit $p plugin"
+      exit 77
+    fi
+  done
+}
+
+# requires_nbdkit_filter NAME...: skip the test (exit 77) if nbdkit
+# lacks one of these filters.
+requires_nbdkit_filter ()
+{
+  local f
+  for f in "$@"; do
+    if ! nbdkit --filter="$f" null --version >/dev/null 2>&1; then
+      echo "$0: test skipped: no nbdkit $f filter"
+      exit 77
+    fi
+  done
+}
+
 fail ()
 {
   echo "$0: FAIL: $*" >&2

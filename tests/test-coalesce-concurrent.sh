@@ -16,10 +16,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img
-if ! /usr/bin/python3 -c 'import nbd' 2>/dev/null; then
-  echo "$0: test skipped: no nbd module in /usr/bin/python3"
-  exit 77
-fi
+requires_python_nbd
 
 clients=$srcdir/coalesce-clients.py
 checker=$srcdir/coalesce-check.py
