@@ -269,6 +269,29 @@ message_shape ()
     END { exit bad }' "$1" >&2
 }
 
+# expect_read_only IMG MESSAGE-REGEXP NBDKIT-ARGS...: nbdkit serves a
+# read-only export (a client's write fails with EPERM) with a message
+# matching the extended regexp (none asked if it is empty) in
+# $tmp/read-only.err, and the file IMG stays unchanged.
+expect_read_only ()
+{
+  local img="$1" re="$2"; shift 2
+  local sum
+  sum=$(md5sum < "$img")
+  nbdkit "$@" --run 'nbdsh -u "$uri" -c "
+import errno
+assert h.is_read_only()
+try:
+    h.pwrite(b\"x\" * 512, 0)
+    raise AssertionError(\"write succeeded\")
+except nbd.Error as e:
+    assert e.errnum == errno.EPERM, e
+"' 2> "$tmp/read-only.err" || { cat "$tmp/read-only.err"; fail "nbdkit $*"; }
+  [ -z "$re" ] || grep -Eq -- "$re" "$tmp/read-only.err" ||
+    fail "nbdkit $*: no message /$re/: $(cat "$tmp/read-only.err")"
+  [ "$(md5sum < "$img")" = "$sum" ] || fail "nbdkit $*: the file changed"
+}
+
 # qsrc IMG: set qsrc to the qemu-img or qemu-io arguments that open
 # IMG (qcow2), with the password QEMU_SECRET when that is set (LUKS).
 qsrc ()
