@@ -83,6 +83,21 @@ requires_nbdkit_filter ()
   done
 }
 
+# requires_qemu_driver NAME...: skip the test (exit 77) if qemu-img
+# lacks one of these block drivers (curl's are http and https, ssh's
+# ssh: Debian's qemu-block-extra).
+requires_qemu_driver ()
+{
+  local d
+  qemu-img --help > "$tmp/qemu-img.help" 2>&1 || :
+  for d in "$@"; do
+    if ! grep -q " $d " "$tmp/qemu-img.help"; then
+      echo "$0: test skipped: qemu-img has no $d driver"
+      exit 77
+    fi
+  done
+}
+
 fail ()
 {
   echo "$0: FAIL: $*" >&2
