@@ -224,11 +224,3 @@ for key in backing= data-file= password= cache= snapshot= \
 done
 grep -q '^preallocation=off|metadata|falloc|full ' "$tmp/help" ||
   fail "--help: the plugin's preallocation= values"
-
-# The man pages' VERSION names the version configure gave (pod2man's
-# step puts it in; roff escapes the dash), where pod2man made them.
-for page in "${abs_top_builddir:-..}"/plugins/*/*.1 "${abs_top_builddir:-..}"/filters/*/*.1; do
-  [ -f "$page" ] || continue
-  grep -q "^Part of nbdkit\\\\-qcow2 $version, built" "$page" ||
-    fail "$page: VERSION does not name $version"
-done
