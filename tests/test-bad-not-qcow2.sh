@@ -7,8 +7,7 @@
 # instead.
 source "${srcdir:-.}/bad-functions.sh"
 requires nbdinfo
-nbdkit --filter=luks null --dump-plugin > /dev/null 2>&1 ||
-  { echo "$0: test skipped: no nbdkit luks filter"; exit 77; }
+requires_nbdkit_filter luks
 
 # An empty file.
 : > "$tmp/empty.qcow2"
