@@ -46,7 +46,6 @@ struct crashcheck_stats {
 extern struct crashcheck_stats crashcheck_stats;
 
 extern unsigned crashcheck_qemu_every;  /* qemu-img on every Nth image */
-extern bool crashcheck_have_qemu;
 extern bool crashcheck_trace;           /* print requests as they run */
 
 /* Whether an image is left dirty by lazy refcounts. */
@@ -58,8 +57,8 @@ extern bool crashcheck_dirty (const uint8_t *buf, size_t len);
 extern bool crashcheck_kill_leaks (const struct wl_setup *setup,
                                    struct wl_files files, struct failure *f);
 
-/* Look for qemu-img, and make a directory for its images (removed at
- * exit).
+/* Look for qemu-img (the test exits 77, skipped, without it), and make
+ * a directory for its images (removed at exit).
  */
 extern void crashcheck_init (void);
 

@@ -245,7 +245,7 @@ crashsim_run (struct crashsim *s, const struct wl_config *cfg,
   wl_setup (cfg, seed, &setup);
   s->setup = &setup;
   crashcheck_write_backing (&setup);
-  if (s->mode == CRASHSIM_COUNT && crashcheck_have_qemu &&
+  if (s->mode == CRASHSIM_COUNT &&
       (r = crashcheck_qemu (wl_setup_files (&setup), line,
                             sizeof line)) != 0) {
     fprintf (stderr, "%s: the initial image is not clean: qemu-img check "
@@ -333,8 +333,7 @@ crashsim_run (struct crashsim *s, const struct wl_config *cfg,
     else if (!crashcheck_raw_data_file (&setup, img, files, got, false,
                                         &s->f))
       r = -1;
-    else if (crashcheck_have_qemu &&
-             (r = crashcheck_qemu (files, out, sizeof out)) != 0)
+    else if ((r = crashcheck_qemu (files, out, sizeof out)) != 0)
       crashcheck_fail (&s->f, "live", "qemu-img check exit %d after a clean "
                 "close:\n%s", r, out);
     else

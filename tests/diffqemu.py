@@ -100,6 +100,11 @@ def main():
     both = (A, B)
     can = {f: all(getattr(s.h[0], f)() for s in both)
            for f in ("can_zero", "can_trim", "can_fast_zero", "can_fua")}
+    # What qemu-nbd offers, the plugin must too, or its requests would
+    # go untested (fast zero aside: either may refuse it).
+    for f in ("can_zero", "can_trim", "can_fua"):
+        if getattr(B.h[0], f)() and not can[f]:
+            die("%s: qemu-nbd offers it, the plugin does not" % f)
     undefined = bytearray(size)  # 1: trimmed since last written
     counts = {}
     history = []                # (kind, off, n) of changes, in order

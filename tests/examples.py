@@ -4,9 +4,10 @@
 order, as they would be pasted: the ```sh blocks of a Markdown file,
 or the verbatim paragraphs of a POD page's EXAMPLES section.  A
 systemd unit there (a verbatim paragraph that is a [Unit]...) is not a
-command: with --units, the script runs the service as systemd would
-start it on its socket, through systemd-socket-activate (ListenStream,
-StateDirectory and ExecStart), and connects to it.
+command: with --units, the script is instead the service of the units,
+run as systemd would start it on its socket, through
+systemd-socket-activate (ListenStream, StateDirectory and ExecStart),
+and a connection to it.
 
   examples.py FILE [--units]"""
 import re
@@ -69,13 +70,18 @@ def main():
     if not any("nbdkit" in b for b in blocks):
         sys.exit("%s: no examples found" % path)
     units = [b for b in blocks if b.startswith("[Unit]")]
+    if "--units" in sys.argv[2:]:
+        if not units:
+            sys.exit("%s: no systemd unit found" % path)
+        print("# The systemd unit of %s." % path.split("/")[-1])
+        print("set -ex")
+        sys.stdout.write(unit_script(units))
+        return
     print("# The examples of %s, in order." % path.split("/")[-1])
     print("set -ex")
     for b in blocks:
         if not b.startswith("[Unit]"):
             sys.stdout.write(b)
-    if units and "--units" in sys.argv[2:]:
-        sys.stdout.write(unit_script(units))
 
 
 if __name__ == "__main__":

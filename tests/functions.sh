@@ -47,6 +47,57 @@ requires ()
   done
 }
 
+# requires_python_nbd: skip the test (exit 77) if /usr/bin/python3
+# cannot import libnbd's nbd module, which the tests' Python clients use.
+requires_python_nbd ()
+{
+  /usr/bin/python3 -c 'import nbd' 2>/dev/null || {
+    echo "$0: test skipped: /usr/bin/python3 has no nbd module (libnbd's Python bindings)"
+    exit 77
+  }
+}
+
+# requires_nbdkit_plugin NAME...: skip the test (exit 77) if nbdkit
+# lacks one of these plugins.
+requires_nbdkit_plugin ()
+{
+  local p
+  for p in "$@"; do
+    if ! nbdkit "$p" --version >/dev/null 2>&1; then
+      echo "$0: test skipped: no nbdkit $p plugin"
+      exit 77
+    fi
+  done
+}
+
+# requires_nbdkit_filter NAME...: skip the test (exit 77) if nbdkit
+# lacks one of these filters.
+requires_nbdkit_filter ()
+{
+  local f
+  for f in "$@"; do
+    if ! nbdkit --filter="$f" null --version >/dev/null 2>&1; then
+      echo "$0: test skipped: no nbdkit $f filter"
+      exit 77
+    fi
+  done
+}
+
+# requires_qemu_driver NAME...: skip the test (exit 77) if qemu-img
+# lacks one of these block drivers (curl's are http and https, ssh's
+# ssh: Debian's qemu-block-extra).
+requires_qemu_driver ()
+{
+  local d
+  qemu-img --help > "$tmp/qemu-img.help" 2>&1 || :
+  for d in "$@"; do
+    if ! grep -q " $d " "$tmp/qemu-img.help"; then
+      echo "$0: test skipped: qemu-img has no $d driver"
+      exit 77
+    fi
+  done
+}
+
 fail ()
 {
   echo "$0: FAIL: $*" >&2
@@ -231,6 +282,29 @@ message_shape ()
     /^nbdkit: ([^ :]+: )?debug: / { next }
     { print FILENAME ":" FNR ": not a line of nbdkit: " $0; bad = 1 }
     END { exit bad }' "$1" >&2
+}
+
+# expect_read_only IMG MESSAGE-REGEXP NBDKIT-ARGS...: nbdkit serves a
+# read-only export (a client's write fails with EPERM) with a message
+# matching the extended regexp (none asked if it is empty) in
+# $tmp/read-only.err, and the file IMG stays unchanged.
+expect_read_only ()
+{
+  local img="$1" re="$2"; shift 2
+  local sum
+  sum=$(md5sum < "$img")
+  nbdkit "$@" --run 'nbdsh -u "$uri" -c "
+import errno
+assert h.is_read_only()
+try:
+    h.pwrite(b\"x\" * 512, 0)
+    raise AssertionError(\"write succeeded\")
+except nbd.Error as e:
+    assert e.errnum == errno.EPERM, e
+"' 2> "$tmp/read-only.err" || { cat "$tmp/read-only.err"; fail "nbdkit $*"; }
+  [ -z "$re" ] || grep -Eq -- "$re" "$tmp/read-only.err" ||
+    fail "nbdkit $*: no message /$re/: $(cat "$tmp/read-only.err")"
+  [ "$(md5sum < "$img")" = "$sum" ] || fail "nbdkit $*: the file changed"
 }
 
 # qsrc IMG: set qsrc to the qemu-img or qemu-io arguments that open

@@ -2,10 +2,7 @@
 # Helpers for the overlay tests (test-overlay-*.sh: the qcow2 filter's
 # qcow2-overlay=FILE), after functions.sh.
 requires qemu-img qemu-io nbdsh nbdcopy nbdinfo cmp sha256sum
-/usr/bin/python3 -c 'import nbd' 2>/dev/null || {
-  echo "$0: test skipped: the nbd Python module is missing"
-  exit 77
-}
+requires_python_nbd
 # overlay-ops.py, for --run commands (see there).
 overlay_ops="$(cd "${srcdir:-.}" && pwd)/overlay-ops.py"
 

@@ -23,10 +23,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdkit nbdcopy /usr/bin/python3 timeout
-/usr/bin/python3 -c 'import nbd' 2>/dev/null || {
-  echo "$0: test skipped: the nbd Python module is missing"
-  exit 77
-}
+requires_python_nbd
 
 kills=${CRASH_KILLS:-32}
 size=$((8 * 1024 * 1024))

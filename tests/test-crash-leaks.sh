@@ -12,8 +12,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdkit /usr/bin/python3 timeout
-/usr/bin/python3 -c 'import nbd' 2>/dev/null || {
-  echo "$0: test skipped: python3 nbd module not found"; exit 77; }
+requires_python_nbd
 
 # The client: writes, trims, flushes; writes the guest it left to
 # $2 (a raw file) when its last flush is done.

@@ -261,7 +261,7 @@ inj_recovered (struct inj *in, struct wl_rng *rng, struct failure *f)
   }
   totals.leaky += !f->cls[0] && res.leaks > 0;
   qcow2_close (img);
-  if (!f->cls[0] && crashcheck_have_qemu &&
+  if (!f->cls[0] &&
       (r = crashcheck_qemu (files, out, sizeof out)) != 0 && r != 3)
     crashcheck_fail (f, "qemu-img", "qemu-img check exit %d after a clean "
                      "close:\n%s", r, out);

@@ -7,7 +7,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires ssh-keygen /usr/sbin/sshd
-nbdkit ssh --version >/dev/null 2>&1 || { echo "$0: no ssh plugin: skipped"; exit 77; }
+requires_nbdkit_plugin ssh
 source "${srcdir:-.}/filter-qcow2-image.sh"
 source "${srcdir:-.}/remote-functions.sh"
 start_sshd

@@ -15,6 +15,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdinfo nbdsh
+requires_python_nbd
 
 d="$tmp/vms"
 mkdir "$d"

@@ -7,6 +7,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
+requires_python_nbd
 
 d="$tmp/vms"
 mkdir "$d"

@@ -46,8 +46,6 @@ OPS = {
 # seconds, all others are fast.
 def expect(slow_ops, s):
     for name, f in OPS.items():
-        if name == "cache" and not h.can_cache():
-            continue
         if name in slow_ops:
             slow(name, f, s)
         else:
@@ -74,7 +72,6 @@ for target in "memory 1M" "qcow2 $img"; do
   for delay in read=1s:1 write=300ms:0.3 zero=0.3:0.3 trim=300000us:0.3 \
                extents=.3s:0.3 flush=0.3s:0.3 cache=300ms:0.3; do
     op=${delay%%=*}
-    [ "$op" != cache ] || [ "${target%% *}" = memory ] || continue
     serve $target "latency-${delay%:*}" -- "expect(['$op'], ${delay#*:})"
   done
   # latency-writes: write, zero, trim; a later latency-trim overrides it.

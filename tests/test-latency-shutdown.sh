@@ -16,6 +16,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img
+requires_python_nbd
 
 img=$tmp/img.qcow2
 qemu-img create -q -f qcow2 "$img" 1M

@@ -8,6 +8,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdcopy nbdsh
+requires_python_nbd
 
 M=1048576
 # A backing file with 64k clusters and an image with 4k clusters, made

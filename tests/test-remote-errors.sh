@@ -3,9 +3,10 @@
 # Bad remote storage at start: each case one message naming the
 # backing file and what to do, and nbdkit exits 1 (never a hang): a
 # server not running (a socket, a TCP port), a name that does not
-# resolve, a 404, TLS the server does not offer, a server that accepts
-# and never answers (remote-timeout=), an export smaller than the layer
-# it holds, a json: driver or a protocol we do not open.
+# resolve, TLS the server does not offer, a server that accepts and
+# never answers (remote-timeout=), an export smaller than the layer it
+# holds, a json: driver or a protocol we do not open.  (A 404:
+# test-remote-errors-http.sh.)
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img
@@ -62,15 +63,3 @@ start=$(date +%s)
 refused 'no answer within 2 s \(remote-timeout=\)' \
   "nbd+unix:///?socket=$tmp/mute.sock" remote-timeout=2
 [ $(( $(date +%s) - start )) -lt 20 ] || fail "remote-timeout=2 took too long"
-
-# A 404 from a web server, said by the curl plugin, then by us.
-if nbdkit curl --version >/dev/null 2>&1; then
-  mkdir "$tmp/web"
-  http_server "$tmp/web"
-  qemu-img create -q -f qcow2 -u -b "http://127.0.0.1:$http_port/none.raw" \
-    -F raw "$tmp/ovl.qcow2" 4M
-  expect_refused "cannot open backing file \"http://127.0.0.1:$http_port/none.raw\": nbdkit's curl plugin cannot serve it \\(its message is above\\)" \
-    qcow2 "$tmp/ovl.qcow2"
-  grep -q "404" "$tmp/refused.err" ||
-    fail "the curl plugin's message does not say 404: $(cat "$tmp/refused.err")"
-fi

@@ -8,11 +8,11 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdcopy nbdsh
-nbdkit curl --version >/dev/null 2>&1 || { echo "$0: no curl plugin: skipped"; exit 77; }
+requires_nbdkit_plugin curl
 version=$(nbdkit --version | awk '{ print $2 }')
 case "$version" in
   1.32.[4-9]|1.32.[1-9][0-9]|1.33.[3-9])
-    echo "$0: skipped: nbdkit $version aborts when a client hangs up with" \
+    echo "$0: test skipped: nbdkit $version aborts when a client hangs up with" \
          "requests in flight (raw_send_socket: Assertion 'sock >= 0';" \
          "fixed in nbdkit 1.33.10 and 1.34.0, commit 9d82aa4f)"
     exit 77 ;;

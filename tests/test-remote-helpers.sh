@@ -9,7 +9,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
-nbdkit curl --version >/dev/null 2>&1 || { echo "$0: no curl plugin: skipped"; exit 77; }
+requires_nbdkit_plugin curl
 source "${srcdir:-.}/remote-functions.sh"
 
 # libnbd runs "nbdkit" from PATH: this one notes each helper's pid and

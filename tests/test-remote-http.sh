@@ -11,9 +11,8 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdcopy nbdsh openssl
-nbdkit curl --version >/dev/null 2>&1 || { echo "$0: no curl plugin: skipped"; exit 77; }
-qemu-img --help | grep -q ' https ' ||
-  { echo "$0: qemu-img has no curl driver (qemu-block-extra): skipped"; exit 77; }
+requires_nbdkit_plugin curl
+requires_qemu_driver https
 source "${srcdir:-.}/remote-functions.sh"
 # The oracle's own hang (functions.sh): a read through QEMU's curl
 # driver that has not ended in two minutes is run again, twice at most.

@@ -37,7 +37,8 @@ assert all(b.to_bytearray() == bytearray([0x11]) * 65536 for b in bufs)
 "
 }
 reads 2 || fail "reads before the restart: $(cat "$tmp/q.err")"
-conns=$(ls -l "/proc/$q/fd" | grep -c socket) || true
+# Distinct sockets: a connection to the base holds two descriptors.
+conns=$(ls -l "/proc/$q/fd" | grep -o 'socket:\[[0-9]*\]' | sort -u | wc -l)
 
 old=$(cat "$tmp/base.pid")
 kill -TERM "$old"
@@ -47,7 +48,11 @@ reads 2 || fail "reads after the restart failed: $(cat "$tmp/q.err")"
 ! grep -i "error" "$tmp/q.err" || fail "errors said for a planned restart"
 for i in $(seq 50); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$old" 2>/dev/null || fail "the old server still waits for us"
-[ "$conns" -ge 3 ] || echo "$0: note: only $conns sockets before the restart"
+# The base serves multi-conn and the reads overlapped: besides the
+# listening socket, several connections to the base were made, so the
+# restart was met by more than one idle connection.
+[ "$conns" -ge 3 ] ||
+  fail "$conns sockets before the restart: the overlapping reads made one connection to the base or none"
 
 # The server gone for good: the requests fail, and the failure to
 # connect is said once, not once a request.

@@ -8,9 +8,8 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdcopy ssh-keygen ssh-agent ssh-add /usr/sbin/sshd
-nbdkit ssh --version >/dev/null 2>&1 || { echo "$0: no ssh plugin: skipped"; exit 77; }
-qemu-img --help | grep -q ' ssh ' ||
-  { echo "$0: qemu-img has no ssh driver (qemu-block-extra): skipped"; exit 77; }
+requires_nbdkit_plugin ssh
+requires_qemu_driver ssh
 source "${srcdir:-.}/remote-functions.sh"
 start_sshd
 eval "$(ssh-agent -s -a "$tmp/agent.sock")" > /dev/null

@@ -11,7 +11,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdsh openssl
-nbdkit curl --version >/dev/null 2>&1 || { echo "$0: no curl plugin: skipped"; exit 77; }
+requires_nbdkit_plugin curl
 source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/overlay-functions.sh"      # expect_unserved
 

@@ -15,10 +15,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img nbdinfo /usr/bin/python3
-/usr/bin/python3 -c 'import nbd' 2>/dev/null || {
-  echo "$0: test skipped: the nbd Python module is missing"
-  exit 77
-}
+requires_python_nbd
 source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/overlay-functions.sh"
 source "${srcdir:-.}/stream-functions.sh"

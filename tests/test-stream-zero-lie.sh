@@ -10,10 +10,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdinfo nbdsh /usr/bin/python3
-nbdkit nbd --version > /dev/null 2>&1 || {
-  echo "$0: test skipped: no nbd plugin"
-  exit 77
-}
+requires_nbdkit_plugin nbd
 source "${srcdir:-.}/remote-functions.sh"
 source "${srcdir:-.}/stream-functions.sh"
 

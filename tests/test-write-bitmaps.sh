@@ -12,6 +12,7 @@
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io qemu-nbd nbdsh
+requires_python_nbd
 bc="/usr/bin/python3 ${srcdir:-.}/bitmapcheck.py"
 
 # qemu_serve IMG CMD BITMAP...: run CMD with $uri naming IMG exported

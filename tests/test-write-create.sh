@@ -202,30 +202,3 @@ expect_refused 'already exists and is not empty$' \
   qcow2 "$img" create=true size=1M
 grep -q '^nbdkit: error: hint: .*create=if-missing' "$tmp/refused.err" ||
   fail "no hint: $(cat "$tmp/refused.err")"
-
-# The systemd unit of the man page: socket activation, create=if-missing,
-# and a restart that serves the same disk.
-if command -v systemd-socket-activate >/dev/null; then
-  rm -f "$img"
-  sock=$tmp/sa.sock
-  for round in 1 2; do
-    systemd-socket-activate -l "$sock" nbdkit --foreground qcow2 "$img" \
-      create=if-missing size=20M > "$tmp/sa.log" 2>&1 &
-    sa=$!
-    for i in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
-    [ "$round" = 1 ] && [ -e "$img" ] && fail "the image was made before the first connection"
-    nbdsh -u "nbd+unix:///?socket=$sock" -c "
-assert h.get_size() == 20 * 1024 * 1024
-if $round == 1:
-    h.pwrite(b'\x44' * 512, 1 << 20)
-    h.flush()
-else:
-    assert h.pread(512, 1 << 20) == b'\x44' * 512
-" || { cat "$tmp/sa.log"; fail "socket activation, round $round"; }
-    kill "$sa"; wait "$sa" || true
-    rm -f "$sock"
-  done
-  qemu-img check -q "$img" || fail "qemu-img check after socket activation"
-else
-  echo "$0: socket activation skipped: no systemd-socket-activate"
-fi

@@ -17,6 +17,7 @@ case "$write_server" in
   *) fail "WRITE_SERVER=$write_server: must be nbdkit or qemu-nbd" ;;
 esac
 requires qemu-img qemu-io nbdcopy /usr/bin/python3 "$write_server"
+requires_python_nbd
 diffwrite_py="$(cd "${srcdir:-.}" && pwd)/diffwrite.py"
 [ -f "$diffwrite_py" ] || fail "$diffwrite_py not found"
 
