@@ -179,32 +179,14 @@ test_qcow2 (void)
   memenv_free (me);
 }
 
-/* Round trips to the base for reads of count bytes at n scattered
- * places (one every 20 KiB, from first, so that no two make a run),
- * checked against the base.
+/* Round trips to the base for n reads of count bytes, the i-th at
+ * place first + i * step of places spacing bytes apart (from 4 KiB
+ * in), checked against the base.
  */
 static uint64_t
-scattered_trips (struct qcow2_image *img, const struct model *m,
-                 struct qcow2_io *base_io, unsigned first, unsigned n,
-                 uint64_t count, const char *what)
-{
-  struct memio_stats st;
-  uint64_t before;
-
-  memio_stats (base_io, &st);
-  before = st.round_trips;
-  for (unsigned i = first; i < first + n; i++)
-    check_read (img, m, i * 20480 + 4096, count, what);
-  memio_stats (base_io, &st);
-  return st.round_trips - before;
-}
-
-/* Round trips for n reads of 1 MiB, 1.25 MiB apart, from piece first
- * by step.
- */
-static uint64_t
-large_trips (struct qcow2_image *img, const struct model *m,
-             struct qcow2_io *base_io, int first, int n, int step)
+read_trips (struct qcow2_image *img, const struct model *m,
+            struct qcow2_io *base_io, int first, int n, int step,
+            uint64_t count, uint64_t spacing, const char *what)
 {
   struct memio_stats st;
   uint64_t before;
@@ -212,14 +194,37 @@ large_trips (struct qcow2_image *img, const struct model *m,
   memio_stats (base_io, &st);
   before = st.round_trips;
   for (int i = 0, p = first; i < n; i++, p += step)
-    check_read (img, m, (uint64_t) p * 1310720, MIB, "large");
+    check_read (img, m, (uint64_t) p * spacing + 4096, count, what);
   memio_stats (base_io, &st);
   return st.round_trips - before;
 }
 
+/* Reads in turn, and the round trips each group takes: places 20 KiB
+ * apart make no run.
+ */
+static const struct {
+  int first, n, step;
+  uint64_t count, spacing, trips;
+  const char *what;
+} kept_steps[] = {
+  { 0, 100, 1, 8192, 20480, 100, "scattered reads" },
+  { 0, 100, 1, 8192, 20480, 0, "reads of what was read" },
+  { 50, 10, 1, 100, 20480, 0, "reads inside what was read" },
+  /* 512 pieces more: the first 100 let go, the last ones kept. */
+  { 100, 512, 1, 4096, 20480, 512, "more scattered reads" },
+  { 0, 10, 1, 8192, 20480, 10, "reads of what was let go" },
+  { 600, 12, 1, 4096, 20480, 0, "reads of the last read" },
+  /* 36 MiB in pieces of 1 MiB: the first 4 let go (the last 32 read
+   * again from the last, so that none is let go).
+   */
+  { 0, 36, 1, MIB, 1310720, 36, "reads of 1 MiB" },
+  { 35, 32, -1, MIB, 1310720, 0, "reads of the last 1 MiB pieces" },
+  { 0, 4, 1, MIB, 1310720, 4, "reads of 1 MiB let go" },
+};
+
 /* top (empty) over a raw base of 48 MiB: what was read, read again, is
  * not fetched again, nor anything inside it, until 512 other pieces or
- * 32 MiB were read since.
+ * 32 MiB were read since (kept_steps).
  */
 static void
 test_kept (void)
@@ -230,7 +235,6 @@ test_kept (void)
   uint8_t *raw = make_raw_sized (me, &base, &base_io, 48 * MIB);
   struct qcow2_image *img;
   struct ib top;
-  uint64_t trips;
 
   ib_init (&top, 3, 16, 48 * MIB, false);
   top.backing = "nbd://h/raw";
@@ -240,37 +244,16 @@ test_kept (void)
   img = open_ib (me, &top, "/d/top.qcow2", NULL, NULL);
   if (!CHECKF (img != NULL, "open: %s", memenv_last_error (me)))
     goto out;
-  trips = scattered_trips (img, &top.model, base_io, 0, 100, 8192, "first");
-  CHECKF (trips == 100, "100 scattered reads took %" PRIu64 " round trips",
-          trips);
-  trips = scattered_trips (img, &top.model, base_io, 0, 100, 8192, "again");
-  CHECKF (trips == 0, "100 reads of what was read took %" PRIu64
-          " round trips", trips);
-  trips = scattered_trips (img, &top.model, base_io, 50, 10, 100, "inside");
-  CHECKF (trips == 0, "10 reads inside what was read took %" PRIu64
-          " round trips", trips);
-  /* 512 pieces more: the first 100 let go, the last ones kept. */
-  trips = scattered_trips (img, &top.model, base_io, 100, 512, 4096, "more");
-  CHECKF (trips == 512, "512 scattered reads took %" PRIu64 " round trips",
-          trips);
-  trips = scattered_trips (img, &top.model, base_io, 0, 10, 8192, "let go");
-  CHECKF (trips == 10, "10 reads of what was let go took %" PRIu64
-          " round trips", trips);
-  trips = scattered_trips (img, &top.model, base_io, 600, 12, 4096, "kept");
-  CHECKF (trips == 0, "12 reads of the last read took %" PRIu64
-          " round trips", trips);
-  /* 1 MiB pieces, 1.25 MiB apart, 36 of them: the first 4 let go (the
-   * last 32 read again from the last, so that none is let go).
-   */
-  trips = large_trips (img, &top.model, base_io, 0, 36, 1);
-  CHECKF (trips == 36, "36 reads of 1 MiB took %" PRIu64 " round trips",
-          trips);
-  trips = large_trips (img, &top.model, base_io, 35, 32, -1);
-  CHECKF (trips == 0, "32 reads of the last 1 MiB pieces took %" PRIu64
-          " round trips", trips);
-  trips = large_trips (img, &top.model, base_io, 0, 4, 1);
-  CHECKF (trips == 4, "4 reads of 1 MiB let go took %" PRIu64
-          " round trips", trips);
+  for (size_t i = 0; i < sizeof kept_steps / sizeof kept_steps[0]; i++) {
+    uint64_t trips = read_trips (img, &top.model, base_io,
+                                 kept_steps[i].first, kept_steps[i].n,
+                                 kept_steps[i].step, kept_steps[i].count,
+                                 kept_steps[i].spacing, kept_steps[i].what);
+
+    CHECKF (trips == kept_steps[i].trips, "%d %s took %" PRIu64
+            " round trips, not %" PRIu64, kept_steps[i].n,
+            kept_steps[i].what, trips, kept_steps[i].trips);
+  }
   qcow2_close (img);
  out:
   ib_free (&top);
