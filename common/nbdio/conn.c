@@ -539,7 +539,7 @@ nbdio_acquire (struct nbdio *io, char **why)
         break;
       }
     }
-    pthread_cond_wait (&io->changed, &io->lock.mutex);
+    lock_wait (&io->lock, &io->changed);
   }
   if (c)
     c->users++;

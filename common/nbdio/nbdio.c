@@ -658,9 +658,9 @@ nbdio_close (struct qcow2_io *qio)
   free (io->last_why);
   for (unsigned i = 0; i < NBDIO_STATUS_SPANS; i++)
     free (io->spans[i].ext);
-  pthread_mutex_destroy (&io->lock.mutex);
+  lock_destroy (&io->lock);
   pthread_cond_destroy (&io->changed);
-  pthread_mutex_destroy (&io->status_lock.mutex);
+  lock_destroy (&io->status_lock);
   free (io);
 }
 
@@ -695,9 +695,9 @@ nbdio_open (const struct qcow2_remote *remote,
     io->opts = *opts;
   if (!io->opts.timeout)
     io->opts.timeout = NBDIO_TIMEOUT;
-  pthread_mutex_init (&io->lock.mutex, NULL);
-  pthread_cond_init (&io->changed, NULL);
-  pthread_mutex_init (&io->status_lock.mutex, NULL);
+  lock_init (&io->lock);
+  lock_cond_init (&io->changed);
+  lock_init (&io->status_lock);
   io->block_min = 1;
   io->block_max = NBDIO_MAX_REQUEST;
   io->nconns = strncmp (remote->url, "nbd", 3) == 0 ? 1 : NBDIO_MAX_CONNS;

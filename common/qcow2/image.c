@@ -64,7 +64,7 @@ image_free (struct qcow2_image *img)
   free (img->id);
   free (img->alloc.pending_free);
   alloc_free_reserve (img);
-  pthread_mutex_destroy (&img->lock.mutex);
+  lock_destroy (&img->lock);
   pthread_rwlock_destroy (&img->data_lock.rwlock);
   pthread_cond_destroy (&img->inflight_done);
   free (img);
@@ -310,7 +310,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     return NULL;
   }
   img->overlap = &overlap_map_empty;
-  pthread_mutex_init (&img->lock.mutex, NULL);
+  lock_init (&img->lock);
   image_init_data_lock (img);
   pthread_cond_init (&img->inflight_done, NULL);
   img->env = env;

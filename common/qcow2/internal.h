@@ -30,6 +30,7 @@
 #include "cleanup.h"
 #include "io.h"
 #include "format.h"
+#include "lock.h"
 #include "overlap-map.h"
 #include "tsa.h"
 
@@ -206,14 +207,10 @@ struct image_alloc {
   size_t pending_durable;       /* how many of them a flush made safe */
 };
 
-/* img->lock: a mutex that clang's thread-safety analysis knows as a
- * capability (pthread_mutex_t itself cannot be marked).
+/* img->data_lock: a rwlock, held shared or exclusively, that clang's
+ * thread-safety analysis knows as a capability, as lock.h's struct lock
+ * (img->lock) is a mutex.
  */
-struct TSA_CAPABILITY ("mutex") image_mutex {
-  pthread_mutex_t mutex;
-};
-
-/* img->data_lock, the same way: a rwlock, held shared or exclusively. */
 struct TSA_CAPABILITY ("rwlock") image_rwlock {
   pthread_rwlock_t rwlock;
 };
@@ -342,7 +339,7 @@ struct qcow2_image {
    * _unlock); a function called holding it shared says
    * TSA_REQUIRES_SHARED (img->data_lock).
    */
-  struct image_mutex lock;
+  struct lock lock;
 #ifndef NDEBUG
   pthread_t lock_holder;        /* valid while lock_held */
   bool lock_held;
@@ -440,7 +437,7 @@ static inline void
 image_lock (struct qcow2_image *img)
   TSA_ACQUIRE (img->lock) TSA_NO_TSA
 {
-  pthread_mutex_lock (&img->lock.mutex);
+  lock_acquire (&img->lock);
   image_note_holder (img);
 }
 
@@ -450,7 +447,7 @@ image_unlock (struct qcow2_image *img)
 {
   ASSERT_LOCKED (img);
   image_note_released (img);
-  pthread_mutex_unlock (&img->lock.mutex);
+  lock_release (&img->lock);
 }
 
 /* After a call through a pointer to a function that released the lock
@@ -504,7 +501,7 @@ image_wait (struct qcow2_image *img, pthread_cond_t *cond)
 {
   ASSERT_LOCKED (img);
   image_note_released (img);
-  pthread_cond_wait (cond, &img->lock.mutex);
+  lock_wait (&img->lock, cond);
   image_note_holder (img);
 }
 

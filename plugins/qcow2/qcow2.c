@@ -188,16 +188,11 @@ fleet_close_all (void)
 static void
 plugin_load (void)
 {
-  pthread_condattr_t attr;
-
   glue_load ("qcow2", "password", GLUE_IO_THREADS);
   /* idle-close= waits on the monotonic clock: a change of the time of
    * day must not close an image early or keep it open for long.
    */
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (&fleet.changed, &attr);
-  pthread_condattr_destroy (&attr);
+  lock_cond_init (&fleet.changed);
   /* Read (by setting it) while no other thread may make a file. */
   fleet.umask = umask (022);
   umask (fleet.umask);
@@ -826,9 +821,9 @@ fleet_sweep (void *arg)
     if (e)
       fleet_close (e);
     else if (next.tv_sec)
-      pthread_cond_timedwait (&fleet.changed, &fleet.lock.mutex, &next);
+      lock_wait_until (&fleet.lock, &fleet.changed, &next);
     else
-      pthread_cond_wait (&fleet.changed, &fleet.lock.mutex);
+      lock_wait (&fleet.lock, &fleet.changed);
   }
   lock_release (&fleet.lock);
   return NULL;
@@ -1089,7 +1084,7 @@ fleet_open (const char *name, const char *shown)
   for (;;) {
     e = fleet_find (name);
     if (e && e->state != EXPORT_OPEN) {
-      pthread_cond_wait (&fleet.changed, &fleet.lock.mutex);
+      lock_wait (&fleet.lock, &fleet.changed);
       continue;
     }
     if (e && !fleet_same_file (e)) {
