@@ -20,8 +20,9 @@
 #include "errstr.h"
 #include "internal.h"
 
+/* Order: p->lock is taken with no image's lock held (internal.h). */
 struct io_pool {
-  pthread_mutex_t lock;
+  struct lock lock;             /* guards all below but threads */
   pthread_cond_t work;          /* a batch was queued, or stop */
   struct pool_batch *head, *tail;       /* batches with pieces left */
   bool stop;
@@ -31,6 +32,7 @@ struct io_pool {
 
 static void
 pool_unqueue (struct io_pool *p, struct pool_batch *b)
+  TSA_REQUIRES (p->lock)
 {
   if (b->prev)
     b->prev->next = b->next;
@@ -42,9 +44,10 @@ pool_unqueue (struct io_pool *p, struct pool_batch *b)
     p->tail = b->prev;
 }
 
-/* Take the next piece of b, with p->lock held. */
+/* Take the next piece of b. */
 static struct pool_piece *
 pool_take (struct io_pool *p, struct pool_batch *b)
+  TSA_REQUIRES (p->lock)
 {
   struct pool_piece *piece;
 
@@ -152,14 +155,15 @@ pool_group (struct pool_piece *pieces, size_t n, struct qcow2_io_read *reads)
   return 1;
 }
 
-/* Do a piece, with p->lock held; returns with it held. */
+/* Do a piece, letting p->lock go meanwhile. */
 static void
 pool_run_piece (struct io_pool *p, struct pool_batch *b,
                 struct pool_piece *piece)
+  TSA_REQUIRES (p->lock)
 {
-  pthread_mutex_unlock (&p->lock);
+  lock_release (&p->lock);
   pool_do_piece (piece);
-  pthread_mutex_lock (&p->lock);
+  lock_acquire (&p->lock);
   /* The requester may return as soon as done reaches n: b is not
    * touched after that.
    */
@@ -173,16 +177,16 @@ pool_worker (void *arg)
 {
   struct io_pool *p = arg;
 
-  pthread_mutex_lock (&p->lock);
+  lock_acquire (&p->lock);
   for (;;) {
     while (!p->head && !p->stop)
-      pthread_cond_wait (&p->work, &p->lock);
+      lock_wait (&p->lock, &p->work);
     if (p->stop)
       break;
     struct pool_batch *b = p->head;
     pool_run_piece (p, b, pool_take (p, b));
   }
-  pthread_mutex_unlock (&p->lock);
+  lock_release (&p->lock);
   return NULL;
 }
 
@@ -195,8 +199,8 @@ pool_create (unsigned nthreads)
 
   if (!p)
     return NULL;
-  pthread_mutex_init (&p->lock, NULL);
-  pthread_cond_init (&p->work, NULL);
+  lock_init (&p->lock);
+  lock_cond_init (&p->work);
   /* Signals are for the server's own threads. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
@@ -216,17 +220,18 @@ pool_create (unsigned nthreads)
 
 void
 pool_destroy (struct io_pool *p)
+  TSA_EXCLUDES (p->lock)
 {
   if (!p)
     return;
-  pthread_mutex_lock (&p->lock);
+  lock_acquire (&p->lock);
   p->stop = true;
   pthread_cond_broadcast (&p->work);
-  pthread_mutex_unlock (&p->lock);
+  lock_release (&p->lock);
   for (unsigned i = 0; i < p->nthreads; i++)
     pthread_join (p->threads[i], NULL);
   pthread_cond_destroy (&p->work);
-  pthread_mutex_destroy (&p->lock);
+  lock_destroy (&p->lock);
   free (p);
 }
 
@@ -249,13 +254,14 @@ pool_get (struct qcow2_image *img)
 
 void
 pool_start (struct io_pool *p, struct pool_batch *b)
+  TSA_EXCLUDES (p->lock)
 {
   if (!p)
     return;
   b->taken = b->done = 0;
   b->next = NULL;
-  pthread_cond_init (&b->finished, NULL);
-  pthread_mutex_lock (&p->lock);
+  lock_cond_init (&b->finished);
+  lock_acquire (&p->lock);
   b->prev = p->tail;
   if (p->tail)
     p->tail->next = b;
@@ -265,22 +271,23 @@ pool_start (struct io_pool *p, struct pool_batch *b)
   /* The requester reads at least one piece itself. */
   for (size_t i = 1; i < b->n && i <= p->nthreads; i++)
     pthread_cond_signal (&p->work);
-  pthread_mutex_unlock (&p->lock);
+  lock_release (&p->lock);
 }
 
 void
 pool_finish (struct io_pool *p, struct pool_batch *b)
+  TSA_EXCLUDES (p->lock)
 {
   if (!p) {
     for (size_t i = 0; i < b->n; i++)
       pool_do_piece (&b->pieces[i]);
     return;
   }
-  pthread_mutex_lock (&p->lock);
+  lock_acquire (&p->lock);
   while (b->taken < b->n)
     pool_run_piece (p, b, pool_take (p, b));
   while (b->done < b->n)
-    pthread_cond_wait (&b->finished, &p->lock);
-  pthread_mutex_unlock (&p->lock);
+    lock_wait (&p->lock, &b->finished);
+  lock_release (&p->lock);
   pthread_cond_destroy (&b->finished);
 }

@@ -76,7 +76,7 @@ enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
 struct readahead {
   struct qcow2_image *layer;    /* the layer read ahead of */
   readahead_fetch fetch;        /* reads the layer */
-  pthread_mutex_t lock;         /* guards all below */
+  struct lock lock;             /* guards all below */
   pthread_cond_t filled;        /* a window stopped filling */
   uint64_t next;                /* where the last read ended */
   unsigned run;                 /* reads that continued the one before */
@@ -117,8 +117,8 @@ readahead_new (struct qcow2_image *layer, readahead_fetch fetch)
     return NULL;
   ra->layer = layer;
   ra->fetch = fetch;
-  pthread_mutex_init (&ra->lock, NULL);
-  pthread_cond_init (&ra->filled, NULL);
+  lock_init (&ra->lock);
+  lock_cond_init (&ra->filled);
   ra->next = UINT64_MAX;        /* the first read starts no run */
   ra->cap = READAHEAD_MIN;
   return ra;
@@ -134,13 +134,14 @@ readahead_free (struct readahead *ra)
   for (size_t i = 0; i < READAHEAD_KEEP_RUNS; i++)
     free (ra->kept[i].buf);
   pthread_cond_destroy (&ra->filled);
-  pthread_mutex_destroy (&ra->lock);
+  lock_destroy (&ra->lock);
   free (ra);
 }
 
-/* The window holding [offset, end), or -1; with ra->lock held. */
+/* The window holding [offset, end), or -1. */
 static int
 readahead_find (struct readahead *ra, uint64_t offset, uint64_t end)
+  TSA_REQUIRES (ra->lock)
 {
   for (int i = 0; i < 2; i++)
     if (ra->w[i].state != WINDOW_EMPTY && offset >= ra->w[i].start &&
@@ -149,12 +150,11 @@ readahead_find (struct readahead *ra, uint64_t offset, uint64_t end)
   return -1;
 }
 
-/* [offset, end) of the full window i into buf, and counted (ra->lock
- * held).
- */
+/* [offset, end) of the full window i into buf, and counted. */
 static void
 readahead_take (struct readahead *ra, int i, uint8_t *buf, uint64_t offset,
                 uint64_t end)
+  TSA_REQUIRES (ra->lock)
 {
   bool was_short = ra->w[i].served < ra->w[i].len;
 
@@ -165,9 +165,10 @@ readahead_take (struct readahead *ra, int i, uint8_t *buf, uint64_t offset,
     ra->cap = MIN (MAX (ra->cap, ra->w[i].len) * 2, READAHEAD_WINDOW);
 }
 
-/* The kept piece holding [offset, end), or -1 (ra->lock held). */
+/* The kept piece holding [offset, end), or -1. */
 static int
 readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
+  TSA_REQUIRES (ra->lock)
 {
   for (int i = 0; i < READAHEAD_KEEP_RUNS; i++)
     if (ra->kept[i].used && offset >= ra->kept[i].start &&
@@ -176,9 +177,10 @@ readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
   return -1;
 }
 
-/* The kept piece least recently read (ra->lock held; one is). */
+/* The kept piece least recently read (one is). */
 static int
 readahead_oldest_kept (struct readahead *ra)
+  TSA_REQUIRES (ra->lock)
 {
   int oldest = -1;
 
@@ -192,6 +194,7 @@ readahead_oldest_kept (struct readahead *ra)
 
 static void
 readahead_let_go (struct readahead *ra, int i)
+  TSA_REQUIRES (ra->lock)
 {
   assert (ra->kept[i].used && ra->kept_bytes >= ra->kept[i].len);
   ra->kept_bytes -= ra->kept[i].len;
@@ -201,11 +204,12 @@ readahead_let_go (struct readahead *ra, int i)
 }
 
 /* Keep buf, len bytes of the layer from start (taking it over), letting
- * go of the least recently read pieces to make room (ra->lock held).
+ * go of the least recently read pieces to make room.
  */
 static void
 readahead_keep (struct readahead *ra, uint8_t *buf, uint64_t start,
                 uint64_t len)
+  TSA_REQUIRES (ra->lock)
 {
   int i;
 
@@ -228,12 +232,11 @@ readahead_keep (struct readahead *ra, uint8_t *buf, uint64_t start,
   ra->kept_bytes += len;
 }
 
-/* [offset, end) copied from a kept piece holding it, if one does
- * (ra->lock held).
- */
+/* [offset, end) copied from a kept piece holding it, if one does. */
 static bool
 readahead_take_kept (struct readahead *ra, uint8_t *buf, uint64_t offset,
                      uint64_t end)
+  TSA_REQUIRES (ra->lock)
 {
   int i = readahead_find_kept (ra, offset, end);
 
@@ -245,11 +248,10 @@ readahead_take_kept (struct readahead *ra, uint8_t *buf, uint64_t offset,
   return true;
 }
 
-/* Window i dropped: what it cost, and the cap it leaves (ra->lock
- * held).
- */
+/* Window i dropped: what it cost, and the cap it leaves. */
 static void
 readahead_drop (struct readahead *ra, int i)
+  TSA_REQUIRES (ra->lock)
 {
   if (ra->w[i].state == WINDOW_FULL) {
     ra->cost += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
@@ -264,10 +266,11 @@ readahead_drop (struct readahead *ra, int i)
 }
 
 /* What the read-ahead cost so far, the unread part of the full
- * windows counted as lost (ra->lock held).
+ * windows counted as lost.
  */
 static int64_t
 readahead_owed (const struct readahead *ra)
+  TSA_REQUIRES (ra->lock)
 {
   int64_t owed = ra->cost;
 
@@ -283,11 +286,12 @@ readahead_owed (const struct readahead *ra)
 bool
 readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
                 uint64_t offset)
+  TSA_EXCLUDES (ra->lock)
 {
   bool found;
   int i;
 
-  pthread_mutex_lock (&ra->lock);
+  lock_acquire (&ra->lock);
   i = readahead_find (ra, offset, offset + count);
   if (i >= 0 && ra->w[i].state == WINDOW_FULL) {
     readahead_take (ra, i, buf, offset, offset + count);
@@ -298,7 +302,7 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
   }
   else
     found = readahead_take_kept (ra, buf, offset, offset + count);
-  pthread_mutex_unlock (&ra->lock);
+  lock_release (&ra->lock);
   return found;
 }
 
@@ -307,11 +311,12 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
  */
 void
 readahead_note (struct readahead *ra, uint64_t end, uint64_t count)
+  TSA_EXCLUDES (ra->lock)
 {
-  pthread_mutex_lock (&ra->lock);
+  lock_acquire (&ra->lock);
   ra->next = end;
   ra->asked += count;
-  pthread_mutex_unlock (&ra->lock);
+  lock_release (&ra->lock);
 }
 
 static uint64_t
@@ -320,9 +325,10 @@ readahead_now_us (void)
   return monotonic_ns () / 1000;
 }
 
-/* How much to read after a read of count bytes (ra->lock held). */
+/* How much to read after a read of count bytes. */
 static uint64_t
 readahead_extra (const struct readahead *ra, uint64_t count)
+  TSA_REQUIRES (ra->lock)
 {
   uint64_t w;
 
@@ -347,6 +353,7 @@ readahead_extra (const struct readahead *ra, uint64_t count)
 static int
 readahead_timed (struct readahead *ra, uint8_t *buf, uint64_t len,
                  uint64_t offset)
+  TSA_EXCLUDES (ra->lock)
 {
   uint64_t t = readahead_now_us (), rate;
   int r = ra->fetch (ra->layer, buf, len, offset);
@@ -354,27 +361,28 @@ readahead_timed (struct readahead *ra, uint8_t *buf, uint64_t len,
   t = readahead_now_us () - t;
   if (r == 0) {
     rate = len * 1000000 / MAX (t, 1);
-    pthread_mutex_lock (&ra->lock);
+    lock_acquire (&ra->lock);
     ra->rate = ra->rate ? ra->rate / 2 + rate / 2 : rate;
-    pthread_mutex_unlock (&ra->lock);
+    lock_release (&ra->lock);
   }
   return r;
 }
 
 /* Read [offset, offset+count) of the layer directly (a read that
- * starts no window), counted in ra->busy (ra->lock held on entry and
- * return).
+ * starts no window), counted in ra->busy, letting ra->lock go
+ * meanwhile.
  */
 static int
 readahead_direct (struct readahead *ra, uint8_t *buf, uint64_t count,
                   uint64_t offset)
+  TSA_REQUIRES (ra->lock)
 {
   int r;
 
   ra->busy++;
-  pthread_mutex_unlock (&ra->lock);
+  lock_release (&ra->lock);
   r = readahead_timed (ra, buf, count, offset);
-  pthread_mutex_lock (&ra->lock);
+  lock_acquire (&ra->lock);
   assert (ra->busy > 0);
   ra->busy--;
   return r;
@@ -386,27 +394,28 @@ readahead_direct (struct readahead *ra, uint8_t *buf, uint64_t count,
 int
 readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
                 uint64_t offset)
+  TSA_EXCLUDES (ra->lock)
 {
   uint64_t end = offset + count, len, extra, head;
   uint8_t *wbuf;
   int i, r;
 
-  pthread_mutex_lock (&ra->lock);
+  lock_acquire (&ra->lock);
   if ((i = readahead_find (ra, offset, end)) >= 0 &&
       ra->w[i].state == WINDOW_FILLING) {
     ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
     while ((i = readahead_find (ra, offset, end)) >= 0 &&
            ra->w[i].state == WINDOW_FILLING)
-      pthread_cond_wait (&ra->filled, &ra->lock);
+      lock_wait (&ra->lock, &ra->filled);
   }
   if (i >= 0) {
     readahead_take (ra, i, buf, offset, end);
     ra->next = MAX (ra->next, end);
-    pthread_mutex_unlock (&ra->lock);
+    lock_release (&ra->lock);
     return 0;
   }
   if (readahead_take_kept (ra, buf, offset, end)) {
-    pthread_mutex_unlock (&ra->lock);
+    lock_release (&ra->lock);
     return 0;
   }
   /* A read that starts in a full window and goes past it (a run whose
@@ -432,7 +441,7 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
     ra->run = 0;
     ra->next = MAX (ra->next, end);
     r = readahead_direct (ra, buf, count, offset);
-    pthread_mutex_unlock (&ra->lock);
+    lock_release (&ra->lock);
     return r;
   }
   ra->run = offset == ra->next ? ra->run + 1 : 0;
@@ -451,7 +460,7 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
       memcpy (wbuf, buf, count);
       readahead_keep (ra, wbuf, offset, count);
     }
-    pthread_mutex_unlock (&ra->lock);
+    lock_release (&ra->lock);
     return r;
   }
   readahead_drop (ra, i);
@@ -461,17 +470,17 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
   ra->w[i].served = count;
   ra->w[i].state = WINDOW_FILLING;
   ra->busy++;
-  pthread_mutex_unlock (&ra->lock);
+  lock_release (&ra->lock);
 
   r = readahead_timed (ra, wbuf, len, offset);
   if (r == 0)
     memcpy (buf, wbuf, count);
 
-  pthread_mutex_lock (&ra->lock);
+  lock_acquire (&ra->lock);
   assert (ra->busy > 0 && ra->w[i].state == WINDOW_FILLING);
   ra->busy--;
   ra->w[i].state = r == 0 ? WINDOW_FULL : WINDOW_EMPTY;
   pthread_cond_broadcast (&ra->filled);
-  pthread_mutex_unlock (&ra->lock);
+  lock_release (&ra->lock);
   return r;
 }
