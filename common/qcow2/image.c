@@ -456,12 +456,6 @@ qcow2_get_size (const struct qcow2_image *img)
   return img->size;
 }
 
-const char *
-qcow2_get_backing_name (const struct qcow2_image *img)
-{
-  return img->h.backing_file;
-}
-
 bool
 qcow2_chain_encrypted (const struct qcow2_image *img)
 {

@@ -249,7 +249,10 @@ struct qcow2_image {
   uint64_t snapshot_table_bytes;
   const struct qcow2_snapshot *served_snapshot;   /* NULL = active */
 
-  struct qcow2_image *backing;  /* NULL if none or backing=none */
+  /* NULL if none or backing=none; changed by a stream's detach only
+   * (see the lock contract).
+   */
+  struct qcow2_image *backing;
 
   uint64_t *reftable;           /* refcount table, in host order */
   uint64_t reftable_size;       /* entries */
@@ -296,10 +299,10 @@ struct qcow2_image {
   /* The lock contract.
    *
    * lock guards everything above but the fields said to be atomic
-   * (file_size, h.incompatible_features) and what is fixed at open
-   * (geometry, env, io, path, backing): the caches, the tables, the
-   * refcounts and allocation, the dirty ranges, the overlap map and the
-   * in-flight list below.  It is taken through image_lock and
+   * (file_size, h.incompatible_features), what is fixed at open
+   * (geometry, env, io, path) and the backing chain: the caches, the
+   * tables, the refcounts and allocation, the dirty ranges, the overlap
+   * map and the in-flight list below.  It is taken through image_lock and
    * image_unlock, which in debug builds record its holder, so that
    * ASSERT_LOCKED (img) checks it.
    *
@@ -308,6 +311,17 @@ struct qcow2_image {
    * are released, so that no request still uses a cluster that is
    * reused.  Never taken twice by one thread (it prefers writers, see
    * image_init_data_lock).
+   *
+   * The backing chain (backing, each layer's backing below it, and
+   * h.backing_file and h.backing_format) is set at open and changed
+   * only by a stream's detach (stream_detach_swap), which cuts layers
+   * out of it holding the served image's data_lock exclusively and its
+   * lock.  So it is read by a thread that holds either (a request
+   * goes down the chain holding data_lock shared; the layers' own
+   * locks do not guard it), by the stream job's thread, its only
+   * writer, or when no job runs: at open, before the job is started
+   * (qcow2_get_info, qcow2_chain_encrypted), and at close, after it is
+   * freed.
    *
    * Order: data_lock, then lock; a backing layer's lock only after the
    * layer above's (reads of the chain go down, never up).  pool.c's

@@ -216,7 +216,8 @@ extern int qcow2_close (struct qcow2_image *img);
 
 /* What the header of an open image says, in create's terms (for
  * create=if-missing, which must find the image it would make).  The
- * backing file name belongs to the image (NULL: none).
+ * backing file name belongs to the image (NULL: none), and a stream's
+ * detach changes it: asked before the stream job starts.
  */
 struct qcow2_info {
   uint64_t size;                /* the header's virtual size */
@@ -231,9 +232,6 @@ extern void qcow2_get_info (const struct qcow2_image *img,
 
 /* Virtual size of what is served (the snapshot's, if one was chosen). */
 extern uint64_t qcow2_get_size (const struct qcow2_image *img);
-
-/* The backing file name the image's header records, or NULL. */
-extern const char *qcow2_get_backing_name (const struct qcow2_image *img);
 
 /* Whether the image or a layer of its backing chain is encrypted (a
  * password opened it).  Once open, before a stream may drop layers.

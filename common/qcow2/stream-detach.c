@@ -238,6 +238,32 @@ stream_detach_sizes_agree (struct qcow2_image *img, struct qcow2_image *base)
   return true;
 }
 
+/* The chain in memory as the header now says: base below img, the
+ * layers above it cut out (returned, to be closed), and the header's
+ * backing name and format swapped with *name and *format.  The only
+ * change to the backing chain once open (internal.h's lock contract).
+ */
+static struct qcow2_image *
+stream_detach_swap (struct qcow2_image *img, struct qcow2_image *base,
+                    char **name, char **format)
+  TSA_REQUIRES (img->data_lock, img->lock)
+{
+  struct qcow2_image *above = img, *dropped = img->backing;
+  char *old;
+
+  while (above->backing != base)
+    above = above->backing;
+  above->backing = NULL;
+  img->backing = base;
+  old = img->h.backing_file;
+  img->h.backing_file = *name;
+  *name = old;
+  old = img->h.backing_format;
+  img->h.backing_format = *format;
+  *format = old;
+  return dropped;
+}
+
 /* Cut loose: the header names the base (or nothing), and the layers
  * above it are closed.
  */
@@ -246,7 +272,6 @@ stream_detach (struct qcow2_image *img, struct qcow2_image *base)
 {
   struct qcow2_image *dropped = NULL;
   CLEANUP_FREE char *name = NULL, *format = NULL;
-  char *old;
   int r;
 
   if (!stream_detach_sizes_agree (img, base)) {
@@ -261,21 +286,8 @@ stream_detach (struct qcow2_image *img, struct qcow2_image *base)
   r = flush_locked (img);
   if (r == 0)
     r = stream_detach_write_header (img, name, format);
-  if (r == 0) {
-    struct qcow2_image *above = img;
-
-    while (above->backing != base)
-      above = above->backing;
-    dropped = img->backing;
-    above->backing = NULL;
-    img->backing = base;
-    old = img->h.backing_file;
-    img->h.backing_file = name;
-    name = old;
-    old = img->h.backing_format;
-    img->h.backing_format = format;
-    format = old;
-  }
+  if (r == 0)
+    dropped = stream_detach_swap (img, base, &name, &format);
   image_unlock (img);
   image_data_unlock (img);
   if (r < 0)

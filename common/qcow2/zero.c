@@ -301,6 +301,7 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
   uint64_t cs = img->geo.cluster_size;
   uint64_t first = (offset + cs - 1) & ~(cs - 1);
   uint64_t end = (offset + count) & ~(cs - 1);
+  bool keep;
   int r;
 
   if ((r = write_check (img, count, offset)) < 0)
@@ -311,9 +312,13 @@ qcow2_trim (struct qcow2_image *img, uint64_t count, uint64_t offset,
   bitmap_record (img, offset, count);
   /* A version 2 image has no zero flag: a discarded cluster would read
    * its backing file's stale data again, so, as QEMU (since 5.0), trim
-   * keeps the data.
+   * keeps the data.  (The backing chain is read under the lock: a
+   * stream's detach may change it.)
    */
-  if (img->h.version < 3 && img->backing)
+  image_lock (img);
+  keep = img->h.version < 3 && img->backing;
+  image_unlock (img);
+  if (keep)
     return 0;
   /* The last cluster of the disk may be partial: trimming to the end of
    * the disk covers it.
