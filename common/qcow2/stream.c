@@ -61,9 +61,10 @@ struct qcow2_stream {
   pthread_t thread;
   bool started;
   char *base_name;              /* stream-base= as given, or NULL */
-  pthread_mutex_t lock;         /* guards stop, state, counted; cond
-                                 * signals stop
-                                 */
+  /* Guards stop, state and counted; cond signals stop.  Taken with
+   * none of the image's locks held.
+   */
+  struct lock lock;
   pthread_cond_t cond;
   bool stop;
   enum qcow2_stream_state state;
@@ -78,34 +79,37 @@ struct qcow2_stream {
 
 static void
 stream_set_state (struct qcow2_stream *s, enum qcow2_stream_state state)
+  TSA_EXCLUDES (s->lock)
 {
-  pthread_mutex_lock (&s->lock);
+  lock_acquire (&s->lock);
   s->state = state;
-  pthread_mutex_unlock (&s->lock);
+  lock_release (&s->lock);
 }
 
-/* Sleep ns, or less if the job is told to stop: whether it is. */
+/* Sleep ns, or less if the job is told to stop: whether it is.  On
+ * the monotonic clock, as the pacing (lock_cond_init).
+ */
 static bool
 stream_sleep (struct qcow2_stream *s, int64_t ns)
+  TSA_EXCLUDES (s->lock)
 {
-  struct timespec ts;
+  uint64_t at = monotonic_ns () + ns;
+  struct timespec ts = {
+    .tv_sec = at / 1000000000, .tv_nsec = at % 1000000000,
+  };
   bool stop;
 
-  clock_gettime (CLOCK_REALTIME, &ts);
-  ns += ts.tv_nsec;
-  ts.tv_sec += ns / 1000000000LL;
-  ts.tv_nsec = ns % 1000000000LL;
-  pthread_mutex_lock (&s->lock);
-  while (!s->stop &&
-         pthread_cond_timedwait (&s->cond, &s->lock, &ts) != ETIMEDOUT)
+  lock_acquire (&s->lock);
+  while (!s->stop && !lock_wait_until (&s->lock, &s->cond, &ts))
     ;
   stop = s->stop;
-  pthread_mutex_unlock (&s->lock);
+  lock_release (&s->lock);
   return stop;
 }
 
 static bool
 stream_stopping (struct qcow2_stream *s)
+  TSA_EXCLUDES (s->lock)
 {
   return stream_sleep (s, 0);
 }
@@ -266,10 +270,9 @@ stream_read_unlocked (struct qcow2_image *img, void *opaque)
  * lock held throughout (so no client write comes between).
  */
 static int
-stream_partial (struct qcow2_stream *s, uint64_t c)
-  TSA_EXCLUDES (s->img->lock)
+stream_partial (struct qcow2_image *img, uint64_t c)
+  TSA_EXCLUDES (img->lock) TSA_REQUIRES_SHARED (img->data_lock)
 {
-  struct qcow2_image *img = s->img;
   uint64_t scs = img->geo.subcluster_size;
   CLEANUP_FREE uint8_t *buf = malloc (img->geo.cluster_size);
   int r = 0;
@@ -315,6 +318,7 @@ stream_partial (struct qcow2_stream *s, uint64_t c)
  */
 static int
 stream_step (struct qcow2_stream *s, uint64_t *found)
+  TSA_EXCLUDES (s->img->lock, s->img->data_lock)
 {
   struct qcow2_image *img = s->img;
   uint64_t cs = img->geo.cluster_size;
@@ -345,7 +349,7 @@ stream_step (struct qcow2_stream *s, uint64_t *found)
     return 0;
   image_data_rdlock (img);
   if (len == cs && *found < stream_mask_bytes (img, full))
-    r = stream_partial (s, start);
+    r = stream_partial (img, start);
   else
     r = fill_range (img, start, len);
   image_data_unlock (img);
@@ -406,10 +410,10 @@ stream_retry (struct qcow2_stream *s, const char *what, int r,
   log_notice (s->img, "stream: %s failed (%s): retrying in %u s (attempt "
               "%u of %u)", what, errstr (-r), wait, *failures,
               STREAM_RETRIES);
-  pthread_mutex_lock (&s->lock);
+  lock_acquire (&s->lock);
   was = s->state;
   s->state = QCOW2_STREAM_WAITING;
-  pthread_mutex_unlock (&s->lock);
+  lock_release (&s->lock);
   if (stream_sleep (s, wait * 1000000000LL))
     return -ECANCELED;
   stream_set_state (s, was);
@@ -434,9 +438,9 @@ stream_recount (struct qcow2_stream *s, unsigned *failures, uint64_t *left)
                     + *left, __ATOMIC_RELAXED);
   s->counted_at = (int64_t) monotonic_ns ();
   s->count_ns = s->counted_at - t0;
-  pthread_mutex_lock (&s->lock);
+  lock_acquire (&s->lock);
   s->counted = true;
-  pthread_mutex_unlock (&s->lock);
+  lock_release (&s->lock);
   return 0;
 }
 
@@ -638,19 +642,25 @@ qcow2_stream_new (struct qcow2_image *img,
       return NULL;
     }
   }
-  if (!(s = calloc (1, sizeof *s)))
+  s = calloc (1, sizeof *s);
+  if (s && opts->base && !(s->base_name = strdup (opts->base))) {
+    free (s);
+    s = NULL;
+  }
+  if (!s) {
+    int e = errno;
+
+    log_error (img, "stream: setting up the job: %s", errstr (e));
+    errno = e;
     return NULL;
+  }
   s->img = img;
   s->base = base;
   s->opts = *opts;
   s->opts.base = NULL;
-  if (opts->base && !(s->base_name = strdup (opts->base))) {
-    free (s);
-    return NULL;
-  }
   s->state = QCOW2_STREAM_STARTING;
-  pthread_mutex_init (&s->lock, NULL);
-  pthread_cond_init (&s->cond, NULL);
+  lock_init (&s->lock);
+  lock_cond_init (&s->cond);
   return s;
 }
 
@@ -675,10 +685,10 @@ void
 qcow2_stream_progress (struct qcow2_stream *s,
                        struct qcow2_stream_progress *p)
 {
-  pthread_mutex_lock (&s->lock);
+  lock_acquire (&s->lock);
   p->state = s->state;
   p->counted = s->counted;
-  pthread_mutex_unlock (&s->lock);
+  lock_release (&s->lock);
   p->base = s->base_name;
   p->total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
   p->done = MIN (__atomic_load_n (&s->done, __ATOMIC_RELAXED), p->total);
@@ -690,13 +700,13 @@ qcow2_stream_free (struct qcow2_stream *s)
   if (!s)
     return;
   if (s->started) {
-    pthread_mutex_lock (&s->lock);
+    lock_acquire (&s->lock);
     s->stop = true;
     pthread_cond_broadcast (&s->cond);
-    pthread_mutex_unlock (&s->lock);
+    lock_release (&s->lock);
     pthread_join (s->thread, NULL);
   }
-  pthread_mutex_destroy (&s->lock);
+  lock_destroy (&s->lock);
   pthread_cond_destroy (&s->cond);
   free (s->base_name);
   free (s);
