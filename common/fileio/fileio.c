@@ -2,6 +2,7 @@
 /* A qcow2_io backend over a local file: pread/pwrite, fdatasync,
  * hole punching, and SEEK_HOLE for finding holes; optionally O_DIRECT.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -16,6 +17,7 @@
 #include "checked.h"
 #include "errstr.h"
 #include "fileio.h"
+#include "lock.h"
 
 /* O_DIRECT: each thread's aligned buffer, for requests that are not
  * aligned, grown to what they need from 64 KiB up to 1 MiB; larger
@@ -45,7 +47,7 @@ struct fileio {
   int fd;
   /* O_DIRECT only: the alignment of offsets, lengths and buffers. */
   size_t align;
-  pthread_mutex_t ranges_lock;  /* guards ranges */
+  struct lock ranges_lock;      /* guards ranges */
   pthread_cond_t ranges_done;
   struct fileio_range *ranges;
 };
@@ -68,6 +70,7 @@ fileio_iov_from (const struct iovec *in, int cnt, size_t pos,
 {
   int n = 0;
 
+  assert (cnt <= QCOW2_IOV_MAX);
   for (int i = 0; i < cnt; i++) {
     if (pos >= in[i].iov_len) {
       pos -= in[i].iov_len;
@@ -110,6 +113,7 @@ fileio_iov_copy (const struct iovec *in, int cnt, size_t pos, void *flat,
     p += m;
     n -= m;
   }
+  assert (n == 0);              /* the iovec holds what is copied */
 }
 
 /* Read (with zeros past the end of the file) or write, looping over
@@ -253,6 +257,7 @@ static int
 fileio_pread_blocks (struct fileio *f, uint8_t *buf, size_t count,
                      uint64_t offset)
 {
+  assert (fileio_aligned (f->align, buf, count, offset));
   while (count > 0) {
     ssize_t n = pread (f->fd, buf, count, offset);
     if (n < 0) {
@@ -290,6 +295,8 @@ fileio_next_piece (const struct fileio *f, uint64_t offset, size_t left,
   p.head = offset - p.lo;
   p.n = MIN (left, bsize - p.head);
   p.span = (p.head + p.n + f->align - 1) & ~(f->align - 1);
+  /* Every piece moves on, and fits in the bounce buffer. */
+  assert (p.n > 0 && p.span <= bsize);
   return p;
 }
 
@@ -332,6 +339,7 @@ fileio_direct_pread (struct qcow2_io *io, void *buf, size_t count,
 
 static bool
 fileio_range_conflicts (struct fileio *f, const struct fileio_range *w)
+  TSA_REQUIRES (f->ranges_lock)
 {
   for (const struct fileio_range *r = f->ranges; r; r = r->next)
     if ((r->rmw || w->rmw) && r->lo < w->hi && w->lo < r->hi)
@@ -345,29 +353,32 @@ fileio_range_conflicts (struct fileio *f, const struct fileio_range *w)
 static void
 fileio_range_begin (struct fileio *f, struct fileio_range *w,
                     uint64_t offset, uint64_t count, bool rmw)
+  TSA_EXCLUDES (f->ranges_lock)
 {
+  assert (f->align > 0);        /* O_DIRECT only */
   w->lo = offset & ~(uint64_t) (f->align - 1);
   w->hi = (offset + count + f->align - 1) & ~(uint64_t) (f->align - 1);
   w->rmw = rmw;
-  pthread_mutex_lock (&f->ranges_lock);
+  lock_acquire (&f->ranges_lock);
   while (fileio_range_conflicts (f, w))
-    pthread_cond_wait (&f->ranges_done, &f->ranges_lock);
+    lock_wait (&f->ranges_lock, &f->ranges_done);
   w->next = f->ranges;
   f->ranges = w;
-  pthread_mutex_unlock (&f->ranges_lock);
+  lock_release (&f->ranges_lock);
 }
 
 static void
 fileio_range_end (struct fileio *f, struct fileio_range *w)
+  TSA_EXCLUDES (f->ranges_lock)
 {
   struct fileio_range **p;
 
-  pthread_mutex_lock (&f->ranges_lock);
+  lock_acquire (&f->ranges_lock);
   for (p = &f->ranges; *p != w; p = &(*p)->next)
-    ;
+    assert (*p);                /* w was registered */
   *p = w->next;
   pthread_cond_broadcast (&f->ranges_done);
-  pthread_mutex_unlock (&f->ranges_lock);
+  lock_release (&f->ranges_lock);
 }
 
 /* O_DIRECT write.  A block written only in part is read, changed and
@@ -528,7 +539,8 @@ fileio_close (struct qcow2_io *io)
 
   close (f->fd);
   if (f->align) {
-    pthread_mutex_destroy (&f->ranges_lock);
+    assert (!f->ranges);        /* no write in flight */
+    lock_destroy (&f->ranges_lock);
     pthread_cond_destroy (&f->ranges_done);
   }
   free (f);
@@ -681,12 +693,6 @@ fileio_lock (int fd, const char *path, bool readonly,
 }
 
 struct qcow2_io *
-fileio_open (const char *path, bool readonly)
-{
-  return fileio_open_with (path, readonly, NULL, NULL);
-}
-
-struct qcow2_io *
 fileio_open_with (const char *path, bool readonly,
                   const struct fileio_options *opts, char **why)
 {
@@ -735,8 +741,8 @@ fileio_open_with (const char *path, bool readonly,
   f->io.serial_writes = !direct && S_ISREG (st.st_mode);
   f->ranges = NULL;
   if (direct) {
-    pthread_mutex_init (&f->ranges_lock, NULL);
-    pthread_cond_init (&f->ranges_done, NULL);
+    lock_init (&f->ranges_lock);
+    lock_cond_init (&f->ranges_done);
   }
   return &f->io;
 

@@ -42,7 +42,6 @@ struct fileio_options {
  * (EAGAIN) if another process holds what conflicts: a byte 200+N of a
  * permission we use, or a byte 100+N of one we do not share.
  */
-extern struct qcow2_io *fileio_open (const char *path, bool readonly);
 extern struct qcow2_io *fileio_open_with (const char *path, bool readonly,
                                           const struct fileio_options *opts,
                                           char **why);
