@@ -2,18 +2,20 @@
 /* An in-memory qcow2_io backend and a qcow2_env over a table of named
  * in-memory files.
  */
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lock.h"
 #include "memio.h"
 
 struct memio {
   struct qcow2_io io;
-  /* The engine may call from many threads at once. */
-  pthread_mutex_t lock;
+  /* The engine may call from many threads at once: guards all below. */
+  struct lock lock;
   unsigned refs;
   uint8_t *data;
   size_t len, cap;
@@ -26,9 +28,10 @@ memio_of (struct qcow2_io *io)
   return (struct memio *) io;
 }
 
-/* Read [offset, offset+count), with m->lock held. */
+/* Read [offset, offset+count). */
 static void
 memio_read_locked (struct memio *m, void *buf, size_t count, uint64_t offset)
+  TSA_REQUIRES (m->lock)
 {
   size_t n = 0;
 
@@ -44,17 +47,18 @@ memio_pread (struct qcow2_io *io, void *buf, size_t count, uint64_t offset)
 {
   struct memio *m = memio_of (io);
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   m->stats.reads++;
   m->stats.round_trips += io->ops->pread_many != NULL;
   memio_read_locked (m, buf, count, offset);
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   return 0;
 }
 
 /* Make room for end bytes; new bytes read as zeros. */
 static int
 memio_grow (struct memio *m, size_t end)
+  TSA_REQUIRES (m->lock)
 {
   if (end > m->cap) {
     size_t cap = m->cap ? m->cap : 4096;
@@ -72,6 +76,7 @@ memio_grow (struct memio *m, size_t end)
     memset (m->data + m->len, 0, end - m->len);
     m->len = end;
   }
+  assert (m->len <= m->cap);
   return 0;
 }
 
@@ -84,12 +89,12 @@ memio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
 
   if (offset > SIZE_MAX || count > SIZE_MAX - offset)
     return -EFBIG;
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   m->stats.writes++;
   r = memio_grow (m, offset + count);
   if (r == 0)
     memcpy (m->data + offset, buf, count);
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   return r;
 }
 
@@ -98,9 +103,9 @@ memio_flush (struct qcow2_io *io)
 {
   struct memio *m = memio_of (io);
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   m->stats.flushes++;
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   return 0;
 }
 
@@ -110,13 +115,13 @@ memio_punch (struct qcow2_io *io, uint64_t offset, uint64_t count)
 {
   struct memio *m = memio_of (io);
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   m->stats.punches++;
   if (offset < m->len) {
     size_t n = m->len - offset < count ? m->len - offset : count;
     memset (m->data + offset, 0, n);
   }
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   return 0;
 }
 
@@ -126,9 +131,9 @@ memio_size (struct qcow2_io *io)
   struct memio *m = memio_of (io);
   int64_t size;
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   size = m->len;
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   return size;
 }
 
@@ -138,12 +143,13 @@ memio_close (struct qcow2_io *io)
   struct memio *m = memio_of (io);
   unsigned refs;
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
+  assert (m->refs > 0);
   refs = --m->refs;
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   if (refs > 0)
     return;
-  pthread_mutex_destroy (&m->lock);
+  lock_destroy (&m->lock);
   free (m->data);
   free (m);
 }
@@ -154,14 +160,14 @@ memio_pread_many (struct qcow2_io *io, struct qcow2_io_read *reads, size_t n)
 {
   struct memio *m = memio_of (io);
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   m->stats.round_trips++;
   m->stats.reads += n;
   for (size_t i = 0; i < n; i++) {
     memio_read_locked (m, reads[i].buf, reads[i].count, reads[i].offset);
     reads[i].r = 0;
   }
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
 }
 
 /* No hole callback: everything is data, as in a fully allocated file. */
@@ -200,7 +206,7 @@ memio_new (const void *data, size_t len)
   if (len > 0)
     memcpy (m->data, data, len);
   m->len = m->cap = len;
-  pthread_mutex_init (&m->lock, NULL);
+  lock_init (&m->lock);
   m->refs = 1;
   m->io.ops = &memio_ops;
   return &m->io;
@@ -221,9 +227,10 @@ memio_ref (struct qcow2_io *io)
 {
   struct memio *m = memio_of (io);
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
+  assert (m->refs > 0);         /* taken from a reference held */
   m->refs++;
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
   return io;
 }
 
@@ -241,9 +248,9 @@ memio_stats (struct qcow2_io *io, struct memio_stats *stats)
 {
   struct memio *m = memio_of (io);
 
-  pthread_mutex_lock (&m->lock);
+  lock_acquire (&m->lock);
   *stats = m->stats;
-  pthread_mutex_unlock (&m->lock);
+  lock_release (&m->lock);
 }
 
 struct memenv_file {
