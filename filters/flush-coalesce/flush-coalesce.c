@@ -29,6 +29,7 @@
 #include <nbdkit-filter.h>
 
 #include "errstr.h"
+#include "lock.h"
 
 /* One plugin flush, shared by the client flushes waiting on it; freed
  * by the last of them (or the flush that started it) to read its result.
@@ -55,7 +56,7 @@ struct handle {
 static bool fua_by_flush;       /* coalesce-fua=true */
 
 /* Everything below, and the domains, under this lock. */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lock lock = LOCK_INITIALIZER;
 static pthread_cond_t round_done = PTHREAD_COND_INITIALIZER;
 static struct domain shared;
 
@@ -158,6 +159,7 @@ coalesce_takes_fua (nbdkit_next *next, uint32_t flags)
 
 static void
 coalesce_unref (struct round *r)
+  TSA_REQUIRES (lock)
 {
   if (--r->refs == 0)
     free (r);
@@ -167,13 +169,14 @@ coalesce_unref (struct round *r)
 static int
 coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
                        int *err)
+  TSA_EXCLUDES (lock)
 {
   struct round *r;
   uint64_t need;
   bool waited = false;
   int ret;
 
-  pthread_mutex_lock (&lock);
+  lock_acquire (&lock);
   need = d->completed;
   for (;;) {
     if (d->durable >= need) {
@@ -184,7 +187,7 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
         joined++;
       else
         at_once++;
-      pthread_mutex_unlock (&lock);
+      lock_release (&lock);
       return 0;
     }
     r = d->current;
@@ -194,23 +197,23 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
       r->refs++;
       joined++;
       while (!r->done)
-        pthread_cond_wait (&round_done, &lock);
+        lock_wait (&lock, &round_done);
       ret = r->err ? -1 : 0;
       if (ret == -1)
         *err = r->err;
       coalesce_unref (r);
-      pthread_mutex_unlock (&lock);
+      lock_release (&lock);
       return ret;
     }
     /* That one started too early for us: wait for its end. */
-    pthread_cond_wait (&round_done, &lock);
+    lock_wait (&lock, &round_done);
     waited = true;
   }
 
   r = malloc (sizeof *r);
   if (r == NULL) {
     *err = errno;
-    pthread_mutex_unlock (&lock);
+    lock_release (&lock);
     nbdkit_error ("malloc: %s", errstr (*err));
     return -1;
   }
@@ -219,11 +222,11 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
   r->refs = 1;
   d->current = r;
   issued++;
-  pthread_mutex_unlock (&lock);
+  lock_release (&lock);
 
   ret = next->flush (next, flags, err);
 
-  pthread_mutex_lock (&lock);
+  lock_acquire (&lock);
   r->done = true;
   if (ret == 0) {
     r->err = 0;
@@ -237,7 +240,7 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
   d->current = NULL;
   pthread_cond_broadcast (&round_done);
   coalesce_unref (r);
-  pthread_mutex_unlock (&lock);
+  lock_release (&lock);
   return ret;
 }
 
@@ -247,12 +250,13 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
 static int
 coalesce_completed (nbdkit_next *next, struct handle *h, int r, bool fua,
                     int *err)
+  TSA_EXCLUDES (lock)
 {
-  pthread_mutex_lock (&lock);
+  lock_acquire (&lock);
   h->domain->completed++;
   if (r == 0 && fua)
     fua_received++;
-  pthread_mutex_unlock (&lock);
+  lock_release (&lock);
   if (r == 0 && fua)
     return coalesce_flush_domain (next, h->domain, 0, err);
   return r;
@@ -302,9 +306,9 @@ coalesce_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
   struct handle *h = handle;
 
-  pthread_mutex_lock (&lock);
+  lock_acquire (&lock);
   flushes_received++;
-  pthread_mutex_unlock (&lock);
+  lock_release (&lock);
   return coalesce_flush_domain (next, h->domain, flags, err);
 }
 

@@ -24,6 +24,7 @@
 #include <nbdkit-filter.h>
 
 #include "errstr.h"
+#include "lock.h"
 
 enum iostats_op {
   OP_READ, OP_WRITE, OP_TRIM, OP_ZERO, OP_EXTENTS, OP_CACHE, OP_FLUSH,
@@ -66,7 +67,7 @@ struct stats {
   uint64_t zero_errors[2][ERRNO_SLOTS];
 };
 
-static pthread_mutex_t stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lock stats_lock = LOCK_INITIALIZER;      /* guards stats */
 static struct stats stats;
 
 /* Parameters. */
@@ -81,14 +82,14 @@ static uint64_t start_ns;
 /* Reports are written from the interval thread and at unload: one at a
  * time, each from its own copy of the counters taken under stats_lock.
  */
-static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lock report_lock = LOCK_INITIALIZER;     /* guards all below */
 static struct stats snap;
 static bool reported;
 
 /* The interval thread. */
 static pthread_t ticker;
 static bool ticker_running;
-static pthread_mutex_t ticker_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lock ticker_lock = LOCK_INITIALIZER;     /* guards ticker_stop */
 static pthread_cond_t ticker_cond;
 static bool ticker_stop;
 
@@ -168,13 +169,14 @@ iostats_errno_name (unsigned slot)
 static void
 iostats_record (enum iostats_op op, uint64_t start, int r, const int *err,
                 uint64_t bytes, uint32_t flags)
+  TSA_EXCLUDES (stats_lock)
 {
   uint64_t ns = iostats_now () - start;
   struct op_stats *s = &stats.op[op];
   unsigned slot = r == 0 ? 0 : iostats_errno_slot (*err);
   bool fast = flags & NBDKIT_FLAG_FAST_ZERO;
 
-  pthread_mutex_lock (&stats_lock);
+  lock_acquire (&stats_lock);
   if (r == 0) {
     s->count++;
     s->bytes += bytes;
@@ -193,7 +195,7 @@ iostats_record (enum iostats_op op, uint64_t start, int r, const int *err,
     else
       stats.zero_errors[fast][slot]++;
   }
-  pthread_mutex_unlock (&stats_lock);
+  lock_release (&stats_lock);
 }
 
 static uint64_t
@@ -250,6 +252,7 @@ iostats_print_errors (const uint64_t *errors, bool as_json, unsigned skip)
 
 static void
 iostats_print_text (uint64_t elapsed)
+  TSA_REQUIRES (report_lock)
 {
   char size[32], oprate[32], rate[32];
   unsigned i;
@@ -312,6 +315,7 @@ iostats_print_text (uint64_t elapsed)
 /* One line per report, so that a file of reports parses line by line. */
 static void
 iostats_print_json (uint64_t elapsed, bool final)
+  TSA_REQUIRES (report_lock)
 {
   unsigned i;
 
@@ -358,13 +362,14 @@ iostats_print_json (uint64_t elapsed, bool final)
 
 static void
 iostats_report (bool final)
+  TSA_EXCLUDES (report_lock, stats_lock)
 {
   uint64_t elapsed = iostats_now () - start_ns;
 
-  pthread_mutex_lock (&report_lock);
-  pthread_mutex_lock (&stats_lock);
+  lock_acquire (&report_lock);
+  lock_acquire (&stats_lock);
   snap = stats;
-  pthread_mutex_unlock (&stats_lock);
+  lock_release (&stats_lock);
 
   /* Text reports in one file are apart by a blank line. */
   if (reported && !json)
@@ -377,16 +382,17 @@ iostats_report (bool final)
   if (fflush (fp) == EOF)
     nbdkit_error ("iostats: writing %s: %s",
                   filename ? filename : "standard error", errstr (errno));
-  pthread_mutex_unlock (&report_lock);
+  lock_release (&report_lock);
 }
 
 static void *
 iostats_ticker (void *arg)
+  TSA_EXCLUDES (ticker_lock)
 {
   uint64_t now, next;
   struct timespec deadline;
 
-  pthread_mutex_lock (&ticker_lock);
+  lock_acquire (&ticker_lock);
   for (;;) {
     /* The next point of a grid from the start, so that reports do not
      * drift; one that took longer than the interval skips points
@@ -397,16 +403,15 @@ iostats_ticker (void *arg)
     deadline.tv_sec = next / 1000000000;
     deadline.tv_nsec = next % 1000000000;
     while (!ticker_stop &&
-           pthread_cond_timedwait (&ticker_cond, &ticker_lock,
-                                   &deadline) != ETIMEDOUT)
+           !lock_wait_until (&ticker_lock, &ticker_cond, &deadline))
       ;
     if (ticker_stop)
       break;
-    pthread_mutex_unlock (&ticker_lock);
+    lock_release (&ticker_lock);
     iostats_report (false);
-    pthread_mutex_lock (&ticker_lock);
+    lock_acquire (&ticker_lock);
   }
-  pthread_mutex_unlock (&ticker_lock);
+  lock_release (&ticker_lock);
   return NULL;
 }
 
@@ -504,15 +509,11 @@ iostats_get_ready (int thread_model)
 static int
 iostats_after_fork (nbdkit_backend *backend)
 {
-  pthread_condattr_t attr;
   int err;
 
   if (interval_ns == 0)
     return 0;
-  pthread_condattr_init (&attr);
-  pthread_condattr_setclock (&attr, CLOCK_MONOTONIC);
-  pthread_cond_init (&ticker_cond, &attr);
-  pthread_condattr_destroy (&attr);
+  lock_cond_init (&ticker_cond);
   err = pthread_create (&ticker, NULL, iostats_ticker, NULL);
   if (err) {
     nbdkit_error ("iostats: starting the interval thread: %s", errstr (err));
@@ -524,13 +525,14 @@ iostats_after_fork (nbdkit_backend *backend)
 
 static void
 iostats_cleanup (nbdkit_backend *backend)
+  TSA_EXCLUDES (ticker_lock)
 {
   if (!ticker_running)
     return;
-  pthread_mutex_lock (&ticker_lock);
+  lock_acquire (&ticker_lock);
   ticker_stop = true;
   pthread_cond_signal (&ticker_cond);
-  pthread_mutex_unlock (&ticker_lock);
+  lock_release (&ticker_lock);
   pthread_join (ticker, NULL);
   ticker_running = false;
 }

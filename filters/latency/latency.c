@@ -16,6 +16,8 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "lock.h"
+
 /* -D latency.verbose=1: log every delay as it starts. */
 NBDKIT_DLL_PUBLIC int latency_debug_verbose = 0;
 
@@ -44,7 +46,7 @@ static bool fast_zero_waits = true;
 /* xoshiro256**, shared by all connections: with one client sending
  * one request at a time, a given seed gives the same delays.
  */
-static pthread_mutex_t rng_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lock rng_lock = LOCK_INITIALIZER;        /* guards rng */
 static uint64_t rng[4];
 
 static uint64_t
@@ -55,6 +57,7 @@ latency_rotl (uint64_t x, int k)
 
 static uint64_t
 latency_rng_next (void)
+  TSA_REQUIRES (rng_lock)
 {
   const uint64_t result = latency_rotl (rng[1] * 5, 7) * 9;
   const uint64_t t = rng[1] << 17;
@@ -286,9 +289,9 @@ latency_sleep (enum latency_op op, int *err)
     return 0;
   if (jitter_percent > 0) {
     span = ns * jitter_percent / 100;
-    pthread_mutex_lock (&rng_lock);
+    lock_acquire (&rng_lock);
     ns = ns - span + latency_rng_next () % (2 * span + 1);
-    pthread_mutex_unlock (&rng_lock);
+    lock_release (&rng_lock);
   }
   if (latency_debug_verbose)
     nbdkit_debug ("latency: %s: delay %" PRIu64 ".%09" PRIu64 " s",
