@@ -294,6 +294,7 @@ nbdio_ready (struct nbdio *io, struct nbdio_conn *c, struct nbd_handle *h)
  */
 static struct nbd_handle *
 nbdio_conn_reconnect (struct nbdio_conn *c)
+  TSA_EXCLUDES (c->io->lock)
 {
   struct nbdio *io = c->io;
   char *why = NULL;
@@ -329,6 +330,7 @@ nbdio_conn_reconnect (struct nbdio_conn *c)
  */
 static void
 nbdio_conn_serve (struct nbdio_conn *c, struct nbd_handle *h)
+  TSA_EXCLUDES (c->io->lock)
 {
   struct nbdio *io = c->io;
   bool timed_out = false;
@@ -348,7 +350,7 @@ nbdio_conn_serve (struct nbdio_conn *c, struct nbd_handle *h)
     if (now >= deadline) {
       if (__atomic_load_n (&c->inflight, __ATOMIC_ACQUIRE) > 0 &&
           !timed_out) {
-        nbdio_say (io, true, "%s: no answer for %u s (remote-timeout=): "
+        nbdio_say (io, NBDIO_ERROR, "%s: no answer for %u s (remote-timeout=): "
                    "requests waiting on it fail, and the next one "
                    "connects again", io->name, io->opts.timeout);
         timed_out = true;

@@ -139,9 +139,10 @@ struct nbdio {
   uint64_t status_tick;         /* uses so far, for spans[].used */
 };
 
-/* What a message is (false and true: debug and error).  A notice's
- * text does not start with the storage's name: the notice callback
- * gets it apart.
+/* What a message is, and so which of the options' callbacks gets it:
+ * debug, error, or notice (the error callback if there is no notice
+ * one).  A notice's text does not start with the storage's name: the
+ * notice callback gets it apart.
  */
 enum nbdio_level { NBDIO_DEBUG, NBDIO_ERROR, NBDIO_NOTICE };
 
@@ -158,8 +159,10 @@ extern void nbdio_ready (struct nbdio *io, struct nbdio_conn *c,
                          struct nbd_handle *h)
   TSA_REQUIRES (io->lock);
 extern void nbdio_reap (struct nbdio_conn *c);
-extern struct nbdio_conn *nbdio_acquire (struct nbdio *io, char **why);
-extern void nbdio_release (struct nbdio_conn *c);
+extern struct nbdio_conn *nbdio_acquire (struct nbdio *io, char **why)
+  TSA_EXCLUDES (io->lock);
+extern void nbdio_release (struct nbdio_conn *c)
+  TSA_EXCLUDES (c->io->lock);
 
 /* names.c */
 extern char *nbdio_connect_error (struct nbdio *io);

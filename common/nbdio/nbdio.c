@@ -183,7 +183,7 @@ nbdio_done (void *opaque, int *error)
   if (cmd->is_read && *error == 0 &&
       (cmd->bad || cmd->nruns != 1 || cmd->runs[0].start != 0 ||
        cmd->runs[0].end != cmd->len)) {
-    nbdio_say (cmd->c->io, true, "%s: the server answered a read of %"
+    nbdio_say (cmd->c->io, NBDIO_ERROR, "%s: the server answered a read of %"
                PRIu32 " bytes at %" PRIu64 " with %s (%" PRIu64 " bytes "
                "in all): the read fails", cmd->c->io->name, cmd->len,
                cmd->offset, cmd->bad ? cmd->bad
@@ -233,7 +233,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   if (!c) {
     int e = errno;
     if (!*said && e != EALREADY)
-      nbdio_say (io, true, "%s: cannot connect: %s", io->name,
+      nbdio_say (io, NBDIO_ERROR, "%s: cannot connect: %s", io->name,
                  why ? why : errstr (e));
     *said = true;
     free (why);
@@ -270,7 +270,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
     if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
       cmd->err = ESHUTDOWN;
     else if (!*said)
-      nbdio_say (io, true, "%s: %s", io->name, nbd_get_error ());
+      nbdio_say (io, NBDIO_ERROR, "%s: %s", io->name, nbd_get_error ());
     if (cmd->err != ESHUTDOWN) {
       *said = true;
       if (*cmd->result == 0)
@@ -295,6 +295,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
 static void
 nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
              bool status, bool *said)
+  TSA_EXCLUDES (io->lock)
 {
   for (size_t i = 0; i < n; i++) {
     struct nbdio_cmd *cmd = &cmds[i];
@@ -524,6 +525,7 @@ nbdio_span_find (struct nbdio *io, uint64_t offset, uint32_t *type,
 static bool
 nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
                      uint64_t *len)
+  TSA_EXCLUDES (io->status_lock)
 {
   bool found;
 
@@ -541,6 +543,7 @@ nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
 static int
 nbdio_status_keep (struct nbdio *io, uint64_t start, const uint32_t *pairs,
                    size_t n, uint64_t offset, uint32_t *type, uint64_t *len)
+  TSA_EXCLUDES (io->status_lock)
 {
   struct nbdio_extent *ext;
   struct nbdio_span *victim = &io->spans[0];
@@ -599,7 +602,7 @@ nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
   if (r == 0 &&
       (r = nbdio_status_keep (io, start, cmd.ext, cmd.ext ? cmd.next : 0,
                               offset, type, len)) == -EIO)
-    nbdio_say (io, true, "%s: the server answered a block status at %"
+    nbdio_say (io, NBDIO_ERROR, "%s: the server answered a block status at %"
                PRIu64 " with no extent there", io->name, start);
   free (cmd.ext);
   return r;
@@ -739,7 +742,7 @@ nbdio_open (const struct qcow2_remote *remote,
     nbdio_ready (io, c, h);
     lock_release (&io->lock);
   }
-  nbdio_say (io, false, "%s: %" PRIu64 " bytes, requests of %" PRIu32
+  nbdio_say (io, NBDIO_DEBUG, "%s: %" PRIu64 " bytes, requests of %" PRIu32
              " to %" PRIu32 " bytes, %s, up to %u connection%s", io->name,
              io->size, io->block_min, io->block_max,
              io->has_status ? "block status" : "no block status",

@@ -119,6 +119,7 @@ nextio_call (nbdkit_next *next, const struct nextio_call *c, int *err)
 /* The call, in its turn: 0, or -errno. */
 static int
 nextio_turn (nbdkit_next *next, const struct nextio_call *c)
+  TSA_EXCLUDES (below_lock)
 {
   int err = 0;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);

@@ -798,6 +798,7 @@ fleet_close_idle (void)
  */
 static void *
 fleet_sweep (void *arg)
+  TSA_EXCLUDES (&fleet.lock)
 {
   lock_acquire (&fleet.lock);
   while (!fleet.stopping) {
@@ -1429,6 +1430,7 @@ plugin_after_fork (void)
 
 static void
 plugin_cleanup (void)
+  TSA_EXCLUDES (&fleet.lock)
 {
   glue_stream_stop ();
   if (fleet.sweeper_running) {
