@@ -342,7 +342,7 @@ cache_create_growing (enum cache_kind kind, uint64_t entry_size,
   c = calloc (1, sizeof *c);
   if (!c)
     return NULL;
-  pthread_cond_init (&c->loaded, NULL);
+  lock_cond_init (&c->loaded);
   c->is_l2 = kind == CACHE_L2;
   c->what = c->is_l2 ? "L2 slice" : "refcount block";
   c->entry_size = entry_size;

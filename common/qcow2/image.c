@@ -312,7 +312,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   img->overlap = &overlap_map_empty;
   lock_init (&img->lock);
   image_init_data_lock (img);
-  pthread_cond_init (&img->inflight_done, NULL);
+  lock_cond_init (&img->inflight_done);
   img->env = env;
   img->io = io;
   img->id = id;
