@@ -51,7 +51,7 @@ test_growing (unsigned seed)
   img.h.version = 2;            /* a hit marks it corrupt in memory only */
   img.overlap = m;
   img.overlap_mask = QCOW2_OL_ALL;
-  pthread_mutex_init (&img.lock.mutex, NULL);
+  lock_init (&img.lock);
   image_lock (&img);            /* as the engine's callers hold it */
 
   /* Check a write, compare with the truth. */
@@ -139,7 +139,7 @@ test_growing (unsigned seed)
 #undef WRITE
 #undef MARK
   image_unlock (&img);
-  pthread_mutex_destroy (&img.lock.mutex);
+  lock_destroy (&img.lock);
   overlap_map_destroy (m);
   free (truth);
 }

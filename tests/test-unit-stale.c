@@ -71,7 +71,7 @@ main (void)
   img.io = memio_new (file, sizeof file);
   img.caches.l2 = cache_create (CACHE_L2, SLICE, 2);
   CHECK (img.io && img.caches.l2);
-  pthread_mutex_init (&img.lock.mutex, NULL);
+  lock_init (&img.lock);
   image_lock (&img);
 
   CHECK_INT (cache_get (&img, img.caches.l2, 0, &a), 0);
@@ -98,6 +98,6 @@ main (void)
   image_unlock (&img);
   cache_destroy (img.caches.l2);
   img.io->ops->close (img.io);
-  pthread_mutex_destroy (&img.lock.mutex);
+  lock_destroy (&img.lock);
   return unit_finish ();
 }
