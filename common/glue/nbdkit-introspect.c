@@ -467,7 +467,7 @@ introspect_relay_thread (void *arg)
   }
   close (r->in);
   close (r->out);
-  pthread_mutex_destroy (&r->lock.mutex);
+  lock_destroy (&r->lock);
   free (r);
   return NULL;
 }
@@ -519,7 +519,7 @@ glue_quiet_open (void *(*open) (void *opaque), void *opaque)
     return open (opaque);
   }
   r->in = p[0];
-  pthread_mutex_init (&r->lock.mutex, NULL);
+  lock_init (&r->lock);
   /* Signals are the server's. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
