@@ -61,8 +61,9 @@ fileio_fd (struct qcow2_io *io)
   return ((struct fileio *) io)->fd;
 }
 
-/* The iovec from position pos on, into iov[] (room for QCOW2_IOV_MAX):
- * what is left to do after a short read or write.  Returns the count.
+/* Copies the iovec from position pos on into iov[] (room for
+ * QCOW2_IOV_MAX): what is left to do after a short read or write.
+ * Returns the count.
  */
 static int
 fileio_iov_from (const struct iovec *in, int cnt, size_t pos,
@@ -211,8 +212,8 @@ fileio_bounce_init (void)
   pthread_key_create (&fileio_bounce_key, fileio_bounce_free);
 }
 
-/* This thread's aligned buffer, of want bytes or more (within the
- * bounds above), or NULL; its size in *size.
+/* Returns this thread's aligned buffer, of want bytes or more (within
+ * the bounds above), or NULL; sets *size to its size.
  */
 static uint8_t *
 fileio_bounce (size_t want, size_t *size)
@@ -574,8 +575,9 @@ static const struct qcow2_io_ops fileio_direct_ops = {
   .close = fileio_close,
 };
 
-/* The alignment O_DIRECT needs on fd's file system, or 0 if it does not
- * support O_DIRECT.  Kernels that do not say get the usual page size.
+/* Returns the alignment O_DIRECT needs on fd's file system, or 0 if it
+ * does not support O_DIRECT.  Kernels that do not say get the usual page
+ * size.
  */
 static size_t
 fileio_direct_align (int fd)
@@ -620,7 +622,7 @@ fileio_lock_byte (int fd, int cmd, short type, off_t byte)
 
 /* Take the locks of a file open for reading or writing, then check
  * that nobody else holds what conflicts (QEMU's raw_apply_lock_bytes
- * and raw_check_lock_bytes).  0, or -errno with *why set.
+ * and raw_check_lock_bytes).  Returns 0, or -errno with *why set.
  */
 static int
 fileio_lock (int fd, const char *path, bool readonly,

@@ -46,8 +46,8 @@ extern struct qcow2_io *fileio_open_with (const char *path, bool readonly,
                                           const struct fileio_options *opts,
                                           char **why);
 
-/* fstat of the file io (from fileio_open_with or fileio_create) has
- * open: what was opened, whatever its name leads to since.
+/* Runs fstat on the file io (from fileio_open_with or fileio_create)
+ * has open: what was opened, whatever its name leads to since.
  */
 extern int fileio_stat (struct qcow2_io *io, struct stat *st);
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The glue's messages: the engine's and fileio's errors, debug lines
  * and notices to nbdkit's log (notices where nbdkit-introspect.c finds
- * it), and what is said of an image once open (read-only, repaired,
+ * it), and what is logged of an image once open (read-only, repaired,
  * the cache's and flushes' totals, --dump-plugin).
  */
 #include <assert.h>
@@ -84,9 +84,10 @@ glue_hint (const char *fmt, ...)
 
 /* A password given, when no layer is encrypted: the admin believes the
  * disk encrypted, and every write would be stored in clear.  Refused
- * rather than said in a notice, which may go unread in a log (QEMU
+ * rather than logged as a notice, which may go unread in a log (QEMU
  * says nothing of a key secret given for a clear image, but refuses
- * encrypt.format=luks for one).  0, or -1 said.
+ * encrypt.format=luks for one).  Returns 0, or -1 after logging an
+ * error.
  */
 static int
 glue_opened_password (struct qcow2_image *img, const char *name)

@@ -16,11 +16,11 @@
 #include "errstr.h"
 #include "glue.h"
 
-/* A size: a whole number with one of the suffixes nbdkit's sizes take
+/* Parses a size: a whole number with one of the suffixes nbdkit's sizes take
  * (b, s for 512 bytes, K, M, G, T, P, E, in any case), or with a
  * fraction and a unit as qemu-img takes it ("1.5G", the fraction's
- * bytes truncated).  The bytes; -1 if value is not a size, -2 if it
- * is more than INT64_MAX.  (Not nbdkit_parse_size: its error line
+ * bytes truncated).  Returns the bytes, -1 if value is not a size, or
+ * -2 if it is more than INT64_MAX.  (Not nbdkit_parse_size: its error line
  * would come before the one naming the key.)
  */
 static int64_t

@@ -25,9 +25,9 @@ glue_wipe (const char *p)
   }
 }
 
-/* The whole of the file a +FILE password came from, if it holds more
- * than nbdkit read (its first line, without the newline): NULL if not,
- * or if it cannot be read (nbdkit's reading stands).
+/* Returns the whole of the file a +FILE password came from, if it holds
+ * more than nbdkit read (its first line, without the newline), else
+ * NULL, also if it cannot be read (nbdkit's reading stands).
  */
 static char *
 glue_read_whole_file (const char *path, const char *text)

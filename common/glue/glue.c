@@ -469,7 +469,7 @@ glue_create_compare (struct qcow2_image *img, const char *name)
   const struct qcow2_create_options *o = &c->opts;
   struct qcow2_info i;
   /* wrong: what would serve another disk (refused); other: what only
-   * the format differs in, or a disk grown since (said, and served).
+   * the format differs in, or a disk grown since (logged, and served).
    */
   char wrong[1024] = "", other[1024] = "";
   uint64_t want = c->size >= 0 ? div_round_up (c->size, 512) : 0;

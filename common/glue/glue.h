@@ -3,7 +3,7 @@
  * glue, from the top down (tests/layering-rim.py checks that calls go
  * down): gluestream.c (stream=true); glue.c, the options that tune the
  * engine, parsed from tables; policy.c, what images may name;
- * glue-log.c, the engine's messages to nbdkit's log, what is said of an
+ * glue-log.c, the engine's messages to nbdkit's log, what is logged of an
  * image opened, repair=leaks; glue-parse.c, the values' parsers;
  * glue-password.c; nbdkit-introspect.c, what nbdkit's API does not
  * tell.  Each module links its own copy, holding its own options in
@@ -108,12 +108,12 @@ struct glue_option {
   int (*fn) (const char *key, const char *value);
 };
 
-/* A key of the options both modules take (glue.c's tables: the
+/* Takes a key of the options both modules take (glue.c's tables: the
  * engine's, and those describing an image to create), else of the
- * module's own table t of n rows: 1 if done, 0 if no table has the
- * key, -1 on error (said, naming the key); *row (if row is not NULL):
- * the row used, or NULL.  The first key
- * given that only describes an image to create (a row marked
+ * module's own table t of n rows.  Returns 1 if done, 0 if no table
+ * has the key, -1 on error (logged, naming the key); sets *row (if row
+ * is not NULL) to the row used, or NULL.  The first key given that
+ * only describes an image to create (a row marked
  * create_only) is noted in glue.create.first_key.  options=LIST takes
  * a qemu-img -o list (KEY=VALUE,..., ",," a comma), each key as if
  * given alone; a value that holds such a list is refused, naming
@@ -122,9 +122,9 @@ struct glue_option {
 extern int glue_config (const struct glue_option *t, size_t n,
                         const char *key, const char *value,
                         const struct glue_option **row);
-/* key=value by the table t of n rows alone: 1 if done, 0 if the table
- * has no such key, -1 on error (said, naming the key).  *row (if row
- * is not NULL): the row used, or NULL.
+/* Takes key=value by the table t of n rows alone.  Returns 1 if done,
+ * 0 if the table has no such key, -1 on error (logged, naming the
+ * key); sets *row (if row is not NULL) to the row used, or NULL.
  */
 extern int glue_config_rows (const struct glue_option *t, size_t n,
                              const char *key, const char *value,
@@ -143,24 +143,24 @@ extern int glue_config_password (const char *key, const char *value);
  * backing-password=, the filter qcow2-backing-password=.
  */
 extern int glue_config_backing_password (const char *key, const char *value);
-/* password= (of the image itself), or NULL. */
+/* Returns password= (of the image itself), or NULL. */
 static inline const char *
 glue_password (void)
 {
   return glue.passwords_len ? glue.passwords[0].text : NULL;
 }
-/* create=if-missing found the image name, opened as img: -1 (said) if
- * serving it would serve another disk than glue.create describes
- * (smaller than size=, other encryption, other backing file), else 0,
- * with a notice if it is larger (resized since) or other format
- * options differ.
+/* Compares the image name that create=if-missing found, opened as img,
+ * with glue.create.  Returns -1 (logged) if serving it would serve
+ * another disk than glue.create describes (smaller than size=, other
+ * encryption, other backing file), else 0, with a notice if it is
+ * larger (resized since) or other format options differ.
  */
 extern int glue_create_compare (struct qcow2_image *img, const char *name);
-/* An image made (when: the option making it, "create=true") with a
- * password but without encrypt-format=luks: refused,
- * as qemu-img refuses it ("Parameter 'encrypt.format' is missing"),
- * since the password of an image made unencrypted would protect
- * nothing.  0, or -1 said.
+/* Refuses an image made (when: the option making it, "create=true")
+ * with a password but without encrypt-format=luks, as qemu-img refuses
+ * it ("Parameter 'encrypt.format' is missing"), since the password of
+ * an image made unencrypted would protect nothing.  Returns 0, or -1
+ * after logging an error.
  */
 extern int glue_create_check_password (const char *when);
 /* The policy's keys, as rows' fns (policy.c). */
@@ -168,12 +168,16 @@ extern int glue_config_backing_protocols (const char *key, const char *value);
 extern int glue_config_backing_root (const char *key, const char *value);
 extern int glue_config_backing_insecure (const char *key, const char *value);
 extern void glue_policy_free (void);
-/* glue_env's open and open_remote: the policy, then fileio or nbdio. */
+/* glue_env's open and open_remote: apply the policy, then open through
+ * fileio or nbdio.
+ */
 extern struct qcow2_io *glue_policy_open (void *opaque, const char *path,
                                           bool readonly, char **id);
 extern struct qcow2_io *glue_policy_open_remote (
   void *opaque, const struct qcow2_remote *remote, char **why);
-/* After the last key: glue.engine complete; -1 on error (said). */
+/* After the last key, completes glue.engine.  Returns 0, or -1 on error
+ * (logged).
+ */
 extern int glue_config_complete (void);
 extern void glue_unload (void);
 /* Wipe the passwords from memory (at unload). */
@@ -183,26 +187,30 @@ extern void glue_forget_password (void);
 extern int glue_parse_size (const char *key, const char *value, bool zero_ok,
                             uint64_t *out);
 extern int glue_parse_bool (const char *key, const char *value, bool *out);
-/* A folder, its path resolved (every link followed): *dir replaced. */
+/* Parses a folder, its path resolved (every link followed), into *dir
+ * (replacing it).
+ */
 extern int glue_parse_folder (const char *key, const char *value,
                               char **dir);
 /* Whether path lies under folder (both resolved); "/" holds all. */
 extern bool glue_in_folder (const char *path, const char *folder);
-/* A number from 0 to max; what: what it counts, for the error. */
+/* Parses a number from 0 to max; what says what it counts, for the
+ * error.
+ */
 extern int glue_parse_number (const char *key, const char *value,
                               const char *what, uint64_t max, uint64_t *out);
-/* glue_parse_number, from min. */
+/* As glue_parse_number, from min. */
 extern int glue_parse_range (const char *key, const char *value,
                              const char *what, uint64_t min, uint64_t max,
                              uint64_t *out);
-/* One of a few words: its index in words (NULL-terminated), or -1
- * with an error listing them.
+/* Parses one of a few words.  Returns its index in words
+ * (NULL-terminated), or -1 after logging an error listing them.
  */
 extern int glue_parse_word (const char *key, const char *value,
                             const char *const *words);
 
-/* The module's .load: name (for its messages), the option that gives
- * the password, the default of io-threads.
+/* Called from the module's .load with its name (for its messages), the
+ * option that gives the password, and the default of io-threads.
  */
 extern void glue_load (const char *name, const char *password_key,
                        unsigned io_threads);
@@ -221,7 +229,8 @@ extern void glue_debug (void *opaque, const char *msg);
 extern void glue_notice (void *opaque, const char *path, const char *msg);
 extern void glue_noticef (const char *path, const char *fmt, ...)
   __attribute__ ((format (printf, 2, 3)));
-/* The remedy of the error just said, as a second line ("hint: ..."):
+/* Logs the remedy of the error just logged, as a second line ("hint:
+ * ..."):
  * errors are one short line (what failed, where), as nbdkit's.
  */
 extern void glue_hint (const char *fmt, ...)
@@ -234,23 +243,25 @@ extern void glue_hint (const char *fmt, ...)
 extern struct fileio_options glue_file_options;
 extern struct qcow2_env glue_env;
 
-/* After the image named name opened: a password given while neither
+/* Checks the image named name once open: a password given while neither
  * the image nor a backing file is encrypted is refused (the admin
  * believes the disk encrypted, and it is not); as QEMU, an image
  * marked corrupt is refused unless read-only was asked
  * (asked_readonly, or a snapshot served); an image
- * served read-only unasked is said, with why (NULL: the engine's
- * reason).  0, or -1 said.
+ * served read-only unasked is logged, with why (NULL: the engine's
+ * reason).  Returns 0, or -1 after logging an error.
  */
 extern int glue_opened (struct qcow2_image *img, const char *name,
                         bool asked_readonly, const char *why);
-/* glue_opened's refusals alone, nothing said otherwise (the filter's
+/* glue_opened's refusals alone, nothing logged otherwise (the filter's
  * check before nbdkit forks of an image it opens again after).
  */
 extern int glue_opened_check (struct qcow2_image *img, const char *name,
                               bool asked_readonly);
 
-/* repair=leaks on the image named name: 0, or -1 said. */
+/* Runs repair=leaks on the image named name.  Returns 0, or -1 after
+ * logging an error.
+ */
 extern int glue_repair (struct qcow2_image *img, const char *name);
 
 /* -D qcow2.cache=1 and -D qcow2.flush=1 (each module has its own).
@@ -294,9 +305,9 @@ extern void glue_log_notice (const char *module, const char *path,
 /* The name of the plugin nbdkit loaded ("file"), or "" if not known. */
 #define GLUE_PLUGIN_NAME_MAX 64
 extern void glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX]);
-/* The filters given below the filter self ("qcow2") on nbdkit's
+/* Returns the filters given below the filter self ("qcow2") on nbdkit's
  * command line, top first: "--filter=offset --filter=xz", "" if none,
- * NULL on error (errno).
+ * or NULL on error (errno).
  */
 extern char *glue_filters_below (const char *self);
 #if !GLUE_NBDKIT_AT_LEAST (43, 9)
@@ -323,27 +334,29 @@ struct glue_stream {
   bool rate_given, detach_given;
 };
 extern struct glue_stream glue_stream;
-/* At config_complete: the companions of key=true (stream, or
- * qcow2-overlay-stream: key-base=, key-rate=, key-detach=) refused
- * without it.  0, or -1 said.
+/* At config_complete, refuses the companions of key=true (stream, or
+ * qcow2-overlay-stream: key-base=, key-rate=, key-detach=) given
+ * without it.  Returns 0, or -1 after logging an error.
  */
 extern int glue_stream_config_complete (const char *key);
 extern int qcow2_debug_stream;
-/* Once the image named name is open (before nbdkit forks): the job
- * checked (key names stream=true in the message refusing a read-only
- * image).  0, or -1 said.
+/* Once the image named name is open (before nbdkit forks), checks the
+ * job (key names stream=true in the message refusing a read-only
+ * image).  Returns 0, or -1 after logging an error.
  */
 extern int glue_stream_prepare (struct qcow2_image *img, const char *name,
                                 const char *key, bool readonly);
-/* After the fork: the job's thread started.  0, or -1 said. */
+/* After the fork, starts the job's thread.  Returns 0, or -1 after
+ * logging an error.
+ */
 extern int glue_stream_start (void);
 /* Before the image closes. */
 extern void glue_stream_stop (void);
 /* Around each client request (the job yields to them). */
 extern void glue_stream_enter (void);
 extern void glue_stream_leave (void);
-/* The export description while a job runs ("streaming: 43%, ..."),
- * or NULL.
+/* Returns the export description while a job runs ("streaming: 43%,
+ * ..."), or NULL.
  */
 extern const char *glue_stream_description (void);
 

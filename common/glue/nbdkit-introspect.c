@@ -101,9 +101,9 @@ introspect_read_cmdline (void)
   fclose (fp);
 }
 
-/* nbdkit's command line, as /proc/self/cmdline holds it: each argument
- * in turn to fn, with the one after it (or NULL), up to "--" or until
- * fn returns true: true if it did.
+/* Passes each argument of nbdkit's command line, as /proc/self/cmdline
+ * holds it, in turn to fn, with the one after it (or NULL), up to "--"
+ * or until fn returns true.  Returns true if fn did.
  *
  * Depends on: nbdkit parsing its options with getopt_long, so that
  * what follows "--" is not nbdkit's, and /proc/self/cmdline holding
@@ -129,7 +129,8 @@ introspect_cmdline (bool (*fn) (const char *arg, const char *next,
   return false;
 }
 
-/* -r, --readonly, --read-only, or r among grouped short flags (-fr,
+/* Whether a is -r, --readonly, --read-only, or r among grouped short
+ * flags (-fr,
  * -r4, -rU SOCKET: the letters up to the first that takes an argument):
  * nbdkit's short options of 1.32 to 1.45.
  */

@@ -26,7 +26,7 @@ static const char *const glue_protocols[] = {
   "file", "nbd", "nbds", "http", "https", "ssh", NULL
 };
 
-/* The bit of the protocol [s, s+n), compared without case as URL
+/* Returns the bit of the protocol [s, s+n), compared without case as URL
  * schemes are (RFC 3986), or 0 if it is none of glue_protocols.
  */
 static unsigned
@@ -115,9 +115,10 @@ glue_policy_allows (const char *protocol, size_t len, char **why)
   return false;
 }
 
-/* The protocols nbdkit's curl helper may use, redirects included (its
- * protocols=): those of http and https that backing-protocols= allows.
- * A name is refused before if its own is not, so one at least is.
+/* Returns the protocols nbdkit's curl helper may use, redirects included
+ * (its protocols=): those of http and https that backing-protocols=
+ * allows.  A name is refused before if its own is not, so one at least
+ * is.
  */
 static const char *
 glue_policy_web_protocols (void)
@@ -149,11 +150,11 @@ glue_policy_notice (const char *name, const char *msg)
   glue_notice (NULL, name, msg);
 }
 
-/* A local file (glue_env.open): allowed by backing-protocols=, and
- * under backing-root= once every symbolic link is followed.  The file
- * opened is the one checked, by its resolved name (a name changed in
- * between by someone who may write under the root is not what this
- * guards against: names in images are).
+/* Opens a local file (glue_env.open) if backing-protocols= allows it and
+ * it lies under backing-root= once every symbolic link is followed.  The
+ * file opened is the one checked, by its resolved name (a name changed in
+ * between by someone who may write under the root is not what this guards
+ * against: names in images are).
  */
 struct qcow2_io *
 glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
@@ -188,8 +189,8 @@ glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
   return io;
 }
 
-/* Remote storage: allowed by backing-protocols=, its checks left on
- * unless backing-insecure=true, with the admin's TLS credentials.
+/* Opens remote storage if backing-protocols= allows it, its checks left
+ * on unless backing-insecure=true, with the admin's TLS credentials.
  */
 struct qcow2_io *
 glue_policy_open_remote (void *opaque, const struct qcow2_remote *remote,

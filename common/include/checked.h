@@ -20,7 +20,9 @@ mul_overflow_u64 (uint64_t a, uint64_t b, uint64_t *r)
   return __builtin_mul_overflow (a, b, r);
 }
 
-/* True if [off, off+len) does not fit below limit (or overflows). */
+/* Returns true if [off, off+len) does not fit below limit (or
+ * overflows).
+ */
 static inline bool
 range_exceeds (uint64_t off, uint64_t len, uint64_t limit)
 {

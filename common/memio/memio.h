@@ -26,7 +26,7 @@ extern struct qcow2_io *memio_new_remote (const void *data, size_t len);
 /* Take another reference to io (which must come from memio_new). */
 extern struct qcow2_io *memio_ref (struct qcow2_io *io);
 
-/* The current contents, valid until the next write or close. */
+/* Returns the current contents, valid until the next write or close. */
 extern const void *memio_data (struct qcow2_io *io, size_t *len);
 
 /* Calls made so far, so tests can check what the engine did. */
@@ -48,21 +48,21 @@ extern struct memenv *memenv_new (void);
 extern void memenv_free (struct memenv *me);
 
 /* Register io under name, taking a reference; a second file of the
- * same name replaces the first.  Returns 0 or -errno.
+ * same name replaces the first.  Returns 0, or -errno.
  */
 extern int memenv_add (struct memenv *me, const char *name,
                        struct qcow2_io *io);
 
-/* The environment to give qcow2_open; valid until memenv_free. */
+/* Returns the environment to give qcow2_open, valid until memenv_free. */
 extern const struct qcow2_env *memenv_env (struct memenv *me);
 
-/* The last error message the engine sent (empty if none), and how many
- * it sent; memenv_clear_errors forgets them.  Messages are also printed
- * on stderr if MEMENV_VERBOSE is set in the environment.
+/* Returns the last error message the engine sent (empty if none), and how
+ * many it sent; memenv_clear_errors forgets them.  Messages are also
+ * printed on stderr if MEMENV_VERBOSE is set in the environment.
  */
 extern const char *memenv_last_error (const struct memenv *me);
 extern unsigned memenv_error_count (const struct memenv *me);
-/* The last remote storage opened: "URL sslverify=0|1 timeout=N
+/* Returns the last remote storage opened: "URL sslverify=0|1 timeout=N
  * cookie=COOKIE", and for ssh " ssh: host=H port=P user=U path=PATH
  * verify_host=0|1" (empty if none).
  */

@@ -61,8 +61,8 @@ nbdio_now_ms (void)
   return monotonic_ns () / 1000000;
 }
 
-/* Wait for fd to be ready as libnbd asks, or for the wake pipe; ms
- * (-1: no limit).  0: ready or woken, 1: timed out.
+/* Wait for fd to be ready as libnbd asks, or for the wake pipe, for ms
+ * (-1: no limit).  Returns 0 if ready or woken, 1 if timed out.
  */
 static int
 nbdio_poll (struct nbdio_conn *c, struct nbd_handle *h, int ms,
@@ -141,7 +141,9 @@ nbdio_unlink_socket (struct nbd_handle *h)
   rmdir (addr.sun_path);
 }
 
-/* A new handle, connected within the timeout; NULL with *why. */
+/* Returns a new handle, connected within the timeout, or NULL with
+ * *why.
+ */
 struct nbd_handle *
 nbdio_connect (struct nbdio_conn *c, char **why)
 {
@@ -215,7 +217,7 @@ nbdio_connect (struct nbdio_conn *c, char **why)
   return NULL;
 }
 
-/* The export's size through h, or -1 with *why. */
+/* Returns the export's size through h, or -1 with *why. */
 static int64_t
 nbdio_export_size (struct nbdio *io, struct nbd_handle *h, char **why)
 {
@@ -225,7 +227,9 @@ nbdio_export_size (struct nbdio *io, struct nbd_handle *h, char **why)
   return size;
 }
 
-/* A handle connected again: does it serve what was opened? */
+/* Checks that a handle connected again serves what was opened.
+ * Returns 0, or -1 with *why.
+ */
 static int
 nbdio_check_export (struct nbdio *io, struct nbd_handle *h, char **why)
 {
@@ -243,8 +247,8 @@ nbdio_check_export (struct nbdio *io, struct nbd_handle *h, char **why)
   return 0;
 }
 
-/* The first handle: what the export is (its size, the requests it
- * takes, block status, how many connections).
+/* Learns from the first handle what the export is (its size, the
+ * requests it takes, block status, how many connections).
  */
 int
 nbdio_init_export (struct nbdio *io, struct nbd_handle *h, char **why)
@@ -271,7 +275,7 @@ nbdio_init_export (struct nbdio *io, struct nbd_handle *h, char **why)
   return 0;
 }
 
-/* c (of io) is connected through h. */
+/* Marks c (of io) connected through h. */
 void
 nbdio_ready (struct nbdio *io, struct nbdio_conn *c, struct nbd_handle *h)
   TSA_REQUIRES (io->lock)
@@ -289,8 +293,8 @@ nbdio_ready (struct nbdio *io, struct nbdio_conn *c, struct nbd_handle *h)
   pthread_cond_broadcast (&io->changed);
 }
 
-/* c's thread connects again: the handle, or NULL (c failed, and why
- * kept for the requests waiting).
+/* Connects c again, in c's thread.  Returns the handle, or NULL (c
+ * failed, and why kept for the requests waiting).
  */
 static struct nbd_handle *
 nbdio_conn_reconnect (struct nbdio_conn *c)
@@ -320,7 +324,7 @@ nbdio_conn_reconnect (struct nbdio_conn *c)
   nbdio_ready (io, c, h);
   if (io->lost)
     nbdio_say (io, NBDIO_NOTICE, "connected again");
-  io->lost = io->down_said = false;
+  io->lost = io->down_logged = false;
   lock_release (&io->lock);
   return h;
 }
@@ -472,10 +476,10 @@ nbdio_reap (struct nbdio_conn *c)
   c->state = CONN_UNUSED;
 }
 
-/* A connection to submit to (its users counted: see nbdio_release),
- * or NULL with errno and, if why is not NULL, *why (malloc'd) when
- * none can be made.  The least busy, connecting again (or one more,
- * where several are allowed) when it is busy or none is left.
+/* Returns a connection to submit to (its users counted: see
+ * nbdio_release), or NULL with errno and, if why is not NULL, *why
+ * (malloc'd) when none can be made.  The least busy, connecting again (or
+ * one more, where several are allowed) when it is busy or none is left.
  */
 struct nbdio_conn *
 nbdio_acquire (struct nbdio *io, char **why)
@@ -516,12 +520,12 @@ nbdio_acquire (struct nbdio *io, char **why)
       continue;
     }
     if (!best && io->failures != failures) {
-      /* An attempt made since this request came failed: said for the
+      /* An attempt made since this request came failed: logged for the
        * first request it fails until a connection is made again
        * (EALREADY: for the others).
        */
-      errno = io->down_said ? EALREADY : EIO;
-      io->down_said = true;
+      errno = io->down_logged ? EALREADY : EIO;
+      io->down_logged = true;
       if (why && errno == EIO)
         *why = io->last_why ? strdup (io->last_why) : NULL;
       break;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdio's names (see nbdio.c): an NBD URL made absolute, the nbdkit
  * that serves an http(s) or ssh URL (its arguments, and what it says
- * on stderr relayed), and what went wrong connecting, said with what
+ * on stderr relayed), and what went wrong connecting, logged with what
  * to do.
  */
 #include <ctype.h>
@@ -44,8 +44,8 @@ nbdio_in_path (const char *cmd)
   return false;
 }
 
-/* Connecting: libnbd's error (without the name of the call), with
- * what the user can do about it.
+/* Returns libnbd's error connecting (without the name of the call),
+ * with what the user can do about it.
  */
 char *
 nbdio_connect_error (struct nbdio *io)
@@ -64,8 +64,8 @@ nbdio_connect_error (struct nbdio *io)
     err = strstr (err, ": ") + 2;
   if (io->argv && err && strstr (err, "handshake")) {
     /* nbdkit said why on stderr; libnbd only saw it give up.  A
-     * redirect to a protocol the admin keeps it from is said so there
-     * ("not supported or disabled"): what allows it is said here.
+     * redirect to a protocol the admin keeps it from is logged so there
+     * ("not supported or disabled"): what allows it is logged here.
      */
     const char *web = io->opts.web_protocols;
     bool narrow = web && strcmp (io->plugin, "curl") == 0 &&
@@ -148,12 +148,13 @@ nbdio_socket_uri (const char *url)
   return r;
 }
 
-/* A line said again but for its numbers (a port, milliseconds) within
- * this long of the last is counted, not said; counts are said as often.
+/* A line logged again but for its numbers (a port, milliseconds)
+ * within this long of the last is counted, not logged; counts are
+ * logged as often.
  */
 #define NBDIO_RELAY_MS 10000
 
-/* s without its digits: lines alike have the same. */
+/* Returns s without its digits: lines alike have the same. */
 static char *
 nbdio_relay_shape (const char *s)
 {
@@ -167,7 +168,7 @@ nbdio_relay_shape (const char *s)
   return r;
 }
 
-/* Say how many lines like the last said have not been. */
+/* Log how many lines like the last logged have not been. */
 static void
 nbdio_relay_count (struct nbdio *io, uint64_t now)
 {
@@ -177,13 +178,13 @@ nbdio_relay_count (struct nbdio *io, uint64_t now)
     nbdio_say (io, NBDIO_ERROR, "%s: nbdkit's %s plugin said the same %u "
                "more time%s in %" PRIu64 " s", io->name, io->plugin,
                rl->repeats, rl->repeats > 1 ? "s" : "",
-               (now - rl->said_ms + 999) / 1000);
+               (now - rl->logged_ms + 999) / 1000);
   rl->repeats = 0;
-  rl->said_ms = now;
+  rl->logged_ms = now;
 }
 
-/* A line a helper wrote: said (without nbdkit's "nbdkit: PLUGIN[N]:
- * error: ", the URL in its place), or counted if like the last.
+/* Logs a line a helper wrote (without nbdkit's "nbdkit: PLUGIN[N]:
+ * error: ", the URL in its place), or counts it if like the last.
  */
 static void
 nbdio_relay_line (struct nbdio *io, const char *line)
@@ -200,7 +201,7 @@ nbdio_relay_line (struct nbdio *io, const char *line)
     free (shape);
     rl->repeats++;
     rl->last_ms = now;
-    if (now - rl->said_ms >= NBDIO_RELAY_MS)
+    if (now - rl->logged_ms >= NBDIO_RELAY_MS)
       nbdio_relay_count (io, now);
     return;
   }
@@ -214,7 +215,7 @@ nbdio_relay_line (struct nbdio *io, const char *line)
   rl->last_ms = now;
 }
 
-/* Read what the pipe holds, saying each line ended (and, at the end,
+/* Read what the pipe holds, logging each line ended (and, at the end,
  * the one not ended).
  */
 static void
@@ -237,7 +238,7 @@ nbdio_relay_read (struct nbdio *io, bool end)
       rl->len -= nl + 1 - rl->line;
       memmove (rl->line, nl + 1, rl->len + 1);
     }
-    /* A line longer than the buffer: said in pieces. */
+    /* A line longer than the buffer: logged in pieces. */
     if (rl->len == sizeof rl->line - 1) {
       nbdio_relay_line (io, rl->line);
       rl->len = 0;
@@ -262,8 +263,8 @@ nbdio_relay_thread (void *arg)
     };
     uint64_t now = nbdio_now_ms ();
     int ms = !rl->repeats ? -1
-      : now - rl->said_ms >= NBDIO_RELAY_MS ? 0
-      : (int) (rl->said_ms + NBDIO_RELAY_MS - now);
+      : now - rl->logged_ms >= NBDIO_RELAY_MS ? 0
+      : (int) (rl->logged_ms + NBDIO_RELAY_MS - now);
 
     if (poll (p, 2, ms) == -1 && errno != EINTR)
       break;
@@ -272,7 +273,7 @@ nbdio_relay_thread (void *arg)
     if (p[0].revents)
       nbdio_relay_read (io, false);
     now = nbdio_now_ms ();
-    if (rl->repeats && now - rl->said_ms >= NBDIO_RELAY_MS)
+    if (rl->repeats && now - rl->logged_ms >= NBDIO_RELAY_MS)
       nbdio_relay_count (io, now);
   }
   return NULL;
@@ -388,16 +389,16 @@ nbdio_relay_stop (struct nbdio *io)
   rl->on = false;
 }
 
-/* The nbdkit serving an http(s) or ssh URL: its arguments, or -1 with
- * *why.  Its stderr is the relay's pipe, so that its lines are logged
- * with the backing file's name and its repeats counted (a base down
- * gives a line and a count, not a line per read: test-remote-http.sh).
- * libnbd starts it with our stderr and offers no other, so it opens the
- * pipe by our pid and descriptor (the pipe is not inherited: neither by
- * the other children of the server, nor across its exec), as its
- * parent's stderr if that cannot be.  The shell that does so is the
- * first relay.wrap arguments, left out when the pipe is not read (see
- * nbdio_helper_argv).
+/* Sets the arguments of the nbdkit serving an http(s) or ssh URL.
+ * Returns 0, or -errno with *why.  Its stderr is the relay's pipe, so
+ * that its lines are logged with the backing file's name and its repeats
+ * counted (a base down gives a line and a count, not a line per read:
+ * test-remote-http.sh).  libnbd starts it with our stderr and offers no
+ * other, so it opens the pipe by our pid and descriptor (the pipe is not
+ * inherited: neither by the other children of the server, nor across its
+ * exec), as its parent's stderr if that cannot be.  The shell that does
+ * so is the first relay.wrap arguments, left out when the pipe is not read
+ * (see nbdio_helper_argv).
  */
 int
 nbdio_nbdkit_argv (struct nbdio *io, const struct qcow2_remote *remote,

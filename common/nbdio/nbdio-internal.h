@@ -104,9 +104,9 @@ struct nbdio_relay {
   int wake[2];
   char line[1024];              /* a line not yet ended */
   size_t len;
-  char *shape;                  /* the last line said, without digits */
-  unsigned repeats;             /* lines like it since, not said */
-  uint64_t said_ms, last_ms;    /* it (or a count) said; the last like it */
+  char *shape;                  /* the last line logged, without digits */
+  unsigned repeats;             /* lines like it since, not logged */
+  uint64_t logged_ms, last_ms;  /* it (or a count) logged; the last like it */
 };
 
 struct nbdio {
@@ -125,8 +125,8 @@ struct nbdio {
   pthread_cond_t changed;       /* a connection changed state */
   unsigned failures;            /* connecting failed: how many times */
   unsigned conn_seq;            /* connections made so far (atomic) */
-  bool down_said;               /* failing to connect said, not said back */
-  bool lost;                    /* said lost, not yet said back */
+  bool down_logged;             /* failing to connect logged, not back yet */
+  bool lost;                    /* logged lost, not yet logged back */
   char *last_why;               /* why it failed the last time */
   struct nbdio_conn conns[NBDIO_MAX_CONNS];
   struct nbdio_relay relay;     /* the helpers' stderr */

@@ -100,8 +100,9 @@ struct nbdio_cmd {
   uint64_t delivered;
 };
 
-/* Chunk [start, end) of cmd's range delivered: NULL, or what is wrong
- * (it is over one delivered before, or no memory to remember it).
+/* Records chunk [start, end) of cmd's range as delivered.  Returns
+ * NULL, or what is wrong (it is over one delivered before, or no
+ * memory to remember it).
  */
 static const char *
 nbdio_account (struct nbdio_cmd *cmd, uint32_t start, uint32_t end)
@@ -218,12 +219,12 @@ nbdio_extent (void *opaque, const char *metacontext, uint64_t offset,
   return 0;
 }
 
-/* Submit cmd to a connection; an error said (once per request) sets
+/* Submit cmd to a connection; an error logged (once per request) sets
  * *cmd->result.  Block status if status, else a read.
  */
 static void
 nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
-              bool *said)
+              bool *logged)
 {
   struct nbdio_conn *c;
   char *why = NULL;
@@ -232,10 +233,10 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
   c = nbdio_acquire (io, &why);
   if (!c) {
     int e = errno;
-    if (!*said && e != EALREADY)
+    if (!*logged && e != EALREADY)
       nbdio_say (io, NBDIO_ERROR, "%s: cannot connect: %s", io->name,
                  why ? why : errstr (e));
-    *said = true;
+    *logged = true;
     free (why);
     if (*cmd->result == 0)
       *cmd->result = -EIO;
@@ -269,10 +270,10 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
     /* Found closed: not served (see nbdio_retry). */
     if (!cmd->retried && (nbd_aio_is_dead (c->h) || nbd_aio_is_closed (c->h)))
       cmd->err = ESHUTDOWN;
-    else if (!*said)
+    else if (!*logged)
       nbdio_say (io, NBDIO_ERROR, "%s: %s", io->name, nbd_get_error ());
     if (cmd->err != ESHUTDOWN) {
-      *said = true;
+      *logged = true;
       if (*cmd->result == 0)
         *cmd->result = -EIO;
     }
@@ -294,7 +295,7 @@ nbdio_submit (struct nbdio *io, struct nbdio_cmd *cmd, bool status,
  */
 static void
 nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
-             bool status, bool *said)
+             bool status, bool *logged)
   TSA_EXCLUDES (io->lock)
 {
   for (size_t i = 0; i < n; i++) {
@@ -324,7 +325,7 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
     free (cmd->ext);
     cmd->ext = NULL;
     cmd->next = 0;
-    nbdio_submit (io, cmd, status, said);
+    nbdio_submit (io, cmd, status, logged);
   }
 }
 
@@ -334,10 +335,11 @@ nbdio_retry (struct nbdio *io, struct nbdio_cmd *cmds, size_t n,
  */
 static void
 nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
-                struct nbdio_cmd *cmds, size_t n, bool status, bool *said)
+                struct nbdio_cmd *cmds, size_t n, bool status,
+                bool *logged)
 {
   nbdio_wait_pending (w);
-  nbdio_retry (io, cmds, n, status, said);
+  nbdio_retry (io, cmds, n, status, logged);
   nbdio_wait_pending (w);
   sem_destroy (&w->done);
   for (size_t i = 0; i < n; i++) {
@@ -351,9 +353,10 @@ nbdio_wait_all (struct nbdio *io, struct nbdio_wait *w,
   }
 }
 
-/* Commands reading [offset, offset+count) into buf (the part within
- * the export), aligned to the server's minimum block size and cut at
- * its maximum, into cmds (NULL: just count them): how many.
+/* Fills cmds (NULL: just count them) with commands reading [offset,
+ * offset+count) into buf (the part within the export), aligned to the
+ * server's minimum block size and cut at its maximum.  Returns how
+ * many.
  */
 static size_t
 nbdio_plan_read (struct nbdio *io, uint8_t *buf, size_t count,
@@ -398,7 +401,7 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
   struct nbdio_wait w;
   struct nbdio_cmd *cmds;
   size_t ncmds = 0;
-  bool said = false;
+  bool logged = false;
 
   /* Past the end of the export reads as zeros. */
   for (size_t i = 0; i < n; i++) {
@@ -427,9 +430,9 @@ nbdio_pread_many (struct qcow2_io *qio, struct qcow2_io_read *reads,
   for (size_t i = 0; i < ncmds; i++) {
     cmds[i].w = &w;
     if (cmds[i].len && *cmds[i].result == 0)
-      nbdio_submit (io, &cmds[i], false, &said);
+      nbdio_submit (io, &cmds[i], false, &logged);
   }
-  nbdio_wait_all (io, &w, cmds, ncmds, false, &said);
+  nbdio_wait_all (io, &w, cmds, ncmds, false, &logged);
   free (cmds);
 }
 
@@ -492,7 +495,8 @@ nbdio_size (struct qcow2_io *io)
   return ((struct nbdio *) io)->size;
 }
 
-/* The extent at offset from the spans kept, if one covers it
+/* Whether one of the spans kept covers offset; if so, sets *type and
+ * *len to the extent there.
  */
 static bool
 nbdio_span_find (struct nbdio *io, uint64_t offset, uint32_t *type,
@@ -536,8 +540,8 @@ nbdio_status_cached (struct nbdio *io, uint64_t offset, uint32_t *type,
 }
 
 /* Keep the reply to a block status at start (n length, flags pairs),
- * in the place of the span used least recently, and what it says of
- * offset: 1, 0 if it ends before offset, or -EIO if it says nothing
+ * in the place of the span used least recently.  Returns what it says
+ * of offset: 1, 0 if it ends before offset, or -EIO if it says nothing
  * (the server answered no extent, or only empty ones).
  */
 static int
@@ -581,7 +585,7 @@ nbdio_status_keep (struct nbdio *io, uint64_t start, const uint32_t *pairs,
 }
 
 /* Ask the server for the extents from start (as far as the protocol's
- * 32 bits allow), keep them, and say what they say of offset (as
+ * 32 bits allow), keep them, and return what they say of offset (as
  * nbdio_status_keep).
  */
 static int
@@ -593,12 +597,12 @@ nbdio_status_ask (struct nbdio *io, uint64_t start, uint64_t offset,
   struct nbdio_cmd cmd = {
     .w = &w, .offset = start, .result = &r,
     .len = MIN (io->size - start, UINT32_MAX & ~UINT32_C (65535)) };
-  bool said = false;
+  bool logged = false;
 
   assert (start <= offset && offset < io->size);
   nbdio_wait_init (&w);
-  nbdio_submit (io, &cmd, true, &said);
-  nbdio_wait_all (io, &w, &cmd, 1, true, &said);
+  nbdio_submit (io, &cmd, true, &logged);
+  nbdio_wait_all (io, &w, &cmd, 1, true, &logged);
   if (r == 0 &&
       (r = nbdio_status_keep (io, start, cmd.ext, cmd.ext ? cmd.next : 0,
                               offset, type, len)) == -EIO)
@@ -652,7 +656,7 @@ nbdio_close (struct qcow2_io *qio)
   lock_release (&io->lock);
   for (unsigned i = 0; i < io->nconns; i++)
     nbdio_reap (&io->conns[i]);
-  nbdio_relay_stop (io);        /* the helpers' last words said */
+  nbdio_relay_stop (io);        /* the helpers' last words logged */
   for (char **a = io->argv; a && *a; a++)
     free (*a);
   free (io->argv);
@@ -722,7 +726,7 @@ nbdio_open (const struct qcow2_remote *remote,
   nbdio_relay_start (io);
   lock_release (&io->lock);
 
-  /* Connected once now: what is wrong is said at start.  The
+  /* Connected once now: what is wrong is logged at start.  The
    * connection serves from the first request on, when its thread
    * starts (nbdkit may fork in between: see nbdio_acquire).
    */

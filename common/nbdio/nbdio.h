@@ -27,7 +27,7 @@ struct nbdio_options {
    */
   void (*error) (const char *msg);
   void (*debug) (const char *msg);
-  /* Optional: what is said about the storage (its URL: name) that is
+  /* Optional: what is logged about the storage (its URL: name) that is
    * not an error, such as a connection lost and made again (the error
    * callback without it).
    */
@@ -45,7 +45,7 @@ struct nbdio_options {
 };
 
 /* Open remote storage (opts may be NULL: the defaults), connected
- * once, so that what is wrong is said now.  On failure returns NULL
+ * once, so that what is wrong is logged now.  On failure returns NULL
  * with errno set and, if why is not NULL, *why a malloc'd message
  * saying what failed and what to do (or NULL).
  *

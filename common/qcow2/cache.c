@@ -214,7 +214,9 @@ cache_retire (struct meta_cache *c, uint32_t i)
 #endif
 }
 
-/* Data for entries [c->n, n): 0, or -1 with nothing changed. */
+/* Allocates the data for entries [c->n, n).  Returns 0, or -1 with
+ * nothing changed.
+ */
 static int
 cache_alloc_data (struct meta_cache *c, uint32_t n)
 {
@@ -275,8 +277,8 @@ cache_hash_insert (struct meta_cache *c, uint32_t i)
   c->buckets[b] = i;
 }
 
-/* Hash buckets for n entries (twice as many, a power of two): 0, or -1
- * with the old ones kept.
+/* Sizes the hash buckets for n entries (twice as many, a power of
+ * two).  Returns 0, or -1 with the old ones kept.
  */
 static int
 cache_size_buckets (struct meta_cache *c, uint32_t n)

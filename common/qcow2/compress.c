@@ -79,7 +79,7 @@ compress_tls_get (void)
   return t;
 }
 
-/* *buf, grown to at least n bytes (its capacity in *cap). */
+/* Returns *buf, grown to at least n bytes (its capacity in *cap). */
 static uint8_t *
 compress_buffer (uint8_t **buf, size_t *cap, size_t n)
 {

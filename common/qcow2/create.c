@@ -244,7 +244,9 @@ create_layout (const struct qcow2_create_options *o, uint64_t crypto_len,
   l->total -= extra;
 }
 
-/* The checks, and the layout of the new image: 0, or -errno said. */
+/* Checks the options and plans the layout of the new image.  Returns 0,
+ * or -errno after logging an error.
+ */
 static int
 create_plan (const struct qcow2_env *env, const struct qcow2_create_options *o,
              struct create_layout *l)

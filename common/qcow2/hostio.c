@@ -67,8 +67,8 @@ io_write_corrupt (struct qcow2_image *img)
     "it will not be written until qemu-img check -r all repairs it";
 }
 
-/* The guard's check of a write.  A hit marks the image corrupt, and
- * the mark goes to the header at once, then the hit is said.
+/* Checks a write against the guard.  A hit marks the image corrupt,
+ * and the mark goes to the header at once, then the hit is logged.
  */
 static int
 io_guard (struct qcow2_image *img, uint64_t offset, uint64_t len,
@@ -119,7 +119,7 @@ io_write_meta_unchecked (struct qcow2_image *img, const void *buf,
   assert (len > 0);
   r = io_guard (img, offset, len, may_touch);
   if (r < 0)
-    return r;                   /* the guard said why */
+    return r;                   /* the guard logged why */
   r = img->io->ops->pwrite (img->io, buf, len, offset);
   if (r < 0) {
     log_error (img, "writing %s at %#" PRIx64 ": %s", what, offset,

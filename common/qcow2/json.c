@@ -302,8 +302,8 @@ json_parse (const char *text, struct json_doc *d, char **why)
   return r;
 }
 
-/* The entry of the key prefix + name (prefix "" or ending in '.'), now
- * used, or NULL.
+/* Returns the entry of the key prefix + name (prefix "" or ending in
+ * '.'), now used, or NULL.
  */
 static struct json_kv *
 json_get (struct json_doc *d, const char *prefix, const char *name)
@@ -336,8 +336,9 @@ json_has_object (const struct json_doc *d, const char *prefix,
   return false;
 }
 
-/* A string (or number: QEMU takes ports either way) option, or NULL;
- * -EINVAL said if it has another type.
+/* Sets *out to a string (or number: QEMU takes ports either way)
+ * option, or NULL.  Returns 0, or -EINVAL with *why if it has another
+ * type.
  */
 static int
 json_get_string (struct json_doc *d, const char *prefix, const char *name,

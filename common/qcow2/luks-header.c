@@ -158,8 +158,8 @@ luks_header_parse_setup (const struct luks_area *where, const uint8_t *hdr,
   return 0;
 }
 
-/* Try the password on one key slot: 1 if it opens it (key is then the
- * master key), 0 if not, or -errno.
+/* Try the password on one key slot.  Returns 1 if it opens it (key is
+ * then the master key), 0 if not, or -errno.
  */
 static int
 luks_header_try_slot (const struct luks_setup *s, const uint8_t *hdr,
@@ -196,7 +196,7 @@ luks_header_try_slot (const struct luks_setup *s, const uint8_t *hdr,
   return r;
 }
 
-/* Why key slot i cannot be used, or NULL: a slot QEMU would refuse
+/* Returns why key slot i cannot be used, or NULL: a slot QEMU would refuse
  * (qcrypto_block_luks_check_header), or one PBKDF2 cannot run.
  */
 static const char *
@@ -230,8 +230,8 @@ luks_header_check_slot (const struct luks_setup *s, const uint8_t *area,
   return why;
 }
 
-/* Try password on every active key slot: 1 and key if one opens, 0
- * if none, or -errno.
+/* Try password on every active key slot.  Returns 1, with key, if one
+ * opens, 0 if none, or -errno.
  */
 static int
 luks_header_find_key (const struct luks_setup *s, const uint8_t *area,
@@ -373,9 +373,10 @@ luks_header_cpu_ns (void)
   return ts.tv_sec * UINT64_C (1000000000) + ts.tv_nsec;
 }
 
-/* PBKDF2 iterations that take iter_ms of this thread's CPU time, as
- * QEMU measures them, at least LUKS_MIN_ITERS; -ERANGE, said, if more
- * than a key slot can count (qemu-img refuses them too, where it would
+/* Counts into *iters the PBKDF2 iterations that take iter_ms of this
+ * thread's CPU time, as QEMU measures them, at least LUKS_MIN_ITERS.
+ * Returns 0, -errno, or -ERANGE (logged) if more than a key slot can
+ * count (qemu-img refuses them too, where it would
  * otherwise run PBKDF2 for hours).
  */
 static int
@@ -535,7 +536,7 @@ luks_format (const struct qcow2_env *env, const struct qcow2_luks_options *o,
     goto out;
   luks_encrypt (k, 0, split, split_len);
  out:
-  if (r < 0 && r != -ERANGE)           /* luks_header_count_iters said why */
+  if (r < 0 && r != -ERANGE)   /* luks_header_count_iters logged why */
     env_err (env, "making the LUKS header: %s", errstr (-r));
   luks_key_free (k);
   explicit_bzero (key, sizeof key);

@@ -96,7 +96,9 @@ luks_essiv_cipher (const struct luks_cipher *c, const struct nettle_hash *h)
   return luks_find_cipher (c->name, h->digest_size);
 }
 
-/* Check a setup: which combinations exist; 0 or an error message. */
+/* Check a setup: which combinations exist.  Returns NULL, or an error
+ * message.
+ */
 const char *
 luks_check_setup (struct luks_setup *s)
 {
@@ -111,7 +113,7 @@ luks_check_setup (struct luks_setup *s)
   return NULL;
 }
 
-/* What is said of a part not supported (luks_lookup). */
+/* What is logged of a part not supported (luks_lookup). */
 #define LUKS_HASHES "md5, sha1, sha224, sha256, sha384, sha512, ripemd160"
 const struct luks_part luks_parts[] = {
   [PART_MODE] = { "the cipher mode", "encrypt-cipher-mode",
@@ -122,8 +124,9 @@ const struct luks_part luks_parts[] = {
   [PART_HASH] = { "the hash", "encrypt-hash-alg", LUKS_HASHES },
 };
 
-/* The mode, the IV generator (with its hash, for ESSIV) and the hash
- * of a setup, by name: -1, or the part (PART_*) not supported.
+/* Looks up the mode, the IV generator (with its hash, for ESSIV) and
+ * the hash of a setup by name.  Returns -1, or the part (PART_*) not
+ * supported.
  */
 int
 luks_lookup (struct luks_setup *s, const char *mode, const char *ivgen,

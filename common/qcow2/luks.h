@@ -62,7 +62,9 @@ enum luks_af_how {
   LUKS_AF_SPLIT,        /* make the last stripe so that they merge into key */
 };
 
-/* luks.c: what luks-header.c uses of it (said where it is defined). */
+/* luks.c: what luks-header.c uses of it (described where it is
+ * defined).
+ */
 extern const struct luks_cipher *luks_find_cipher (const char *name,
                                                    size_t key_len);
 extern int luks_lookup (struct luks_setup *s, const char *mode,

@@ -67,7 +67,9 @@ name_url_escape (const char *s, bool query)
   return r;
 }
 
-/* [s, s+len) percent-decoded into dst, NUL-terminated: the end. */
+/* Percent-decodes [s, s+len) into dst, NUL-terminated.  Returns the
+ * end.
+ */
 static char *
 name_url_unescape (char *dst, const char *s, size_t len)
 {

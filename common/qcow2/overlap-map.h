@@ -86,8 +86,8 @@ struct overlap_list {
   frag_t f[];
 };
 
-/* What a list slot points to: the allocation, the index (or NULL), the
- * list.
+/* Returns what a list slot points to: the allocation, the index (or
+ * NULL), the list.
  */
 static inline void *
 slot_ptr (uint64_t slot)
@@ -145,15 +145,17 @@ struct overlap_map {
  */
 extern struct overlap_map overlap_map_empty;
 
-/* NULL if out of memory.  bits: log2 of the cluster size, with which
+/* Returns NULL if out of memory.  bits: log2 of the cluster size, with which
  * end, free_lo and free_hi are kept in bytes.
  */
 extern struct overlap_map *overlap_map_create (unsigned bits);
 extern void overlap_map_destroy (struct overlap_map *m);
-/* Clusters [first, first+n) get type value (0: none); 0 or -ENOMEM. */
+/* Gives clusters [first, first+n) type value (0: none).  Returns 0, or
+ * -ENOMEM.
+ */
 extern int overlap_map_set (struct overlap_map *m, uint64_t first,
                             uint64_t n, unsigned value);
-/* The type at cluster c, 0 if none; never allocates. */
+/* Returns the type at cluster c, 0 if none; never allocates. */
 extern unsigned overlap_map_type (struct overlap_map *m, uint64_t c);
 /* The first cluster in [c, end) with a type, its type in *type; or a
  * end if none.
@@ -167,7 +169,7 @@ extern uint64_t overlap_map_next (const struct overlap_map *m, uint64_t c,
 extern uint64_t overlap_map_find (struct overlap_map *m, uint64_t first,
                                   uint64_t last, uint32_t checked,
                                   unsigned *type);
-/* Fold expanded windows back into lists; 0 or -ENOMEM. */
+/* Fold expanded windows back into lists.  Returns 0, or -ENOMEM. */
 extern int overlap_map_compact (struct overlap_map *m);
 
 /* The 1-based type of metadata at cluster c if it is one of the

@@ -127,7 +127,7 @@ overlap_check_map (struct qcow2_image *img, uint64_t offset, uint64_t len,
 }
 
 /* Before a write of [offset, offset+len) that may touch only the
- * structures in the mask ign: 0, or -EIO after marking the image
+ * structures in the mask ign.  Returns 0, or -EIO after marking the image
  * corrupt in memory (the write must not happen), what it would have
  * overwritten in *hit.
  */

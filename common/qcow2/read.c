@@ -178,12 +178,14 @@ read_plan (struct qcow2_image *img, uint8_t *buf, const struct qcow2_run *runs,
   }
 }
 
-/* The error of a piece that failed, said where the layer did not. */
+/* Returns the error of a piece that failed, logged where the layer did
+ * not.
+ */
 static int
 read_piece_error (struct qcow2_image *img, const struct pool_piece *p)
 {
   if (p->fn)
-    return p->r;                /* the layer below said it */
+    return p->r;                /* the layer below logged it */
   if (p->arg)
     log_error (p->arg, "reading %zu bytes at %#" PRIx64 ": %s", p->len,
                p->offset, errstr (-p->r));

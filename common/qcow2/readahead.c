@@ -138,7 +138,7 @@ readahead_free (struct readahead *ra)
   free (ra);
 }
 
-/* The window holding [offset, end), or -1. */
+/* Returns the window holding [offset, end), or -1. */
 static int
 readahead_find (struct readahead *ra, uint64_t offset, uint64_t end)
   TSA_REQUIRES (ra->lock)
@@ -165,7 +165,7 @@ readahead_take (struct readahead *ra, int i, uint8_t *buf, uint64_t offset,
     ra->cap = MIN (MAX (ra->cap, ra->w[i].len) * 2, READAHEAD_WINDOW);
 }
 
-/* The kept piece holding [offset, end), or -1. */
+/* Returns the kept piece holding [offset, end), or -1. */
 static int
 readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
   TSA_REQUIRES (ra->lock)
@@ -280,8 +280,8 @@ readahead_owed (const struct readahead *ra)
   return owed;
 }
 
-/* [offset, offset+count) copied from a window full of it or a kept
- * piece, if one is: true if it was.
+/* Copies [offset, offset+count) from a window full of it or a kept
+ * piece, if one is.  Returns true if it was.
  */
 bool
 readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,

@@ -86,8 +86,8 @@ stream_set_state (struct qcow2_stream *s, enum qcow2_stream_state state)
   lock_release (&s->lock);
 }
 
-/* Sleep ns, or less if the job is told to stop: whether it is.  On
- * the monotonic clock, as the pacing (lock_cond_init).
+/* Sleep ns, or less if the job is told to stop.  Returns whether it is.
+ * On the monotonic clock, as the pacing (lock_cond_init).
  */
 static bool
 stream_sleep (struct qcow2_stream *s, int64_t ns)
@@ -378,8 +378,8 @@ stream_pace (struct qcow2_stream *s, int64_t started, uint64_t copied)
   return stream_stopping (s);
 }
 
-/* A remote step failed with r (what says which, for the notice): 0 to
- * retry it, after a wait said, else what the job ends with
+/* A remote step failed with r (what says which, for the notice).  Returns
+ * 0 to retry it, after a wait logged, else what the job ends with
  * (-ECANCELED: told to stop meanwhile).
  */
 static int
@@ -467,7 +467,7 @@ stream_progress_notice (struct qcow2_stream *s, uint64_t found,
   }
 }
 
-/* Copy all there is: 0 when nothing is left, else -errno. */
+/* Copy all there is.  Returns 0 when nothing is left, else -errno. */
 static int
 stream_copy (struct qcow2_stream *s, int64_t started)
 {
@@ -553,7 +553,7 @@ stream_thread (void *arg)
   double secs = ((int64_t) monotonic_ns () - started) / 1e9;
   done = __atomic_load_n (&s->done, __ATOMIC_RELAXED);
   /* The start's count, less what clients took over, is what was
-   * copied: both said.
+   * copied: both logged.
    */
   if (done < first)
     snprintf (rest, sizeof rest, "; clients' writes and trims took over "

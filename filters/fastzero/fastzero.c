@@ -51,8 +51,8 @@ static const char *const zeromode_names[] = {
 /* Always zeroes; not const, so that it lives in .bss, not in the file. */
 static char zero_buf[MAX_WRITE];
 
-/* VALUE's index in NAMES (N of them), or -1 with an error naming KEY
- * and listing CHOICES.
+/* Returns VALUE's index in NAMES (N of them), or -1 after logging an
+ * error naming KEY and listing CHOICES.
  */
 static int
 fastzero_lookup (const char *key, const char *value,
@@ -217,9 +217,9 @@ fastzero_emulate (nbdkit_next *next, uint32_t count, uint64_t offset,
   return 0;
 }
 
-/* Whether block status says [offset, offset+count) reads as zeroes
- * (and, if ALLOCATED, that none of it is a hole): 1 yes, 0 no or
- * unknown, -1 error.
+/* Returns 1 if block status says [offset, offset+count) reads as zeroes
+ * (and, if ALLOCATED, that none of it is a hole), 0 if not or unknown,
+ * -1 on error.
  */
 static int
 fastzero_reads_as_zero (nbdkit_next *next, uint32_t count, uint64_t offset,

@@ -114,7 +114,9 @@ iostats_bucket (uint64_t ns)
     + (unsigned) (ns >> (e - SUB_BITS)) - SUB_COUNT;
 }
 
-/* The middle of bucket b: the value reported for a percentile there. */
+/* Returns the middle of bucket b, the value reported for a percentile
+ * there.
+ */
 static uint64_t
 iostats_bucket_value (unsigned b)
 {
@@ -127,8 +129,8 @@ iostats_bucket_value (unsigned b)
   return (SUB_COUNT + b % SUB_COUNT) * width + width / 2;
 }
 
-/* The nearest-rank percentile p (0 < p <= 100): the bucket holding the
- * ceil(p% * count)-th smallest latency, never above the largest seen.
+/* Returns the nearest-rank percentile p (0 < p <= 100): the bucket holding
+ * the ceil(p% * count)-th smallest latency, never above the largest seen.
  */
 static uint64_t
 iostats_percentile (const struct op_stats *s, unsigned p)

@@ -88,8 +88,8 @@ latency_rng_seed (uint64_t s)
   }
 }
 
-/* VALUE for KEY: digits with an optional fraction, then the unit: s
- * (also when none is given), ms or us.  Into *NS, at most a day.
+/* Parses VALUE for KEY into *NS, at most a day: digits with an optional
+ * fraction, then the unit: s (also when none is given), ms or us.
  */
 static int
 latency_parse_duration (const char *key, const char *value, uint64_t *ns)
@@ -146,10 +146,11 @@ latency_parse_duration (const char *key, const char *value, uint64_t *ns)
   return -1;
 }
 
-/* VALUE as a decimal number from 0 to MAX, digits only, into *R; -1
- * if it is not one.  (Not nbdkit_parse_*: their message for a number
- * out of range goes through strerror, which under AddressSanitizer can
- * leave glibc's locale lock held, and nbdkit then hangs at exit.)
+/* Parses VALUE as a decimal number from 0 to MAX, digits only, into *R.
+ * Returns 0, or -1 if it is not one.  (Not nbdkit_parse_*: their message
+ * for a number out of range goes through strerror, which under
+ * AddressSanitizer can leave glibc's locale lock held, and nbdkit then
+ * hangs at exit.)
  */
 static int
 latency_parse_number (const char *value, uint64_t max, uint64_t *r)

@@ -116,7 +116,7 @@ nextio_call (nbdkit_next *next, const struct nextio_call *c, int *err)
   abort ();
 }
 
-/* The call, in its turn: 0, or -errno. */
+/* Makes the call, in its turn.  Returns 0, or -errno. */
 static int
 nextio_turn (nbdkit_next *next, const struct nextio_call *c)
   TSA_EXCLUDES (below_lock)
@@ -575,8 +575,8 @@ below_stack_word (FILE *fp, const char *word, const char *filters)
     fprintf (fp, "%s%s", ftell (fp) ? " " : "", word);
 }
 
-/* The filters below and the other keys, if the disk depends on them
- * (see below_stack).  0, or -1 said.
+/* Records the filters below and the other keys, if the disk depends on
+ * them (see below_stack).  Returns 0, or -1 after logging an error.
  */
 static int
 below_make_stack (const char *plugin)

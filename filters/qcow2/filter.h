@@ -16,30 +16,33 @@
  * neither).
  */
 
-/* A key given to the filter, noted if it says what the plugin serves
- * (file=, url=, ...): 0, or -1 said.
+/* Notes a key given to the filter if it says what the plugin serves
+ * (file=, url=, ...).  Returns 0, or -1 after logging an error.
  */
 extern int below_config (const char *key, const char *value);
-/* After the last key: the plugin's name and what it serves known (the
- * qcow2 plugin refused).  0, or -1 said.
+/* After the last key, learns the plugin's name and what it serves (the
+ * qcow2 plugin refused).  Returns 0, or -1 after logging an error.
  */
 extern int below_config_complete (void);
 /* nbdkit's thread model for the plugin: whether its calls take turns. */
 extern bool below_get_ready (int thread_model);
-/* The context into the plugin, shared by all connections, or NULL. */
+/* Returns the context into the plugin, shared by all connections, or
+ * NULL.
+ */
 extern nbdkit_next *below_open (nbdkit_backend *backend, bool readonly);
 
-/* The plugin's export (size bytes) as a qcow2_io, which the engine
- * owns, NULL on error (said).  Flags: NEXTIO_READONLY, never written;
- * NEXTIO_EXTENTS, its hole op answers from the plugin's extents.
+/* Returns the plugin's export (size bytes) as a qcow2_io, which the engine
+ * owns, or NULL on error (logged).  Flags: NEXTIO_READONLY, never
+ * written; NEXTIO_EXTENTS, its hole op answers from the plugin's extents.
  */
 #define NEXTIO_READONLY 1u
 #define NEXTIO_EXTENTS 2u
 extern struct qcow2_io *below_nextio_new (nbdkit_next *next, int64_t size,
                                           unsigned flags);
 
-/* QEMU's locks on the local file nbdkit's file plugin serves, if it
- * serves one: 0, or -1 said.  Held until below_cleanup.
+/* Takes QEMU's locks on the local file nbdkit's file plugin serves, if
+ * it serves one, held until below_cleanup.  Returns 0, or -1 after
+ * logging an error.
  */
 extern int below_lock_file (bool readonly);
 extern void below_cleanup (void);
@@ -65,7 +68,7 @@ extern const char *below_description (void);
  * plugin spelled otherwise (same device and inode).
  */
 extern bool below_same_plugin (const char *recorded);
-/* The one local file nbdkit's file plugin is given, or NULL. */
+/* Returns the one local file nbdkit's file plugin is given, or NULL. */
 extern const char *below_served_file (void);
 /* That file when its bytes are the disk below (no filter between),
  * known before the plugin is opened: a regular file (*regular, the
@@ -76,8 +79,8 @@ extern const char *below_direct_file (bool *regular);
  * (that file, regular, with no filter between), else -1.
  */
 extern int64_t below_served_size (void);
-/* The local file the plugin serves (known once below_lock_file ran),
- * or NULL.
+/* Returns the local file the plugin serves (known once below_lock_file
+ * ran), or NULL.
  */
 extern const char *below_local_file (void);
 /* The plugin and its keys, naming its disk in messages ("curl
@@ -88,29 +91,29 @@ extern void below_unload (void);
 
 /* overlay.c: qcow2-overlay=FILE */
 
-/* A key of the overlay: 1 if done, 0 if not the overlay's, -1 on
- * error (said).
+/* Takes a key of the overlay.  Returns 1 if done, 0 if not the
+ * overlay's, -1 on error (logged).
  */
 extern int overlay_config (const char *key, const char *value);
-/* After the last key: 0, or -1 said.  create: create=true was given;
- * chain: backing= was.
+/* Called after the last key; create: create=true was given; chain:
+ * backing= was.  Returns 0, or -1 after logging an error.
  */
 extern int overlay_config_complete (bool create, bool chain);
 extern bool overlay_active (void);
 /* Before nbdkit forks (get_ready): what can be checked of FILE
  * without the plugin's disk (it is ours, and records this plugin and
  * the stack below), so that a refusal reaches the terminal and
- * nbdkit's exit status.  0, or -1 said.
+ * nbdkit's exit status.  Returns 0, or -1 after logging an error.
  */
 extern int overlay_get_ready (void);
 /* Whether FILE is served alone, the plugin below unused: a FILE that
  * qcow2-overlay-stream=true (given again) has detached already.
  */
 extern bool overlay_standalone (void);
-/* Open FILE (made if missing) as *image over below, the plugin's
+/* Opens FILE (made if missing) as *image over below, the plugin's
  * context (opened read-only, prepared), whose disk is size bytes and
- * is called name in messages (below NULL, size -1: standalone): 0, or
- * -1 said.
+ * is called name in messages (below NULL, size -1: standalone).
+ * Returns 0, or -1 after logging an error.
  */
 extern int overlay_open (nbdkit_next *below, int64_t size, const char *name,
                          struct qcow2_image **image);

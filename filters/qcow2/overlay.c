@@ -137,7 +137,7 @@ overlay_active (void)
   return overlay_file != NULL;
 }
 
-/* what, JSON-escaped, at p: the end. */
+/* Writes what, JSON-escaped, at p.  Returns the end. */
 static char *
 overlay_json_escape (char *p, const char *what)
 {
@@ -152,8 +152,8 @@ overlay_json_escape (char *p, const char *what)
   return p;
 }
 
-/* OVERLAY_JSON_HEAD, plugin, OVERLAY_JSON_STACK, stack (both
- * JSON-escaped), OVERLAY_JSON_TAIL; NULL on error (said).
+/* Returns OVERLAY_JSON_HEAD, plugin, OVERLAY_JSON_STACK, stack (both
+ * JSON-escaped), OVERLAY_JSON_TAIL, or NULL on error (logged).
  */
 static char *
 overlay_json_name (const char *plugin, const char *stack)
@@ -174,9 +174,9 @@ overlay_json_name (const char *plugin, const char *stack)
   return name;
 }
 
-/* The JSON string at p, as overlay_json_escape wrote it, up to its
- * closing quote, into *out (malloc'd): the end, past the quote, or
- * NULL if it is not one of ours (or on error, *out NULL).
+/* Reads the JSON string at p, as overlay_json_escape wrote it, up to
+ * its closing quote, into *out (malloc'd).  Returns the end, past the
+ * quote, or NULL if it is not one of ours (or on error, *out NULL).
  */
 static const char *
 overlay_json_string (const char *p, char **out)
@@ -205,9 +205,9 @@ overlay_json_string (const char *p, char **out)
   return p + 1;
 }
 
-/* What a name of ours records: true, with *plugin, and *stack (NULL in
- * a FILE made before the stack was recorded); false if name is not
- * one of ours.  Both malloc'd.
+/* Reads what a name of ours records.  Returns true, with *plugin and
+ * *stack (NULL in a FILE made before the stack was recorded), or false
+ * if name is not one of ours.  Both malloc'd.
  */
 static bool
 overlay_record (const char *name, char **plugin, char **stack)
@@ -233,9 +233,9 @@ overlay_record (const char *name, char **plugin, char **stack)
   return false;
 }
 
-/* s as one shell word, for a command to paste: as it is if it needs no
- * quotes (always: in single quotes), else in single quotes.  NULL on
- * error (said).
+/* Returns s as one shell word, for a command to paste: as it is if it
+ * needs no quotes (always: in single quotes), else in single quotes;
+ * NULL on error (logged).
  */
 static char *
 overlay_shell_word (const char *s, bool always)
@@ -339,7 +339,7 @@ overlay_undo (enum overlay_made made)
                   overlay_file, errstr (errno));
 }
 
-/* FILE made (a disk of size bytes, in a new or empty file), locked for
+/* Makes FILE (a disk of size bytes, in a new or empty file), locked for
  * writing before anything is written.
  */
 static struct qcow2_io *
@@ -382,7 +382,9 @@ overlay_make_file (bool existed, int64_t size, enum overlay_made *made)
   return io;
 }
 
-/* 1 if paths a and b are one file, 0 if two, -1 if either is missing. */
+/* Returns 1 if paths a and b are one file, 0 if two, -1 if either is
+ * missing.
+ */
 static int
 overlay_same_file (const char *a, const char *b)
 {
@@ -393,7 +395,7 @@ overlay_same_file (const char *a, const char *b)
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* Whether FILE is the file the plugin serves (said): it would hold
+/* Whether FILE is the file the plugin serves (logged): it would hold
  * the changes to itself.
  */
 static bool
@@ -410,8 +412,8 @@ overlay_is_below (void)
   return true;
 }
 
-/* FILE, opened for the engine: made if missing or empty, else as it
- * is.  NULL on error (said).
+/* Opens FILE for the engine: made if missing or empty, else as it is.
+ * Returns NULL on error (logged).
  */
 static struct qcow2_io *
 overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
@@ -473,7 +475,8 @@ overlay_other_file (const char *name)
   return other;
 }
 
-/* A name of ours recorded: NULL if it names this disk, else why not.
+/* Checks a name of ours recorded.  Returns NULL if it names this disk,
+ * else why not.
  * One made before the stack below was recorded names the plugin only:
  * *unchecked, the stack not compared.
  */
@@ -496,8 +499,8 @@ overlay_our_mismatch (const char *name, bool *unchecked)
   return why;
 }
 
-/* What FILE's backing file name says of the disk below it, against
- * what is given: NULL if it is this disk, else why not.
+/* Compares what FILE's backing file name says of the disk below it with
+ * what is given.  Returns NULL if it is this disk, else why not.
  */
 static const char *
 overlay_mismatch (const struct qcow2_info *i, bool *unchecked)
@@ -531,8 +534,8 @@ overlay_not_qcow2 (void)
                 "or remove it", overlay_file);
 }
 
-/* FILE as QEMU opens it alone, without its backing file, as one shell
- * word (a json: name); NULL on error (said).
+/* Returns FILE as QEMU opens it alone, without its backing file, as one
+ * shell word (a json: name), or NULL on error (logged).
  */
 static char *
 overlay_json_name_of_file (void)
@@ -552,10 +555,10 @@ overlay_json_name_of_file (void)
   return word;
 }
 
-/* FILE's record: it must be the backing name given, else ours naming
- * this plugin and the stack below, or, with qcow2-overlay-stream=true
- * given again, none (FILE streamed and detached: served alone).  0, or
- * -1 said.
+/* Checks FILE's record: it must be the backing name given, else ours
+ * naming this plugin and the stack below, or, with
+ * qcow2-overlay-stream=true given again, none (FILE streamed and
+ * detached: served alone).  Returns 0, or -1 after logging an error.
  */
 static int
 overlay_check_record (struct qcow2_image *img)
@@ -570,7 +573,7 @@ overlay_check_record (struct qcow2_image *img)
   /* A format without a name (left by a detach) says nothing. */
   format = i.backing ? i.backing_format : NULL;
   if (!i.backing && glue_stream.on && glue_stream.detach) {
-    overlay_alone = true;       /* said by overlay_open, as it serves */
+    overlay_alone = true;       /* logged by overlay_open, as it serves */
     return 0;
   }
   if (!(why = overlay_mismatch (&i, &unchecked))) {
@@ -613,8 +616,8 @@ overlay_check_record (struct qcow2_image *img)
   return -1;
 }
 
-/* FILE continued must hold a disk as large as the plugin's, size
- * bytes.  0, or -1 said.
+/* Checks that FILE continued holds a disk as large as the plugin's,
+ * size bytes.  Returns 0, or -1 after logging an error.
  */
 static int
 overlay_check_size (struct qcow2_image *img, int64_t size)
@@ -645,9 +648,10 @@ overlay_check_size (struct qcow2_image *img, int64_t size)
   return -1;
 }
 
-/* Once nbdkit has forked and the plugin is open: FILE's size (known
- * before only when the file plugin serves a local file directly), and,
- * if FILE was not there before, what it records.  0, or -1 said.
+/* Once nbdkit has forked and the plugin is open, checks FILE's size
+ * (known before only when the file plugin serves a local file
+ * directly), and, if FILE was not there before, what it records.
+ * Returns 0, or -1 after logging an error.
  */
 static int
 overlay_check (struct qcow2_image *img, int64_t size)

@@ -240,10 +240,11 @@ qcow2_filter_config_complete (nbdkit_next_config_complete *next,
 #define CREATE_READ_MAX (UINT64_C (1) << 30)
 #define CREATE_READ_MAX_TEXT "1 GiB"
 
-/* Whether the export, read through scan, is empty, for create=true:
- * every run that block status does not report as zeros is read, in
- * the order of the disk.  0 if it is, else -1 said (the first byte of
- * data, or too much to read).
+/* Checks whether the export, read through scan, is empty, for
+ * create=true: every run that block status does not report as zeros
+ * is read, in the order of the disk.  Returns 0 if it is, else -1
+ * after logging an error (the first byte of data, or too much to
+ * read).
  */
 static int
 qcow2_filter_check_empty (struct qcow2_io *scan, const char *name,
@@ -314,10 +315,11 @@ qcow2_filter_check_empty (struct qcow2_io *scan, const char *name,
   return r < 0 ? -1 : 0;
 }
 
-/* Whether create=true may make an image in the export, read through
+/* Checks whether create=true may make an image in the export, read through
  * scan (whose status answers block status): it must be writable, empty
  * (no data anywhere: not an image, a partition table or a file system
- * someone would miss) and large enough.  0, or -1 said.
+ * someone would miss) and large enough.  Returns 0, or -1 after
+ * logging an error.
  */
 static int
 qcow2_filter_create_check (struct qcow2_io *scan, const char *name,
@@ -350,8 +352,8 @@ qcow2_filter_create_check (struct qcow2_io *scan, const char *name,
   return qcow2_filter_check_empty (scan, name, size);
 }
 
-/* create=true: a new image in io, the plugin's export (size bytes),
- * checked first.  0, or -1 said.
+/* For create=true, makes a new image in io, the plugin's export (size
+ * bytes), checked first.  Returns 0, or -1 after logging an error.
  */
 static int
 qcow2_filter_create (struct qcow2_io *io, const char *name, int64_t size,
@@ -377,10 +379,11 @@ qcow2_filter_create (struct qcow2_io *io, const char *name, int64_t size,
   return 0;
 }
 
-/* Where relative backing file names are (see backing_dir), and the
- * name the engine knows the image by: file's path (the local file the
- * plugin serves as the image, or NULL), else the plugin and its keys.
- * Then the names of backing=, resolved there.  0, or -1 said.
+/* Sets where relative backing file names are (see backing_dir), and
+ * the name the engine knows the image by: file's path (the local file
+ * the plugin serves as the image, or NULL), else the plugin and its
+ * keys.  Then resolves the names of backing= there.  Returns 0, or -1
+ * after logging an error.
  */
 static int
 qcow2_filter_name_files (const char *file, const char **name, char **dir)
@@ -526,7 +529,7 @@ qcow2_filter_probe_debug (void *opaque, const char *msg)
  * image opened read-only with the same keys (create=true: the checks
  * of the export, if a regular file) and closed: nothing written, no
  * lock held across the fork.  after_fork opens it again (the file may
- * change in between).  0, or -1 said.
+ * change in between).  Returns 0, or -1 after logging an error.
  */
 
 static int
@@ -545,7 +548,7 @@ qcow2_filter_probe (void)
 
   if (!file || overlay_active ())
     return 0;
-  fo.notice = NULL;             /* said once, after the fork */
+  fo.notice = NULL;             /* logged once, after the fork */
   backing_fo = fo;
   fo.direct = false;            /* the plugin's own reads are not */
   io = fileio_open_with (file, readonly, &fo, &why);
@@ -576,7 +579,7 @@ qcow2_filter_probe (void)
   opts.readonly = true;
   opts.copy_on_read = false;
   opts.io_threads = 0;          /* no threads before the fork */
-  /* Notices are said once, after the fork. */
+  /* Notices are logged once, after the fork. */
   env.opaque = &backing_fo;
   env.notice = NULL;
   env.debug = qcow2_filter_probe_debug;
