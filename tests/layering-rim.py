@@ -8,8 +8,8 @@
 #
 #   plugin:   plugins/qcow2/qcow2.c
 #   filter:   filters/qcow2/qcow2.c > overlay.c > below.c
-#   glue:     gluestream.c > glue.c > policy.c > glue-log.c
-#             > glue-parse.c > glue-password.c > nbdkit-introspect.c
+#   glue:     stream.c > glue.c > policy.c > log.c > parse.c
+#             > password.c > introspect.c
 #   backends: fileio.c, nbdio.c, memio.c (none calls another)
 #   engine:   common/qcow2 (layering.py checks within it)
 #
@@ -30,8 +30,8 @@ import sys
 ORDER = [
     'plugin/qcow2.c',
     'filter/qcow2.c', 'filter/overlay.c', 'filter/below.c',
-    'glue/gluestream.c', 'glue/glue.c', 'glue/policy.c', 'glue/glue-log.c',
-    'glue/glue-parse.c', 'glue/glue-password.c', 'glue/nbdkit-introspect.c',
+    'glue/stream.c', 'glue/glue.c', 'glue/policy.c', 'glue/log.c',
+    'glue/parse.c', 'glue/password.c', 'glue/introspect.c',
     'backend/fileio.c', 'backend/nbdio.c', 'backend/memio.c',
     'engine',
 ]

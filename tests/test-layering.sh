@@ -60,7 +60,7 @@ python3 "$srcdir/layering-rim.py" "$tmp/libfileio_la-fileio.o" \
   "$abs_top_builddir"/filters/qcow2/.libs/nbdkit_qcow2_filter_la-overlay.o \
   "$abs_top_builddir"/common/.libs/libglue.a > "$tmp/rim.out" &&
   fail "upward calls in the rim passed"
-grep -q "backend/fileio.c -> glue/glue-log.c: glue_noticef" "$tmp/rim.out" &&
+grep -q "backend/fileio.c -> glue/log.c: glue_noticef" "$tmp/rim.out" &&
   grep -q "filter/below.c -> filter/overlay.c: overlay_active" "$tmp/rim.out" ||
   fail "the upward calls are not named: $(cat "$tmp/rim.out")"
 echo "OK"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Where the plugin's and the filter's notices reach syslog (nbdkit's own
-# routing, which modules cannot ask for: nbdkit-introspect.c): with
+# routing, which modules cannot ask for: common/glue/introspect.c): with
 # --log=syslog, and from a server in the background (the filter opens
 # the image after nbdkit forked: its notice of an overlay streamed
 # already, served alone).  Seen on a /dev/log of our own, in a user and

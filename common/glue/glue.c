@@ -581,7 +581,7 @@ glue_unload (void)
 }
 
 /* The engine's environment: files through the policy (policy.c),
- * messages to nbdkit's log (glue-log.c).
+ * messages to nbdkit's log (log.c).
  */
 struct qcow2_env glue_env = {
   .opaque = &glue_file_options,

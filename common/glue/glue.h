@@ -1,12 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* What the qcow2 plugin and the qcow2 filter share of their nbdkit
  * glue, from the top down (tests/layering-rim.py checks that calls go
- * down): gluestream.c (stream=true); glue.c, the options that tune the
- * engine, parsed from tables; policy.c, what images may name;
- * glue-log.c, the engine's messages to nbdkit's log, what is logged of an
- * image opened, repair=leaks; glue-parse.c, the values' parsers;
- * glue-password.c; nbdkit-introspect.c, what nbdkit's API does not
- * tell.  Each module links its own copy, holding its own options in
+ * down): stream.c (stream=true); glue.c, the options that tune the
+ * engine, parsed from tables; policy.c, what images may name; log.c,
+ * the engine's messages to nbdkit's log, what is logged of an image
+ * opened, repair=leaks; parse.c, the values' parsers; password.c;
+ * introspect.c, what nbdkit's API does not tell.  Each module links its own copy, holding its own options in
  * glue.
  */
 #ifndef QCOW2_GLUE_H
@@ -183,7 +182,7 @@ extern void glue_unload (void);
 /* Wipe the passwords from memory (at unload). */
 extern void glue_forget_password (void);
 
-/* glue-parse.c: parsers that name the option in their errors. */
+/* parse.c: parsers that name the option in their errors. */
 extern int glue_parse_size (const char *key, const char *value, bool zero_ok,
                             uint64_t *out);
 extern int glue_parse_bool (const char *key, const char *value, bool *out);
@@ -275,7 +274,7 @@ extern void glue_flushed (struct qcow2_image *img);
 /* nbdkit --dump-plugin: what this build reads and writes (qcow2_*). */
 extern void glue_dump_plugin (void);
 
-/* nbdkit-introspect.c: what nbdkit's API does not tell modules,
+/* introspect.c: what nbdkit's API does not tell modules,
  * inferred (that file says from what, and what would retire it).
  */
 /* Whether nbdkit is 1.MINOR.MICRO or later: the headers' version is the
@@ -323,7 +322,7 @@ extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
  */
 extern void glue_refuse_clients (void);
 
-/* gluestream.c: stream=true (the filter: qcow2-overlay-stream=true)
+/* stream.c: stream=true (the filter: qcow2-overlay-stream=true)
  * and its companions, as each module's table parses them.
  */
 struct glue_stream {

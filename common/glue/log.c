@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The glue's messages: the engine's and fileio's errors, debug lines
- * and notices to nbdkit's log (notices where nbdkit-introspect.c finds
+ * and notices to nbdkit's log (notices where introspect.c finds
  * it), and what is logged of an image once open (read-only, repaired,
  * the cache's and flushes' totals, --dump-plugin).
  */
