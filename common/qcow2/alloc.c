@@ -177,7 +177,7 @@ alloc_in_reserve (const struct qcow2_image *img, uint64_t c)
     alloc_runs_contain (&img->alloc.reserve_next, c);
 }
 
-/* The cluster after the reserve's last (0 if it is empty). */
+/* Returns the cluster after the reserve's last (0 if it is empty). */
 uint64_t
 alloc_reserve_end (const struct qcow2_image *img)
 {
@@ -228,7 +228,7 @@ alloc_from_reserve (struct qcow2_image *img, uint64_t n, uint64_t max,
   return false;
 }
 
-/* How many clusters to take ahead of need: twice what was allocated
+/* Returns how many clusters to take ahead of need: twice what was allocated
  * since the last flush, within the limit.  Past 4 MiB (64 clusters of
  * 2 MiB, say) also within a sixteenth of the file: the reserve's part
  * past the end of the file makes the file longer.

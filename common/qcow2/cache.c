@@ -171,7 +171,7 @@ cache_data (const struct meta_cache *c, uint32_t i)
 #endif
 }
 
-/* The entry whose data starts at p; asserted to be one. */
+/* Returns the entry whose data starts at p, asserted to be one. */
 static uint32_t
 cache_index (const struct meta_cache *c, const uint8_t *p)
 {
@@ -326,7 +326,7 @@ cache_grow (struct meta_cache *c)
   cache_size_buckets (c, n);
 }
 
-/* A cache of first entries, growing up to max (see cache_grow). */
+/* Returns a cache of first entries, growing up to max (see cache_grow). */
 struct meta_cache *
 cache_create_growing (enum cache_kind kind, uint64_t entry_size,
                       uint64_t first, uint64_t max)

@@ -84,7 +84,7 @@ check_read (struct qcow2_image *img, void *buf, uint64_t len, uint64_t off,
   return r;
 }
 
-/* A snapshot's L1 table, read from disk. */
+/* Reads a snapshot's L1 table from disk. */
 static int
 check_walk_snapshot (struct qcow2_image *img, const struct qcow2_snapshot *sn,
                      check_ref_fn fn, void *opaque)

@@ -39,7 +39,9 @@ create_put_ext (uint8_t *buf, uint64_t *off, uint64_t limit, uint32_t type,
   return 0;
 }
 
-/* The header cluster: fields, extensions, then the backing file name. */
+/* Fills in the header cluster: fields, extensions, then the backing
+ * file name.
+ */
 static int
 create_header (const struct qcow2_create_options *o, uint8_t *buf,
                uint64_t cs, uint32_t cluster_bits, uint32_t l1_size,
@@ -103,7 +105,9 @@ create_header (const struct qcow2_create_options *o, uint8_t *buf,
   return 0;
 }
 
-/* The header area the extensions and the backing file name take. */
+/* Returns the header area the extensions and the backing file name
+ * take.
+ */
 static uint64_t
 create_header_bytes (const struct qcow2_create_options *o)
 {

@@ -218,8 +218,8 @@ l2_compressed_fits (const struct image_geometry *geo, uint64_t offset)
   return offset < UINT64_C (1) << geo->compressed_offset_bits;
 }
 
-/* The entry of a compressed cluster of len bytes at host offset (which
- * l2_compressed_fits).
+/* Returns the entry of a compressed cluster of len bytes at host offset
+ * (which l2_compressed_fits).
  */
 static inline uint64_t
 l2_compressed_entry (const struct image_geometry *geo, uint64_t offset,

@@ -95,7 +95,7 @@ json_hex4 (const char *p, uint32_t *c)
   return 0;
 }
 
-/* A string at d->p (the opening quote), into *out (malloc'd). */
+/* Parses a string at d->p (the opening quote) into *out (malloc'd). */
 static int
 json_string (struct json_doc *d, char **out)
 {
@@ -186,7 +186,7 @@ json_add (struct json_doc *d, char *key, char *value, enum json_type type)
 
 static int json_object (struct json_doc *d, const char *prefix);
 
-/* The value of key (its full dotted name) at d->p. */
+/* Parses the value of key (its full dotted name) at d->p. */
 static int
 json_value (struct json_doc *d, char *key)
 {
@@ -236,7 +236,7 @@ json_value (struct json_doc *d, char *key)
                      : "expected a value");
 }
 
-/* An object at d->p (the opening brace), its keys under prefix. */
+/* Parses an object at d->p (the opening brace), its keys under prefix. */
 static int
 json_object (struct json_doc *d, const char *prefix)
 {
@@ -356,7 +356,7 @@ json_get_string (struct json_doc *d, const char *prefix, const char *name,
   return 0;
 }
 
-/* A boolean option (true/false, or QEMU's "on"/"off" strings). */
+/* Reads a boolean option (true/false, or QEMU's "on"/"off" strings). */
 static int
 json_get_bool (struct json_doc *d, const char *prefix, const char *name,
                bool *out, char **why)
@@ -375,7 +375,9 @@ json_get_bool (struct json_doc *d, const char *prefix, const char *name,
   return 0;
 }
 
-/* A non-negative integer option (a number or a string of digits). */
+/* Reads a non-negative integer option (a number or a string of
+ * digits).
+ */
 static int
 json_get_u64 (struct json_doc *d, const char *prefix, const char *name,
               uint64_t *out, bool *set, char **why)

@@ -413,7 +413,7 @@ luks_header_count_iters (const struct qcow2_env *env,
   return 0;
 }
 
-/* The bytes the LUKS header and its 8 key slots take. */
+/* Returns the bytes the LUKS header and its 8 key slots take. */
 static uint64_t
 luks_header_slot_sectors (const struct luks_setup *s)
 {

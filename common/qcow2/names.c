@@ -222,7 +222,7 @@ static const char *const name_url_schemes[] = {
   "ssh://", NULL
 };
 
-/* The QEMU driver of a URL we take: nbd, http, https or ssh. */
+/* Returns the QEMU driver of a URL we take: nbd, http, https or ssh. */
 const char *
 name_url_driver (const char *url)
 {
@@ -231,7 +231,7 @@ name_url_driver (const char *url)
     : strncasecmp (url, "http:", 5) == 0 ? "http" : "ssh";
 }
 
-/* A copy of url with its scheme in lower case: schemes are compared
+/* Returns a copy of url with its scheme in lower case: schemes are compared
  * without case (RFC 3986), and everything past the parse (the admin's
  * backing-protocols=, libnbd, nbdkit's helpers) sees the one spelling.
  */

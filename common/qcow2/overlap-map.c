@@ -39,8 +39,8 @@ overlap_map_destroy (struct overlap_map *m)
   free (m);
 }
 
-/* The fragments of a window that is not expanded; *tmp holds an inline
- * one.
+/* Returns the fragments of a window that is not expanded; *tmp holds an
+ * inline one.
  */
 static const frag_t *
 overlap_map_frags (uint64_t slot, frag_t *tmp, uint32_t *n)
@@ -58,8 +58,8 @@ overlap_map_frags (uint64_t slot, frag_t *tmp, uint32_t *n)
   return slot_list (slot)->f;
 }
 
-/* The first fragment that ends after cluster in (index: the list's, or
- * NULL).
+/* Returns the first fragment that ends after cluster in (index: the
+ * list's, or NULL).
  */
 static uint32_t
 overlap_map_search (const frag_t *f, uint32_t n, const uint32_t *index,
@@ -107,7 +107,7 @@ overlap_map_summarize (struct overlap_expanded *e, uint32_t in, uint32_t k,
   }
 }
 
-/* The first nonzero byte of type[in, end), end within in's block of
+/* Returns the first nonzero byte of type[in, end), end within in's block of
  * 64, or end: eight bytes at a time.
  */
 static uint32_t
@@ -127,8 +127,8 @@ overlap_map_block_next (const uint8_t *type, uint32_t in, uint32_t end)
   return end;
 }
 
-/* One past the last nonzero byte of type[start, in], start within in's
- * block of 64, or start.
+/* Returns one past the last nonzero byte of type[start, in], start within
+ * in's block of 64, or start.
  */
 static uint32_t
 overlap_map_block_prev (const uint8_t *type, uint32_t in, uint32_t start)
@@ -148,7 +148,7 @@ overlap_map_block_prev (const uint8_t *type, uint32_t in, uint32_t start)
   }
 }
 
-/* The first cluster at or after in with metadata in an expanded
+/* Returns the first cluster at or after in with metadata in an expanded
  * window, or WINDOW_CLUSTERS.
  */
 static uint32_t
@@ -167,7 +167,7 @@ overlap_map_bytes_next (const struct overlap_expanded *e, uint32_t in)
   return WINDOW_CLUSTERS;
 }
 
-/* One past the last cluster at or before in with metadata in an
+/* Returns one past the last cluster at or before in with metadata in an
  * expanded window, or 0.
  */
 static uint32_t
@@ -265,7 +265,7 @@ overlap_map_compact (struct overlap_map *m)
   return 0;
 }
 
-/* Window wi, expanded (evicting the least recently used expanded
+/* Returns window wi, expanded (evicting the least recently used expanded
  * window if need be).
  */
 static struct overlap_expanded *
@@ -371,7 +371,7 @@ overlap_map_set (struct overlap_map *m, uint64_t first, uint64_t n,
   return 0;
 }
 
-/* The first metadata cluster of window wi at or after in (or
+/* Returns the first metadata cluster of window wi at or after in (or
  * WINDOW_CLUSTERS), its type in *type.
  */
 static uint32_t
@@ -397,7 +397,7 @@ overlap_map_window_next (const struct overlap_map *m, uint64_t wi,
   return MAX (in, frag_start (f[i]));
 }
 
-/* One past the last metadata cluster of window wi at or before in (0
+/* Returns one past the last metadata cluster of window wi at or before in (0
  * if none).
  */
 static uint32_t
@@ -418,7 +418,7 @@ overlap_map_window_prev (const struct overlap_map *m, uint64_t wi,
   return i > 0 ? frag_end (f[i - 1]) : 0;
 }
 
-/* The first metadata cluster in [c, end), or end. */
+/* Returns the first metadata cluster in [c, end), or end. */
 uint64_t
 overlap_map_next (const struct overlap_map *m, uint64_t c, uint64_t end,
                   unsigned *type)
@@ -436,7 +436,7 @@ overlap_map_next (const struct overlap_map *m, uint64_t c, uint64_t end,
   return end;
 }
 
-/* The start of the metadata-free run that ends at c (inclusive),
+/* Returns the start of the metadata-free run that ends at c (inclusive),
  * looking no further back than floor.
  */
 static uint64_t
@@ -475,7 +475,7 @@ overlap_map_known_clear (const struct overlap_map *m, uint64_t first,
   return lo >= m->end || (lo >= m->free_lo && hi <= m->free_hi);
 }
 
-/* The first cluster of [first, last] holding a structure in the mask
+/* Returns the first cluster of [first, last] holding a structure in the mask
  * checked, its 1-based type in *type; or UINT64_MAX if none.  Remembers
  * the metadata-free run around a range that holds no metadata at all,
  * so that the next data write there costs two comparisons.

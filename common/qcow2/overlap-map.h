@@ -157,12 +157,12 @@ extern int overlap_map_set (struct overlap_map *m, uint64_t first,
                             uint64_t n, unsigned value);
 /* Returns the type at cluster c, 0 if none; never allocates. */
 extern unsigned overlap_map_type (struct overlap_map *m, uint64_t c);
-/* The first cluster in [c, end) with a type, its type in *type; or a
- * end if none.
+/* Returns the first cluster in [c, end) with a type, its type in
+ * *type, or end if none.
  */
 extern uint64_t overlap_map_next (const struct overlap_map *m, uint64_t c,
                                   uint64_t end, unsigned *type);
-/* The first cluster of [first, last] with a type in the mask checked
+/* Returns the first cluster of [first, last] with a type in the mask checked
  * (bit type - 1), its type in *type; or UINT64_MAX if none.  Remembers
  * the free run around a range found free (free_lo, free_hi).
  */
@@ -172,7 +172,7 @@ extern uint64_t overlap_map_find (struct overlap_map *m, uint64_t first,
 /* Fold expanded windows back into lists.  Returns 0, or -ENOMEM. */
 extern int overlap_map_compact (struct overlap_map *m);
 
-/* The 1-based type of metadata at cluster c if it is one of the
+/* Returns the 1-based type of metadata at cluster c if it is one of the
  * structures in want (bit type - 1), else 0.  Inlined into
  * overlap_check, where it answers most metadata writes; there c lies
  * below end, which the slots cover (below_end).
@@ -224,7 +224,7 @@ overlap_map_type_in (const struct overlap_map *m, uint64_t c, uint32_t want,
   return type & -((want << 1) >> type & 1);
 }
 
-/* The 1-based type of metadata at cluster c, 0 if none. */
+/* Returns the 1-based type of metadata at cluster c, 0 if none. */
 static inline unsigned
 overlap_map_type_at (const struct overlap_map *m, uint64_t c)
 {

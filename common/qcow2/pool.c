@@ -235,7 +235,7 @@ pool_destroy (struct io_pool *p)
   free (p);
 }
 
-/* The pool, started by the first request that has several runs; NULL
+/* Returns the pool, started by the first request that has several runs; NULL
  * without one.  Called with img->lock held.
  */
 struct io_pool *

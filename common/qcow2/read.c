@@ -12,7 +12,7 @@
 #include "internal.h"
 
 /* A run that is not allocated reads from the backing layer, as far as
- * it goes: how many bytes of [offset, offset+len) that is.
+ * it goes.  Returns how many bytes of [offset, offset+len) that is.
  */
 static uint64_t
 read_backing_len (struct qcow2_image *img, uint64_t offset, uint64_t len)
@@ -116,7 +116,7 @@ read_raw (struct qcow2_image *img, uint8_t *buf, uint64_t count,
   return 0;
 }
 
-/* How many of the runs are read as pieces: data in the file, and what
+/* Returns how many of the runs are read as pieces: data in the file, and what
  * the backing layer holds.
  */
 static size_t

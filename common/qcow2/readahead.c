@@ -177,7 +177,7 @@ readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
   return -1;
 }
 
-/* The kept piece least recently read (one is). */
+/* Returns the kept piece least recently read (one is). */
 static int
 readahead_oldest_kept (struct readahead *ra)
   TSA_REQUIRES (ra->lock)
@@ -265,7 +265,7 @@ readahead_drop (struct readahead *ra, int i)
   ra->w[i].state = WINDOW_EMPTY;
 }
 
-/* What the read-ahead cost so far, the unread part of the full
+/* Returns what the read-ahead cost so far, the unread part of the full
  * windows counted as lost.
  */
 static int64_t

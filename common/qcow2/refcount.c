@@ -47,7 +47,9 @@ refcount_load_table (struct qcow2_image *img)
   return 0;
 }
 
-/* Entry index of a refcount block, at width 1 << order bits. */
+/* Returns the entry index of a refcount block, at width 1 << order
+ * bits.
+ */
 uint64_t
 refcount_entry_get (const uint8_t *block, uint32_t order, uint64_t index)
 {

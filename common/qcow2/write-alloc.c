@@ -22,7 +22,7 @@
 /* Head and tail closer than this are read in one request. */
 #define COW_MERGE_GAP (256u << 10)
 
-/* Subcluster bits of [start, end) within a cluster. */
+/* Returns the subcluster bits of [start, end) within a cluster. */
 uint64_t
 write_unit_mask (const struct qcow2_image *img, uint64_t start, uint64_t end)
 {

@@ -133,7 +133,7 @@ zero_units (struct qcow2_image *img, uint64_t offset, uint64_t len,
   return 0;
 }
 
-/* The length of the next piece of a zero request at offset: up to the
+/* Returns the length of the next piece of a zero request at offset: up to the
  * cluster's end, and on an extended L2 image split at subcluster
  * boundaries, so that the whole subclusters get zero bits and only
  * partial ones at the ends are written as data (QEMU's block layer
