@@ -167,5 +167,14 @@ refused 'noise.img: not a qcow2 image' '' --filter=qcow2 file "$tmp/noise.img"
 refused 'corrupt.qcow2: image is marked corrupt' 'qemu-img check -r all repairs it' \
   --filter=qcow2 file "$tmp/corrupt.qcow2"
 
+# Our other filters: a bad boolean is one error naming the key (not
+# nbdkit_parse_bool's line before it).
+refused 'coalesce-fua=maybe: expected true or false' '' \
+  --filter=flush-coalesce memory 1M coalesce-fua=maybe
+refused 'iostats-append=maybe: expected true or false' '' \
+  --filter=iostats memory 1M iostats-append=maybe
+refused "latency-fast-zero: expected true or false, not 'maybe'" '' \
+  --filter=latency memory 1M latency-fast-zero=maybe
+
 echo "$count refusals, each shaped"
 [ "$count" -ge 25 ] || fail "only $count refusals"

@@ -13,6 +13,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "boolword.h"
 #include "errstr.h"
 #include "glue.h"
 
@@ -97,17 +98,12 @@ glue_parse_size (const char *key, const char *value, bool zero_ok,
 int
 glue_parse_bool (const char *key, const char *value, bool *out)
 {
-  static const char *const words[2][6] = {
-    { "0", "false", "f", "no", "n", "off" },
-    { "1", "true", "t", "yes", "y", "on" },
-  };
+  int b = bool_word (value);
 
-  for (int b = 0; b < 2; b++)
-    for (size_t i = 0; i < sizeof words[b] / sizeof words[b][0]; i++)
-      if (strcasecmp (value, words[b][i]) == 0) {
-        *out = b;
-        return 0;
-      }
+  if (b >= 0) {
+    *out = b;
+    return 0;
+  }
   nbdkit_error ("%s: expected true or false (on/off, yes/no, 1/0), not "
                 "\"%s\"", key, value);
   return -1;

@@ -28,6 +28,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "boolword.h"
 #include "errstr.h"
 #include "lock.h"
 
@@ -72,7 +73,7 @@ coalesce_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
                  const char *key, const char *value)
 {
   if (strcmp (key, "coalesce-fua") == 0) {
-    int r = nbdkit_parse_bool (value);
+    int r = bool_word (value);
 
     if (r == -1) {
       nbdkit_error ("coalesce-fua=%s: expected true or false", value);

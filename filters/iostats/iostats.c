@@ -23,6 +23,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "boolword.h"
 #include "errstr.h"
 #include "lock.h"
 
@@ -430,7 +431,7 @@ iostats_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
     return filename ? 0 : -1;
   }
   if (strcmp (key, "iostats-append") == 0) {
-    r = nbdkit_parse_bool (value);
+    r = bool_word (value);
     if (r == -1) {
       nbdkit_error ("iostats-append=%s: expected true or false", value);
       return -1;

@@ -16,6 +16,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-filter.h>
 
+#include "boolword.h"
 #include "lock.h"
 
 /* -D latency.verbose=1: log every delay as it starts. */
@@ -232,7 +233,7 @@ latency_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
       return 0;
     }
     if (strcmp (what, "fast-zero") == 0) {
-      r = nbdkit_parse_bool (value);
+      r = bool_word (value);
       if (r == -1) {
         nbdkit_error ("%s: expected true or false, not '%s'", key, value);
         return -1;
