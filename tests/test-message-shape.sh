@@ -128,7 +128,7 @@ refused 'cannot open external data file ".*data.raw".*No such file or directory'
 # Passwords: for an image in clear, a wrong one.
 refused 'img.qcow2 is not encrypted, nor is any backing file, but password= was given' \
   'without password= it is served as it is' qcow2 "$img" password=x
-qemu-img create -q -f qcow2 --object secret,id=sec0,data=right \
+qemu_img_pbkdf create -q -f qcow2 --object secret,id=sec0,data=right \
   -o encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10 \
   "$tmp/luks.qcow2" 1M
 refused 'wrong password: it opens none of the image.s 1 active' '' \
