@@ -8,7 +8,10 @@
 # would be 24 or more), closed with the last export.
 source "${srcdir:-.}/functions.sh"
 set -e
-requires qemu-img qemu-io nbdsh
+requires qemu-img qemu-io
+requires_python_nbd
+requires_nbdkit_plugin file
+requires_nbdkit_filter log
 source "${srcdir:-.}/remote-functions.sh"
 
 n=24

@@ -12,7 +12,9 @@
 #    (locking=on) and without them (locking=off: the engine refuses).
 source "${srcdir:-.}/functions.sh"
 set -e
-requires qemu-img qemu-io nbdsh
+requires qemu-img qemu-io
+requires_python_nbd
+[ -d /proc/self/fd ] || { echo "$0: test skipped: no /proc/PID/fd"; exit 77; }
 
 n=100
 d="$tmp/vms"
