@@ -4,6 +4,8 @@
  * allowed), what a bad or looping chain says, external data files,
  * and backing layers shared through a table of layers.
  */
+#include <unistd.h>
+
 #include "unit-engine.h"
 
 /* dir/top.qcow2 (v2) -> dir/mid.qcow2 (probed) -> dir/base.raw, each
@@ -435,6 +437,38 @@ test_shared (void)
     check_reads (img[0], &top[0].model, 0, 1 << 20, "shared, again");
     qcow2_close (img[0]);
   }
+
+  /* A stream of one image over the shared layer, detached: the other
+   * reads on through the layer, which the stream let go of untouched.
+   */
+  img[0] = qcow2_open (&env, memio_new (top[0].buf, top[0].len),
+                       "dir/top0.qcow2", &rw);
+  img[1] = qcow2_open (&env, memio_new (top[1].buf, top[1].len),
+                       "dir/top1.qcow2", &no_opts);
+  if (CHECKF (img[0] && img[1], "open: %s", memenv_last_error (me))) {
+    const struct qcow2_stream_options so = { .base = NULL };
+    struct qcow2_stream *st = qcow2_stream_new (img[0], &so);
+    struct qcow2_stream_progress p = { .state = QCOW2_STREAM_STARTING };
+    struct qcow2_info info;
+
+    if (CHECK (st && qcow2_stream_start (st) == 0)) {
+      for (int i = 0; i < 5000; i++) {
+        qcow2_stream_progress (st, &p);
+        if (p.state == QCOW2_STREAM_DETACHED ||
+            p.state == QCOW2_STREAM_FAILED)
+          break;
+        usleep (1000);
+      }
+      CHECK_INT (p.state, QCOW2_STREAM_DETACHED);
+    }
+    qcow2_stream_free (st);
+    qcow2_get_info (img[0], &info);
+    CHECK (info.backing == NULL);
+    check_reads (img[0], &top[0].model, 0, 1 << 20, "streamed");
+    check_reads (img[1], &top[1].model, 0, 1 << 20, "beside a stream");
+  }
+  qcow2_close (img[0]);
+  qcow2_close (img[1]);
   qcow2_layers_free (layers);
 
   for (int i = 0; i < 2; i++)
