@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The files an image names, through the engine's public interface:
  * backing chains (raw and qcow2, shorter than the overlay, as deep as
- * allowed), what a bad or looping chain says, and external data
- * files.
+ * allowed), what a bad or looping chain says, external data files,
+ * and backing layers shared through a table of layers.
  */
+#include <unistd.h>
+
 #include "unit-engine.h"
 
 /* dir/top.qcow2 (v2) -> dir/mid.qcow2 (probed) -> dir/base.raw, each
@@ -333,6 +335,148 @@ test_data_file (void)
   memenv_free (me);
 }
 
+/* The opens of dir/mid.qcow2 through the environment of test_shared. */
+static unsigned shared_opens;
+static struct qcow2_io *(*shared_open_real) (void *opaque, const char *path,
+                                             bool readonly, char **id);
+
+static struct qcow2_io *
+shared_open (void *opaque, const char *path, bool readonly, char **id)
+{
+  shared_opens += strcmp (path, "dir/mid.qcow2") == 0;
+  return shared_open_real (opaque, path, readonly, id);
+}
+
+/* memenv's names are its files' identities. */
+static char *
+shared_identity (void *opaque, const char *path)
+{
+  return strdup (path);
+}
+
+/* Two images over one layer: opened once with a table of shared
+ * layers (twice without), each image reading its own bytes over it,
+ * one closed while the other reads on.  The layer is refused for
+ * writing while shared, and an image open for writing is refused as
+ * a layer; each is served again once the other is closed.
+ */
+static void
+test_shared (void)
+{
+  struct memenv *me = memenv_new ();
+  struct qcow2_env env = *memenv_env (me);
+  const struct qcow2_options rw = { .readonly = false };
+  struct qcow2_layers *layers;
+  struct qcow2_image *img[2], *w;
+  struct ib mid, top[2];
+
+  shared_open_real = env.open;
+  env.open = shared_open;
+  env.identity = shared_identity;
+  ib_init (&mid, 3, 16, 1 << 20, false);
+  ib_data (&mid, 1, 31);
+  ib_data (&mid, 5, 32);
+  ib_finish (&mid);
+  add_file (me, "dir/mid.qcow2", mid.buf, mid.len);
+  for (int i = 0; i < 2; i++) {
+    ib_init (&top[i], 3, 16, 1 << 20, false);
+    top[i].backing = "mid.qcow2";
+    top[i].backing_format = "qcow2";
+    top[i].model.backing = &mid.model;
+    ib_data (&top[i], 1 + i, 40 + i);
+    ib_finish (&top[i]);
+  }
+
+  /* Without a table, each image opens its own. */
+  for (int i = 0; i < 2; i++)
+    img[i] = qcow2_open (&env, memio_new (top[i].buf, top[i].len),
+                         "dir/top.qcow2", &no_opts);
+  CHECK (img[0] && img[1]);
+  CHECK_INT (shared_opens, 2);
+  for (int i = 0; i < 2; i++)
+    qcow2_close (img[i]);
+
+  shared_opens = 0;
+  layers = qcow2_layers_new (&env);
+  env.layers = layers;
+  for (int i = 0; i < 2; i++)
+    img[i] = qcow2_open (&env, memio_new (top[i].buf, top[i].len),
+                         i ? "dir/top1.qcow2" : "dir/top0.qcow2", &no_opts);
+  if (CHECKF (img[0] && img[1], "open: %s", memenv_last_error (me))) {
+    CHECK_INT (shared_opens, 1);
+    check_reads (img[0], &top[0].model, 0, 1 << 20, "shared, first");
+    check_reads (img[1], &top[1].model, 0, 1 << 20, "shared, second");
+
+    memenv_clear_errors (me);
+    w = qcow2_open (&env, memio_new (mid.buf, mid.len), "dir/mid.qcow2",
+                    &rw);
+    CHECK (w == NULL && errno == EBUSY);
+    CHECKF (strstr (memenv_last_error (me), "refused for writing: it is "
+                    "the backing file"), "message: %s",
+            memenv_last_error (me));
+
+    qcow2_close (img[0]);
+    check_reads (img[1], &top[1].model, 0, 1 << 20, "shared, left");
+    qcow2_close (img[1]);
+  }
+
+  /* Written, then refused as a layer; shared again once closed. */
+  w = qcow2_open (&env, memio_new (mid.buf, mid.len), "dir/mid.qcow2", &rw);
+  if (CHECKF (w != NULL, "open for writing: %s", memenv_last_error (me))) {
+    memenv_clear_errors (me);
+    img[0] = qcow2_open (&env, memio_new (top[0].buf, top[0].len),
+                         "dir/top0.qcow2", &no_opts);
+    CHECK (img[0] == NULL && errno == EBUSY);
+    CHECKF (strstr (memenv_last_error (me), "refused: it is open for "
+                    "writing"), "message: %s", memenv_last_error (me));
+    qcow2_close (w);
+  }
+  img[0] = qcow2_open (&env, memio_new (top[0].buf, top[0].len),
+                       "dir/top0.qcow2", &no_opts);
+  if (CHECK (img[0] != NULL)) {
+    check_reads (img[0], &top[0].model, 0, 1 << 20, "shared, again");
+    qcow2_close (img[0]);
+  }
+
+  /* A stream of one image over the shared layer, detached: the other
+   * reads on through the layer, which the stream let go of untouched.
+   */
+  img[0] = qcow2_open (&env, memio_new (top[0].buf, top[0].len),
+                       "dir/top0.qcow2", &rw);
+  img[1] = qcow2_open (&env, memio_new (top[1].buf, top[1].len),
+                       "dir/top1.qcow2", &no_opts);
+  if (CHECKF (img[0] && img[1], "open: %s", memenv_last_error (me))) {
+    const struct qcow2_stream_options so = { .base = NULL };
+    struct qcow2_stream *st = qcow2_stream_new (img[0], &so);
+    struct qcow2_stream_progress p = { .state = QCOW2_STREAM_STARTING };
+    struct qcow2_info info;
+
+    if (CHECK (st && qcow2_stream_start (st) == 0)) {
+      for (int i = 0; i < 5000; i++) {
+        qcow2_stream_progress (st, &p);
+        if (p.state == QCOW2_STREAM_DETACHED ||
+            p.state == QCOW2_STREAM_FAILED)
+          break;
+        usleep (1000);
+      }
+      CHECK_INT (p.state, QCOW2_STREAM_DETACHED);
+    }
+    qcow2_stream_free (st);
+    qcow2_get_info (img[0], &info);
+    CHECK (info.backing == NULL);
+    check_reads (img[0], &top[0].model, 0, 1 << 20, "streamed");
+    check_reads (img[1], &top[1].model, 0, 1 << 20, "beside a stream");
+  }
+  qcow2_close (img[0]);
+  qcow2_close (img[1]);
+  qcow2_layers_free (layers);
+
+  for (int i = 0; i < 2; i++)
+    ib_free (&top[i]);
+  ib_free (&mid);
+  memenv_free (me);
+}
+
 int
 main (void)
 {
@@ -340,5 +484,6 @@ main (void)
   test_backing_errors ();
   test_deep_chain ();
   test_data_file ();
+  test_shared ();
   return unit_finish ();
 }

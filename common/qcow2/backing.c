@@ -169,50 +169,113 @@ backing_check_loop (struct qcow2_image *img, const char **chain,
 /* Check the identity a layer will have before opening it, so that a
  * loop is found before the file is opened a second time (which image
  * locks would refuse): a local file's from the environment, remote
- * storage's its URL.
+ * storage's its URL.  *pre gets it (malloc'd; NULL if unknown).
  */
 static int
 backing_check_loop_early (struct qcow2_image *img, const char **chain,
                           unsigned depth, const char *name,
-                          const struct name_spec *spec)
+                          const struct name_spec *spec, char **pre)
 {
-  char *pre = NULL;
-  int r;
-
   if (spec->url)
-    return backing_check_loop (img, chain, depth, spec->url, name);
-  if (img->env->identity)
-    pre = img->env->identity (img->env->opaque, spec->path);
-  r = pre ? backing_check_loop (img, chain, depth, pre, name) : 0;
-  free (pre);
-  return r;
+    *pre = strdup (spec->url);
+  else
+    *pre = img->env->identity ? img->env->identity (img->env->opaque,
+                                                    spec->path) : NULL;
+  return *pre ? backing_check_loop (img, chain, depth, *pre, name) : 0;
+}
+
+/* Whether the layer a name gives may be shared (env->layers): not a
+ * window of storage (json's raw offset and size), nor remote storage
+ * with options of its own (json's cookie, timeout, sslverify), which
+ * its identity does not tell apart; not a chain backing= names.
+ */
+static bool
+backing_shareable (const struct qcow2_image *img,
+                   const struct name_spec *spec, bool named)
+{
+  return img->env->layers && !named && !spec->raw_window &&
+    !spec->remote.cookie && !spec->remote.timeout && spec->remote.sslverify;
+}
+
+/* A layer open for writing (an image of another client) is not read
+ * as a backing file, as QEMU's image locks would refuse it.
+ */
+static int
+backing_refused (struct qcow2_image *img, const char *path)
+{
+  log_error (img, "backing file \"%s\" refused: it is open for writing "
+             "(as QEMU's image locks would refuse it)", path);
+  return -EBUSY;
+}
+
+/* The layer id (opened with format and no_backing) if the table of
+ * shared layers has it: 0 with it below img, 1 if it has not.
+ */
+static int
+backing_share (struct qcow2_image *img, const char *path, const char *id,
+               const char *format, bool no_backing, const char **chain,
+               unsigned depth)
+{
+  struct qcow2_image *layer;
+  int r = layers_find (img->env->layers, id, format, no_backing, &layer);
+
+  if (r == -EBUSY)
+    return backing_refused (img, path);
+  if (!layer)
+    return 1;
+  /* Its chain was checked from it down, not from the images above. */
+  for (struct qcow2_image *l = layer; l && r == 0; l = l->backing)
+    r = backing_check_loop (img, chain, depth, l->id, path);
+  if (r < 0) {
+    if (layers_release (layer))
+      image_free (layer);
+    return r;
+  }
+  log_debug (img, "backing file \"%s\": shared, already open", path);
+  img->backing = layer;
+  return 0;
 }
 
 /* The layer below img, in io (which it owns) named path, known by id
  * (owned too): chained, unless it loops, and opened as an image of the
- * given format (NULL: probed).
+ * given format (NULL: probed); shared if share (with no_backing).
  */
 static int
 backing_attach (struct qcow2_image *img, struct qcow2_io *io,
                 const char *path, char *id, const char *format,
                 const struct qcow2_options *layer_opts, const char **chain,
-                unsigned depth)
+                unsigned depth, bool share)
 {
+  struct qcow2_image *layer;
+  int r;
+
   if (backing_check_loop (img, chain, depth, id, path) < 0) {
     io->ops->close (io);
     free (id);
     return -ELOOP;
   }
   chain[depth + 1] = id;
-  img->backing = image_open_layer (img->env, io, path, id, format,
-                                   layer_opts, chain, depth + 1);
-  /* Without it (out of memory) reads go on, only slower. */
-  if (img->backing && io->ops->pread_many)
-    img->backing->readahead = readahead_new (img->backing, layer_read);
-  if (img->backing)
-    return 0;
+  layer = image_open_layer (layers_env (img->env), io, path, id, format,
+                            layer_opts, chain, depth + 1);
   /* ENODATA and EMEDIUMTYPE say what the top image is (qcow2.h). */
-  return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
+  if (!layer)
+    return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
+  /* Without it (out of memory) reads go on, only slower. */
+  if (io->ops->pread_many)
+    layer->readahead = readahead_new (layer, layer_read);
+  if (share) {
+    struct qcow2_image *ours = layer;
+
+    /* Out of memory, it serves this image alone. */
+    r = layers_add (img->env->layers, format, layer_opts->no_backing,
+                    &layer);
+    if (r == 1 || r == -EBUSY)
+      image_free (ours);
+    if (r == -EBUSY)
+      return backing_refused (img, path);
+  }
+  img->backing = layer;
+  return 0;
 }
 
 int
@@ -237,7 +300,8 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   };
   struct name_spec spec;
   struct qcow2_io *io;
-  char *path, *id, *why;
+  char *path, *id, *why, *pre = NULL;
+  bool share;
   int r;
 
   if (!named && img->h.backing_format &&
@@ -264,18 +328,25 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   }
   if ((r = backing_format (img, path, named ? NULL : img->h.backing_format,
                            &spec, &format)) < 0 ||
-      (r = backing_check_loop_early (img, chain, depth, path, &spec)) < 0)
+      (r = backing_check_loop_early (img, chain, depth, path, &spec,
+                                     &pre)) < 0)
     goto out;
   layer_opts.no_backing |= spec.no_backing;
+  share = backing_shareable (img, &spec, named);
+  if (share && pre &&
+      (r = backing_share (img, path, pre, format, layer_opts.no_backing,
+                          chain, depth)) <= 0)
+    goto out;
   io = backing_open_storage (img, what, named ? "" : "\nbacking=none "
                              "serves the image without it; \"qemu-img "
                              "rebase -u -b NEW-NAME -F FORMAT IMAGE\" gives "
                              "the image its new name", path, &spec, true, &id);
   r = io ? backing_attach (img, io, path, id, format, &layer_opts, chain,
-                           depth) : -errno;
+                           depth, share) : -errno;
  out:
   name_spec_free (&spec);
   free (path);
+  free (pre);
   return r;
 }
 

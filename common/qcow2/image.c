@@ -41,8 +41,10 @@ image_free (struct qcow2_image *img)
 {
   if (!img)
     return;
-  if (img->backing)
+  if (img->backing && layers_release (img->backing))
     image_free (img->backing);
+  if (img->claimed)
+    layers_unclaim (img->env->layers, img->id);
   pool_destroy (img->pool);
   readahead_free (img->readahead);
   bitmap_free (img);
@@ -291,6 +293,24 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts)
   return 0;
 }
 
+/* An image opened for writing, known as such to the table of shared
+ * layers before anything is read: refused while it is a layer there
+ * (read by others as their backing file), as QEMU's image locks would
+ * refuse it.
+ */
+static int
+image_claim (struct qcow2_image *img)
+{
+  int r = layers_claim (img->env->layers, img->id);
+
+  if (r == -EBUSY)
+    log_error (img, "refused for writing: it is the backing file of "
+               "another image open, or open for writing already (as "
+               "QEMU's image locks would refuse it)");
+  img->claimed = r == 0;
+  return r;
+}
+
 struct qcow2_image *
 image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
                   const char *path, char *id, const char *format,
@@ -316,6 +336,7 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
   img->env = env;
   img->io = io;
   img->id = id;
+  img->users = 1;
   img->below = depth > 0;
   img->caches.debug = opts->debug_cache;
   img->path = strdup (path);
@@ -323,6 +344,9 @@ image_open_layer (const struct qcow2_env *env, struct qcow2_io *io,
     r = -errno;
     goto err;
   }
+  if (depth == 0 && env->layers && !opts->readonly && !opts->snapshot &&
+      (r = image_claim (img)) < 0)
+    goto err;
 
   size = io->ops->size (io);
   if (size < 0) {

@@ -253,6 +253,13 @@ struct qcow2_image {
    * (see the lock contract).
    */
   struct qcow2_image *backing;
+  /* Images and layers standing on this layer (atomic; layers.c): a
+   * layer of a table of shared layers (shared, NULL if none) may have
+   * several, and so nothing in a layer points up.
+   */
+  unsigned users;
+  struct qcow2_layers *shared;
+  bool claimed;                 /* open for writing, known to env->layers */
 
   uint64_t *reftable;           /* refcount table, in host order */
   uint64_t reftable_size;       /* entries */
@@ -314,9 +321,9 @@ struct qcow2_image {
    *
    * The backing chain (backing, each layer's backing below it, and
    * h.backing_file and h.backing_format) is set at open and changed
-   * only by a stream's detach (stream_detach_swap), which cuts layers
-   * out of it holding the served image's data_lock exclusively and its
-   * lock.  So it is read by a thread that holds either (a request
+   * only by a stream's detach (stream_detach_swap), which points the
+   * served image past the layers it drops (they keep their own links)
+   * holding the served image's data_lock exclusively and its lock.  So it is read by a thread that holds either (a request
    * goes down the chain holding data_lock shared; the layers' own
    * locks do not guard it), by the stream job's thread, its only
    * writer, or when no job runs: at open, before the job is started
@@ -326,6 +333,14 @@ struct qcow2_image {
    * Order: data_lock, then lock; a backing layer's lock only after the
    * layer above's (reads of the chain go down, never up).  pool.c's
    * lock is taken with none of these held.
+   *
+   * A backing layer may be shared by several images (env->layers,
+   * layers.c): it is only ever read, its locks and read-ahead are its
+   * own, what is fixed at open stays so, and its own backing pointer
+   * never changes (a stream's detach changes the top's only), so each
+   * image above takes its lock as it would an unshared layer's, the
+   * order above holding along every chain.  The table's lock is taken
+   * with none of an image's held.
    *
    * Naming: internal functions are called with lock held, unless their
    * comment says they take it (the public qcow2_*, layer_read,

@@ -22,6 +22,7 @@
 #define QCOW2_EXTENT_ZERO 2
 
 struct qcow2_io;
+struct qcow2_layers;
 
 /* One read of pread_many. */
 struct qcow2_io_read {
@@ -161,6 +162,11 @@ struct qcow2_env {
   const char *password_key;
   /* And the one of backing files' passwords (NULL: "backing-password"). */
   const char *backing_password_key;
+  /* Optional (NULL: each image opens its own chain): the table of
+   * backing layers the images opened with this environment share
+   * (qcow2_layers_new, qcow2.h).
+   */
+  struct qcow2_layers *layers;
 };
 
 #endif /* QCOW2_IO_H */

@@ -489,6 +489,38 @@ extern char *name_resolve (const char *naming, const char *name,
 extern struct qcow2_io *window_io_new (struct qcow2_io *below,
                                        uint64_t offset, uint64_t size);
 
+/* layers.c: backing layers shared through env->layers (qcow2.h).  A
+ * layer's users are counted (every layer's: a layer no table shares
+ * has one, the image above it); the table's lock guards its entries
+ * and the count of a shared layer falling to 0, never held with an
+ * image's lock.
+ */
+/* The environment of the layers below an image opened with env. */
+extern const struct qcow2_env *layers_env (const struct qcow2_env *env);
+/* The layer opened as id with format (NULL: probed) and no_backing,
+ * one more user counted, in *layer (NULL: none yet): 0, or -EBUSY if
+ * id is open for writing.
+ */
+extern int layers_find (struct qcow2_layers *t, const char *id,
+                        const char *format, bool no_backing,
+                        struct qcow2_image **layer);
+/* *layer, just opened (and not yet used), shared from now on: 0; 1 if
+ * another opened the same meanwhile, *layer then that one (a user
+ * counted) and the caller frees its own; -EBUSY if its id is open for
+ * writing, -ENOMEM.
+ */
+extern int layers_add (struct qcow2_layers *t, const char *format,
+                       bool no_backing, struct qcow2_image **layer);
+/* One more user of a layer the caller holds (through its chain). */
+extern void layers_hold (struct qcow2_image *layer);
+/* One user less: true if it was the last, the caller then frees it. */
+extern bool layers_release (struct qcow2_image *layer);
+/* The image id opened for writing: 0, or -EBUSY if a layer of the
+ * table (or another writer) is id; layers_unclaim when it is closed.
+ */
+extern int layers_claim (struct qcow2_layers *t, const char *id);
+extern void layers_unclaim (struct qcow2_layers *t, const char *id);
+
 /* state.c */
 extern int state_begin_write (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);

@@ -214,6 +214,19 @@ extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
  */
 extern int qcow2_close (struct qcow2_image *img);
 
+/* A table of shared backing layers, for a caller serving many images
+ * at once (env->layers): a backing layer that several open images
+ * stand on is opened once (a local file by the identity env gives it,
+ * remote storage by its URL), its caches, descriptors and connections
+ * shared, and closed with the last image using it.  A file open as a
+ * shared layer is refused for writing, and one open for writing is
+ * refused as a layer (-EBUSY, said).  The table keeps a copy of env
+ * (with layers set to the table) for the layers, which outlive the
+ * image that opened them.  Freed once every image is closed.
+ */
+extern struct qcow2_layers *qcow2_layers_new (const struct qcow2_env *env);
+extern void qcow2_layers_free (struct qcow2_layers *layers);
+
 /* What the header of an open image says, in create's terms (for
  * create=if-missing, which must find the image it would make).  The
  * backing file name belongs to the image (NULL: none), and a stream's

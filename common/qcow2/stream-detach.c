@@ -3,7 +3,8 @@
  * it no longer needs.  The header's backing name is rewritten in one
  * crash-safe step, to none or to the base, with the backing format
  * extension as QEMU's block-stream leaves it (gone, or the base's
- * format), and the layers dropped are closed.
+ * format), and the layers dropped are released (closed unless other
+ * images share them).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -238,22 +239,23 @@ stream_detach_sizes_agree (struct qcow2_image *img, struct qcow2_image *base)
   return true;
 }
 
-/* The chain in memory as the header now says: base below img, the
- * layers above it cut out (returned, to be closed), and the header's
- * backing name and format swapped with *name and *format.  The only
- * change to the backing chain once open (internal.h's lock contract).
+/* The chain in memory as the header now says: base below img (one
+ * more user of it counted), the layers above it cut out (returned, to
+ * be released: they may be shared, and stand on the base for their
+ * other users, so none of them is changed), and the header's backing
+ * name and format swapped with *name and *format.  The only change to
+ * the backing chain once open (internal.h's lock contract).
  */
 static struct qcow2_image *
 stream_detach_swap (struct qcow2_image *img, struct qcow2_image *base,
                     char **name, char **format)
   TSA_REQUIRES (img->data_lock, img->lock)
 {
-  struct qcow2_image *above = img, *dropped = img->backing;
+  struct qcow2_image *dropped = img->backing;
   char *old;
 
-  while (above->backing != base)
-    above = above->backing;
-  above->backing = NULL;
+  if (base)
+    layers_hold (base);
   img->backing = base;
   old = img->h.backing_file;
   img->h.backing_file = *name;
@@ -265,7 +267,7 @@ stream_detach_swap (struct qcow2_image *img, struct qcow2_image *base,
 }
 
 /* Cut loose: the header names the base (or nothing), and the layers
- * above it are closed.
+ * above it are released.
  */
 int
 stream_detach (struct qcow2_image *img, struct qcow2_image *base)
@@ -292,7 +294,8 @@ stream_detach (struct qcow2_image *img, struct qcow2_image *base)
   image_data_unlock (img);
   if (r < 0)
     return r;
-  image_free (dropped);
+  if (dropped && layers_release (dropped))
+    image_free (dropped);
   log_notice (img, "stream: the image no longer depends on \"%s\": its "
               "backing file is now %s%s%s", name ? name : "",
               img->h.backing_file ? "\"" : "",

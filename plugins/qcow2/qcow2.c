@@ -81,6 +81,11 @@ static struct plugin_fleet {
   char *template_path;          /* template=, as a path (DIR/NAME) */
   mode_t umask;                 /* what new files' modes lack */
   const char *key;              /* the first of those keys given */
+  /* The environment of the images, and the backing layers they share
+   * (made at get_ready).
+   */
+  struct qcow2_env env;
+  struct qcow2_layers *layers;
 } fleet = {
   .lock = LOCK_INITIALIZER,
   .idle_close = 5, .dirfd = -1,
@@ -203,6 +208,7 @@ plugin_unload (void)
 {
   glue_stream_stop ();
   fleet_close_all ();
+  qcow2_layers_free (fleet.layers);
   free (filename);
   free (data_file);
   free (data_file_name);
@@ -956,6 +962,51 @@ fleet_is_template (const struct stat *st)
     t.st_dev == st->st_dev && t.st_ino == st->st_ino;
 }
 
+/* dir=: a file is known by its device and inode (a hard link to it,
+ * or another path, is the same file): a backing layer is shared by
+ * every image above it, and a file is never both a layer read by some
+ * and an image written by another (common/qcow2/layers.c).
+ */
+static char *
+fleet_identity_of (const struct stat *st)
+{
+  char *s;
+
+  if (asprintf (&s, "file:%ju:%ju", (uintmax_t) st->st_dev,
+                (uintmax_t) st->st_ino) == -1)
+    return NULL;
+  return s;
+}
+
+static char *
+fleet_env_identity (void *opaque, const char *path)
+{
+  struct stat st;
+
+  return stat (path, &st) == 0 ? fleet_identity_of (&st) : NULL;
+}
+
+/* glue_env's open, the file known as above. */
+static struct qcow2_io *
+fleet_env_open (void *opaque, const char *path, bool readonly, char **id)
+{
+  struct qcow2_io *io = glue_env.open (opaque, path, readonly, id);
+  struct stat st;
+  int e;
+
+  if (!io)
+    return NULL;
+  free (*id);
+  *id = fileio_stat (io, &st) == 0 ? fleet_identity_of (&st) : NULL;
+  if (!*id) {
+    e = errno;
+    io->ops->close (io);
+    errno = e;
+    return NULL;
+  }
+  return io;
+}
+
 /* Open the image of the export of e (made first if it is missing and
  * template= is given): 0, or -1 said.  The lock is not held: e is
  * opening, which no one else touches.
@@ -1013,7 +1064,7 @@ fleet_open_image (struct plugin_export *e, const char *shown)
    */
   readonly_why = fleet_is_template (&st) ? "it is the template= of new "
     "exports: a write would change every overlay made of it" : NULL;
-  e->env = glue_env;
+  e->env = fleet.env;
   if (fleet_idle_count () == 0 || made)
     e->image = plugin_open_image (real, io, &readonly, &e->env, false, &st,
                                   readonly_why);
@@ -1341,6 +1392,15 @@ fleet_get_ready (void)
     nbdkit_error ("dir: %s: %s", fleet.dir, errstr (errno));
     return -1;
   }
+  fleet.env = glue_env;
+  fleet.env.identity = fleet_env_identity;
+  fleet.env.open = fleet_env_open;
+  fleet.layers = qcow2_layers_new (&fleet.env);
+  if (!fleet.layers) {
+    nbdkit_error ("dir: %s", errstr (errno));
+    return -1;
+  }
+  fleet.env.layers = fleet.layers;
   if (fleet.template && (glue.engine.readonly || glue_server_readonly ())) {
     nbdkit_error ("template= makes images to write: not with readonly=true "
                   "or nbdkit -r");

@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Backing layers shared by the images of one table (qcow2_layers_new):
+ * a layer several open images stand on is opened once, found by its
+ * identity (env's, or a remote layer's URL), and freed by whoever
+ * drops its last user.  The table also knows the images open for
+ * writing, so that a layer is never at once a backing file read by
+ * some and an image written by another.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "lock.h"
+
+/* One layer shared, or (layer NULL) an image open for writing. */
+struct layers_entry {
+  struct layers_entry *next;
+  char *id;
+  /* How the layer was opened: the format asked (NULL: probed), and
+   * whether its own backing file was left out (json's "backing": null).
+   */
+  char *format;
+  bool no_backing;
+  struct qcow2_image *layer;
+};
+
+struct qcow2_layers {
+  struct lock lock;             /* guards entries, and each layer's users */
+  struct layers_entry *entries;
+  /* The layers' environment: the caller's, kept as long as the table
+   * (a layer outlives the image that opened it).
+   */
+  struct qcow2_env env;
+};
+
+struct qcow2_layers *
+qcow2_layers_new (const struct qcow2_env *env)
+{
+  struct qcow2_layers *t = calloc (1, sizeof *t);
+
+  if (!t)
+    return NULL;
+  lock_init (&t->lock);
+  t->env = *env;
+  t->env.layers = t;
+  return t;
+}
+
+void
+qcow2_layers_free (struct qcow2_layers *t)
+{
+  if (!t)
+    return;
+  assert (!t->entries);         /* every image closed first */
+  lock_destroy (&t->lock);
+  free (t);
+}
+
+const struct qcow2_env *
+layers_env (const struct qcow2_env *env)
+{
+  return env->layers ? &env->layers->env : env;
+}
+
+/* The entry of id (a layer opened so, or a writer), or NULL. */
+static struct layers_entry *
+layers_lookup (struct qcow2_layers *t, const char *id, const char *format,
+               bool no_backing, bool *writer)
+  TSA_REQUIRES (&t->lock)
+{
+  *writer = false;
+  for (struct layers_entry *e = t->entries; e; e = e->next) {
+    if (strcmp (e->id, id) != 0)
+      continue;
+    if (!e->layer) {
+      *writer = true;
+      return e;
+    }
+    if (e->no_backing == no_backing &&
+        (format ? e->format && strcmp (format, e->format) == 0 : !e->format))
+      return e;
+  }
+  return NULL;
+}
+
+int
+layers_find (struct qcow2_layers *t, const char *id, const char *format,
+             bool no_backing, struct qcow2_image **layer)
+{
+  struct layers_entry *e;
+  bool writer;
+
+  *layer = NULL;
+  lock_acquire (&t->lock);
+  e = layers_lookup (t, id, format, no_backing, &writer);
+  if (e && !writer) {
+    __atomic_add_fetch (&e->layer->users, 1, __ATOMIC_RELAXED);
+    *layer = e->layer;
+  }
+  lock_release (&t->lock);
+  return writer ? -EBUSY : 0;
+}
+
+/* A new entry at the head of the table, or NULL. */
+static struct layers_entry *
+layers_insert (struct qcow2_layers *t, const char *id, const char *format,
+               struct qcow2_image *layer, bool no_backing)
+  TSA_REQUIRES (&t->lock)
+{
+  struct layers_entry *e = calloc (1, sizeof *e);
+
+  if (!e || !(e->id = strdup (id)) ||
+      (format && !(e->format = strdup (format)))) {
+    if (e)
+      free (e->id);
+    free (e);
+    return NULL;
+  }
+  e->no_backing = no_backing;
+  e->layer = layer;
+  e->next = t->entries;
+  t->entries = e;
+  return e;
+}
+
+static void
+layers_remove (struct qcow2_layers *t, struct layers_entry *e)
+  TSA_REQUIRES (&t->lock)
+{
+  struct layers_entry **p = &t->entries;
+
+  while (*p != e)
+    p = &(*p)->next;
+  *p = e->next;
+  free (e->id);
+  free (e->format);
+  free (e);
+}
+
+int
+layers_add (struct qcow2_layers *t, const char *format, bool no_backing,
+            struct qcow2_image **layer)
+{
+  struct qcow2_image *l = *layer;
+  struct layers_entry *e;
+  bool writer;
+  int r = 0;
+
+  lock_acquire (&t->lock);
+  e = layers_lookup (t, l->id, format, no_backing, &writer);
+  if (writer)
+    r = -EBUSY;
+  else if (e) {
+    /* Opened by another meanwhile: that one is used. */
+    __atomic_add_fetch (&e->layer->users, 1, __ATOMIC_RELAXED);
+    *layer = e->layer;
+    r = 1;
+  }
+  else if (layers_insert (t, l->id, format, l, no_backing))
+    l->shared = t;
+  else
+    r = -ENOMEM;
+  lock_release (&t->lock);
+  return r;
+}
+
+void
+layers_hold (struct qcow2_image *layer)
+{
+  __atomic_add_fetch (&layer->users, 1, __ATOMIC_RELAXED);
+}
+
+bool
+layers_release (struct qcow2_image *layer)
+{
+  struct qcow2_layers *t = layer->shared;
+  bool last;
+
+  if (!t)
+    return __atomic_sub_fetch (&layer->users, 1, __ATOMIC_ACQ_REL) == 0;
+  /* Under the lock: a layer found is never one being freed. */
+  lock_acquire (&t->lock);
+  last = __atomic_sub_fetch (&layer->users, 1, __ATOMIC_ACQ_REL) == 0;
+  if (last)
+    for (struct layers_entry *e = t->entries; e; e = e->next)
+      if (e->layer == layer) {
+        layers_remove (t, e);
+        break;
+      }
+  lock_release (&t->lock);
+  return last;
+}
+
+int
+layers_claim (struct qcow2_layers *t, const char *id)
+{
+  int r = 0;
+
+  lock_acquire (&t->lock);
+  for (struct layers_entry *e = t->entries; e; e = e->next)
+    if (strcmp (e->id, id) == 0)
+      r = -EBUSY;
+  if (r == 0 && !layers_insert (t, id, NULL, NULL, false))
+    r = -ENOMEM;
+  lock_release (&t->lock);
+  return r;
+}
+
+void
+layers_unclaim (struct qcow2_layers *t, const char *id)
+{
+  lock_acquire (&t->lock);
+  for (struct layers_entry *e = t->entries; e; e = e->next)
+    if (!e->layer && strcmp (e->id, id) == 0) {
+      layers_remove (t, e);
+      break;
+    }
+  lock_release (&t->lock);
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# dir=: a backing layer shared by the open exports above it.
+#  - 100 exports over one base, all connected at once: the base is open
+#    once (one descriptor in nbdkit's /proc/PID/fd), each export reads
+#    as qemu-img convert reads its overlay;
+#  - half of them closed while the others keep reading (each read
+#    checked): the base stays open, once; closed with the last export;
+#  - the base asked for as a writable export while overlays use it is
+#    refused, one line naming it and why, and the other way round (the
+#    base open for writing, an overlay refused), with QEMU's image locks
+#    (locking=on) and without them (locking=off: the engine refuses).
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img qemu-io
+requires_python_nbd
+[ -d /proc/self/fd ] || { echo "$0: test skipped: no /proc/PID/fd"; exit 77; }
+
+n=100
+d="$tmp/vms"
+mkdir "$d"
+qemu-img create -q -f qcow2 "$d/base.qcow2" 4M
+qemu-io -f qcow2 -c "write -P 0x5a 0 4M" "$d/base.qcow2" > /dev/null
+for i in $(seq 0 $((n - 1))); do
+  v=$(printf "vm%03d" "$i")
+  qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "$d/$v"
+  # Each its own bytes somewhere, so that a mix-up shows.
+  qemu-io -f qcow2 -c "write -P $((i + 1)) $((i * 40))k 8k" "$d/$v" > /dev/null
+  qemu-img convert -f qcow2 -O raw "$d/$v" "$tmp/$v.raw"
+done
+export d tmp n
+
+shared_run ()
+{
+  nbdkit -t 2 -U - -P "$tmp/pid" qcow2 dir="$d" idle-close=0 "$@" --run '
+/usr/bin/python3 - "$unixsocket" "$(cat "$tmp/pid")" <<"PY"
+import nbd, os, sys, threading
+sock, pid = sys.argv[1], sys.argv[2]
+d, tmp, n = os.environ["d"], os.environ["tmp"], int(os.environ["n"])
+base = os.path.realpath(d + "/base.qcow2")
+size = 4 << 20
+
+def base_fds():
+    fds = 0
+    for fd in os.listdir("/proc/%s/fd" % pid):
+        try:
+            fds += os.readlink("/proc/%s/fd/%s" % (pid, fd)) == base
+        except OSError:
+            pass
+    return fds
+
+def connect(name):
+    h = nbd.NBD()
+    h.set_export_name(name)
+    h.connect_unix(sock)
+    return h
+
+def refused(name, why):
+    try:
+        connect(name)
+    except nbd.Error:
+        return
+    raise AssertionError("%s served: %s" % (name, why))
+
+names = ["vm%03d" % i for i in range(n)]
+handles = {v: connect(v) for v in names}
+assert base_fds() == 1, "base open %d times for %d exports" % (base_fds(), n)
+refused("base.qcow2", "written while %d exports read it" % n)
+
+errors = []
+def check(v, rounds):
+    try:
+        want = open("%s/%s.raw" % (tmp, v), "rb").read()
+        for _ in range(rounds):
+            for off in range(0, size, 1 << 20):
+                if handles[v].pread(1 << 20, off) != want[off:off + (1 << 20)]:
+                    errors.append("%s differs at %d" % (v, off))
+                    return
+    except Exception as e:
+        errors.append("%s: %s" % (v, e))
+
+# Every export read whole, all at once.
+ts = [threading.Thread(target=check, args=(v, 1)) for v in names]
+for t in ts: t.start()
+for t in ts: t.join()
+assert not errors, errors[:5]
+
+# Half closed while the other half reads.
+readers = [threading.Thread(target=check, args=(v, 3)) for v in names[n//2:]]
+for t in readers: t.start()
+for v in names[:n//2]:
+    handles.pop(v).shutdown()
+for t in readers: t.join()
+assert not errors, errors[:5]
+assert base_fds() == 1, "base open %d times after half closed" % base_fds()
+for h in handles.values():
+    h.shutdown()
+handles.clear()
+
+# The images close as their clients leave (idle-close=0).
+import time
+for _ in range(100):
+    if base_fds() == 0:
+        break
+    time.sleep(0.1)
+assert base_fds() == 0, "base still open with no export using it"
+
+# The other way round: the base written, an overlay refused.
+h = connect("base.qcow2")
+refused("vm000", "over a base open for writing")
+h.shutdown()
+# Once the base is closed, the overlay is served again.
+for _ in range(100):
+    if base_fds() == 0:
+        break
+    time.sleep(0.1)
+connect("vm000").shutdown()
+PY
+' 2> "$tmp/err" || { cat "$tmp/err"; fail "shared base, $*"; }
+}
+
+for locking in off on; do
+  shared_run locking=$locking
+  # One line each, naming the export and why.
+  grep -E "base\.qcow2.*(refused for writing: it is the backing file|lock)" \
+    "$tmp/err" > /dev/null ||
+    { cat "$tmp/err"; fail "locking=$locking: the base's refusal"; }
+  grep -E "vm000.*(backing file .*base\.qcow2.* refused: it is open for writing|lock)" \
+    "$tmp/err" > /dev/null ||
+    { cat "$tmp/err"; fail "locking=$locking: the overlay's refusal"; }
+done
+echo "$0: ok"
