@@ -141,7 +141,7 @@ backing_resolve (const struct qcow2_image *img,
   return r;
 }
 
-/* A name that cannot be parsed or resolved: said, and its error. */
+/* Logs that a name cannot be parsed or resolved; returns its error. */
 static int
 backing_bad_name (const struct qcow2_image *img, const char *what,
                   const char *name, int r, char *why)
@@ -151,7 +151,7 @@ backing_bad_name (const struct qcow2_image *img, const char *what,
   return why ? r : -ENOMEM;
 }
 
-/* -ELOOP, said, if id is already in the chain above. */
+/* Returns -ELOOP (logged) if id is already in the chain above. */
 static int
 backing_check_loop (struct qcow2_image *img, const char **chain,
                     unsigned depth, const char *id, const char *path)

@@ -305,7 +305,7 @@ struct qcow2_image {
 
   /* The lock contract.
    *
-   * lock guards everything above but the fields said to be atomic
+   * lock guards everything above but the fields marked atomic
    * (file_size, h.incompatible_features), what is fixed at open
    * (geometry, env, io, path) and the backing chain: the caches, the
    * tables, the refcounts and allocation, the dirty ranges, the overlap

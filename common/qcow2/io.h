@@ -148,8 +148,8 @@ struct qcow2_env {
   /* Error and debug messages from the engine, each one line. */
   void (*error) (void *opaque, const char *msg);
   void (*debug) (void *opaque, const char *msg);
-  /* Optional (NULL: not said): what the user can do about the error
-   * just sent, one line, to be said on a line of its own.
+  /* Optional (NULL: not logged): what the user can do about the error
+   * just sent, one line, to be logged on a line of its own.
    */
   void (*hint) (void *opaque, const char *msg);
   /* Optional: something the user should know that is not an error

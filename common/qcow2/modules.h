@@ -371,7 +371,7 @@ extern void io_mark_dirty (struct qcow2_image *img)
 /* A corruption found: in an image opened for writing, the image
  * marked corrupt on disk (written and flushed) as QEMU's
  * qcow2_signal_corruption marks it, so that nothing writes it again
- * until it is repaired; then said ("corrupt image: ...").  Returns
+ * until it is repaired; then logged ("corrupt image: ...").  Returns
  * -EIO.
  */
 extern int io_corrupt (struct qcow2_image *img, const char *fmt, ...)

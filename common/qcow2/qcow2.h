@@ -192,7 +192,8 @@ extern bool qcow2_name_is_relative (const char *name);
  * engine opens backing files: a local name resolved against the folder
  * of naming (an image's name), a URL, a json: name.  *resolved gets
  * the name resolved (malloc'd), *format the format the name gives (a
- * json: name's driver) or NULL.  NULL on failure, said, with errno.
+ * json: name's driver) or NULL.  Returns NULL on failure (logged), with
+ * errno set.
  */
 extern struct qcow2_io *qcow2_open_name (const struct qcow2_env *env,
                                          const char *naming, const char *name,
@@ -204,7 +205,7 @@ extern struct qcow2_io *qcow2_open_name (const struct qcow2_env *env,
  * the reason reported; ENODATA: the file is empty, EMEDIUMTYPE: it is
  * not a qcow2 image (no magic), so that the caller can say what to do;
  * ENOTSUP for an image of another format QEMU knows (VMDK, VHD...),
- * said with what converts and serves it.
+ * logged with what converts and serves it.
  */
 extern struct qcow2_image *qcow2_open (const struct qcow2_env *env,
                                        struct qcow2_io *io, const char *path,
@@ -220,7 +221,7 @@ extern int qcow2_close (struct qcow2_image *img);
  * remote storage by its URL), its caches, descriptors and connections
  * shared, and closed with the last image using it.  A file open as a
  * shared layer is refused for writing, and one open for writing is
- * refused as a layer (-EBUSY, said).  The table keeps a copy of env
+ * refused as a layer (-EBUSY, logged).  The table keeps a copy of env
  * (with layers set to the table) for the layers, which outlive the
  * image that opened them.  Freed once every image is closed.
  */

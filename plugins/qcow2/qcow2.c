@@ -522,7 +522,7 @@ plugin_probe_backing (const char *path, const char *backing,
 enum create_made { MADE_NOTHING, MADE_NEW_FILE, MADE_IN_EMPTY_FILE };
 static enum create_made data_file_made;
 
-/* fileio_create, and the error said if it fails. */
+/* fileio_create, and the error logged if it fails. */
 static struct qcow2_io *
 plugin_create_file (const char *path, enum create_made *made)
 {
@@ -552,8 +552,8 @@ plugin_create_file (const char *path, enum create_made *made)
 }
 
 /* The options of an image to make at path (opts->backing, if any,
- * probed: its format and, if size is -1, its size): checked.  0, or -1
- * said.
+ * probed: its format and, if size is -1, its size): checked.  Returns 0,
+ * or -1 after logging an error.
  */
 static int
 plugin_create_options (const char *path, struct qcow2_create_options *opts,
@@ -682,7 +682,7 @@ plugin_create_undo (enum create_made made)
 static void
 plugin_open_hint (const char *path, int e)
 {
-  if (fleet.dir)                /* the engine said what the file is */
+  if (fleet.dir)                /* the engine logged what the file is */
     return;
   if (e == ENODATA)
     glue_hint ("%s is empty: to make a new image in it, add create=true "
@@ -698,7 +698,7 @@ plugin_open_hint (const char *path, int e)
 /* Open the image at path (through io if it was just made), read-write
  * where the file and the user allow it (and readonly_why is NULL):
  * the image, *readonly saying how it is served, or NULL with errno set
- * (said; if quiet, as debug messages only).  With checked, the file
+ * (logged; if quiet, as debug messages only).  With checked, the file
  * opened must be that one (the one path led to when it was checked).
  */
 static struct qcow2_image *
@@ -880,7 +880,7 @@ fleet_unlink_ours (const char *name, const struct stat *ours)
  * name: a half-made image is never served, and of two servers making
  * the same name, the second serves the first's.  0 with *iop its file,
  * locked, and *made what it is (*iop NULL: the name was taken
- * meanwhile), or -1 said.
+ * meanwhile), or -1 after logging an error.
  */
 static int
 fleet_create (const char *shown, const char *named, struct qcow2_io **iop,
@@ -1008,8 +1008,8 @@ fleet_env_open (void *opaque, const char *path, bool readonly, char **id)
 }
 
 /* Open the image of the export of e (made first if it is missing and
- * template= is given): 0, or -1 said.  The lock is not held: e is
- * opening, which no one else touches.
+ * template= is given).  Returns 0, or -1 after logging an error.  The
+ * lock is not held: e is opening, which no one else touches.
  */
 static int
 fleet_open_image (struct plugin_export *e, const char *shown)
@@ -1124,7 +1124,7 @@ fleet_same_file (const struct plugin_export *e)
 
 /* A connection to the export name: its entry, the image opened if it
  * is not yet (it is then by this connection alone, others asking for
- * it waiting), or NULL (said).
+ * it waiting), or NULL (logged).
  */
 static struct plugin_export *
 fleet_open (const char *name, const char *shown)
@@ -1377,7 +1377,7 @@ fleet_remove_stale (void)
     closedir (d);
 }
 
-/* dir=: the folder, and the template (for the errors in it to be said
+/* dir=: the folder, and the template (for the errors in it to be logged
  * at start rather than to a client).
  */
 static int
