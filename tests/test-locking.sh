@@ -68,7 +68,8 @@ qemu_serve -f qcow2 top.qcow2
 for ro in "" -r; do
   nbdkit $ro -U - qcow2 top.qcow2 --run true 2> "$tmp/err" &&
     fail "nbdkit $ro served an image qemu-nbd writes"
-  grep -q "top.qcow2: failed to get .*\"write\" lock.*locking=off" "$tmp/err" ||
+  grep -A1 "error: .*top.qcow2: failed to get .*\"write\" lock" "$tmp/err" |
+    grep -q "error: hint: locking=off serves it anyway" ||
     fail "unclear message: $(cat "$tmp/err")"
 done
 nbdkit -r -U - qcow2 top.qcow2 locking=off --run 'nbdinfo --size "$uri"' \

@@ -649,7 +649,7 @@ fileio_lock (int fd, const char *path, bool readonly,
   if (r == -EINVAL || r == -EOPNOTSUPP || r == -ENOLCK || r == -ENOSYS) {
     if (mode == FILEIO_LOCKING_ON) {
       if (asprintf (why, "cannot lock it (%s): the file system does not "
-                    "support OFD locks; locking=off opens it unlocked",
+                    "support OFD locks\nlocking=off opens it unlocked",
                     errstr (-r)) == -1)
         *why = NULL;
       return r;
@@ -679,7 +679,7 @@ fileio_lock (int fd, const char *path, bool readonly,
       r = c;
     else if (what) {
       if (asprintf (why, "failed to get %s\"%s\" lock: %s (is another "
-                    "process using the image?); locking=off serves it "
+                    "process using the image?)\nlocking=off serves it "
                     "anyway, as qemu's -U or file.locking=off does",
                     shared ? "shared " : "", perm_names[n], what) == -1)
         *why = NULL;

@@ -234,6 +234,11 @@ extern void glue_noticef (const char *path, const char *fmt, ...)
  */
 extern void glue_hint (const char *fmt, ...)
   __attribute__ ((format (printf, 1, 2)));
+/* Cuts why (a reason from fileio, if not NULL) at its remedy, which
+ * follows a newline: returns the remedy, for glue_hint after the error
+ * naming why, or NULL if it has none.
+ */
+extern const char *glue_why_remedy (char *why);
 
 /* Local files (the plugin's image, every backing file): how they are
  * opened (locking=, cache=), and the engine's environment opening them,

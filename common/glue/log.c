@@ -82,6 +82,17 @@ glue_hint (const char *fmt, ...)
   va_end (ap);
 }
 
+const char *
+glue_why_remedy (char *why)
+{
+  char *nl = why ? strchr (why, '\n') : NULL;
+
+  if (!nl)
+    return NULL;
+  *nl = '\0';
+  return nl + 1;
+}
+
 /* A password given, when no layer is encrypted: the admin believes the
  * disk encrypted, and every write would be stored in clear.  Refused
  * rather than logged as a notice, which may go unread in a log (QEMU

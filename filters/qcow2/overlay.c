@@ -365,8 +365,12 @@ overlay_make_file (bool existed, int64_t size, enum overlay_made *made)
 
     if (!existed && e != EEXIST)
       unlink (overlay_file);            /* made, then not opened */
+    const char *remedy = glue_why_remedy (why);
+
     nbdkit_error ("qcow2-overlay: making %s: %s", overlay_file,
                   why ? why : errstr (e));
+    if (remedy)
+      glue_hint ("%s", remedy);
     free (why);
     return NULL;
   }
@@ -439,8 +443,12 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
   }
   io = fileio_open_with (overlay_file, readonly, &glue_file_options, &why);
   if (!io) {
+    const char *remedy = glue_why_remedy (why);
+
     nbdkit_error ("qcow2-overlay: %s: %s", overlay_file,
                   why ? why : errstr (errno));
+    if (remedy)
+      glue_hint ("%s", remedy);
     free (why);
   }
   return io;
@@ -697,8 +705,12 @@ overlay_get_ready (void)
   }
   io = fileio_open_with (overlay_file, true, &glue_file_options, &why);
   if (!io) {
+    const char *remedy = glue_why_remedy (why);
+
     nbdkit_error ("qcow2-overlay: %s: %s", overlay_file,
                   why ? why : errstr (errno));
+    if (remedy)
+      glue_hint ("%s", remedy);
     free (why);
     return -1;
   }

@@ -557,7 +557,11 @@ qcow2_filter_probe (void)
     io = fileio_open_with (file, true, &fo, &why);
   }
   if (!io) {
+    const char *remedy = glue_why_remedy (why);
+
     nbdkit_error ("%s: %s", file, why ? why : errstr (errno));
+    if (remedy)
+      glue_hint ("%s", remedy);
     free (why);
     return -1;
   }

@@ -541,8 +541,13 @@ plugin_create_file (const char *path, enum create_made *made)
       nbdkit_error ("create: %s already exists and is not empty", path);
       glue_hint ("remove it, drop create=true, or use create=if-missing");
     }
-    else
+    else {
+      const char *remedy = glue_why_remedy (why);
+
       nbdkit_error ("create: %s: %s", path, why ? why : errstr (e));
+      if (remedy)
+        glue_hint ("%s", remedy);
+    }
     free (why);
     errno = e;
     return NULL;
@@ -728,11 +733,15 @@ plugin_open_image (const char *path, struct qcow2_io *io, bool *readonly,
   if (!io && opts.readonly && !why)
     io = fileio_open_with (path, true, &glue_file_options, &why);
   if (!io) {
+    const char *remedy = glue_why_remedy (why);
+
     err = errno;
     (quiet ? nbdkit_debug : nbdkit_error)
       ("open: %s: %s%s", path, why ? why : errstr (err),
        glue_file_options.direct && err == EINVAL ?
        " (cache=none needs O_DIRECT)" : "");
+    if (remedy)
+      (quiet ? nbdkit_debug : nbdkit_error) ("hint: %s", remedy);
     free (why);
     errno = err;
     return NULL;
