@@ -94,7 +94,7 @@ layers_find (struct qcow2_layers *t, const char *id, const char *format,
   lock_acquire (&t->lock);
   e = layers_lookup (t, id, format, no_backing, &writer);
   if (e && !writer) {
-    __atomic_add_fetch (&e->layer->users, 1, __ATOMIC_RELAXED);
+    layers_hold (e->layer);
     *layer = e->layer;
   }
   lock_release (&t->lock);
@@ -152,7 +152,7 @@ layers_add (struct qcow2_layers *t, const char *format, bool no_backing,
     r = -EBUSY;
   else if (e) {
     /* Opened by another meanwhile: that one is used. */
-    __atomic_add_fetch (&e->layer->users, 1, __ATOMIC_RELAXED);
+    layers_hold (e->layer);
     *layer = e->layer;
     r = 1;
   }
