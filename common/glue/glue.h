@@ -239,6 +239,11 @@ extern void glue_hint (const char *fmt, ...)
  * naming why, or NULL if it has none.
  */
 extern const char *glue_why_remedy (char *why);
+/* Logs "FMT...: why" as an error (errstr (err) without why), and
+ * why's remedy as a hint; frees why.
+ */
+extern void glue_file_error (char *why, int err, const char *fmt, ...)
+  __attribute__ ((format (printf, 3, 4)));
 
 /* Local files (the plugin's image, every backing file): how they are
  * opened (locking=, cache=), and the engine's environment opening them,

@@ -14,6 +14,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "errstr.h"
 #include "fileio.h"
 #include "glue.h"
 
@@ -91,6 +92,24 @@ glue_why_remedy (char *why)
     return NULL;
   *nl = '\0';
   return nl + 1;
+}
+
+void
+glue_file_error (char *why, int err, const char *fmt, ...)
+{
+  const char *remedy = glue_why_remedy (why);
+  va_list ap;
+  char *what;
+
+  va_start (ap, fmt);
+  if (vasprintf (&what, fmt, ap) >= 0) {
+    nbdkit_error ("%s: %s", what, why ? why : errstr (err));
+    free (what);
+  }
+  va_end (ap);
+  if (remedy)
+    glue_hint ("%s", remedy);
+  free (why);
 }
 
 /* A password given, when no layer is encrypted: the admin believes the

@@ -365,13 +365,7 @@ overlay_make_file (bool existed, int64_t size, enum overlay_made *made)
 
     if (!existed && e != EEXIST)
       unlink (overlay_file);            /* made, then not opened */
-    const char *remedy = glue_why_remedy (why);
-
-    nbdkit_error ("qcow2-overlay: making %s: %s", overlay_file,
-                  why ? why : errstr (e));
-    if (remedy)
-      glue_hint ("%s", remedy);
-    free (why);
+    glue_file_error (why, e, "qcow2-overlay: making %s", overlay_file);
     return NULL;
   }
   *made = existed ? MADE_IN_EMPTY_FILE : MADE_NEW_FILE;
@@ -442,15 +436,8 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
     return NULL;
   }
   io = fileio_open_with (overlay_file, readonly, &glue_file_options, &why);
-  if (!io) {
-    const char *remedy = glue_why_remedy (why);
-
-    nbdkit_error ("qcow2-overlay: %s: %s", overlay_file,
-                  why ? why : errstr (errno));
-    if (remedy)
-      glue_hint ("%s", remedy);
-    free (why);
-  }
+  if (!io)
+    glue_file_error (why, errno, "qcow2-overlay: %s", overlay_file);
   return io;
 }
 
@@ -705,13 +692,7 @@ overlay_get_ready (void)
   }
   io = fileio_open_with (overlay_file, true, &glue_file_options, &why);
   if (!io) {
-    const char *remedy = glue_why_remedy (why);
-
-    nbdkit_error ("qcow2-overlay: %s: %s", overlay_file,
-                  why ? why : errstr (errno));
-    if (remedy)
-      glue_hint ("%s", remedy);
-    free (why);
+    glue_file_error (why, errno, "qcow2-overlay: %s", overlay_file);
     return -1;
   }
   /* FILE alone, read-only, just for its header: its backing file is

@@ -557,12 +557,7 @@ qcow2_filter_probe (void)
     io = fileio_open_with (file, true, &fo, &why);
   }
   if (!io) {
-    const char *remedy = glue_why_remedy (why);
-
-    nbdkit_error ("%s: %s", file, why ? why : errstr (errno));
-    if (remedy)
-      glue_hint ("%s", remedy);
-    free (why);
+    glue_file_error (why, errno, "%s", file);
     return -1;
   }
   if (qcow2_filter_name_files (regular ? file : NULL, &name, &dir) == -1) {

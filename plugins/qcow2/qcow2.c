@@ -540,15 +540,10 @@ plugin_create_file (const char *path, enum create_made *made)
     if (e == EEXIST) {
       nbdkit_error ("create: %s already exists and is not empty", path);
       glue_hint ("remove it, drop create=true, or use create=if-missing");
+      free (why);
     }
-    else {
-      const char *remedy = glue_why_remedy (why);
-
-      nbdkit_error ("create: %s: %s", path, why ? why : errstr (e));
-      if (remedy)
-        glue_hint ("%s", remedy);
-    }
-    free (why);
+    else
+      glue_file_error (why, e, "create: %s", path);
     errno = e;
     return NULL;
   }
