@@ -46,6 +46,18 @@ served_map ()
   qemu-img map --output=json -f raw "$1" | map_normalize
 }
 
+# serves_alone FILE MODEL WHAT: FILE detached from what was below it
+# (its backing name dropped) and served alone by the plugin reads as
+# MODEL, the disk that was served through the filter.
+serves_alone ()
+{
+  qemu-img rebase -u -b "" "$1"
+  nbdkit -U - qcow2 "$1" --run 'nbdcopy "$uri" '"$tmp/alone.out" ||
+    fail "$3: nbdkit qcow2 FILE alone"
+  cmp "$tmp/alone.out" "$2" ||
+    fail "$3: FILE alone differs from what was served"
+}
+
 # check_overlay FILE: qemu-img check of FILE alone, which QEMU opens
 # only so when FILE records our own backing name (no qcow2-overlay-
 # backing=), as the man page says.

@@ -30,7 +30,4 @@ nbdkit -U - --filter=qcow2 file "$base" qcow2-overlay="$ov" \
 cmp "$tmp/out.raw" "$tmp/expected" || fail "what was written, over the disk"
 check_overlay "$ov" || fail "qemu-img check after the on-read pass"
 sha256sum -c --quiet "$tmp/base.sum" || fail "the plugin's file was written"
-qemu-img rebase -u -b "" "$ov"
-nbdkit -U - qcow2 "$ov" --run 'nbdcopy "$uri" '"$tmp/alone.raw" ||
-  fail "nbdkit qcow2 FILE"
-cmp "$tmp/alone.raw" "$tmp/expected" || fail "FILE alone"
+serves_alone "$ov" "$tmp/expected" concurrent

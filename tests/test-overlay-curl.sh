@@ -51,8 +51,4 @@ sha256sum -c --quiet "$tmp/http.sum" || fail "curl: the served file changed"
 kill "$http"
 wait "$http" 2>/dev/null || true
 rm "$tmp/www/base.raw"
-qemu-img rebase -u -b "" "$ov"
-nbdkit -U - qcow2 "$ov" --run 'nbdcopy "$uri" '"$tmp/alone.out" ||
-  fail "curl: nbdkit qcow2 FILE alone"
-cmp "$tmp/alone.out" "$tmp/http.model" ||
-  fail "curl: FILE alone differs from what was served"
+serves_alone "$ov" "$tmp/http.model" curl
