@@ -349,9 +349,43 @@ extern struct glue_stream glue_stream;
  */
 extern int glue_stream_config_complete (const char *key);
 extern int qcow2_debug_stream;
-/* Once the image named name is open (before nbdkit forks), checks the
- * job (key names stream=true in the message refusing a read-only
- * image).  Returns 0, or -1 after logging an error.
+/* The job of one image, for a module serving several (the plugin's
+ * dir=; its file= too): made once the image named name is open (key
+ * names stream=true in the message refusing a read-only image).
+ * Returns 0 with *job the job, or NULL if stream= is off; or -1 after
+ * logging an error.  A job with nothing to stream (the image has no
+ * backing file: a notice says so) is one still, whose description is
+ * NULL.
+ */
+struct glue_stream_job;
+extern int glue_stream_job_new (struct qcow2_image *img, const char *name,
+                                const char *key, bool readonly,
+                                struct glue_stream_job **job);
+/* Starts its thread (after nbdkit forks).  Returns 0, or -1 after
+ * logging an error.  NULL: nothing done.
+ */
+extern int glue_stream_job_start (struct glue_stream_job *job);
+/* Stops it where it is, and frees it: before the image closes (no
+ * request in flight).  A job made again on the image goes on from where
+ * the image stands.
+ */
+extern void glue_stream_job_free (struct glue_stream_job *job);
+/* Around each client request to its image (the job yields to them). */
+extern void glue_stream_job_enter (struct glue_stream_job *job);
+extern void glue_stream_job_leave (struct glue_stream_job *job);
+/* The export description while it runs or once it ended ("streaming:
+ * 43%, ...", as glue_stream_description), or NULL (job NULL, or
+ * nothing to stream).  *settled says whether the job, at that point,
+ * will no longer change the image's backing file (it ended, or there is
+ * none): until then the header's name (as qcow2_get_info gives it) may
+ * be swapped by the job's detach at any time, and must not be read.
+ */
+extern const char *glue_stream_job_description (struct glue_stream_job *job,
+                                                bool *settled);
+/* The module's one job (the filter's overlay): once the image named
+ * name is open (before nbdkit forks), checks the job (key names
+ * stream=true in the message refusing a read-only image).  Returns 0,
+ * or -1 after logging an error.
  */
 extern int glue_stream_prepare (struct qcow2_image *img, const char *name,
                                 const char *key, bool readonly);

@@ -14,6 +14,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "errstr.h"
 #include "glue.h"
 #include "humansize.h"
 
@@ -22,8 +23,14 @@ struct glue_stream glue_stream = { .detach = true };
 /* -D qcow2.stream=1: a debug message per step of the job. */
 NBDKIT_DLL_PUBLIC int qcow2_debug_stream = 0;
 
-static struct qcow2_stream *job;
-static unsigned busy;           /* client requests in flight (atomic) */
+/* The job of one image, and its clients' requests in flight (atomic). */
+struct glue_stream_job {
+  struct qcow2_stream *s;       /* NULL: nothing to stream */
+  unsigned busy;
+};
+
+/* The module's one job (the filter's overlay). */
+static struct glue_stream_job module_job;
 
 int
 glue_stream_config_complete (const char *key)
@@ -39,41 +46,109 @@ glue_stream_config_complete (const char *key)
   return -1;
 }
 
-int
-glue_stream_prepare (struct qcow2_image *img, const char *name,
-                     const char *key, bool readonly)
+/* The engine's job for img into j->s (left NULL when there is nothing
+ * to stream).  Returns 0, or -1 after logging an error.
+ */
+static int
+stream_job_setup (struct glue_stream_job *j, struct qcow2_image *img,
+                  const char *name, const char *key, bool readonly)
 {
   struct qcow2_stream_options opts = {
     .base = glue_stream.base, .rate = glue_stream.rate,
     .keep_backing = !glue_stream.detach, .debug = qcow2_debug_stream,
-    .busy = &busy,
+    .busy = &j->busy,
   };
 
-  if (!glue_stream.on)
-    return 0;
-  assert (job == NULL);         /* one image, prepared once */
   if (readonly || !qcow2_can_write (img)) {
     nbdkit_error ("%s=true copies the backing chain into %s, which is "
                   "served read-only%s", key, name,
                   readonly ? " (nbdkit -r or readonly=true)" : "");
     return -1;
   }
-  job = qcow2_stream_new (img, &opts);
+  j->s = qcow2_stream_new (img, &opts);
   /* Streamed and cut loose already: served, as asked, with a notice. */
-  return job || errno == ENOENT ? 0 : -1;
+  return j->s || errno == ENOENT ? 0 : -1;
+}
+
+int
+glue_stream_job_new (struct qcow2_image *img, const char *name,
+                     const char *key, bool readonly,
+                     struct glue_stream_job **jobp)
+{
+  struct glue_stream_job *j;
+
+  *jobp = NULL;
+  if (!glue_stream.on)
+    return 0;
+  j = calloc (1, sizeof *j);
+  if (!j) {
+    nbdkit_error ("%s: %s=true: %s", name, key, errstr (errno));
+    return -1;
+  }
+  if (stream_job_setup (j, img, name, key, readonly) == -1) {
+    free (j);
+    return -1;
+  }
+  *jobp = j;
+  return 0;
+}
+
+int
+glue_stream_job_start (struct glue_stream_job *j)
+{
+  return j && j->s && qcow2_stream_start (j->s) < 0 ? -1 : 0;
+}
+
+void
+glue_stream_job_free (struct glue_stream_job *j)
+{
+  if (!j)
+    return;
+  /* No request of its image in flight. */
+  assert (__atomic_load_n (&j->busy, __ATOMIC_RELAXED) == 0);
+  qcow2_stream_free (j->s);
+  free (j);
+}
+
+void
+glue_stream_job_enter (struct glue_stream_job *j)
+{
+  if (j)
+    __atomic_add_fetch (&j->busy, 1, __ATOMIC_RELAXED);
+}
+
+void
+glue_stream_job_leave (struct glue_stream_job *j)
+{
+  unsigned before;
+
+  if (!j)
+    return;
+  before = __atomic_fetch_sub (&j->busy, 1, __ATOMIC_RELAXED);
+  assert (before > 0);          /* each leave after its enter */
+}
+
+int
+glue_stream_prepare (struct qcow2_image *img, const char *name,
+                     const char *key, bool readonly)
+{
+  if (!glue_stream.on)
+    return 0;
+  assert (module_job.s == NULL);        /* one image, prepared once */
+  return stream_job_setup (&module_job, img, name, key, readonly);
 }
 
 int
 glue_stream_start (void)
 {
-  return job && qcow2_stream_start (job) < 0 ? -1 : 0;
+  return glue_stream_job_start (&module_job);
 }
 
 void
 glue_stream_stop (void)
 {
-  qcow2_stream_free (job);
-  job = NULL;
+  qcow2_stream_free (module_job.s);
+  module_job.s = NULL;
   free (glue_stream.base);
   glue_stream.base = NULL;
 }
@@ -81,26 +156,27 @@ glue_stream_stop (void)
 void
 glue_stream_enter (void)
 {
-  __atomic_add_fetch (&busy, 1, __ATOMIC_RELAXED);
+  glue_stream_job_enter (&module_job);
 }
 
 void
 glue_stream_leave (void)
 {
-  unsigned before = __atomic_fetch_sub (&busy, 1, __ATOMIC_RELAXED);
-
-  assert (before > 0);          /* each leave after its enter */
+  glue_stream_job_leave (&module_job);
 }
 
 const char *
-glue_stream_description (void)
+glue_stream_job_description (struct glue_stream_job *j, bool *settled)
 {
   struct qcow2_stream_progress p;
   char d[HUMAN_SIZE_LEN], t[HUMAN_SIZE_LEN];
 
-  if (!job)
+  *settled = true;
+  if (!j || !j->s)
     return NULL;
-  qcow2_stream_progress (job, &p);
+  qcow2_stream_progress (j->s, &p);
+  *settled = p.state != QCOW2_STREAM_STARTING &&
+    p.state != QCOW2_STREAM_RUNNING && p.state != QCOW2_STREAM_WAITING;
   switch (p.state) {
   case QCOW2_STREAM_STARTING:
     return "streaming: starting";
@@ -133,4 +209,12 @@ glue_stream_description (void)
     return "streaming stopped";
   }
   return NULL;
+}
+
+const char *
+glue_stream_description (void)
+{
+  bool settled;
+
+  return glue_stream_job_description (&module_job, &settled);
 }

@@ -41,6 +41,12 @@ struct plugin_export {
   char *name;                   /* the export name (file=: the file's) */
   char *path;                   /* the file opened, every link resolved */
   struct qcow2_image *image;    /* NULL while opening */
+  /* stream=true: the image's job (NULL: stream= off, or dir='s image
+   * has no backing file), and (dir=) what the description says of the
+   * image as it was opened, while the job may still cut it loose.
+   */
+  struct glue_stream_job *job;
+  char *info;
   /* The engine's environment of the image (dir=: quiet while a first
    * try may fail, see fleet_open_image).
    */
@@ -160,13 +166,15 @@ fleet_remove (struct plugin_export *e)
   fleet.count--;
   free (e->name);
   free (e->path);
+  free (e->info);
   free (e);
   pthread_cond_broadcast (&fleet.changed);
 }
 
 /* Close the image of e, and drop e.  The lock is let go meanwhile (a
  * flush may take long), e marked closing: an open of its name waits
- * (its file's locks are held until it is closed).
+ * (its file's locks are held until it is closed).  Its stream stops
+ * where it is, and goes on from there when the image opens again.
  */
 static void
 fleet_close (struct plugin_export *e)
@@ -174,6 +182,8 @@ fleet_close (struct plugin_export *e)
 {
   e->state = EXPORT_CLOSING;
   lock_release (&fleet.lock);
+  glue_stream_job_free (e->job);
+  e->job = NULL;
   if (e->image && qcow2_close (e->image) < 0)
     nbdkit_error ("%s: closing the image failed: its last changes may not "
                   "be durable", e->path);
@@ -206,8 +216,8 @@ plugin_load (void)
 static void
 plugin_unload (void)
 {
-  glue_stream_stop ();
   fleet_close_all ();
+  free (glue_stream.base);
   qcow2_layers_free (fleet.layers);
   free (filename);
   free (data_file);
@@ -382,17 +392,14 @@ plugin_config_fleet_complete (void)
                   "image, dir= each image in a folder");
     return -1;
   }
-  if (create != CREATE_NO || data_file || create_backing ||
-      glue_stream.on) {
+  if (create != CREATE_NO || data_file || create_backing) {
     nbdkit_error ("%s", create != CREATE_NO
                   ? "create= makes the image of file=: with dir=, "
                     "template= makes the images of new exports"
                   : data_file ? "data-file= names the data file of one "
                     "image: not with dir="
-                  : create_backing ? "backing=FILE describes the image "
-                    "create= makes: with dir=, template=FILE makes "
-                    "overlays of FILE"
-                  : "stream=true is not supported with dir= yet");
+                  : "backing=FILE describes the image create= makes: "
+                    "with dir=, template=FILE makes overlays of FILE");
     return -1;
   }
   if (glue.create.first_key && !fleet.template) {
@@ -1011,6 +1018,57 @@ fleet_env_open (void *opaque, const char *path, bool readonly, char **id)
   return io;
 }
 
+/* What an export's description says of its image; closed: the image
+ * is not open (with stream=true, its stream is not running).
+ */
+static char *
+fleet_info_text (const struct qcow2_image *img, bool closed)
+{
+  struct qcow2_info i;
+  char *s;
+
+  qcow2_get_info (img, &i);
+  if (asprintf (&s, "qcow2, virtual size %" PRIu64 " bytes, %s%s%s", i.size,
+                i.backing ? "backing file " : "no backing file",
+                i.backing ? i.backing : "",
+                closed && glue_stream.on && i.backing
+                ? "; streaming: not running (the image streams, from "
+                  "where it stands, once a client opens it)" : "") == -1)
+    return NULL;
+  return s;
+}
+
+/* stream=true: the job of e's image (at path) made and started.  An
+ * image with no backing file has nothing to stream: it is served as it
+ * is, even read-only (the template may be).  Returns 0, or -1 after
+ * logging an error.
+ */
+static int
+fleet_stream (struct plugin_export *e, const char *path)
+{
+  struct qcow2_info i;
+
+  qcow2_get_info (e->image, &i);
+  if (!i.backing)
+    return 0;
+  /* Read before the job may change it. */
+  e->info = fleet_info_text (e->image, false);
+  if (!e->info) {
+    nbdkit_error ("%s: %s", path, errstr (errno));
+    return -1;
+  }
+  /* nbdkit -r and readonly=true are refused at start: an image read-only
+   * here is so for a reason logged as it was opened.
+   */
+  if (glue_stream_job_new (e->image, path, "stream", false, &e->job) == -1 ||
+      glue_stream_job_start (e->job) == -1) {
+    glue_stream_job_free (e->job);
+    e->job = NULL;
+    return -1;
+  }
+  return 0;
+}
+
 /* Open the image of the export of e (made first if it is missing and
  * template= is given).  Returns 0, or -1 after logging an error.  The
  * lock is not held: e is opening, which no one else touches.
@@ -1093,7 +1151,8 @@ fleet_open_image (struct plugin_export *e, const char *shown)
   if (!e->image ||
       (made && qcow2_preallocate (e->image,
                                   glue.create.opts.preallocation) < 0) ||
-      (glue.repair_leaks && glue_repair (e->image, real) == -1))
+      (glue.repair_leaks && glue_repair (e->image, real) == -1) ||
+      (glue_stream.on && fleet_stream (e, real) == -1))
     goto out;
   e->path = real;
   real = NULL;
@@ -1207,18 +1266,24 @@ fleet_release (struct plugin_export *e)
   }
 }
 
-/* What an export's description says of its image. */
+/* What the description of the open export e says: its image, and
+ * with stream=true how far its stream got.  Until the stream has ended,
+ * its image as it was opened (the job may cut it loose at any time).
+ */
 static char *
-fleet_info_text (const struct qcow2_image *img)
+fleet_export_text (struct plugin_export *e)
 {
-  struct qcow2_info i;
+  bool settled;
+  const char *progress = glue_stream_job_description (e->job, &settled);
+  char *info = settled ? fleet_info_text (e->image, false)
+                       : strdup (e->info);
   char *s;
 
-  qcow2_get_info (img, &i);
-  if (asprintf (&s, "qcow2, virtual size %" PRIu64 " bytes, %s%s", i.size,
-                i.backing ? "backing file " : "no backing file",
-                i.backing ? i.backing : "") == -1)
-    return NULL;
+  if (!info || !progress)
+    return info;
+  if (asprintf (&s, "%s; %s", info, progress) == -1)
+    s = NULL;
+  free (info);
   return s;
 }
 
@@ -1247,7 +1312,7 @@ fleet_describe (const char *name, const char *path)
   for (struct plugin_export *e = fleet.exports; e; e = e->next)
     if (e->state == EXPORT_OPEN && !e->stale &&
         strcmp (e->path, path) == 0) {
-      s = fleet_info_text (e->image);
+      s = fleet_export_text (e);
       lock_release (&fleet.lock);
       return s;
     }
@@ -1269,7 +1334,7 @@ fleet_describe (const char *name, const char *path)
   img = qcow2_open (&env, io, path, &opts);
   if (!img)
     return strdup ("qcow2 (its header cannot be read here)");
-  s = fleet_info_text (img);
+  s = fleet_info_text (img, true);
   qcow2_close (img);
   return s;
 }
@@ -1320,9 +1385,11 @@ plugin_default_export (int readonly, int is_tls)
   return fleet.default_export ? fleet.default_export : "";
 }
 
-/* file=: the image made the table's one entry, held to the end. */
+/* file=: the image (and its stream's job) made the table's one entry,
+ * held to the end.
+ */
 static int
-fleet_hold (struct qcow2_image *img)
+fleet_hold (struct qcow2_image *img, struct glue_stream_job *job)
   TSA_EXCLUDES (&fleet.lock)
 {
   struct plugin_export *e;
@@ -1337,6 +1404,7 @@ fleet_hold (struct qcow2_image *img)
     return -1;
   }
   e->image = img;
+  e->job = job;
   e->state = EXPORT_OPEN;
   return 0;
 }
@@ -1405,6 +1473,12 @@ fleet_get_ready (void)
     return -1;
   }
   fleet.env.layers = fleet.layers;
+  if (glue_stream.on && (glue.engine.readonly || glue_server_readonly ())) {
+    nbdkit_error ("stream=true copies the backing chain into each image of "
+                  "dir=, which is served read-only (nbdkit -r or "
+                  "readonly=true)");
+    return -1;
+  }
   if (fleet.template && (glue.engine.readonly || glue_server_readonly ())) {
     nbdkit_error ("template= makes images to write: not with readonly=true "
                   "or nbdkit -r");
@@ -1440,6 +1514,7 @@ plugin_get_ready (void)
   struct qcow2_io *io = NULL;
   enum create_made made = MADE_NOTHING;
   struct qcow2_image *image = NULL;
+  struct glue_stream_job *job;
   bool readonly = true;
 
   /* Passwords are kept for the images opened later. */
@@ -1462,10 +1537,10 @@ plugin_get_ready (void)
     goto fail;
   if (glue.repair_leaks && glue_repair (image, filename) == -1)
     goto fail;
-  if (glue_stream_prepare (image, filename, "stream", readonly) == -1)
+  if (glue_stream_job_new (image, filename, "stream", readonly, &job) == -1)
     goto fail;
-  if (fleet_hold (image) == -1) {
-    glue_stream_stop ();        /* its job refers to the image */
+  if (fleet_hold (image, job) == -1) {
+    glue_stream_job_free (job);  /* it refers to the image */
     goto fail;
   }
   return 0;
@@ -1489,14 +1564,28 @@ plugin_after_fork (void)
     }
     fleet.sweeper_running = true;
   }
-  return glue_stream_start ();
+  /* file='s stream (dir='s start as their images open). */
+  return fleet.dir ? 0 : glue_stream_job_start (fleet.exports->job);
+}
+
+/* Every stream stopped where it is, once the clients are gone: before
+ * the images close at unload.
+ */
+static void
+fleet_stop_streams (void)
+  TSA_EXCLUDES (&fleet.lock)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet.lock);
+  for (struct plugin_export *e = fleet.exports; e; e = e->next) {
+    glue_stream_job_free (e->job);
+    e->job = NULL;
+  }
 }
 
 static void
 plugin_cleanup (void)
   TSA_EXCLUDES (&fleet.lock)
 {
-  glue_stream_stop ();
   if (fleet.sweeper_running) {
     lock_acquire (&fleet.lock);
     fleet.stopping = true;
@@ -1505,6 +1594,7 @@ plugin_cleanup (void)
     pthread_join (fleet.sweeper, NULL);
     fleet.sweeper_running = false;
   }
+  fleet_stop_streams ();
 }
 
 static struct qcow2_image *
@@ -1516,12 +1606,14 @@ plugin_image (void *handle)
 static const char *
 plugin_export_description (void *handle)
 {
+  struct plugin_export *e = handle;
+  bool settled;
   char *s;
   const char *r;
 
   if (!fleet.dir)
-    return glue_stream_description ();
-  s = fleet_info_text (plugin_image (handle));
+    return glue_stream_job_description (e->job, &settled);
+  s = fleet_export_text (e);
   r = s ? nbdkit_strdup_intern (s) : NULL;
   free (s);
   return r;
@@ -1648,9 +1740,11 @@ static int
 plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
-  glue_stream_enter ();
-  int r = qcow2_read (plugin_image (handle), buf, count, offset);
-  glue_stream_leave ();
+  struct plugin_export *e = handle;
+
+  glue_stream_job_enter (e->job);
+  int r = qcow2_read (e->image, buf, count, offset);
+  glue_stream_job_leave (e->job);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -1684,10 +1778,11 @@ static int
 plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
-  glue_stream_enter ();
-  int r = qcow2_write (plugin_image (handle), buf, count, offset,
-                       flags & NBDKIT_FLAG_FUA);
-  glue_stream_leave ();
+  struct plugin_export *e = handle;
+
+  glue_stream_job_enter (e->job);
+  int r = qcow2_write (e->image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  glue_stream_job_leave (e->job);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
