@@ -38,9 +38,9 @@ wait_streamed ()
   fail "the stream of $1 did not end: $d"
 }
 
-# check_streamed IMG ORIG BACKING: IMG passes qemu-img check, reads as
-# ORIG (the chain as it was, a copy) and has BACKING as its backing
-# file ("" for none).
+# check_streamed IMG ORIG BACKING [FORMAT]: IMG passes qemu-img check,
+# reads as ORIG (the chain as it was, a copy; of FORMAT, qcow2 unless
+# given) and has BACKING as its backing file ("" for none).
 check_streamed ()
 {
   qemu-img check -q "$1" || fail "qemu-img check $1 after the stream"
@@ -48,7 +48,7 @@ check_streamed ()
   b=$(qemu-img info --output=json "$1" |
       /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin).get("backing-filename", ""))')
   [ "$b" = "$3" ] || fail "$1's backing file is \"$b\", not \"$3\""
-  qemu-img compare -q -f qcow2 -F qcow2 "$1" "$2" ||
+  qemu-img compare -q -f qcow2 -F "${4:-qcow2}" "$1" "$2" ||
     fail "$1 does not read as the chain did"
 }
 

@@ -121,6 +121,4 @@ expect_refused 'default-export=\.\./x: refused: it starts with' qcow2 \
 expect_refused 'dir: .*: not a folder' qcow2 dir="$d/vm1"
 expect_refused 'cluster-size= describes an image to make: with dir=, it needs template=' \
   qcow2 dir="$d" cluster-size=4K
-expect_refused 'stream=true is not supported with dir=' qcow2 dir="$d" \
-  stream=true
 echo "$0: ok"
