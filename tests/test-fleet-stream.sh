@@ -16,7 +16,10 @@
 #  - an image closed mid-stream (idle-close=1) keeps its backing file
 #    and what was copied, and at its next open the stream goes on from
 #    where it stands, and ends;
-#  - nbdkit -r and readonly=true are refused with stream=true.
+#  - nbdkit -r, readonly=true and snapshot= are refused with
+#    stream=true;
+#  - template=: the template, with no backing file, is served (read-only)
+#    as it is; a new export made over it streams and is cut loose.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdinfo
@@ -289,4 +292,41 @@ expect_refused "stream=true copies the backing chain into each image of dir=, wh
   -r qcow2 dir="$d" stream=true
 expect_refused "stream=true copies the backing chain into each image of dir=, which is served read-only" \
   qcow2 dir="$d" stream=true readonly=true
+expect_refused "stream=true copies the backing chain into each image of dir=, which is served read-only \\(snapshot=\\)" \
+  qcow2 dir="$d" stream=true snapshot=s1
+
+# template=: the template (no backing file) served read-only as it is,
+# a new export made over it streams and is cut loose.
+stream_serve t qcow2 dir="$d" stream=true template=base.qcow2 idle-close=0
+nbdsh -u "nbd+unix:///base.qcow2?socket=$tmp/t.sock" \
+  -c 'assert h.is_read_only() and h.pread(4096, 0) == b"\x11" * 4096' ||
+  fail "the template served with stream=true"
+/usr/bin/python3 - "$tmp/t.sock" <<'PY' || { cat "$tmp/t.log" >&2; fail "a new export streamed"; }
+import nbd, sys, time
+sock = sys.argv[1]
+h = nbd.NBD()
+h.set_export_name("new1")
+h.set_full_info(True)
+h.connect_unix(sock)
+h.pwrite(b"N" * 4096, 8 << 20)
+for _ in range(600):
+    g = nbd.NBD()
+    g.set_export_name("new1")
+    g.set_full_info(True)
+    g.connect_unix(sock)
+    desc = g.get_export_description()
+    g.shutdown()
+    if desc.endswith("streamed: no longer depends on its backing chain"):
+        break
+    time.sleep(0.1)
+else:
+    raise AssertionError("new1 does not end its stream: %s" % desc)
+assert h.pread(4096, 8 << 20) == b"N" * 4096
+assert h.pread(4096, 0) == b"\x11" * 4096
+h.shutdown()
+PY
+stop_server t
+cp "$tmp/orig/base.qcow2" "$tmp/new1.ref"
+qio "$tmp/new1.ref" 'write -P 0x4e 8M 4k'
+check_streamed "$d/new1" "$tmp/new1.ref" ""
 echo "$0: ok"

@@ -1473,10 +1473,12 @@ fleet_get_ready (void)
     return -1;
   }
   fleet.env.layers = fleet.layers;
-  if (glue_stream.on && (glue.engine.readonly || glue_server_readonly ())) {
+  if (glue_stream.on && (glue.engine.readonly || glue_server_readonly () ||
+                          glue.engine.snapshot)) {
     nbdkit_error ("stream=true copies the backing chain into each image of "
-                  "dir=, which is served read-only (nbdkit -r or "
-                  "readonly=true)");
+                  "dir=, which is served read-only (%s)",
+                  glue.engine.snapshot ? "snapshot="
+                  : "nbdkit -r or readonly=true");
     return -1;
   }
   if (fleet.template && (glue.engine.readonly || glue_server_readonly ())) {
