@@ -94,7 +94,8 @@ class Client:
         self.h = connect(self.name)
         self.rand = random.Random(n)
         self.stop = False
-        self.t = threading.Thread(target=self.run)
+        # A daemon: a failed check ends the script, not waits on it.
+        self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
     def run(self):
