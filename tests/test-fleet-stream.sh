@@ -47,7 +47,7 @@ stream_serve s qcow2 dir="$d" stream=true stream-rate=4M idle-close=0
 pid=$(cat "$tmp/s.pid")
 
 /usr/bin/python3 - "$tmp/s.sock" "$pid" <<'PY' || { cat "$tmp/s.log" >&2; fail "streaming exports"; }
-import nbd, os, random, subprocess, sys, threading, time
+import nbd, os, random, re, subprocess, sys, threading, time
 
 sock, pid = sys.argv[1], sys.argv[2]
 d, tmp = os.environ["d"], os.environ["tmp"]
@@ -169,8 +169,13 @@ out = subprocess.run(["nbdinfo", "--list", "nbd+unix:///?socket=" + sock],
                      capture_output=True, text=True).stdout
 assert "backing file base.qcow2; streaming: " in out, out
 
-# The fourth starts later: the first three are cut loose before it.
-time.sleep(2)
+# The fourth starts once the first three are half done: they are cut
+# loose before it.
+def percent(desc):
+    m = re.search(r"; streaming: ([0-9]+)%", desc)
+    return int(m.group(1)) if m else 100 if desc.endswith(STREAMED) else 0
+wait_for("three streams half done",
+         lambda l: all(percent(l["vm%d" % n]) >= 50 for n in (1, 2, 3)))
 clients.append(Client(4))
 l = wait_for("three detached, the fourth streaming",
              lambda l: all(l["vm%d" % n].endswith(STREAMED)
@@ -217,7 +222,7 @@ rm -rf "$d"
 cp -a "$tmp/orig" "$d"
 stream_serve i qcow2 dir="$d" stream=true stream-rate=2M idle-close=1
 /usr/bin/python3 - "$tmp/i.sock" <<'PY' || { cat "$tmp/i.log" >&2; fail "closed mid-stream"; }
-import nbd, os, sys, time
+import nbd, os, subprocess, sys, time
 sock, d = sys.argv[1], os.environ["d"]
 
 def listing():
@@ -240,10 +245,13 @@ for _ in range(300):
 else:
     raise AssertionError("vm1 does not stream: %s" % l)
 h.shutdown()
-# Closed a second after its client left: the stream stops with it.
+# Closed a second after its client left (its locks then released): the
+# stream stops with it.
 for _ in range(100):
     l = listing()["vm1"]
-    if "not running" in l:
+    info = subprocess.run(["qemu-img", "info", d + "/vm1"],
+                          capture_output=True)
+    if "not running" in l and info.returncode == 0:
         break
     time.sleep(0.1)
 else:
