@@ -4,6 +4,8 @@
  * image is open, started after nbdkit forks, its progress in the
  * export description, the clients' requests in flight counted so that
  * the job yields to them, and the job stopped before the image closes.
+ * A job for each image the plugin opens (dir= serves many), and the
+ * module's one for the filter's overlay.
  */
 #include <assert.h>
 #include <errno.h>
