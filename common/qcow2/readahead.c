@@ -48,15 +48,15 @@
  * while the reader is trusted, nor past 0 once it is not.  A reader is
  * trusted until a run of its reads ends with a window unread (a
  * reader that stops short: a boot); from then on only what reads of
- * kept pieces saved funds windows, and the layer sends no more than
- * that reader asks for.  A run of more than READAHEAD_STREAM bytes (a
- * copy, a long file) trusts it again: a stream loses at most a window
- * at its end, an eighth of what it read.  And a window is capped by
- * how the last ones fared: a window dropped with more than
- * half of it unread halves the cap (down to READAHEAD_MIN), one read
- * to its end doubles it, to twice that window at least (up to
- * READAHEAD_WINDOW); the cap never holds a window below the size of
- * the read that starts it.  A sequential reader reads every window to
+ * kept pieces saved funds windows, and the layer sends that reader no
+ * more than it asks for but the window of that run.  A run of more
+ * than READAHEAD_STREAM bytes (a copy, a long file) trusts it again: a
+ * stream loses at most a window at its end, an eighth of what it read.
+ * And a window is capped by how the last ones fared: a window dropped
+ * with more than half of it unread halves the cap (down to
+ * READAHEAD_MIN), one read to its end doubles it, to twice that window
+ * at least (up to READAHEAD_WINDOW); the cap never holds a window below
+ * the size of the read that starts it.  A sequential reader reads every window to
  * its end: its windows grow much as they did without the cap.
  *
  * What was fetched is kept a while: the last READAHEAD_KEEP bytes that
