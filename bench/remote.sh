@@ -39,7 +39,8 @@
 #   replay-http the same over the web server (the bytes it served
 #               counted from the Range headers it was sent)
 # Usage: bench/remote.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
-# REMOTE_CASES="rand-4k ..." runs only those)
+# REMOTE_CASES="rand-4k ..." runs only those; REMOTE_SEED=N replays
+# the trace bench/boot-trace.py makes from seed N, not 43)
 # Prints MiB/s or IOPS per server (medians) and the ratios, which go into
 # bench/ratios.tsv and its chart unless BENCH_UPDATE=0 (set it when only
 # some cases run: the bench's rows are replaced as a whole).
@@ -54,7 +55,8 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$wo
 # The images: the fragmented qcow2 base, and a raw base of its data.
 "$top/bench/mkimage.sh" layout random 1G "$work/frag.qcow2" >/dev/null
 qemu-img convert -O raw "$work/frag.qcow2" "$work/base.raw"
-/usr/bin/python3 "$top/bench/boot-trace.py" gen 1073741824 > "$work/trace"
+/usr/bin/python3 "$top/bench/boot-trace.py" gen 1073741824 "${REMOTE_SEED:-43}" \
+  > "$work/trace"
 
 # serve NAME ARGS...: nbdkit on $work/NAME.sock.
 serve ()

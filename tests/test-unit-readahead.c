@@ -3,11 +3,14 @@
  * which counts round trips): what sequential reads, random reads and
  * several threads reading at once read, through the read-ahead of a
  * raw and of a qcow2 layer, to the last unaligned byte; that
- * sequential reads cost a round trip a window, not one a request; and
- * that what was read is kept a while: read again, it costs none.
+ * sequential reads cost a round trip a window, not one a request; that
+ * what was read is kept a while: read again, it costs none; and that
+ * the read-ahead fetches no more than its reader asks for once runs
+ * end short, until the reader streams.
  */
 #include <pthread.h>
 
+#include "internal.h"
 #include "unit-engine.h"
 
 #define MIB (UINT64_C (1) << 20)
@@ -262,9 +265,150 @@ test_kept (void)
   memenv_free (me);
 }
 
+/* The read-ahead alone, over a layer of 1 GiB whose byte at o is
+ * layer_byte (o): the bytes fetched, the fetches, and the bytes read.
+ */
+static struct {
+  uint64_t bytes, calls, asked;
+} paid;
+
+static uint8_t
+layer_byte (uint64_t o)
+{
+  return (uint8_t) (o ^ (o >> 9) ^ (o >> 17));
+}
+
+static int
+paid_fetch (struct qcow2_image *layer, uint8_t *buf, uint64_t count,
+            uint64_t offset)
+{
+  (void) layer;
+  for (uint64_t i = 0; i < count; i++)
+    buf[i] = layer_byte (offset + i);
+  paid.bytes += count;
+  paid.calls++;
+  return 0;
+}
+
+/* Read [offset, offset+count) through ra, checked.  Returns true if it
+ * fetched more than that (a window).
+ */
+static bool
+paid_read (struct readahead *ra, uint64_t offset, uint64_t count)
+{
+  uint8_t *buf = malloc (count);
+  uint64_t before = paid.bytes;
+  bool ok;
+
+  if (!buf)
+    abort ();
+  ok = readahead_read (ra, buf, count, offset) == 0;
+  for (uint64_t i = 0; ok && i < count; i++)
+    ok = buf[i] == layer_byte (offset + i);
+  CHECKF (ok, "reading %" PRIu64 " bytes at %" PRIu64 " through the "
+          "read-ahead", count, offset);
+  paid.asked += count;
+  free (buf);
+  return paid.bytes - before > count;
+}
+
+/* Returns the bytes fetched beyond those read. */
+static int64_t
+paid_excess (void)
+{
+  return (int64_t) paid.bytes - (int64_t) paid.asked;
+}
+
+/* Short runs (a file's first 32 KiB, then 128 KiB, every third run
+ * 128 KiB more) at the next n of 1000 places 1 MiB apart, in scattered
+ * order (*k: how many were read); the first 128 KiB of each into places
+ * if given.  Returns the windows fetched.
+ */
+static unsigned
+paid_runs (struct readahead *ra, unsigned *k, unsigned n, uint64_t *places)
+{
+  unsigned windows = 0;
+
+  for (unsigned i = 0; i < n; i++, ++*k) {
+    uint64_t o = (*k * 337 % 1000) * MIB;
+
+    if (places)
+      places[i] = o + 32768;
+    windows += paid_read (ra, o, 32768);
+    windows += paid_read (ra, o + 32768, 131072);
+    if (i % 3 == 0)
+      windows += paid_read (ra, o + 163840, 131072);
+  }
+  return windows;
+}
+
+/* A reader whose runs end short (a guest's boot) makes the layer send
+ * no more than it asked for but the window of its first short run;
+ * reads of what it read before fund windows again, never past what
+ * they saved; a run of more than 32 MiB (a stream) gets its windows
+ * back.
+ */
+static void
+test_paid (void)
+{
+  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct readahead *ra;
+  uint64_t places[60], calls;
+  int64_t first;
+  unsigned k = 0, windows;
+
+  if (!layer)
+    abort ();
+  layer->size = 1024 * MIB;
+  ra = readahead_new (layer, paid_fetch);
+  if (!ra)
+    abort ();
+
+  /* The first run's window is fetched and left unread: the read-ahead
+   * is trusted no more.
+   */
+  paid_runs (ra, &k, 2, NULL);
+  first = paid_excess ();
+  CHECKF (first > 0 && first <= 131072, "the first short runs fetched "
+          "%" PRId64 " bytes more than read, not one window of 128 KiB",
+          first);
+  windows = paid_runs (ra, &k, 300, NULL);
+  CHECKF (windows == 0 && paid_excess () == first, "300 short runs more "
+          "fetched %u windows, %" PRId64 " bytes more than read in all "
+          "(%" PRId64 " after the first)", windows, paid_excess (), first);
+
+  /* Reads of what was read: kept, they fetch nothing, and what they
+   * saved funds windows, never more.
+   */
+  paid_runs (ra, &k, 60, places);
+  for (unsigned i = 0; i < 60; i++)
+    paid_read (ra, places[i], 131072);
+  CHECKF (paid_excess () < 0, "60 reads again of 128 KiB left %" PRId64
+          " bytes fetched beyond those read", paid_excess ());
+  windows = paid_runs (ra, &k, 300, NULL);
+  CHECKF (windows > 0 && paid_excess () <= 0, "300 short runs after "
+          "reads again fetched %u windows and %" PRId64 " bytes more than "
+          "read in all", windows, paid_excess ());
+
+  /* A stream of 40 MiB: its first 32 MiB a fetch a read or so, its
+   * last 8 in windows.
+   */
+  for (uint64_t o = 0; o < 32 * MIB; o += MIB)
+    paid_read (ra, 512 * MIB + o, MIB);
+  calls = paid.calls;
+  for (uint64_t o = 32 * MIB; o < 40 * MIB; o += MIB)
+    paid_read (ra, 512 * MIB + o, MIB);
+  CHECKF (paid.calls - calls <= 3, "the last 8 MiB of a stream of 40 MiB "
+          "took %" PRIu64 " fetches", paid.calls - calls);
+
+  readahead_free (ra);
+  free (layer);
+}
+
 int
 main (void)
 {
+  test_paid ();
   test_kept ();
   test_raw ();
   test_qcow2 ();

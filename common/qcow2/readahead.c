@@ -39,17 +39,24 @@
  *
  * Read-ahead pays for itself: over a real network every byte fetched
  * and not read costs, and a guest's boot (scattered small reads, files
- * read in short runs) ends most runs a window early.  So the bytes of
- * windows never read, less the bytes read again from a window (which
- * cost no fetch), are kept within a READAHEAD_THRIFT-th of the bytes
- * read of the layer: past that no window starts until reads have paid
- * for it, and the layer sends little more than a reader without
- * read-ahead (qemu's nbd driver) makes it send.  And a window is
- * capped by how the last ones fared: a window dropped with more than
- * half of it unread halves the cap (down to READAHEAD_MIN), one read
- * to its end doubles it, to twice that window at least (up to
- * READAHEAD_WINDOW); the cap never holds a window below the size of
- * the read that starts it.  A sequential reader reads every window to
+ * read in short runs) ends most runs a window early, while a reader
+ * without read-ahead (qemu's nbd driver) makes the layer send just
+ * what it asks for.  The layer's excess, the bytes fetched of it less
+ * the bytes read of it (the unread part of the windows, less the reads
+ * that a window or a kept piece served without a fetch), is what
+ * read-ahead may spend: a window never takes it past READAHEAD_WINDOW
+ * while the reader is trusted, nor past 0 once it is not.  A reader is
+ * trusted until a run of its reads ends with a window unread (a
+ * reader that stops short: a boot); from then on only what reads of
+ * kept pieces saved funds windows, and the layer sends that reader no
+ * more than it asks for but the window of that run.  A run of more
+ * than READAHEAD_STREAM bytes (a copy, a long file) trusts it again: a
+ * stream loses at most a window at its end, an eighth of what it read.
+ * And a window is capped by how the last ones fared: a window dropped
+ * with more than half of it unread halves the cap (down to
+ * READAHEAD_MIN), one read to its end doubles it, to twice that window
+ * at least (up to READAHEAD_WINDOW); the cap never holds a window below
+ * the size of the read that starts it.  A sequential reader reads every window to
  * its end: its windows grow much as they did without the cap.
  *
  * What was fetched is kept a while: the last READAHEAD_KEEP bytes that
@@ -57,17 +64,15 @@
  * most READAHEAD_KEEP_RUNS pieces, the least recently read let go
  * first.  A read that falls in one of them (a guest reads again what
  * its own cache let go: metadata, a file opened twice during a boot)
- * costs no fetch.  Only what a window saved funds the next windows:
- * what the kept pieces save comes on top, so that a reader that reads
- * again some of what it read is sent less than it asked for, paying
- * for the windows its short runs leave unread.  A deep reader's reads
- * are not kept: it streams, and copying each read would cost it.
+ * costs no fetch, and funds the windows of a reader not trusted.  A
+ * deep reader's reads are not kept: it streams, and copying each read
+ * would cost it.
  */
 #define READAHEAD_WINDOW (4u << 20)
 #define READAHEAD_MIN (64u << 10)
 #define READAHEAD_MS 200
 #define READAHEAD_DEEP 8
-#define READAHEAD_THRIFT 128
+#define READAHEAD_STREAM (8 * READAHEAD_WINDOW)
 #define READAHEAD_KEEP (32u << 20)
 #define READAHEAD_KEEP_RUNS 512
 
@@ -80,6 +85,7 @@ struct readahead {
   pthread_cond_t filled;        /* a window stopped filling */
   uint64_t next;                /* where the last read ended */
   unsigned run;                 /* reads that continued the one before */
+  uint64_t run_bytes;           /* bytes read in that run, from its start */
   unsigned busy;                /* reads of the layer under way */
   /* Reads lately that came while others were under way, up to
    * READAHEAD_DEEP, less one per read that came alone: windows are for
@@ -88,10 +94,8 @@ struct readahead {
   unsigned deep;
   uint64_t rate;                /* bytes a second the layer gave (0: ?) */
   uint64_t asked;               /* bytes read of the layer */
-  /* Bytes of dropped windows never read, less those read again from a
-   * window: what the read-ahead cost (negative: it saved).
-   */
-  int64_t cost;
+  uint64_t fetched;             /* bytes fetched of it, windows in flight too */
+  bool trusted;                 /* windows may take the excess past 0 */
   uint64_t cap;                 /* the largest window now */
   struct {
     enum window_state state;
@@ -121,6 +125,7 @@ readahead_new (struct qcow2_image *layer, readahead_fetch fetch)
   lock_cond_init (&ra->filled);
   ra->next = UINT64_MAX;        /* the first read starts no run */
   ra->cap = READAHEAD_MIN;
+  ra->trusted = true;
   return ra;
 }
 
@@ -163,6 +168,18 @@ readahead_take (struct readahead *ra, int i, uint8_t *buf, uint64_t offset,
   ra->asked += end - offset;
   if (was_short && ra->w[i].served >= ra->w[i].len)
     ra->cap = MIN (MAX (ra->cap, ra->w[i].len) * 2, READAHEAD_WINDOW);
+}
+
+/* [offset, end) was read from a window: the run it continues, or
+ * starts.
+ */
+static void
+readahead_follow (struct readahead *ra, uint64_t offset, uint64_t end)
+  TSA_REQUIRES (ra->lock)
+{
+  ra->run_bytes = offset == ra->next ? ra->run_bytes + (end - offset)
+                  : end - offset;
+  ra->next = MAX (ra->next, end);
 }
 
 /* Returns the kept piece holding [offset, end), or -1. */
@@ -248,13 +265,12 @@ readahead_take_kept (struct readahead *ra, uint8_t *buf, uint64_t offset,
   return true;
 }
 
-/* Window i dropped: what it cost, and the cap it leaves. */
+/* Window i dropped: the cap it leaves. */
 static void
 readahead_drop (struct readahead *ra, int i)
   TSA_REQUIRES (ra->lock)
 {
   if (ra->w[i].state == WINDOW_FULL) {
-    ra->cost += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
     if (ra->w[i].served < ra->w[i].len / 2)
       ra->cap = MAX (ra->cap / 2, READAHEAD_MIN);
     readahead_keep (ra, ra->w[i].buf, ra->w[i].start, ra->w[i].len);
@@ -265,19 +281,15 @@ readahead_drop (struct readahead *ra, int i)
   ra->w[i].state = WINDOW_EMPTY;
 }
 
-/* Returns what the read-ahead cost so far, the unread part of the full
- * windows counted as lost.
- */
-static int64_t
-readahead_owed (const struct readahead *ra)
+/* Returns true if a full window holds bytes not read yet. */
+static bool
+readahead_unread (const struct readahead *ra)
   TSA_REQUIRES (ra->lock)
 {
-  int64_t owed = ra->cost;
-
   for (int i = 0; i < 2; i++)
-    if (ra->w[i].state == WINDOW_FULL)
-      owed += (int64_t) ra->w[i].len - (int64_t) ra->w[i].served;
-  return owed;
+    if (ra->w[i].state == WINDOW_FULL && ra->w[i].served < ra->w[i].len)
+      return true;
+  return false;
 }
 
 /* Copies [offset, offset+count) from a window full of it or a kept
@@ -297,7 +309,7 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
     readahead_take (ra, i, buf, offset, offset + count);
     if (offset == ra->next)
       ra->run++;
-    ra->next = MAX (ra->next, offset + count);
+    readahead_follow (ra, offset, offset + count);
     found = true;
   }
   else
@@ -316,6 +328,7 @@ readahead_note (struct readahead *ra, uint64_t end, uint64_t count)
   lock_acquire (&ra->lock);
   ra->next = end;
   ra->asked += count;
+  ra->fetched += count;
   lock_release (&ra->lock);
 }
 
@@ -325,21 +338,25 @@ readahead_now_us (void)
   return monotonic_ns () / 1000;
 }
 
-/* How much to read after a read of count bytes. */
+/* How much to read after a read of count bytes (counted in ra->asked,
+ * not yet in ra->fetched).
+ */
 static uint64_t
 readahead_extra (const struct readahead *ra, uint64_t count)
   TSA_REQUIRES (ra->lock)
 {
+  int64_t room = (ra->trusted ? (int64_t) READAHEAD_WINDOW : 0) -
+                 ((int64_t) (ra->fetched + count) - (int64_t) ra->asked);
   uint64_t w;
 
-  if (ra->run == 0 ||
-      readahead_owed (ra) > (int64_t) (ra->asked / READAHEAD_THRIFT))
+  if (ra->run == 0 || room <= 0)
     return 0;
   w = MIN (count, READAHEAD_WINDOW);
   w = MAX (w, READAHEAD_MIN) << MIN (ra->run - 1, 8u);
   w = MIN (w, MIN (MAX (ra->cap, count), READAHEAD_WINDOW));
   if (ra->rate)
     w = MIN (w, ra->rate / (1000 / READAHEAD_MS));
+  w = MIN (w, (uint64_t) room);
   /* Ending where a read of the run will: one that straddled the end
    * would fetch the part it shares with the window again.
    */
@@ -380,6 +397,7 @@ readahead_direct (struct readahead *ra, uint8_t *buf, uint64_t count,
   int r;
 
   ra->busy++;
+  ra->fetched += count;
   lock_release (&ra->lock);
   r = readahead_timed (ra, buf, count, offset);
   lock_acquire (&ra->lock);
@@ -410,7 +428,7 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
   }
   if (i >= 0) {
     readahead_take (ra, i, buf, offset, end);
-    ra->next = MAX (ra->next, end);
+    readahead_follow (ra, offset, end);
     lock_release (&ra->lock);
     return 0;
   }
@@ -426,7 +444,7 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
       ra->w[i].state == WINDOW_FULL) {
     head = ra->w[i].start + ra->w[i].len - offset;
     readahead_take (ra, i, buf, offset, offset + head);
-    ra->next = MAX (ra->next, offset + head);
+    readahead_follow (ra, offset, offset + head);
     buf += head;
     offset += head;
     count -= head;
@@ -439,12 +457,21 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
     ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
                : ra->deep - 1;
     ra->run = 0;
+    ra->run_bytes = 0;
     ra->next = MAX (ra->next, end);
     r = readahead_direct (ra, buf, count, offset);
     lock_release (&ra->lock);
     return r;
   }
+  /* A run that ends with its window unread: a reader that stops short,
+   * trusted no more until it streams.
+   */
+  if (offset != ra->next && readahead_unread (ra))
+    ra->trusted = false;
   ra->run = offset == ra->next ? ra->run + 1 : 0;
+  ra->run_bytes = ra->run > 0 ? ra->run_bytes + count : count;
+  if (ra->run_bytes > READAHEAD_STREAM)
+    ra->trusted = true;
   ra->next = end;
   extra = readahead_extra (ra, count);
   /* A window to fill: not the one filling, nor a request as large. */
@@ -470,6 +497,7 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
   ra->w[i].served = count;
   ra->w[i].state = WINDOW_FILLING;
   ra->busy++;
+  ra->fetched += len;
   lock_release (&ra->lock);
 
   r = readahead_timed (ra, wbuf, len, offset);
@@ -480,6 +508,8 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
   assert (ra->busy > 0 && ra->w[i].state == WINDOW_FILLING);
   ra->busy--;
   ra->w[i].state = r == 0 ? WINDOW_FULL : WINDOW_EMPTY;
+  if (r != 0)
+    ra->fetched -= len - count; /* the read's own part failed as asked */
   pthread_cond_broadcast (&ra->filled);
   lock_release (&ra->lock);
   return r;
