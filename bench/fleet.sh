@@ -41,6 +41,9 @@
 #             that is in ours; qemu-nbd and qsd opened theirs before
 #   IOPS      the clients' reads (96 a disk) over the time from the
 #             first connection to the last read
+#   CPU s     user and system time of the server's processes, from
+#             their start to then (their setup included): on cores
+#             shared with other work, what IOPS is bought with
 #   base MiB  bytes the base's server served (nbd base); the local
 #             base: n/a (the page cache serves a local file's reads,
 #             so no count at the file means what one at a server does)
@@ -50,7 +53,11 @@
 # Usage: bench/fleet.sh [--quick] [ROUNDS [N...]]   (default 1 round
 # of N = 40 and 200, about 4 minutes on 2 loaded cores; 3 rounds of 40,
 # 2.5; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
-# servers and bases; FLEET_WAVE the wave size.
+# servers and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
+# nbdkit options and plugin keys for ours (nbdkit's options first, the
+# keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
+# its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
+# the knobs the man page's FLEET section gives.
 # The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
 # 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
 # it for a partial run: the bench's rows are replaced as a whole).
@@ -66,6 +73,10 @@ fi
 servers=${FLEET_SERVERS:-ours ours-t2 qemu-nbd qsd}
 bases=${FLEET_BASES:-local nbd}
 wave=${FLEET_WAVE:-40}
+ours_args=${FLEET_OURS_ARGS:-}
+read -r -a ours_opts <<< "${ours_args%%--*}"
+ours_keys=()
+[[ $ours_args != *--* ]] || read -r -a ours_keys <<< "${ours_args#*--}"
 work=$(mktemp -d /var/tmp/fleet-bench.XXXXXX)
 pids=()
 stop_all ()
@@ -79,7 +90,9 @@ stop_all ()
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 echo "bench/fleet.sh: $rounds round(s), N = $sizes, waves of $wave;" \
-  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start" \
+  "${FLEET_OURS_ARGS:+; ours with $FLEET_OURS_ARGS}" \
+  "${FLEET_OURS_ENV:+; ours run with $FLEET_OURS_ENV}"
 
 # The client, and the QMP client that sets up qemu-storage-daemon.
 cat > "$work/fleet.py" <<'EOF'
@@ -179,10 +192,12 @@ def clients(pairs_file, raw, pids_file, wave):
         kids = {p for p, pp in procs.items() if pp in ours} - ours
         grew = bool(kids)
         ours |= kids
-    rss = pss = nthreads = fds = 0
+    rss = pss = nthreads = fds = ticks = 0
     base = os.path.realpath(sys.argv[5])
     for p in ours:
         try:
+            stat = open("/proc/%d/stat" % p).read()
+            ticks += sum(int(x) for x in stat[stat.rindex(")") + 2:].split()[11:13])
             for l in open("/proc/%d/status" % p):
                 if l.startswith("VmRSS:"):
                     rss += int(l.split()[1])
@@ -203,10 +218,11 @@ def clients(pairs_file, raw, pids_file, wave):
     for t in threads:
         t.join(timeout=30)
     ms = sorted(x * 1000 for x in ttfb)
-    print("%.1f %.1f %.2f %.2f %.0f %d %d %d %.2f" % (
+    print("%.1f %.1f %.2f %.2f %.0f %d %d %d %.2f %.2f" % (
         pss / 1024, rss / 1024, statistics.median(ms),
         ms[min(len(ms) - 1, int(0.9 * len(ms)))], len(pairs) * len(reads) / span,
-        nthreads, fds, len(reads), sum(n for _, n in reads) / 1048576))
+        nthreads, fds, len(reads), sum(n for _, n in reads) / 1048576,
+        ticks / os.sysconf("SC_CLK_TCK")))
 
 
 def qmp(sock, base, base_sock, nbd_sock, pairs_file):
@@ -304,8 +320,9 @@ one ()
   case $server in
     ours*)
       [ "$server" = ours-t2 ] && threads=(-t 2)
-      nbdkit "${threads[@]}" -U "$work/s.sock" -P "$work/s.pid" \
-        qcow2 dir="$work/ovl"
+      env ${FLEET_OURS_ENV:-} \
+        nbdkit "${threads[@]}" "${ours_opts[@]}" -U "$work/s.sock" \
+        -P "$work/s.pid" qcow2 dir="$work/ovl" "${ours_keys[@]}"
       wait_sock "$work/s.sock" "$work/s.pid"
       cat "$work/s.pid" > "$work/spids"
       while IFS=$'\t' read -r _ name; do
@@ -364,9 +381,10 @@ for r in $(seq "$rounds"); do
       for s in $servers; do
         one "$n" "$b" "$s" > "$work/out"
         out=$(tr '\n' ' ' < "$work/out")
-        read -r pss rss ttfb p90 iops thr fds nreads rmib bmib bconns <<< "$out"
+        read -r pss rss ttfb p90 iops thr fds nreads rmib cpu bmib bconns \
+          <<< "$out"
         [ "$b" = local ] && bconns=$fds
-        for k in pss rss ttfb p90 iops thr bmib bconns; do
+        for k in pss rss ttfb p90 iops thr cpu bmib bconns; do
           add "$n,$b,$s,$k" "${!k}"
         done
       done
@@ -385,8 +403,8 @@ echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
   "$nreads reads a disk ($rmib MiB, and 16 writes of 4 KiB: copy on" \
   "write reads the rest of each one's cluster from the base);" \
   "medians of $rounds round(s)"
-echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | base MiB served | base opened |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | server CPU s | base MiB served | base opened |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for n in $sizes; do
   for b in $bases; do
     for s in $servers; do
@@ -394,7 +412,8 @@ for n in $sizes; do
       bm=$(m "$k,bmib")
       [ "$bm" = - ] && bm="n/a: local"
       echo "| $n | $b | $s | $(m "$k,pss") | $(m "$k,rss") | $(m "$k,thr") |" \
-        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $bm |" \
+        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $(m "$k,cpu") |" \
+        "$bm |" \
         "$(m "$k,bconns") |"
     done
   done
