@@ -47,6 +47,9 @@
 #   base MiB  bytes the base's server served (nbd base); the local
 #             base: n/a (the page cache serves a local file's reads,
 #             so no count at the file means what one at a server does)
+#   base metadata KiB  of them, those outside the base's data clusters
+#             (qemu-img map): its header, tables and L2 tables, read
+#             once by a server that opens the base once
 #   base conns  connections the base's server saw (nbd base), or the
 #             descriptors of the base file open in the servers (local):
 #             how many times the base is opened
@@ -279,6 +282,7 @@ EOF
 # client's checks.
 head -c 1G /dev/urandom > "$work/base.raw"
 qemu-img convert -f raw -O qcow2 "$work/base.raw" "$work/base.qcow2"
+qemu-img map -f qcow2 --output=json "$work/base.qcow2" > "$work/base.map"
 qemu-img create -q -u -f qcow2 -F qcow2 -b "$work/base.qcow2" \
   "$work/tmpl-local.qcow2" 1G
 qemu-img create -q -u -f qcow2 -F qcow2 \
@@ -360,16 +364,23 @@ one ()
   stop_all
   if [ "$base" = nbd ]; then
     /usr/bin/python3 -c '
-import re, sys
-got = conns = 0
+import json, re, sys
+# The data clusters of the base: whatever else is read is metadata.
+data = [(e["offset"], e["offset"] + e["length"])
+        for e in json.load(open(sys.argv[2])) if e.get("offset") is not None]
+got = meta = conns = 0
 for line in open(sys.argv[1]):
     if " Read id=" in line:
-        got += int(re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+        off = int(re.search(r" offset=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+        n = int(re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+        got += n
+        meta += n - sum(max(0, min(off + n, e) - max(off, s)) for s, e in data)
     elif " Connect " in line:
         conns += 1
-print("%.1f" % (got / 1048576), conns)' "$work/base.log"
+print("%.1f %.0f" % (got / 1048576, meta / 1024), conns)' \
+      "$work/base.log" "$work/base.map"
   else
-    echo "- -"
+    echo "- - -"
   fi
 }
 
@@ -381,10 +392,10 @@ for r in $(seq "$rounds"); do
       for s in $servers; do
         one "$n" "$b" "$s" > "$work/out"
         out=$(tr '\n' ' ' < "$work/out")
-        read -r pss rss ttfb p90 iops thr fds nreads rmib cpu bmib bconns \
-          <<< "$out"
+        read -r pss rss ttfb p90 iops thr fds nreads rmib cpu bmib bmeta \
+          bconns <<< "$out"
         [ "$b" = local ] && bconns=$fds
-        for k in pss rss ttfb p90 iops thr cpu bmib bconns; do
+        for k in pss rss ttfb p90 iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
         done
       done
@@ -403,17 +414,17 @@ echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
   "$nreads reads a disk ($rmib MiB, and 16 writes of 4 KiB: copy on" \
   "write reads the rest of each one's cluster from the base);" \
   "medians of $rounds round(s)"
-echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | server CPU s | base MiB served | base opened |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for n in $sizes; do
   for b in $bases; do
     for s in $servers; do
       k=$n,$b,$s
-      bm=$(m "$k,bmib")
-      [ "$bm" = - ] && bm="n/a: local"
+      bm=$(m "$k,bmib") bx=$(m "$k,bmeta")
+      [ "$bm" = - ] && bm="n/a: local" bx="n/a: local"
       echo "| $n | $b | $s | $(m "$k,pss") | $(m "$k,rss") | $(m "$k,thr") |" \
         "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $(m "$k,cpu") |" \
-        "$bm |" \
+        "$bm | $bx |" \
         "$(m "$k,bconns") |"
     done
   done
