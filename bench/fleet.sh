@@ -8,7 +8,10 @@
 #   ours      one nbdkit, our plugin with dir= (clients name their
 #             overlay), nbdkit's default threads
 #   ours-t2   the same with nbdkit -t 2 (what nbdkit's threads per
-#             connection cost)
+#             connection cost: each keeps a buffer as large as the
+#             largest request it served, and its stack)
+#   ours-t1   the same with nbdkit -t 1 (each connection's requests
+#             served by its own thread, one at a time)
 #   qemu-nbd  one qemu-nbd per overlay (--cache=writeback), each on a
 #             socket of its own
 #   qsd       one qemu-storage-daemon: the base one read-only node that
@@ -54,8 +57,8 @@
 #             descriptors of the base file open in the servers (local):
 #             how many times the base is opened
 # Usage: bench/fleet.sh [--quick] [ROUNDS [N...]]   (default 1 round
-# of N = 40 and 200, about 4 minutes on 2 loaded cores; 3 rounds of 40,
-# 2.5; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
+# of N = 40 and 200, about 5 minutes on 2 loaded cores; 3 rounds of 40,
+# 3; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
 # servers and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
 # nbdkit options and plugin keys for ours (nbdkit's options first, the
 # keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
@@ -73,7 +76,7 @@ else
   rounds=${1:-1}; shift || true
   sizes=${*:-40 200}
 fi
-servers=${FLEET_SERVERS:-ours ours-t2 qemu-nbd qsd}
+servers=${FLEET_SERVERS:-ours ours-t2 ours-t1 qemu-nbd qsd}
 bases=${FLEET_BASES:-local nbd}
 wave=${FLEET_WAVE:-40}
 ours_args=${FLEET_OURS_ARGS:-}
@@ -323,7 +326,7 @@ one ()
   fi
   case $server in
     ours*)
-      [ "$server" = ours-t2 ] && threads=(-t 2)
+      case $server in ours-t*) threads=(-t "${server#ours-t}") ;; esac
       env ${FLEET_OURS_ENV:-} \
         nbdkit "${threads[@]}" "${ours_opts[@]}" -U "$work/s.sock" \
         -P "$work/s.pid" qcow2 dir="$work/ovl" "${ours_keys[@]}"
