@@ -8,7 +8,10 @@
 #   ours      one nbdkit, our plugin with dir= (clients name their
 #             overlay), nbdkit's default threads
 #   ours-t2   the same with nbdkit -t 2 (what nbdkit's threads per
-#             connection cost)
+#             connection cost: each keeps a buffer as large as the
+#             largest request it served, and its stack)
+#   ours-t1   the same with nbdkit -t 1 (each connection's requests
+#             served by its own thread, one at a time)
 #   qemu-nbd  one qemu-nbd per overlay (--cache=writeback), each on a
 #             socket of its own
 #   qsd       one qemu-storage-daemon: the base one read-only node that
@@ -41,16 +44,26 @@
 #             that is in ours; qemu-nbd and qsd opened theirs before
 #   IOPS      the clients' reads (96 a disk) over the time from the
 #             first connection to the last read
+#   CPU s     user and system time of the server's processes, from
+#             their start to then (their setup included): on cores
+#             shared with other work, what IOPS is bought with
 #   base MiB  bytes the base's server served (nbd base); the local
 #             base: n/a (the page cache serves a local file's reads,
 #             so no count at the file means what one at a server does)
+#   base metadata KiB  of them, those outside the base's data clusters
+#             (qemu-img map): its header, tables and L2 tables, read
+#             once by a server that opens the base once
 #   base conns  connections the base's server saw (nbd base), or the
 #             descriptors of the base file open in the servers (local):
 #             how many times the base is opened
 # Usage: bench/fleet.sh [--quick] [ROUNDS [N...]]   (default 1 round
-# of N = 40 and 200, about 4 minutes on 2 loaded cores; 3 rounds of 40,
-# 2.5; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
-# servers and bases; FLEET_WAVE the wave size.
+# of N = 40 and 200, about 5 minutes on 2 loaded cores; 3 rounds of 40,
+# 3; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
+# servers and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
+# nbdkit options and plugin keys for ours (nbdkit's options first, the
+# keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
+# its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
+# the knobs the man page's FLEET section gives.
 # The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
 # 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
 # it for a partial run: the bench's rows are replaced as a whole).
@@ -63,9 +76,13 @@ else
   rounds=${1:-1}; shift || true
   sizes=${*:-40 200}
 fi
-servers=${FLEET_SERVERS:-ours ours-t2 qemu-nbd qsd}
+servers=${FLEET_SERVERS:-ours ours-t2 ours-t1 qemu-nbd qsd}
 bases=${FLEET_BASES:-local nbd}
 wave=${FLEET_WAVE:-40}
+ours_args=${FLEET_OURS_ARGS:-}
+read -r -a ours_opts <<< "${ours_args%%--*}"
+ours_keys=()
+[[ $ours_args != *--* ]] || read -r -a ours_keys <<< "${ours_args#*--}"
 work=$(mktemp -d /var/tmp/fleet-bench.XXXXXX)
 pids=()
 stop_all ()
@@ -79,7 +96,9 @@ stop_all ()
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 echo "bench/fleet.sh: $rounds round(s), N = $sizes, waves of $wave;" \
-  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start" \
+  "${FLEET_OURS_ARGS:+; ours with $FLEET_OURS_ARGS}" \
+  "${FLEET_OURS_ENV:+; ours run with $FLEET_OURS_ENV}"
 
 # The client, and the QMP client that sets up qemu-storage-daemon.
 cat > "$work/fleet.py" <<'EOF'
@@ -179,10 +198,12 @@ def clients(pairs_file, raw, pids_file, wave):
         kids = {p for p, pp in procs.items() if pp in ours} - ours
         grew = bool(kids)
         ours |= kids
-    rss = pss = nthreads = fds = 0
+    rss = pss = nthreads = fds = ticks = 0
     base = os.path.realpath(sys.argv[5])
     for p in ours:
         try:
+            stat = open("/proc/%d/stat" % p).read()
+            ticks += sum(int(x) for x in stat[stat.rindex(")") + 2:].split()[11:13])
             for l in open("/proc/%d/status" % p):
                 if l.startswith("VmRSS:"):
                     rss += int(l.split()[1])
@@ -203,10 +224,11 @@ def clients(pairs_file, raw, pids_file, wave):
     for t in threads:
         t.join(timeout=30)
     ms = sorted(x * 1000 for x in ttfb)
-    print("%.1f %.1f %.2f %.2f %.0f %d %d %d %.2f" % (
+    print("%.1f %.1f %.2f %.2f %.0f %d %d %d %.2f %.2f" % (
         pss / 1024, rss / 1024, statistics.median(ms),
         ms[min(len(ms) - 1, int(0.9 * len(ms)))], len(pairs) * len(reads) / span,
-        nthreads, fds, len(reads), sum(n for _, n in reads) / 1048576))
+        nthreads, fds, len(reads), sum(n for _, n in reads) / 1048576,
+        ticks / os.sysconf("SC_CLK_TCK")))
 
 
 def qmp(sock, base, base_sock, nbd_sock, pairs_file):
@@ -263,6 +285,7 @@ EOF
 # client's checks.
 head -c 1G /dev/urandom > "$work/base.raw"
 qemu-img convert -f raw -O qcow2 "$work/base.raw" "$work/base.qcow2"
+qemu-img map -f qcow2 --output=json "$work/base.qcow2" > "$work/base.map"
 qemu-img create -q -u -f qcow2 -F qcow2 -b "$work/base.qcow2" \
   "$work/tmpl-local.qcow2" 1G
 qemu-img create -q -u -f qcow2 -F qcow2 \
@@ -303,9 +326,10 @@ one ()
   fi
   case $server in
     ours*)
-      [ "$server" = ours-t2 ] && threads=(-t 2)
-      nbdkit "${threads[@]}" -U "$work/s.sock" -P "$work/s.pid" \
-        qcow2 dir="$work/ovl"
+      case $server in ours-t*) threads=(-t "${server#ours-t}") ;; esac
+      env ${FLEET_OURS_ENV:-} \
+        nbdkit "${threads[@]}" "${ours_opts[@]}" -U "$work/s.sock" \
+        -P "$work/s.pid" qcow2 dir="$work/ovl" "${ours_keys[@]}"
       wait_sock "$work/s.sock" "$work/s.pid"
       cat "$work/s.pid" > "$work/spids"
       while IFS=$'\t' read -r _ name; do
@@ -343,16 +367,23 @@ one ()
   stop_all
   if [ "$base" = nbd ]; then
     /usr/bin/python3 -c '
-import re, sys
-got = conns = 0
+import json, re, sys
+# The data clusters of the base: whatever else is read is metadata.
+data = [(e["offset"], e["offset"] + e["length"])
+        for e in json.load(open(sys.argv[2])) if e.get("offset") is not None]
+got = meta = conns = 0
 for line in open(sys.argv[1]):
     if " Read id=" in line:
-        got += int(re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+        off = int(re.search(r" offset=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+        n = int(re.search(r" count=(0x[0-9a-f]+|[0-9]+)", line).group(1), 0)
+        got += n
+        meta += n - sum(max(0, min(off + n, e) - max(off, s)) for s, e in data)
     elif " Connect " in line:
         conns += 1
-print("%.1f" % (got / 1048576), conns)' "$work/base.log"
+print("%.1f %.0f" % (got / 1048576, meta / 1024), conns)' \
+      "$work/base.log" "$work/base.map"
   else
-    echo "- -"
+    echo "- - -"
   fi
 }
 
@@ -364,9 +395,10 @@ for r in $(seq "$rounds"); do
       for s in $servers; do
         one "$n" "$b" "$s" > "$work/out"
         out=$(tr '\n' ' ' < "$work/out")
-        read -r pss rss ttfb p90 iops thr fds nreads rmib bmib bconns <<< "$out"
+        read -r pss rss ttfb p90 iops thr fds nreads rmib cpu bmib bmeta \
+          bconns <<< "$out"
         [ "$b" = local ] && bconns=$fds
-        for k in pss rss ttfb p90 iops thr bmib bconns; do
+        for k in pss rss ttfb p90 iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
         done
       done
@@ -385,16 +417,17 @@ echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
   "$nreads reads a disk ($rmib MiB, and 16 writes of 4 KiB: copy on" \
   "write reads the rest of each one's cluster from the base);" \
   "medians of $rounds round(s)"
-echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | base MiB served | base opened |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for n in $sizes; do
   for b in $bases; do
     for s in $servers; do
       k=$n,$b,$s
-      bm=$(m "$k,bmib")
-      [ "$bm" = - ] && bm="n/a: local"
+      bm=$(m "$k,bmib") bx=$(m "$k,bmeta")
+      [ "$bm" = - ] && bm="n/a: local" bx="n/a: local"
       echo "| $n | $b | $s | $(m "$k,pss") | $(m "$k,rss") | $(m "$k,thr") |" \
-        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $bm |" \
+        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $(m "$k,cpu") |" \
+        "$bm | $bx |" \
         "$(m "$k,bconns") |"
     done
   done

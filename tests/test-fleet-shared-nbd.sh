@@ -5,7 +5,12 @@
 # connected and read at once (each read checked against what qemu-img
 # convert reads of its overlay), make one set of connections to the
 # base's server (at most nbdio's NBDIO_MAX_CONNS, where one per export
-# would be 24 or more), closed with the last export.
+# would be 24 or more), closed with the last export.  Then, the base's
+# server slow to open a connection (200 ms), all connected at once with
+# none open before: the exports opened together wait for the one
+# opening the base, which still makes one set of connections.  Last,
+# the base's server gone: every export opened at once is refused (the
+# ones that waited for a failed opening try on their own), none hangs.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io
@@ -89,4 +94,60 @@ for _ in range(100):
 assert connections()[1] == 0, "connections to the base left open"
 PY
 ' 2> "$tmp/err" || { cat "$tmp/err"; fail "exports over one NBD base"; }
+
+stop_server base
+nbd_server base --filter=delay --filter=log -r file "$base" \
+  logfile="$tmp/base2.log" delay-open=200ms
+nbdkit -U - qcow2 dir="$d" --run '
+/usr/bin/python3 - "$unixsocket" <<"PY"
+import nbd, os, re, sys, threading
+sock, tmp, n = sys.argv[1], os.environ["tmp"], int(os.environ["n"])
+MAX_CONNS = 4                   # NBDIO_MAX_CONNS (common/nbdio/nbdio.h)
+errors = []
+def open_read(v):
+    try:
+        h = nbd.NBD()
+        h.set_export_name(v)
+        h.connect_unix(sock)
+        want = open("%s/%s.raw" % (tmp, v), "rb").read(1 << 20)
+        if h.pread(1 << 20, 0) != want:
+            errors.append("%s differs" % v)
+        h.shutdown()
+    except Exception as e:
+        errors.append("%s: %s" % (v, e))
+ts = [threading.Thread(target=open_read, args=("vm%02d" % i,))
+      for i in range(n)]
+for t in ts: t.start()
+for t in ts: t.join()
+assert not errors, errors[:5]
+made = len(re.findall(r" Connect ", open(tmp + "/base2.log").read()))
+assert 1 <= made <= MAX_CONNS, \
+    "%d connections made for %d exports opened at once" % (made, n)
+PY
+' 2> "$tmp/err" || { cat "$tmp/err"; fail "exports opened at once"; }
+
+stop_server base
+nbdkit -U - qcow2 dir="$d" --run '
+/usr/bin/python3 - "$unixsocket" <<"PY"
+import nbd, os, sys, threading
+sock, n = sys.argv[1], int(os.environ["n"])
+served = []
+def try_open(v):
+    try:
+        h = nbd.NBD()
+        h.set_export_name(v)
+        h.connect_unix(sock)
+        served.append(v)
+    except nbd.Error:
+        pass
+ts = [threading.Thread(target=try_open, args=("vm%02d" % i,), daemon=True)
+      for i in range(n)]
+for t in ts: t.start()
+for t in ts: t.join(60)
+assert not any(t.is_alive() for t in ts), "an export still opening after 60 s"
+assert not served, "served without their base: %s" % served[:5]
+PY
+' 2> "$tmp/err" || { cat "$tmp/err"; fail "exports over a base gone"; }
+grep -c "vm[0-9][0-9].*base.sock" "$tmp/err" > /dev/null ||
+  { cat "$tmp/err"; fail "no message naming the base gone"; }
 echo "$0: ok"

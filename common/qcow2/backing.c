@@ -209,16 +209,20 @@ backing_refused (struct qcow2_image *img, const char *path)
 }
 
 /* The layer id (opened with format and no_backing) if the table of
- * shared layers has it: 0 with it below img, 1 if it has not.
+ * shared layers has it: 0 with it below img, 1 if it has not (*opening:
+ * the caller opens it for the images waiting: see layers_find).  A top
+ * image's backing file opened by another is waited for.
  */
 static int
 backing_share (struct qcow2_image *img, const char *path, const char *id,
                const char *format, bool no_backing, const char **chain,
-               unsigned depth)
+               unsigned depth, bool *opening)
 {
   struct qcow2_image *layer;
-  int r = layers_find (img->env->layers, id, format, no_backing, &layer);
+  int r = layers_find (img->env->layers, id, format, no_backing,
+                       depth == 0, &layer);
 
+  *opening = r == 1;
   if (r == -EBUSY)
     return backing_refused (img, path);
   if (!layer)
@@ -301,7 +305,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   struct name_spec spec;
   struct qcow2_io *io;
   char *path, *id, *why, *pre = NULL;
-  bool share;
+  bool share, opening = false;
   int r;
 
   if (!named && img->h.backing_format &&
@@ -335,7 +339,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
   share = backing_shareable (img, &spec, named);
   if (share && pre &&
       (r = backing_share (img, path, pre, format, layer_opts.no_backing,
-                          chain, depth)) <= 0)
+                          chain, depth, &opening)) <= 0)
     goto out;
   io = backing_open_storage (img, what, named ? "" : "\nbacking=none "
                              "serves the image without it; \"qemu-img "
@@ -343,6 +347,8 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
                              "the image its new name", path, &spec, true, &id);
   r = io ? backing_attach (img, io, path, id, format, &layer_opts, chain,
                            depth, share) : -errno;
+  if (opening)
+    layers_abandon (img->env->layers, pre, format, layer_opts.no_backing);
  out:
   name_spec_free (&spec);
   free (path);

@@ -5,14 +5,25 @@
  * drops its last user.  The table also knows the images open for
  * writing, so that a layer is never at once a backing file read by
  * some and an image written by another.
+ *
+ * Images opened together (a fleet's clients connecting at once) would
+ * each open a layer none of them has opened yet: a remote base's
+ * connections and metadata reads made once per image, not once.  So
+ * the first marks the layer as being opened, and the others wait for
+ * it; only a top image's first backing file waits (its opener holds
+ * no layer being opened), so that two chains naming each other's
+ * layers cannot wait for each other.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 #include "lock.h"
 
-/* One layer shared, or (layer NULL) an image open for writing. */
+/* One layer shared, or (layer NULL) a layer being opened (opening) or
+ * an image open for writing.
+ */
 struct layers_entry {
   struct layers_entry *next;
   char *id;
@@ -21,12 +32,15 @@ struct layers_entry {
    */
   char *format;
   bool no_backing;
+  bool opening;
   struct qcow2_image *layer;
 };
 
 struct qcow2_layers {
   struct lock lock;             /* guards entries, and each layer's users */
   struct layers_entry *entries;
+  pthread_cond_t opened;        /* a layer being opened is, or is not */
+  unsigned abandoned;           /* openings given up so far */
   /* The layers' environment: the caller's, kept as long as the table
    * (a layer outlives the image that opened it).
    */
@@ -41,6 +55,7 @@ qcow2_layers_new (const struct qcow2_env *env)
   if (!t)
     return NULL;
   lock_init (&t->lock);
+  lock_cond_init (&t->opened);
   t->env = *env;
   t->env.layers = t;
   return t;
@@ -52,6 +67,7 @@ qcow2_layers_free (struct qcow2_layers *t)
   if (!t)
     return;
   assert (!t->entries);         /* every image closed first */
+  pthread_cond_destroy (&t->opened);
   lock_destroy (&t->lock);
   free (t);
 }
@@ -62,7 +78,9 @@ layers_env (const struct qcow2_env *env)
   return env->layers ? &env->layers->env : env;
 }
 
-/* The entry of id (a layer opened so, or a writer), or NULL. */
+/* The entry of id (a layer opened so, or being opened, or a writer),
+ * or NULL.
+ */
 static struct layers_entry *
 layers_lookup (struct qcow2_layers *t, const char *id, const char *format,
                bool no_backing, bool *writer)
@@ -72,7 +90,7 @@ layers_lookup (struct qcow2_layers *t, const char *id, const char *format,
   for (struct layers_entry *e = t->entries; e; e = e->next) {
     if (strcmp (e->id, id) != 0)
       continue;
-    if (!e->layer) {
+    if (!e->layer && !e->opening) {
       *writer = true;
       return e;
     }
@@ -81,24 +99,6 @@ layers_lookup (struct qcow2_layers *t, const char *id, const char *format,
       return e;
   }
   return NULL;
-}
-
-int
-layers_find (struct qcow2_layers *t, const char *id, const char *format,
-             bool no_backing, struct qcow2_image **layer)
-{
-  struct layers_entry *e;
-  bool writer;
-
-  *layer = NULL;
-  lock_acquire (&t->lock);
-  e = layers_lookup (t, id, format, no_backing, &writer);
-  if (e && !writer) {
-    layers_hold (e->layer);
-    *layer = e->layer;
-  }
-  lock_release (&t->lock);
-  return writer ? -EBUSY : 0;
 }
 
 /* A new entry at the head of the table, or NULL. */
@@ -121,6 +121,44 @@ layers_insert (struct qcow2_layers *t, const char *id, const char *format,
   e->next = t->entries;
   t->entries = e;
   return e;
+}
+
+int
+layers_find (struct qcow2_layers *t, const char *id, const char *format,
+             bool no_backing, bool wait, struct qcow2_image **layer)
+{
+  struct layers_entry *e;
+  bool writer;
+  int r = 0;
+
+  *layer = NULL;
+  lock_acquire (&t->lock);
+  for (unsigned abandoned = t->abandoned;;) {
+    e = layers_lookup (t, id, format, no_backing, &writer);
+    if (writer)
+      r = -EBUSY;
+    else if (e && e->layer) {
+      layers_hold (e->layer);
+      *layer = e->layer;
+    }
+    else if (e && wait && t->abandoned == abandoned) {
+      lock_wait (&t->lock, &t->opened);
+      continue;
+    }
+    /* Opened by the caller, the others waiting; unless another is
+     * opening it (the caller cannot wait) or an opening it waited for
+     * failed: then each opens its own, as if none waited (and so out
+     * of memory).
+     */
+    else if (!e && wait && t->abandoned == abandoned &&
+             (e = layers_insert (t, id, format, NULL, no_backing))) {
+      e->opening = true;
+      r = 1;
+    }
+    break;
+  }
+  lock_release (&t->lock);
+  return r;
 }
 
 static void
@@ -150,6 +188,15 @@ layers_add (struct qcow2_layers *t, const char *format, bool no_backing,
   e = layers_lookup (t, l->id, format, no_backing, &writer);
   if (writer)
     r = -EBUSY;
+  else if (e && e->opening) {
+    /* Being opened (by the caller, or by another who will find this
+     * one): the waiting images get it.
+     */
+    e->opening = false;
+    e->layer = l;
+    l->shared = t;
+    pthread_cond_broadcast (&t->opened);
+  }
   else if (e) {
     /* Opened by another meanwhile: that one is used. */
     layers_hold (e->layer);
@@ -162,6 +209,23 @@ layers_add (struct qcow2_layers *t, const char *format, bool no_backing,
     r = -ENOMEM;
   lock_release (&t->lock);
   return r;
+}
+
+void
+layers_abandon (struct qcow2_layers *t, const char *id, const char *format,
+                bool no_backing)
+{
+  struct layers_entry *e;
+  bool writer;
+
+  lock_acquire (&t->lock);
+  e = layers_lookup (t, id, format, no_backing, &writer);
+  if (e && e->opening) {
+    layers_remove (t, e);
+    t->abandoned++;
+    pthread_cond_broadcast (&t->opened);
+  }
+  lock_release (&t->lock);
 }
 
 void
@@ -211,7 +275,7 @@ layers_unclaim (struct qcow2_layers *t, const char *id)
 {
   lock_acquire (&t->lock);
   for (struct layers_entry *e = t->entries; e; e = e->next)
-    if (!e->layer && strcmp (e->id, id) == 0) {
+    if (!e->layer && !e->opening && strcmp (e->id, id) == 0) {
       layers_remove (t, e);
       break;
     }

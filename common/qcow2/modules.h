@@ -498,11 +498,15 @@ extern struct qcow2_io *window_io_new (struct qcow2_io *below,
 /* The environment of the layers below an image opened with env. */
 extern const struct qcow2_env *layers_env (const struct qcow2_env *env);
 /* The layer opened as id with format (NULL: probed) and no_backing,
- * one more user counted, in *layer (NULL: none yet): 0, or -EBUSY if
- * id is open for writing.
+ * one more user counted, in *layer: 0, or -EBUSY if id is open for
+ * writing.  None yet (*layer NULL): with wait (the caller opens a top
+ * image's backing file), a layer another is opening is waited for, and
+ * if none is, 1: the caller is the one opening it, and ends with
+ * layers_add, then layers_abandon in any case.  Without wait, or after
+ * an opening waited for failed, 0: the caller opens its own.
  */
 extern int layers_find (struct qcow2_layers *t, const char *id,
-                        const char *format, bool no_backing,
+                        const char *format, bool no_backing, bool wait,
                         struct qcow2_image **layer);
 /* *layer, just opened (and not yet used), shared from now on: 0; 1 if
  * another opened the same meanwhile, *layer then that one (a user
@@ -511,6 +515,12 @@ extern int layers_find (struct qcow2_layers *t, const char *id,
  */
 extern int layers_add (struct qcow2_layers *t, const char *format,
                        bool no_backing, struct qcow2_image **layer);
+/* The opening layers_find gave the caller is over: if layers_add did
+ * not end it (failed, or the layer's id is not the one found by), the
+ * images waiting for it open their own.
+ */
+extern void layers_abandon (struct qcow2_layers *t, const char *id,
+                            const char *format, bool no_backing);
 /* One more user of a layer the caller holds (through its chain). */
 extern void layers_hold (struct qcow2_image *layer);
 /* One user less: true if it was the last, the caller then frees it. */
