@@ -33,9 +33,9 @@ export d tmp n
 shared_run ()
 {
   nbdkit -t 2 -U - -P "$tmp/pid" qcow2 dir="$d" idle-close=0 "$@" --run '
-/usr/bin/python3 - "$unixsocket" "$(cat "$tmp/pid")" <<"PY"
+/usr/bin/python3 - "$unixsocket" "$tmp/pid" <<"PY"
 import nbd, os, sys, threading
-sock, pid = sys.argv[1], sys.argv[2]
+sock, pidfile = sys.argv[1], sys.argv[2]
 d, tmp, n = os.environ["d"], os.environ["tmp"], int(os.environ["n"])
 base = os.path.realpath(d + "/base.qcow2")
 size = 4 << 20
@@ -64,6 +64,9 @@ def refused(name, why):
 
 names = ["vm%03d" % i for i in range(n)]
 handles = {v: connect(v) for v in names}
+# Read only now: nbdkit starts the --run command before it writes its
+# -P file, and writes it before it accepts a connection.
+pid = open(pidfile).read().strip()
 assert base_fds() == 1, "base open %d times for %d exports" % (base_fds(), n)
 refused("base.qcow2", "written while %d exports read it" % n)
 
