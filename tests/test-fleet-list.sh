@@ -112,6 +112,22 @@ nbdkit -U - qcow2 dir="$d" default-export=big.qcow2 --run '
   nbdinfo --size "$uri"' > "$tmp/size" || fail "default-export="
 [ "$(cat "$tmp/size")" = 8388608 ] || fail "default-export= served another"
 
+# A fleet's images cache 4 KiB slices of L2 (each uses little of its
+# disk), where file= keeps whole tables when they fit; l2-slice-size=
+# still rules.
+slices ()
+{
+  nbdkit -v -U - qcow2 "$@" --run 'nbdinfo --size "$uri"' \
+    2>&1 >/dev/null | grep -oE "big.qcow2: qcow2 v.*L2 cache [0-9]+ slices of [0-9]+ bytes" |
+    sed 's/.*L2 cache //'
+}
+[ "$(slices dir="$d" default-export=big.qcow2)" = "16 slices of 4096 bytes" ] ||
+  fail "dir=: not 4 KiB slices: $(slices dir="$d" default-export=big.qcow2)"
+[ "$(slices "$d/big.qcow2")" = "2 slices of 65536 bytes" ] ||
+  fail "file=: not whole tables: $(slices "$d/big.qcow2")"
+[ "$(slices dir="$d" default-export=big.qcow2 l2-slice-size=64K)" = "2 slices of 65536 bytes" ] ||
+  fail "dir= with l2-slice-size=64K"
+
 expect_refused 'file= and dir= exclude each other' qcow2 dir="$d" \
   file="$d/vm1"
 expect_refused 'template= goes with dir=' qcow2 "$d/vm1" template=base.qcow2

@@ -736,8 +736,9 @@ cache_forget (struct meta_cache *c, uint64_t offset, uint64_t len)
 }
 
 /* Size the L2 cache as QEMU does by default: enough to cover the whole
- * disk, capped; slices of the cluster size when everything fits, else
- * small slices so that a miss costs little.  A read-only layer's
+ * disk, capped; slices of the cluster size when everything fits (and
+ * the caller did not ask for small ones), else small slices so that a
+ * miss costs little.  A read-only layer's
  * default cache starts at 64 KiB and grows to that.  The refcount
  * cache is a few whole blocks.
  */
@@ -767,7 +768,7 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
       return -EINVAL;
     }
   }
-  else if (size >= full)
+  else if (size >= full && !opts->small_l2_slices)
     slice = img->geo.cluster_size;
   else
     slice = MIN (CACHE_DEFAULT_SLICE, img->geo.cluster_size);

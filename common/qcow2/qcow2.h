@@ -59,6 +59,10 @@ struct qcow2_password {
 struct qcow2_options {
   uint64_t l2_cache_size;       /* bytes; 0 = cover the disk, up to a cap */
   uint64_t l2_slice_size;       /* bytes; 0 = default (see cache.c) */
+  /* Without l2_slice_size: small slices even where the cache covers
+   * the disk (many images in one process, each using little of it).
+   */
+  bool small_l2_slices;
   bool no_backing;              /* serve the image without its backing file */
   /* A backing chain the user names, the top image's backing file first:
    * each replaces the name its layer's header records (format probed);

@@ -725,6 +725,8 @@ plugin_open_image (const char *path, struct qcow2_io *io, bool *readonly,
    * as a reader, as qemu-nbd -l does (the notice below says so).
    */
   opts.readonly = asked_readonly || opts.snapshot || readonly_why;
+  /* A fleet's overlays each use little of their disk. */
+  opts.small_l2_slices = fleet.dir != NULL;
   if (!io && !opts.readonly) {
     io = fileio_open_with (path, false, &glue_file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
