@@ -741,6 +741,7 @@ fileio_open_with (const char *path, bool readonly,
   f->align = align;
   f->io.ops = direct ? &fileio_direct_ops : &fileio_ops;
   f->io.serial_writes = !direct && S_ISREG (st.st_mode);
+  f->io.grows_by_writes = direct && S_ISREG (st.st_mode);
   f->ranges = NULL;
   if (direct) {
     lock_init (&f->ranges_lock);
