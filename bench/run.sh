@@ -328,9 +328,11 @@ define_case ()
       fresh_size=$full_size
       fio=(--rw=write --bs=64k --iodepth=1 --fsync=64 --io_size="$flush_io")
       metric=write-iops
-      # One sync per client flush, and once more to make the first new
-      # L2 table durable before the L1 table points at it; with lazy
-      # refcounts, once more when the first write sets the dirty bit.
+      # One sync per client flush (two with cache=none, where the file
+      # grows by the writes: see report.py), and once more to make the
+      # first new L2 table durable before the L1 table points at it;
+      # with lazy refcounts, once more when the first write sets the
+      # dirty bit.
       goal="qemu>=1.0 syncs+$([ $lazy = on ] && echo 2 || echo 1)" ;;
     small-cluster-randwrite)
       desc="randwrite 4 KiB, QD16, $small_io into an empty 1 GiB image of 512-byte clusters"
