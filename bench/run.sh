@@ -34,7 +34,13 @@
 #                          regular expression), e.g. 'randread|seq-read'
 #   BENCH_REPS=N, BENCH_RUNTIME=S   override the rounds and seconds
 #   BENCH_UPDATE=0|1       write RESULTS.md or not (default: 1 unless
-#                          --smoke or BENCH_CASES)
+#                          --smoke, BENCH_CASES, BENCH_SERVERS or
+#                          BENCH_LOAD)
+#   BENCH_SERVERS='A B ...'   only these servers in every case (of the
+#                          names above), e.g. 'ours-none qemu-none'
+#   BENCH_LOAD=CPU         a CPU hog (a busy shell loop) pinned to core
+#                          CPU for the whole run, the same for every
+#                          server: the machine loaded
 #   BENCH_VARIANTS='NAME:OPTS ...'   more servers in every case: our
 #                          plugin with OPTS (comma-separated) added, e.g.
 #                          'serial:io-threads=0', to compare changes
@@ -83,8 +89,10 @@ esac
 reps=${BENCH_REPS:-$reps}
 runtime=${BENCH_RUNTIME:-$runtime}
 only=${BENCH_CASES:-}
+only_servers=${BENCH_SERVERS:-}
+load_cpu=${BENCH_LOAD:-}
 update=1
-[ $mode = smoke ] || [ -n "$only" ] && update=0
+[ $mode = smoke ] || [ -n "$only$only_servers$load_cpu" ] && update=0
 update=${BENCH_UPDATE:-$update}
 
 for prog in fio jq qemu-img qemu-io qemu-nbd nbdkit strace python3 numfmt; do
@@ -104,8 +112,13 @@ commands=$out/commands.txt
 : > "$commands"
 
 server_pid=
+hog_pid=
 cleanup ()
 {
+  if [ -n "$hog_pid" ]; then
+    kill "$hog_pid" 2>/dev/null || :
+    wait "$hog_pid" 2>/dev/null || :
+  fi
   if [ -n "$server_pid" ]; then
     kill $(pgrep -P "$server_pid") "$server_pid" 2>/dev/null || :
     wait "$server_pid" 2>/dev/null || :
@@ -315,9 +328,11 @@ define_case ()
       fresh_size=$full_size
       fio=(--rw=write --bs=64k --iodepth=1 --fsync=64 --io_size="$flush_io")
       metric=write-iops
-      # One sync per client flush, and once more to make the first new
-      # L2 table durable before the L1 table points at it; with lazy
-      # refcounts, once more when the first write sets the dirty bit.
+      # One sync per client flush (two with cache=none, where the file
+      # grows by the writes: see report.py), and once more to make the
+      # first new L2 table durable before the L1 table points at it;
+      # with lazy refcounts, once more when the first write sets the
+      # dirty bit.
       goal="qemu>=1.0 syncs+$([ $lazy = on ] && echo 2 || echo 1)" ;;
     small-cluster-randwrite)
       desc="randwrite 4 KiB, QD16, $small_io into an empty 1 GiB image of 512-byte clusters"
@@ -431,7 +446,15 @@ done
   echo "out=$out"
   echo "plugin=$plugin"
   echo "variants=${BENCH_VARIANTS:-}"
+  echo "servers=$only_servers"
+  echo "load_cpu=$load_cpu"
 } > "$out/meta.txt"
+
+if [ -n "$load_cpu" ]; then
+  taskset -c "$load_cpu" sh -c 'while :; do :; done' &
+  hog_pid=$!
+  log "CPU hog $hog_pid on core $load_cpu"
+fi
 
 for name in "${cases[@]}"; do
   define_case "$name"
@@ -444,7 +467,7 @@ for round in $(seq "$reps"); do
   for name in "${cases[@]}"; do
     define_case "$name"
     # Rotate the order of the servers from round to round.
-    read -ra list <<< "$servers"
+    read -ra list <<< "${only_servers:-$servers}"
     for v in ${BENCH_VARIANTS:-}; do list+=("${v%%:*}"); done
     n=${#list[@]}
     for i in $(seq 0 $((n - 1))); do
@@ -456,7 +479,7 @@ done
 for name in "${cases[@]}"; do
   define_case "$name"
   [[ $goal == *syncs+* ]] || continue
-  for server in $servers ${BENCH_VARIANTS:+$(for v in $BENCH_VARIANTS; do
+  for server in ${only_servers:-$servers} ${BENCH_VARIANTS:+$(for v in $BENCH_VARIANTS; do
                                                 echo "${v%%:*}"; done)}; do
     count_syncs "$name" "$server"
   done

@@ -19,6 +19,7 @@ packages=(
   nettle-dev
   libnbd-dev
   libzstd-dev
+  liburing-dev                  # optional: io_uring for cache=none
   perl
   pkg-config
   zlib1g-dev

@@ -241,6 +241,17 @@ static const struct regression {
     "write 0 4096 seed=1 fua=1\n"
     "write 131072 4096 seed=2 fua=0\n"
     "write 262144 4096 seed=3 fua=1\n" },
+  /* The same where the file is not extended ahead (O_DIRECT). */
+  { "an L2 entry pointing past the end of the file (reserve, direct)",
+    "alloc-64k-direct", 1,
+    "write 0 65536 seed=1 fua=1\n"
+    "write 131072 65536 seed=2 fua=0\n"
+    "write 262144 65536 seed=3 fua=1\n" },
+  { "an L2 entry pointing past the end of the file (lazy, direct)",
+    "lazy-4k-direct", 1,
+    "write 0 4096 seed=1 fua=1\n"
+    "write 131072 4096 seed=2 fua=0\n"
+    "write 262144 4096 seed=3 fua=1\n" },
   /* The table entry of a new refcount block was written after the
    * block, but with the L2 entries pointing at clusters it counts.
    */

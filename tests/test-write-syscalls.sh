@@ -5,7 +5,9 @@
 #    the backing file, head and tail together) plus one write (of the
 #    whole cluster, head + data + tail);
 #  - a client flush after in-place data writes is one fdatasync;
-#  - a flush with nothing changed since the last one is none.
+#  - a flush with nothing changed since the last one is none;
+#  - allocating writes and a flush: one fdatasync, or two with
+#    cache=none (the file grows by the writes, as in QEMU).
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh strace
@@ -50,13 +52,13 @@ qemu-io -f qcow2 -c 'read -P 0x59 16384 4096' "$img" >/dev/null ||
 # flush after every 64.  Past the first flush, every further flush is
 # one fdatasync: new clusters come from a reserve whose refcounts an
 # earlier flush made durable.
-syncs_for ()    # N: fdatasyncs for N rounds of 64 writes + flush
+syncs_for ()    # N [OPTS]: fdatasyncs for N rounds of 64 writes + flush
 {
   local n=$1 img=$tmp/seq.qcow2
   rm -f "$img"
   qemu-img create -q -f qcow2 "$img" 4G
   strace -f -e trace=fdatasync -o "$trace" \
-    nbdkit -U - qcow2 "$img" --run "nbdsh -u \"\$uri\" -c \"
+    nbdkit -U - qcow2 "$img" ${2:-} --run "nbdsh -u \"\$uri\" -c \"
 off = 0
 for f in range($n):
     for i in range(64):
@@ -72,6 +74,16 @@ s12=$(syncs_for 12)
 echo "allocating rounds: 2 flushes -> $s2 fdatasyncs, 12 flushes -> $s12"
 [ $((s12 - s2)) -eq 10 ] ||
   fail "10 more flushes cost $((s12 - s2)) fdatasyncs, not 10"
+
+# With cache=none (O_DIRECT) the file grows by the writes themselves,
+# not ahead by a hole that ext4 would make each of them convert: as in
+# QEMU, each flush then syncs before the L2 entries that point past
+# the durable end of the file, and after them.
+s2=$(syncs_for 2 cache=none)
+s12=$(syncs_for 12 cache=none)
+echo "allocating rounds, cache=none: 2 flushes -> $s2 fdatasyncs, 12 flushes -> $s12"
+[ $((s12 - s2)) -eq 20 ] ||
+  fail "cache=none: 10 more flushes cost $((s12 - s2)) fdatasyncs, not 20"
 
 # Lazy refcounts: allocating writes and flushes write no refcount
 # block (the dirty bit covers a crash, as in QEMU); the clean close

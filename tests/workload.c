@@ -334,6 +334,7 @@ wl_run_start (struct wl_run *run, const struct wl_setup *s,
     .debug = wl_run_env_debug, .notice = wl_run_env_notice,
   };
   run->cio = crashio_new (files.image, files.len);
+  crashio_io (run->cio)->grows_by_writes = s->cfg->grows_by_writes;
   if (s->cfg->data_file)
     run->dcio = crashio_new (files.data, files.dlen);
   run->img = wl_open_io (s, &run->env, crashio_io (run->cio), false);

@@ -57,6 +57,10 @@ struct wl_config {
    * zeroes and trims come and go.
    */
   bool copy_on_read;
+  /* The image's storage grows by writes, as O_DIRECT storage does
+   * (qcow2_io.grows_by_writes): no extension ahead of allocations.
+   */
+  bool grows_by_writes;
   unsigned ops;                 /* requests per workload */
 };
 

@@ -14,6 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#ifdef HAVE_LIBURING
+#include <liburing.h>
+#endif
+
 #include "checked.h"
 #include "errstr.h"
 #include "fileio.h"
@@ -59,6 +63,133 @@ static int
 fileio_fd (struct qcow2_io *io)
 {
   return ((struct fileio *) io)->fd;
+}
+
+#ifdef HAVE_LIBURING
+/* O_DIRECT writes made while others are in flight go through an
+ * io_uring of the calling thread's own, one at a time: the thread still
+ * waits for its write, but the kernel runs it as asynchronous I/O.  A
+ * synchronous O_DIRECT write that allocates (into a hole inside the
+ * file, on ext4) holds the inode lock until the device has written it
+ * and its extent is converted; an asynchronous one lets go of the lock
+ * once submitted, so that the allocating writes of many threads reach
+ * the disk together, as qemu-nbd's --aio=native ones do.  A write
+ * alone goes as pwrite: through the ring, one that allocates would
+ * wait for a kernel worker thread to take it (measured slower at one
+ * request in flight), and reads, which share the lock, measured slower
+ * through the ring too.  Without a ring (the kernel refuses one, or
+ * NBDKIT_QCOW2_IO_URING=0 in the environment): pwrite.
+ */
+struct fileio_ring {
+  struct io_uring ring;
+  bool ready;                   /* false: system calls for this thread */
+};
+
+static pthread_key_t fileio_ring_key;
+static pthread_once_t fileio_ring_once = PTHREAD_ONCE_INIT;
+static bool fileio_ring_off;
+
+static void
+fileio_ring_free (void *arg)
+{
+  struct fileio_ring *t = arg;
+
+  if (t->ready)
+    io_uring_queue_exit (&t->ring);
+  free (t);
+}
+
+static void
+fileio_ring_init (void)
+{
+  const char *e = getenv ("NBDKIT_QCOW2_IO_URING");
+
+  fileio_ring_off = e && strcmp (e, "0") == 0;
+  pthread_key_create (&fileio_ring_key, fileio_ring_free);
+}
+
+/* Returns this thread's ring, made on first use, or NULL. */
+static struct fileio_ring *
+fileio_ring (void)
+{
+  struct fileio_ring *t;
+
+  pthread_once (&fileio_ring_once, fileio_ring_init);
+  if (fileio_ring_off)
+    return NULL;
+  t = pthread_getspecific (fileio_ring_key);
+  if (!t) {
+    t = calloc (1, sizeof *t);
+    if (!t)
+      return NULL;
+    if (pthread_setspecific (fileio_ring_key, t) != 0) {
+      free (t);
+      return NULL;
+    }
+    t->ready = io_uring_queue_init (2, &t->ring, 0) == 0;
+  }
+  return t->ready ? t : NULL;
+}
+
+/* One write through the thread's ring.  Returns false if it could not
+ * be submitted (the ring is then given up, for system calls); else true
+ * with *n set as pwritev would return it.
+ */
+static bool
+fileio_ring_wr (struct fileio_ring *t, int fd, const struct iovec *iov,
+                int k, uint64_t at, ssize_t *n)
+{
+  struct io_uring_sqe *sqe = io_uring_get_sqe (&t->ring);
+  struct io_uring_cqe *cqe;
+  int r;
+
+  /* The ring holds two entries and each call reaps the one it used. */
+  assert (sqe);
+  io_uring_prep_writev (sqe, fd, iov, k, at);
+  /* Nothing submitted: the entry stays queued, so the ring goes. */
+  if (io_uring_submit_and_wait (&t->ring, 1) < 1) {
+    io_uring_queue_exit (&t->ring);
+    t->ready = false;
+    return false;
+  }
+  while ((r = io_uring_wait_cqe (&t->ring, &cqe)) == -EINTR)
+    ;
+  /* The write is in flight: returning would let the caller reuse a
+   * buffer the kernel still reads.
+   */
+  if (r < 0) {
+    fprintf (stderr, "fileio: io_uring_wait_cqe: %s\n", errstr (-r));
+    abort ();
+  }
+  *n = cqe->res < 0 ? (errno = -cqe->res, -1) : cqe->res;
+  io_uring_cqe_seen (&t->ring, cqe);
+  return true;
+}
+#endif
+
+/* One read or write of the k buffers at at, as pread/pwrite (preadv/
+ * pwritev) return: a write through the thread's io_uring if ring (see
+ * above).
+ */
+static ssize_t
+fileio_xfer (int fd, const struct iovec *iov, int k, uint64_t at,
+             bool write, bool ring)
+{
+#ifdef HAVE_LIBURING
+  struct fileio_ring *t;
+  ssize_t n;
+
+  if (ring && write && (t = fileio_ring ()) &&
+      fileio_ring_wr (t, fd, iov, k, at, &n))
+    return n;
+#else
+  (void) ring;
+#endif
+  /* A single buffer goes as pread or pwrite, as strace users expect. */
+  return k == 1 && write ? pwrite (fd, iov[0].iov_base, iov[0].iov_len, at)
+    : k == 1 ? pread (fd, iov[0].iov_base, iov[0].iov_len, at)
+    : write ? pwritev (fd, iov, k, at)
+    : preadv (fd, iov, k, at);
 }
 
 /* Copies the iovec from position pos on into iov[] (room for
@@ -122,20 +253,14 @@ fileio_iov_copy (const struct iovec *in, int cnt, size_t pos, void *flat,
  */
 static int
 fileio_rw_fd (int fd, const struct iovec *in, int cnt, uint64_t offset,
-              bool write)
+              bool write, bool ring)
 {
   size_t count = fileio_iov_len (in, cnt), done = 0;
   struct iovec iov[QCOW2_IOV_MAX];
 
   while (done < count) {
     int k = fileio_iov_from (in, cnt, done, iov);
-    uint64_t at = offset + done;
-    /* A single buffer goes as pread or pwrite, as strace users expect. */
-    ssize_t n =
-      k == 1 && write ? pwrite (fd, iov[0].iov_base, iov[0].iov_len, at)
-      : k == 1 ? pread (fd, iov[0].iov_base, iov[0].iov_len, at)
-      : write ? pwritev (fd, iov, k, at)
-      : preadv (fd, iov, k, at);
+    ssize_t n = fileio_xfer (fd, iov, k, offset + done, write, ring);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -152,11 +277,12 @@ fileio_rw_fd (int fd, const struct iovec *in, int cnt, uint64_t offset,
 }
 
 static int
-fileio_pwrite_fd (int fd, const void *buf, size_t count, uint64_t offset)
+fileio_direct_pwrite_fd (int fd, const void *buf, size_t count,
+                         uint64_t offset, bool ring)
 {
   struct iovec iov = { (void *) buf, count };
 
-  return fileio_rw_fd (fd, &iov, 1, offset, true);
+  return fileio_rw_fd (fd, &iov, 1, offset, true, ring);
 }
 
 static int
@@ -165,7 +291,7 @@ fileio_preadv (struct qcow2_io *io, const struct iovec *iov, int cnt,
 {
   if (cnt > QCOW2_IOV_MAX)
     return -EINVAL;
-  return fileio_rw_fd (fileio_fd (io), iov, cnt, offset, false);
+  return fileio_rw_fd (fileio_fd (io), iov, cnt, offset, false, false);
 }
 
 static int
@@ -174,7 +300,7 @@ fileio_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
 {
   if (cnt > QCOW2_IOV_MAX)
     return -EINVAL;
-  return fileio_rw_fd (fileio_fd (io), iov, cnt, offset, true);
+  return fileio_rw_fd (fileio_fd (io), iov, cnt, offset, true, false);
 }
 
 static int
@@ -189,7 +315,9 @@ static int
 fileio_pwrite (struct qcow2_io *io, const void *buf, size_t count,
                uint64_t offset)
 {
-  return fileio_pwrite_fd (fileio_fd (io), buf, count, offset);
+  struct iovec iov = { (void *) buf, count };
+
+  return fileio_pwritev (io, &iov, 1, offset);
 }
 
 struct fileio_bounce {
@@ -260,7 +388,8 @@ fileio_pread_blocks (struct fileio *f, uint8_t *buf, size_t count,
 {
   assert (fileio_aligned (f->align, buf, count, offset));
   while (count > 0) {
-    ssize_t n = pread (f->fd, buf, count, offset);
+    struct iovec iov = { buf, count };
+    ssize_t n = fileio_xfer (f->fd, &iov, 1, offset, false, false);
     if (n < 0) {
       if (errno == EINTR)
         continue;
@@ -349,13 +478,16 @@ fileio_range_conflicts (struct fileio *f, const struct fileio_range *w)
 }
 
 /* Register the blocks of [offset, offset+count), waiting until no
- * range registered before conflicts.
+ * range registered before conflicts.  Returns whether other writes or
+ * punches are in flight.
  */
-static void
+static bool
 fileio_range_begin (struct fileio *f, struct fileio_range *w,
                     uint64_t offset, uint64_t count, bool rmw)
   TSA_EXCLUDES (f->ranges_lock)
 {
+  bool others;
+
   assert (f->align > 0);        /* O_DIRECT only */
   w->lo = offset & ~(uint64_t) (f->align - 1);
   w->hi = (offset + count + f->align - 1) & ~(uint64_t) (f->align - 1);
@@ -363,9 +495,11 @@ fileio_range_begin (struct fileio *f, struct fileio_range *w,
   lock_acquire (&f->ranges_lock);
   while (fileio_range_conflicts (f, w))
     lock_wait (&f->ranges_lock, &f->ranges_done);
+  others = f->ranges != NULL;
   w->next = f->ranges;
   f->ranges = w;
   lock_release (&f->ranges_lock);
+  return others;
 }
 
 static void
@@ -399,10 +533,9 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
     return -EINVAL;
   if (cnt == 1 && fileio_aligned (f->align, iov[0].iov_base, count, offset)) {
     struct fileio_range w;
-    int r;
+    bool ring = fileio_range_begin (f, &w, offset, count, false);
+    int r = fileio_rw_fd (f->fd, iov, 1, offset, true, ring);
 
-    fileio_range_begin (f, &w, offset, count, false);
-    r = fileio_rw_fd (f->fd, iov, 1, offset, true);
     fileio_range_end (f, &w);
     return r;
   }
@@ -414,16 +547,17 @@ fileio_direct_pwritev (struct qcow2_io *io, const struct iovec *iov, int cnt,
     uint64_t last = p.lo + p.span - f->align;
     bool part_head = p.head > 0, part_tail = (p.head + p.n) & (f->align - 1);
     struct fileio_range w;
+    bool ring = fileio_range_begin (f, &w, p.lo, p.span,
+                                    part_head || part_tail);
     int r = 0;
 
-    fileio_range_begin (f, &w, p.lo, p.span, part_head || part_tail);
     if (part_head)
       r = fileio_pread_blocks (f, bounce, f->align, p.lo);
     if (r == 0 && part_tail && !(part_head && last == p.lo))
       r = fileio_pread_blocks (f, bounce + p.span - f->align, f->align, last);
     if (r == 0) {
       fileio_iov_copy (iov, cnt, pos, bounce + p.head, p.n, false);
-      r = fileio_pwrite_fd (f->fd, bounce, p.span, p.lo);
+      r = fileio_direct_pwrite_fd (f->fd, bounce, p.span, p.lo, ring);
     }
     fileio_range_end (f, &w);
     if (r < 0)
@@ -741,6 +875,7 @@ fileio_open_with (const char *path, bool readonly,
   f->align = align;
   f->io.ops = direct ? &fileio_direct_ops : &fileio_ops;
   f->io.serial_writes = !direct && S_ISREG (st.st_mode);
+  f->io.grows_by_writes = direct && S_ISREG (st.st_mode);
   f->ranges = NULL;
   if (direct) {
     lock_init (&f->ranges_lock);

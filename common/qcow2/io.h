@@ -91,6 +91,14 @@ struct qcow2_io {
    * threads that would only spin on that lock.
    */
   bool serial_writes;
+  /* A write into a hole inside this storage costs more than one past
+   * its end (O_DIRECT on ext4: the hole becomes an unwritten extent,
+   * converted in the writer's thread when the write completes), so the
+   * engine does not extend it ahead of allocations (see alloc.c),
+   * though a flush after allocating writes then costs a second host
+   * flush, as in QEMU.
+   */
+  bool grows_by_writes;
 };
 
 /* Remote storage a backing file name gives (read-only): a URL, QEMU's
