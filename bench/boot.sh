@@ -14,7 +14,8 @@
 # round and server are the bytes the guest read, the bytes the base sent,
 # bytes sent per byte read, the base's requests, and the seconds from
 # QEMU's start to its exit.
-# Usage: bench/boot.sh [ROUNDS]   (default 3)
+# Usage: bench/boot.sh [ROUNDS]   (default 3; BOOT_KEEP=DIR keeps each
+# boot's two logs there: guest-SERVER-TIME.log, base-SERVER-TIME.log)
 # The guest (debootstrap --variant=minbase bookworm with a kernel and
 # systemd, about 500 MiB) is built once into $BOOT_GUEST (default
 # /var/tmp/boot-bench-guest), which needs debootstrap, mkfs.ext4, a
@@ -149,8 +150,11 @@ one ()
   guest_read=$(read_bytes "$work/front.log" 0)
   base_sent=$(read_bytes "$work/base.log" "$from")
   echo "${guest_read% *} $base_sent $(echo "$t1 - $t0" | bc -l)"
-  [ -z "${BOOT_KEEP:-}" ] ||
-    cp "$work/front.log" "$BOOT_KEEP/front-$server-$(date +%s).log"
+  if [ -n "${BOOT_KEEP:-}" ]; then
+    t1=$(date +%s)
+    cp "$work/front.log" "$BOOT_KEEP/guest-$server-$t1.log"
+    tail -c +"$((from + 1))" "$work/base.log" > "$BOOT_KEEP/base-$server-$t1.log"
+  fi
 }
 
 declare -A per
@@ -170,5 +174,5 @@ for r in $(seq "$rounds"); do
 done
 median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 o=$(median "${per[ours]}") q=$(median "${per[qemu-nbd]}")
-printf 'bytes the base sent per byte read (medians): ours %.3f qemu-nbd %.3f ours/qemu-nbd %.2f\n' \
+printf 'bytes the base sent per byte read (medians): ours %.3f qemu-nbd %.3f ours/qemu-nbd %.3f\n' \
   "$o" "$q" "$(echo "$o / $q" | bc -l)"
