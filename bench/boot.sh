@@ -16,8 +16,9 @@
 # QEMU's start to its exit.
 # Usage: bench/boot.sh [ROUNDS]   (default 3; BOOT_KEEP=DIR keeps each
 # boot's two logs there: guest-SERVER-TIME.log, base-SERVER-TIME.log)
+#        bench/boot.sh guest      builds the guest only
 # The guest (debootstrap --variant=minbase bookworm with a kernel and
-# systemd, about 500 MiB) is built once into $BOOT_GUEST (default
+# systemd, a 700 MiB qcow2) is built once into $BOOT_GUEST (default
 # /var/tmp/boot-bench-guest), which needs debootstrap, mkfs.ext4, a
 # Debian mirror and root.  QEMU emulates the CPU (TCG) unless
 # BOOT_ACCEL=kvm (a nested KVM can hang the guest before its first
@@ -32,15 +33,14 @@ guest=${BOOT_GUEST:-/var/tmp/boot-bench-guest}
 # table), vmlinuz and initrd.img.
 guest_build ()
 {
-  local root=$guest/root mirror
+  local root=$guest.tmp/root mirror
   mirror=$(grep -rhs '^URIs: .*debian$\|^deb .*debian ' /etc/apt/sources.list.d /etc/apt/sources.list |
              grep -o 'https\?://[^ ]*' | head -1) || true
   rm -rf "$guest.tmp"
   mkdir -p "$guest.tmp"
   debootstrap --variant=minbase \
     --include=linux-image-amd64,systemd-sysv,udev,initramfs-tools,kmod \
-    bookworm "$guest.tmp/root" "${mirror:-http://deb.debian.org/debian}" >&2
-  root=$guest.tmp/root
+    bookworm "$root" "${mirror:-http://deb.debian.org/debian}" >&2
   echo boot-bench > "$root/etc/hostname"
   echo '/dev/vda / ext4 defaults 0 1' > "$root/etc/fstab"
   # Powers the guest off once the boot is done.
