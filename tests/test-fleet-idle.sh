@@ -39,11 +39,11 @@ nbdkit -U - qcow2 dir="$d" idle-close=0 --run '
 /usr/bin/python3 - "$unixsocket" <<"PY"
 import nbd, os, subprocess, sys, time
 sock, d = sys.argv[1], os.environ["d"]
-def connect(name):
-    h = nbd.NBD()
-    h.set_export_name(name)
-    h.connect_unix(sock)
-    return h
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+connect = functools.partial(fleetclient.connect, sock)
+
 def refused(name):
     try:
         connect(name)

@@ -50,11 +50,10 @@ def connections():
     made = len(re.findall(r" Connect ", log))
     return made - before, made - len(re.findall(r" Disconnect ", log))
 
-def connect(name):
-    h = nbd.NBD()
-    h.set_export_name(name)
-    h.connect_unix(sock)
-    return h
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+connect = functools.partial(fleetclient.connect, sock)
 
 names = ["vm%02d" % i for i in range(n)]
 # The first alone, the others all at once.

@@ -44,20 +44,11 @@ def connections():
     made = len(re.findall(r" Connect ", log))
     return made - before, made - len(re.findall(r" Disconnect ", log))
 
-def listing():
-    h = nbd.NBD()
-    h.set_opt_mode(True)
-    h.connect_unix(sock)
-    got = {}
-    h.opt_list(lambda name, desc: got.__setitem__(name, desc) or 0)
-    h.opt_abort()
-    return got
-
-def connect(name):
-    h = nbd.NBD()
-    h.set_export_name(name)
-    h.connect_unix(sock)
-    return h
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+connect = functools.partial(fleetclient.connect, sock)
+listing = functools.partial(fleetclient.listing, sock)
 
 def wait_for(what, cond, secs=120):
     for _ in range(secs * 10):

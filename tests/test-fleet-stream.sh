@@ -63,21 +63,11 @@ def base_fds():
             pass
     return n
 
-def listing():
-    """The descriptions of NBD_OPT_LIST alone (no export opened)."""
-    h = nbd.NBD()
-    h.set_opt_mode(True)
-    h.connect_unix(sock)
-    got = {}
-    h.opt_list(lambda name, desc: got.__setitem__(name, desc) or 0)
-    h.opt_abort()
-    return got
-
-def connect(name):
-    h = nbd.NBD()
-    h.set_export_name(name)
-    h.connect_unix(sock)
-    return h
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+connect = functools.partial(fleetclient.connect, sock)
+listing = functools.partial(fleetclient.listing, sock)
 
 STREAMED = "no backing file; streamed: no longer depends on its backing chain"
 NOT_RUNNING = "backing file base.qcow2; streaming: not running"
@@ -225,14 +215,10 @@ stream_serve i qcow2 dir="$d" stream=true stream-rate=2M idle-close=1
 import nbd, os, subprocess, sys, time
 sock, d = sys.argv[1], os.environ["d"]
 
-def listing():
-    h = nbd.NBD()
-    h.set_opt_mode(True)
-    h.connect_unix(sock)
-    got = {}
-    h.opt_list(lambda name, desc: got.__setitem__(name, desc) or 0)
-    h.opt_abort()
-    return got
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+listing = functools.partial(fleetclient.listing, sock)
 
 h = nbd.NBD()
 h.set_export_name("vm1")
@@ -268,14 +254,10 @@ first=$(sed -n 's/.*vm1: stream: started: \([0-9]*\) bytes.*/\1/p' "$tmp/i.log")
 import nbd, sys, time
 sock = sys.argv[1]
 
-def listing():
-    h = nbd.NBD()
-    h.set_opt_mode(True)
-    h.connect_unix(sock)
-    got = {}
-    h.opt_list(lambda name, desc: got.__setitem__(name, desc) or 0)
-    h.opt_abort()
-    return got
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+listing = functools.partial(fleetclient.listing, sock)
 
 h = nbd.NBD()
 h.set_export_name("vm1")

@@ -26,11 +26,11 @@ nbdkit -U - qcow2 dir="$d" template=golden.qcow2 cluster-size=4K \
 /usr/bin/python3 - "$unixsocket" <<"PY"
 import nbd, sys, threading
 sock = sys.argv[1]
-def connect(name):
-    h = nbd.NBD()
-    h.set_export_name(name)
-    h.connect_unix(sock)
-    return h
+import functools, os
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+connect = functools.partial(fleetclient.connect, sock)
+
 g = connect("golden.qcow2")
 assert g.is_read_only(), "the template is served writable"
 try:

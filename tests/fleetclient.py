@@ -1,0 +1,26 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""A dir= server's client, for the fleet tests' Python parts:
+
+    sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+    from fleetclient import connect, listing
+"""
+import nbd
+
+
+def connect(sock, name):
+    """A handle connected to export NAME of the server at SOCK."""
+    h = nbd.NBD()
+    h.set_export_name(name)
+    h.connect_unix(sock)
+    return h
+
+
+def listing(sock):
+    """{name: description} of NBD_OPT_LIST alone (no export opened)."""
+    h = nbd.NBD()
+    h.set_opt_mode(True)
+    h.connect_unix(sock)
+    got = {}
+    h.opt_list(lambda name, desc: got.__setitem__(name, desc) or 0)
+    h.opt_abort()
+    return got
