@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# cache=none (O_DIRECT) both ways fileio writes it: writes made while
-# others are in flight through each thread's io_uring (built with
+# cache=none (O_DIRECT) both ways fileio writes it: writes past the
+# file's end made while others are in flight through each thread's
+# io_uring (built with
 # liburing), and all with pwrite (NBDKIT_QCOW2_IO_URING=0, as without
 # liburing or where the kernel refuses a ring).  Each way: strace sees that way's system
 # calls, and randomized differential writes (diffwrite.py, two
@@ -19,15 +20,17 @@ requires strace nbdsh
 K=1024 M=1048576
 trace=$tmp/trace
 
-# calls ENV: sets enters and writes, the io_uring_enter and pwrite64
-# calls strace counts for 32 writes in flight at once with cache=none
-# (only writes made while others are in flight take the ring), with ENV
-# (NAME=VALUE or empty) set.
+# calls ENV [PREFILL]: sets enters and writes, the io_uring_enter and
+# pwrite64 calls strace counts for 32 writes in flight at once with
+# cache=none (only writes past the file's end made while others are in
+# flight take the ring), with ENV (NAME=VALUE or empty) set; with
+# PREFILL, into clusters already written (overwrites inside the file).
 calls ()
 {
   local img=$tmp/calls.qcow2
   rm -f "$img"
   qemu-img create -q -f qcow2 "$img" 16M
+  [ -z "${2-}" ] || qio "$img" "write -P 0x33 0 2M"
   env $1 strace -f -e trace=io_uring_setup,io_uring_enter,pwrite64 \
     -o "$trace" nbdkit -U - qcow2 "$img" cache=none --run 'nbdsh -u "$uri" -c "
 cookies = [h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray([65 + i]) * 65536),
@@ -51,6 +54,11 @@ for i in range(32):
 calls ""
 echo "io_uring: $enters io_uring_enter, $writes pwrite64"
 [ "$enters" -ge 1 ] || fail "io_uring: no io_uring_enter call"
+
+calls "" prefill
+echo "overwrites: $enters io_uring_enter, $writes pwrite64"
+[ "$enters" -eq 0 ] || fail "overwrites: $enters io_uring_enter calls"
+[ "$writes" -ge 32 ] || fail "overwrites: only $writes pwrite64 calls"
 
 calls NBDKIT_QCOW2_IO_URING=0
 echo "NBDKIT_QCOW2_IO_URING=0: $enters io_uring_enter, $writes pwrite64"

@@ -51,9 +51,13 @@ struct fileio {
   int fd;
   /* O_DIRECT only: the alignment of offsets, lengths and buffers. */
   size_t align;
-  struct lock ranges_lock;      /* guards ranges */
+  struct lock ranges_lock;      /* guards ranges and end */
   pthread_cond_t ranges_done;
   struct fileio_range *ranges;
+  /* Where the file ends, as the writes done left it (a hint: which
+   * writes may go through the ring).
+   */
+  uint64_t end;
 };
 
 static pthread_key_t fileio_bounce_key;
@@ -66,14 +70,17 @@ fileio_fd (struct qcow2_io *io)
 }
 
 #ifdef HAVE_LIBURING
-/* O_DIRECT writes made while others are in flight go through an
- * io_uring of the calling thread's own, one at a time: the thread still
+/* O_DIRECT writes past the file's end made while others are in flight
+ * go through an io_uring of the calling thread's own, one at a time: the thread still
  * waits for its write, but the kernel runs it as asynchronous I/O.  A
  * synchronous O_DIRECT write that allocates (into a hole inside the
  * file, on ext4) holds the inode lock until the device has written it
  * and its extent is converted; an asynchronous one lets go of the lock
  * once submitted, so that the allocating writes of many threads reach
- * the disk together, as qemu-nbd's --aio=native ones do.  A write
+ * the disk together, as qemu-nbd's --aio=native ones do.  Overwrites
+ * inside the file share the lock and measured slower through the ring
+ * (QD16 4 KiB: 0.88 of pwrite's rate; four connections' mixed I/O
+ * 0.85), so they go as pwrite.  A write
  * alone goes as pwrite: through the ring, one that allocates would
  * wait for a kernel worker thread to take it (measured slower at one
  * request in flight), and reads, which share the lock, measured slower
@@ -478,8 +485,9 @@ fileio_range_conflicts (struct fileio *f, const struct fileio_range *w)
 }
 
 /* Register the blocks of [offset, offset+count), waiting until no
- * range registered before conflicts.  Returns whether other writes or
- * punches are in flight.
+ * range registered before conflicts.  Returns whether a write there
+ * goes through the ring: it reaches past the file's end while other
+ * writes or punches are in flight.
  */
 static bool
 fileio_range_begin (struct fileio *f, struct fileio_range *w,
@@ -495,7 +503,7 @@ fileio_range_begin (struct fileio *f, struct fileio_range *w,
   lock_acquire (&f->ranges_lock);
   while (fileio_range_conflicts (f, w))
     lock_wait (&f->ranges_lock, &f->ranges_done);
-  others = f->ranges != NULL;
+  others = f->ranges != NULL && w->hi > f->end;
   w->next = f->ranges;
   f->ranges = w;
   lock_release (&f->ranges_lock);
@@ -512,6 +520,7 @@ fileio_range_end (struct fileio *f, struct fileio_range *w)
   for (p = &f->ranges; *p != w; p = &(*p)->next)
     assert (*p);                /* w was registered */
   *p = w->next;
+  f->end = MAX (f->end, w->hi);
   pthread_cond_broadcast (&f->ranges_done);
   lock_release (&f->ranges_lock);
 }
@@ -877,6 +886,7 @@ fileio_open_with (const char *path, bool readonly,
   f->io.serial_writes = !direct && S_ISREG (st.st_mode);
   f->io.grows_by_writes = direct && S_ISREG (st.st_mode);
   f->ranges = NULL;
+  f->end = st.st_size;
   if (direct) {
     lock_init (&f->ranges_lock);
     lock_cond_init (&f->ranges_done);
