@@ -28,6 +28,13 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 export PATH=$top:/usr/bin:/usr/sbin:$PATH
 rounds=${1:-3}
 guest=${BOOT_GUEST:-/var/tmp/boot-bench-guest}
+for tool in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap \
+            qemu-nbd:qemu-utils nbdkit:nbdkit; do
+  command -v "${tool%%:*}" > /dev/null || {
+    echo "bench/boot.sh: ${tool%%:*} not found: install Debian's ${tool#*:}" >&2
+    exit 1
+  }
+done
 
 # The guest, built once: base.qcow2 (an ext4 file system, no partition
 # table), vmlinuz and initrd.img.
