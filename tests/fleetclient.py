@@ -5,6 +5,8 @@
     from fleetclient import connect, listing
 """
 import nbd
+import os
+import re
 
 
 def connect(sock, name):
@@ -24,3 +26,22 @@ def listing(sock):
     h.opt_list(lambda name, desc: got.__setitem__(name, desc) or 0)
     h.opt_abort()
     return got
+
+
+def fds_on(pid, path):
+    """How many of process PID's descriptors are open on PATH."""
+    n = 0
+    for fd in os.listdir("/proc/%s/fd" % pid):
+        try:
+            n += os.readlink("/proc/%s/fd/%s" % (pid, fd)) == path
+        except OSError:
+            pass
+    return n
+
+
+def connections(log, before):
+    """(made since, open now): connections nbdkit's log filter wrote to
+    LOG, less the BEFORE made before the test's part began."""
+    text = open(log).read()
+    made = len(re.findall(r" Connect ", text))
+    return made - before, made - len(re.findall(r" Disconnect ", text))

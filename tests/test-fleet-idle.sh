@@ -39,7 +39,7 @@ nbdkit -U - qcow2 dir="$d" idle-close=0 --run '
 /usr/bin/python3 - "$unixsocket" <<"PY"
 import nbd, os, subprocess, sys, time
 sock, d = sys.argv[1], os.environ["d"]
-import functools, os
+import functools
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 connect = functools.partial(fleetclient.connect, sock)

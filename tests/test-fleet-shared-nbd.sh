@@ -46,11 +46,10 @@ size = 4 << 20
 MAX_CONNS = 4                   # NBDIO_MAX_CONNS (common/nbdio/nbdio.h)
 
 def connections():
-    log = open(tmp + "/base.log").read()
-    made = len(re.findall(r" Connect ", log))
-    return made - before, made - len(re.findall(r" Disconnect ", log))
+    """Connections to the base made since the start, and open now."""
+    return fleetclient.connections(tmp + "/base.log", before)
 
-import functools, os
+import functools
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 connect = functools.partial(fleetclient.connect, sock)

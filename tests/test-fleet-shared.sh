@@ -41,15 +41,9 @@ base = os.path.realpath(d + "/base.qcow2")
 size = 4 << 20
 
 def base_fds():
-    fds = 0
-    for fd in os.listdir("/proc/%s/fd" % pid):
-        try:
-            fds += os.readlink("/proc/%s/fd/%s" % (pid, fd)) == base
-        except OSError:
-            pass
-    return fds
+    return fleetclient.fds_on(pid, base)
 
-import functools, os
+import functools
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 connect = functools.partial(fleetclient.connect, sock)

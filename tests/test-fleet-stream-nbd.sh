@@ -40,11 +40,9 @@ STREAMED = "no backing file; streamed: no longer depends on its backing chain"
 
 def connections():
     """Connections to the base made since the start, and open now."""
-    log = open(tmp + "/base.log").read()
-    made = len(re.findall(r" Connect ", log))
-    return made - before, made - len(re.findall(r" Disconnect ", log))
+    return fleetclient.connections(tmp + "/base.log", before)
 
-import functools, os
+import functools
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 connect = functools.partial(fleetclient.connect, sock)

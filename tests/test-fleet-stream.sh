@@ -55,15 +55,9 @@ base = os.path.realpath(d + "/base.qcow2")
 size = 16 << 20
 
 def base_fds():
-    n = 0
-    for fd in os.listdir("/proc/%s/fd" % pid):
-        try:
-            n += os.readlink("/proc/%s/fd/%s" % (pid, fd)) == base
-        except OSError:
-            pass
-    return n
+    return fleetclient.fds_on(pid, base)
 
-import functools, os
+import functools
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 connect = functools.partial(fleetclient.connect, sock)
@@ -215,14 +209,12 @@ stream_serve i qcow2 dir="$d" stream=true stream-rate=2M idle-close=1
 import nbd, os, subprocess, sys, time
 sock, d = sys.argv[1], os.environ["d"]
 
-import functools, os
+import functools
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 listing = functools.partial(fleetclient.listing, sock)
 
-h = nbd.NBD()
-h.set_export_name("vm1")
-h.connect_unix(sock)
+h = fleetclient.connect(sock, "vm1")
 for _ in range(300):
     l = listing()["vm1"]
     if "; streaming: " in l and "%" in l and not "streaming: 0%" in l:
@@ -259,9 +251,7 @@ sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
 import fleetclient
 listing = functools.partial(fleetclient.listing, sock)
 
-h = nbd.NBD()
-h.set_export_name("vm1")
-h.connect_unix(sock)
+h = fleetclient.connect(sock, "vm1")
 for _ in range(600):
     l = listing()["vm1"]
     if l.endswith("streamed: no longer depends on its backing chain"):
