@@ -315,11 +315,9 @@ alloc_refill_reserve (struct qcow2_image *img)
   /* The flush that makes the runs' counts durable makes the file cover
    * them too, so that their clusters need no flush before their L2
    * entries (see write_allocating); an extension that failed is tried
-   * again by the next flush.  Not where writes into that hole would
-   * each cost more than the flush saved (see io.h).
+   * again by the next flush.
    */
-  if (!img->io->grows_by_writes)
-    io_extend (img, alloc_reserve_end (img) << img->geo.cluster_bits);
+  io_extend (img, alloc_reserve_end (img) << img->geo.cluster_bits);
   return 0;
 }
 
@@ -423,9 +421,8 @@ alloc_clusters_upto (struct qcow2_image *img, uint64_t n, uint64_t max,
    * the distance is left: a write per allocation would double the
    * writes of a sequential fill.  Unlike the reserve, this leaks
    * nothing after a crash (the tail is a hole), so it may go further.
-   * Not where writes into that hole cost more than the flush (io.h).
    */
-  if (*zeroed && img->lazy_refcounts && !img->io->grows_by_writes) {
+  if (*zeroed && img->lazy_refcounts) {
     uint64_t end = *host_offset + (*len << img->geo.cluster_bits);
     uint64_t ahead = MIN (MAX ((uint64_t) RESERVE_MIN << img->geo.cluster_bits,
                                2 * img->alloc.allocated_since_flush

@@ -154,7 +154,8 @@ io_write_meta (struct qcow2_image *img, const void *buf, uint64_t len,
  * never reaches the disk.  The hole still counts as never written: new
  * clusters there read as zeros (file_size does not move).  Only saves
  * flushes (see write_allocating), so a failure (a full disk) is not an
- * error.
+ * error; and not done where writes into that hole would each cost more
+ * than the flush saved (grows_by_writes, io.h).
  */
 void
 io_extend (struct qcow2_image *img, uint64_t end)
@@ -162,7 +163,7 @@ io_extend (struct qcow2_image *img, uint64_t end)
   int r;
 
   ASSERT_LOCKED (img);
-  if (end <= img->host.written_end)
+  if (img->io->grows_by_writes || end <= img->host.written_end)
     return;
   r = io_guard (img, end - 1, 1, 0);
   if (r == 0)

@@ -94,7 +94,7 @@ struct qcow2_io {
   /* A write into a hole inside this storage costs more than one past
    * its end (O_DIRECT on ext4: the hole becomes an unwritten extent,
    * converted in the writer's thread when the write completes), so the
-   * engine does not extend it ahead of allocations (see alloc.c),
+   * engine does not extend it ahead of allocations (io_extend),
    * though a flush after allocating writes then costs a second host
    * flush, as in QEMU.
    */
