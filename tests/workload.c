@@ -326,6 +326,7 @@ wl_run_start (struct wl_run *run, const struct wl_setup *s,
               struct wl_files files, const uint8_t *initial)
 {
   struct wl_model *m = &run->model;
+  struct qcow2_io *io;
 
   memset (run, 0, sizeof *run);
   run->setup = s;
@@ -334,10 +335,11 @@ wl_run_start (struct wl_run *run, const struct wl_setup *s,
     .debug = wl_run_env_debug, .notice = wl_run_env_notice,
   };
   run->cio = crashio_new (files.image, files.len);
-  crashio_io (run->cio)->grows_by_writes = s->cfg->grows_by_writes;
+  io = crashio_io (run->cio);   /* the image's reference */
+  io->grows_by_writes = s->cfg->grows_by_writes;
   if (s->cfg->data_file)
     run->dcio = crashio_new (files.data, files.dlen);
-  run->img = wl_open_io (s, &run->env, crashio_io (run->cio), false);
+  run->img = wl_open_io (s, &run->env, io, false);
   if (!run->img)
     return -errno;
   m->size = qcow2_get_size (run->img);
