@@ -213,10 +213,12 @@ static const struct {
   { 0, 100, 1, 8192, 20480, 100, "scattered reads" },
   { 0, 100, 1, 8192, 20480, 0, "reads of what was read" },
   { 50, 10, 1, 100, 20480, 0, "reads inside what was read" },
-  /* 512 pieces more: the first 100 let go, the last ones kept. */
-  { 100, 512, 1, 4096, 20480, 512, "more scattered reads" },
+  /* KEPT_PIECES pieces more: the first 100 let go, the last ones
+   * kept.
+   */
+  { 300, KEPT_PIECES, 1, 4096, 8192, KEPT_PIECES, "more scattered reads" },
   { 0, 10, 1, 8192, 20480, 10, "reads of what was let go" },
-  { 600, 12, 1, 4096, 20480, 0, "reads of the last read" },
+  { 300 + KEPT_PIECES - 12, 12, 1, 4096, 8192, 0, "reads of the last read" },
   /* 36 MiB in pieces of 1 MiB: the first 4 let go (the last 32 read
    * again from the last, so that none is let go).
    */
@@ -226,8 +228,8 @@ static const struct {
 };
 
 /* top (empty) over a raw base of 48 MiB: what was read, read again, is
- * not fetched again, nor anything inside it, until 512 other pieces or
- * 32 MiB were read since (kept_steps).
+ * not fetched again, nor anything inside it, until KEPT_PIECES other
+ * pieces or 32 MiB were read since (kept_steps).
  */
 static void
 test_kept (void)
@@ -272,6 +274,16 @@ static struct {
   uint64_t bytes, calls, asked;
 } paid;
 
+/* Armed, the first fetch waits for a second one to start: that second
+ * read comes while the first is under way (a deep reader's).
+ */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool armed;
+  unsigned fetches;
+} gate = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
 static uint8_t
 layer_byte (uint64_t o)
 {
@@ -285,8 +297,16 @@ paid_fetch (struct qcow2_image *layer, uint8_t *buf, uint64_t count,
   (void) layer;
   for (uint64_t i = 0; i < count; i++)
     buf[i] = layer_byte (offset + i);
+  pthread_mutex_lock (&gate.lock);
   paid.bytes += count;
   paid.calls++;
+  if (gate.armed) {
+    gate.fetches++;
+    pthread_cond_broadcast (&gate.cond);
+    while (gate.fetches < 2)
+      pthread_cond_wait (&gate.cond, &gate.lock);
+  }
+  pthread_mutex_unlock (&gate.lock);
   return 0;
 }
 
@@ -359,7 +379,7 @@ test_paid (void)
 
   if (!layer)
     abort ();
-  layer->size = 1024 * MIB;
+  layer->size = 1100 * MIB;
   ra = readahead_new (layer, paid_fetch);
   if (!ra)
     abort ();
@@ -390,14 +410,15 @@ test_paid (void)
           "reads again fetched %u windows and %" PRId64 " bytes more than "
           "read in all", windows, paid_excess ());
 
-  /* A stream of 40 MiB: its first 32 MiB a fetch a read or so, its
-   * last 8 in windows.
+  /* A stream of 40 MiB (past the short runs' places: a window ends
+   * where a kept piece begins): its first 32 MiB a fetch a read or so,
+   * its last 8 in windows.
    */
   for (uint64_t o = 0; o < 32 * MIB; o += MIB)
-    paid_read (ra, 512 * MIB + o, MIB);
+    paid_read (ra, 1040 * MIB + o, MIB);
   calls = paid.calls;
   for (uint64_t o = 32 * MIB; o < 40 * MIB; o += MIB)
-    paid_read (ra, 512 * MIB + o, MIB);
+    paid_read (ra, 1040 * MIB + o, MIB);
   CHECKF (paid.calls - calls <= 3, "the last 8 MiB of a stream of 40 MiB "
           "took %" PRIu64 " fetches", paid.calls - calls);
 
@@ -405,10 +426,245 @@ test_paid (void)
   free (layer);
 }
 
+/* A run of small reads (a file system's metadata) fetches no more
+ * ahead than it has read, and still grows its windows as it goes on.
+ */
+static void
+test_small_runs (void)
+{
+  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct readahead *ra;
+  uint64_t calls, bytes;
+
+  if (!layer)
+    abort ();
+  layer->size = 1024 * MIB;
+  ra = readahead_new (layer, paid_fetch);
+  if (!ra)
+    abort ();
+  memset (&paid, 0, sizeof paid);
+  paid_read (ra, 100 * MIB, 4096);
+  paid_read (ra, 100 * MIB + 4096, 4096);
+  CHECKF (paid_excess () <= 8192, "two adjacent reads of 4 KiB fetched "
+          "%" PRId64 " bytes more than they read", paid_excess ());
+  calls = paid.calls;
+  for (uint64_t o = 8192; o < MIB; o += 4096)
+    paid_read (ra, 100 * MIB + o, 4096);
+  CHECKF (paid.calls - calls <= 12, "the run's next 1016 KiB in reads of "
+          "4 KiB took %" PRIu64 " fetches", paid.calls - calls);
+
+  /* A run whose reads grow (the reader's own read-ahead) gets no
+   * window.
+   */
+  bytes = paid.bytes;
+  for (uint64_t o = 0, n = 16384; n <= 262144; o += n, n *= 2)
+    paid_read (ra, 200 * MIB + o, n);
+  CHECKF (paid.bytes - bytes == 507904, "reads of 16 to 256 KiB, each "
+          "twice the last, fetched %" PRIu64 " bytes for 496 KiB",
+          paid.bytes - bytes);
+  readahead_free (ra);
+  free (layer);
+}
+
+struct deep_read {
+  struct readahead *ra;
+  uint64_t offset, count;
+  bool ok;
+};
+
+/* A read through the read-ahead, checked (not counted in paid.asked:
+ * two run at once).
+ */
+static void *
+deep_read_thread (void *arg)
+{
+  struct deep_read *d = arg;
+  uint8_t *buf = malloc (d->count);
+
+  if (!buf)
+    abort ();
+  d->ok = readahead_read (d->ra, buf, d->count, d->offset) == 0;
+  for (uint64_t i = 0; d->ok && i < d->count; i++)
+    d->ok = buf[i] == layer_byte (d->offset + i);
+  free (buf);
+  return NULL;
+}
+
+/* A read made while another is under way (a deep reader's) is kept
+ * when small: read again, it costs no fetch.
+ */
+static void
+test_deep_kept (void)
+{
+  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct deep_read first, second;
+  struct readahead *ra;
+  pthread_t t1, t2;
+  uint64_t calls;
+
+  if (!layer)
+    abort ();
+  layer->size = 1024 * MIB;
+  ra = readahead_new (layer, paid_fetch);
+  if (!ra)
+    abort ();
+  memset (&paid, 0, sizeof paid);
+  gate.armed = true;
+  gate.fetches = 0;
+  first = (struct deep_read) { ra, 10 * MIB, 65536, false };
+  second = (struct deep_read) { ra, 20 * MIB, 262144, false };
+  if (pthread_create (&t1, NULL, deep_read_thread, &first) != 0)
+    abort ();
+  /* The second read starts once the first is fetching. */
+  pthread_mutex_lock (&gate.lock);
+  while (gate.fetches < 1)
+    pthread_cond_wait (&gate.cond, &gate.lock);
+  pthread_mutex_unlock (&gate.lock);
+  if (pthread_create (&t2, NULL, deep_read_thread, &second) != 0)
+    abort ();
+  pthread_join (t1, NULL);
+  pthread_join (t2, NULL);
+  CHECKF (first.ok && second.ok, "two reads at once read other data");
+  gate.armed = false;
+  calls = paid.calls;
+  paid_read (ra, 20 * MIB, 262144);
+  paid_read (ra, 20 * MIB + 4096, 8192);
+  CHECKF (paid.calls == calls, "reading again 256 KiB read while another "
+          "read was under way took %" PRIu64 " fetches", paid.calls - calls);
+  readahead_free (ra);
+  free (layer);
+}
+
+/* A window ends where a kept piece begins. */
+static void
+test_window_ends_at_kept (void)
+{
+  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct readahead *ra;
+  uint64_t bytes;
+
+  if (!layer)
+    abort ();
+  layer->size = 1024 * MIB;
+  ra = readahead_new (layer, paid_fetch);
+  if (!ra)
+    abort ();
+  memset (&paid, 0, sizeof paid);
+  paid_read (ra, 400 * MIB + 40960, 4096);
+  paid_read (ra, 400 * MIB, 16384);
+  bytes = paid.bytes;
+  paid_read (ra, 400 * MIB + 16384, 16384);
+  CHECKF (paid.bytes - bytes == 24576, "a run's second read of 16 KiB, "
+          "a piece kept 8 KiB past it, fetched %" PRIu64 " bytes, not 24 KiB",
+          paid.bytes - bytes);
+  readahead_free (ra);
+  free (layer);
+}
+
+/* A read that kept pieces hold in part fetches only the span they do
+ * not, and is kept whole.
+ */
+static void
+test_partly_kept (void)
+{
+  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct readahead *ra;
+  uint64_t bytes;
+
+  if (!layer)
+    abort ();
+  layer->size = 1024 * MIB;
+  ra = readahead_new (layer, paid_fetch);
+  if (!ra)
+    abort ();
+  memset (&paid, 0, sizeof paid);
+  paid_read (ra, 300 * MIB, 4096);
+  paid_read (ra, 300 * MIB + 32768, 4096);
+  bytes = paid.bytes;
+  paid_read (ra, 300 * MIB, 65536);
+  CHECKF (paid.bytes - bytes == 61440, "a read of 64 KiB of which two "
+          "pieces of 4 KiB were kept fetched %" PRIu64 " bytes, not 60 KiB",
+          paid.bytes - bytes);
+  bytes = paid.bytes;
+  paid_read (ra, 300 * MIB + 8192, 8192);
+  paid_read (ra, 300 * MIB + 30000, 10000);
+  CHECKF (paid.bytes == bytes, "reads inside that read fetched %" PRIu64
+          " bytes", paid.bytes - bytes);
+  readahead_free (ra);
+  free (layer);
+}
+
+/* The kept pieces against a model: random pieces kept over each other
+ * and random reads of them, the pieces sorted, apart, and counted.
+ */
+static void
+test_kept_set (void)
+{
+  const uint64_t span = 1 * MIB;
+  struct kept_set k = { 0 };
+  uint8_t *buf = malloc (span);
+  bool *have = calloc (span, 1);
+  uint32_t seed = 7;
+
+  if (!buf || !have)
+    abort ();
+  for (int step = 0; step < 3000; step++) {
+    uint64_t start, len, gs, ge, covered = 0, want = 0, allocated = 0;
+    bool ok = true;
+
+    seed = seed * 1103515245 + 12345;
+    start = (seed >> 8) % span;
+    seed = seed * 1103515245 + 12345;
+    len = 1 + (seed >> 8) % MIN (span - start, 65536);
+    if (step % 2 == 0) {
+      uint8_t *piece = malloc (len);
+
+      if (!piece)
+        abort ();
+      for (uint64_t i = 0; i < len; i++)
+        piece[i] = layer_byte (start + i);
+      kept_add (&k, piece, start, len);
+      continue;
+    }
+    /* What the model says the pieces hold: bytes of the pieces now. */
+    memset (have, 0, span);
+    for (size_t i = 0; i < k.n; i++)
+      allocated += k.p[i].alloc;
+    ok &= allocated == k.bytes && k.bytes <= KEPT_BYTES;
+    for (size_t i = 0; i < k.n; i++) {
+      ok &= k.p[i].len > 0 && k.p[i].alloc >= k.p[i].len;
+      ok &= i == 0 || k.p[i - 1].start + k.p[i - 1].len <= k.p[i].start;
+      for (uint64_t b = 0; b < k.p[i].len; b++)
+        have[k.p[i].start + b] = true;
+    }
+    for (uint64_t i = start; i < start + len; i++)
+      want += have[i];
+    memset (buf, 0, len);
+    covered = kept_copy (&k, buf, start, start + len, &gs, &ge);
+    ok &= covered == want;
+    for (uint64_t i = 0; i < len; i++) {
+      ok &= !have[start + i] || buf[i] == layer_byte (start + i);
+      ok &= have[start + i] || (start + i >= gs && start + i < ge);
+    }
+    if (!CHECKF (ok, "kept pieces at step %d: read of %" PRIu64 " at %"
+                 PRIu64 " found %" PRIu64 " bytes, the pieces %" PRIu64,
+                 step, len, start, covered, want))
+      break;
+  }
+  kept_free (&k);
+  free (buf);
+  free (have);
+}
+
 int
 main (void)
 {
   test_paid ();
+  test_small_runs ();
+  test_deep_kept ();
+  test_partly_kept ();
+  test_window_ends_at_kept ();
+  test_kept_set ();
   test_kept ();
   test_raw ();
   test_qcow2 ();

@@ -640,6 +640,39 @@ extern int read_locked (struct qcow2_image *img, uint8_t *buf, uint64_t count,
 extern int read_backing (struct qcow2_image *img, uint8_t *buf,
                          uint64_t count, uint64_t offset);
 
+/* kept.c: what the read-ahead keeps of a layer (its owner's lock
+ * guards it): up to KEPT_BYTES in KEPT_PIECES pieces.
+ */
+#define KEPT_BYTES (UINT64_C (32) << 20)
+#define KEPT_PIECES 4096
+struct kept_piece {
+  uint64_t start, len;          /* of the layer */
+  uint64_t alloc;               /* bytes of buf */
+  uint64_t used;                /* kept_set.clock when last read */
+  uint8_t *buf, *data;          /* data: the byte at start, in buf */
+};
+struct kept_set {
+  struct kept_piece *p;         /* sorted by start, none overlapping */
+  size_t n, cap;
+  uint64_t bytes;               /* of the buffers */
+  uint64_t clock;
+};
+extern void kept_free (struct kept_set *k);
+/* Copies what pieces hold of [offset, end) into buf (at offset);
+ * returns how many bytes that is, and the span of the rest in
+ * [*gap_start, *gap_end).
+ */
+extern uint64_t kept_copy (struct kept_set *k, uint8_t *buf, uint64_t offset,
+                           uint64_t end, uint64_t *gap_start,
+                           uint64_t *gap_end);
+/* Returns where the first piece holding bytes at or past offset
+ * begins (offset if one holds it; UINT64_MAX if none).
+ */
+extern uint64_t kept_next (const struct kept_set *k, uint64_t offset);
+/* Keeps buf, len bytes of the layer from start (taking it over). */
+extern void kept_add (struct kept_set *k, uint8_t *buf, uint64_t start,
+                      uint64_t len);
+
 /* readahead.c: the read-ahead of a backing layer on remote storage
  * (its lock taken with no lock of that layer held), reading the layer
  * with fetch.

@@ -22,9 +22,11 @@
  * It starts with the second read of a sequential run (a lone read, such
  * as the first sector's, gets what it asked for), with as much again
  * as the read (READAHEAD_MIN at least), doubled by each further read of
- * the run up to READAHEAD_WINDOW, and never more than the link was
- * measured to deliver in READAHEAD_MS: over a slow link a small read
- * does not wait for megabytes it did not ask for.
+ * the run up to READAHEAD_WINDOW, never more than the run has read so
+ * far (two adjacent reads of 4 KiB, a file system's metadata, fetch
+ * 8 KiB more, not 64: such runs mostly end there), and never more than
+ * the link was measured to deliver in READAHEAD_MS: over a slow link a
+ * small read does not wait for megabytes it did not ask for.
  *
  * A reader with several requests in flight (a guest's own read-ahead,
  * nbdcopy, qemu-img convert) is its own read-ahead: a read that comes
@@ -56,25 +58,30 @@
  * with more than half of it unread halves the cap (down to
  * READAHEAD_MIN), one read to its end doubles it, to twice that window
  * at least (up to READAHEAD_WINDOW); the cap never holds a window below
- * the size of the read that starts it.  A sequential reader reads every window to
- * its end: its windows grow much as they did without the cap.
+ * the size of the read that starts it.  A sequential reader reads
+ * every window to its end: its windows grow much as they did without
+ * the cap.
  *
- * What was fetched is kept a while: the last READAHEAD_KEEP bytes that
- * reads asked for one at a time, and the windows once dropped, in at
- * most READAHEAD_KEEP_RUNS pieces, the least recently read let go
- * first.  A read that falls in one of them (a guest reads again what
- * its own cache let go: metadata, a file opened twice during a boot)
- * costs no fetch, and funds the windows of a reader not trusted.  A
- * deep reader's reads are not kept: it streams, and copying each read
- * would cost it.
+ * What was fetched is kept a while (kept.c: the last KEPT_BYTES in at
+ * most KEPT_PIECES pieces, the least recently read let go first): what
+ * reads asked for one at a time, and the windows once dropped.  A read
+ * that falls in them (a guest reads again what its own cache let go:
+ * metadata, a file opened twice during a boot) costs no fetch, one
+ * that falls in them in part (a cluster copied on write around blocks
+ * the guest read) fetches only the rest, and what that saved funds the
+ * windows of a reader not trusted.  A deep reader's reads are kept up
+ * to READAHEAD_KEEP_DEEP bytes each (a guest with several reads in
+ * flight rereads its metadata too), and larger ones unless each
+ * continues the one before: such a reader streams (nbdcopy, qemu-img
+ * convert), copying each read would cost it, and it reads none again.
+ * A window ends where a kept piece begins.
  */
 #define READAHEAD_WINDOW (4u << 20)
 #define READAHEAD_MIN (64u << 10)
 #define READAHEAD_MS 200
 #define READAHEAD_DEEP 8
 #define READAHEAD_STREAM (8 * READAHEAD_WINDOW)
-#define READAHEAD_KEEP (32u << 20)
-#define READAHEAD_KEEP_RUNS 512
+#define READAHEAD_KEEP_DEEP (128u << 10)
 
 enum window_state { WINDOW_EMPTY, WINDOW_FILLING, WINDOW_FULL };
 
@@ -86,6 +93,7 @@ struct readahead {
   uint64_t next;                /* where the last read ended */
   unsigned run;                 /* reads that continued the one before */
   uint64_t run_bytes;           /* bytes read in that run, from its start */
+  uint64_t last_count;          /* bytes of the last read */
   unsigned busy;                /* reads of the layer under way */
   /* Reads lately that came while others were under way, up to
    * READAHEAD_DEEP, less one per read that came alone: windows are for
@@ -103,13 +111,7 @@ struct readahead {
     uint64_t served;            /* bytes read from it (some twice) */
     uint8_t *buf;
   } w[2];
-  struct {
-    uint64_t start, len;
-    uint64_t used;              /* ra->clock when last read (0: free) */
-    uint8_t *buf;
-  } kept[READAHEAD_KEEP_RUNS];
-  uint64_t kept_bytes;
-  uint64_t clock;
+  struct kept_set kept;
 };
 
 struct readahead *
@@ -136,8 +138,7 @@ readahead_free (struct readahead *ra)
     return;
   free (ra->w[0].buf);
   free (ra->w[1].buf);
-  for (size_t i = 0; i < READAHEAD_KEEP_RUNS; i++)
-    free (ra->kept[i].buf);
+  kept_free (&ra->kept);
   pthread_cond_destroy (&ra->filled);
   lock_destroy (&ra->lock);
   free (ra);
@@ -182,85 +183,33 @@ readahead_follow (struct readahead *ra, uint64_t offset, uint64_t end)
   ra->next = MAX (ra->next, end);
 }
 
-/* Returns the kept piece holding [offset, end), or -1. */
-static int
-readahead_find_kept (struct readahead *ra, uint64_t offset, uint64_t end)
-  TSA_REQUIRES (ra->lock)
-{
-  for (int i = 0; i < READAHEAD_KEEP_RUNS; i++)
-    if (ra->kept[i].used && offset >= ra->kept[i].start &&
-        end <= ra->kept[i].start + ra->kept[i].len)
-      return i;
-  return -1;
-}
-
-/* Returns the kept piece least recently read (one is). */
-static int
-readahead_oldest_kept (struct readahead *ra)
-  TSA_REQUIRES (ra->lock)
-{
-  int oldest = -1;
-
-  for (int i = 0; i < READAHEAD_KEEP_RUNS; i++)
-    if (ra->kept[i].used &&
-        (oldest < 0 || ra->kept[i].used < ra->kept[oldest].used))
-      oldest = i;
-  assert (oldest >= 0);
-  return oldest;
-}
-
-static void
-readahead_let_go (struct readahead *ra, int i)
-  TSA_REQUIRES (ra->lock)
-{
-  assert (ra->kept[i].used && ra->kept_bytes >= ra->kept[i].len);
-  ra->kept_bytes -= ra->kept[i].len;
-  free (ra->kept[i].buf);
-  ra->kept[i].buf = NULL;
-  ra->kept[i].used = 0;
-}
-
-/* Keep buf, len bytes of the layer from start (taking it over), letting
- * go of the least recently read pieces to make room.
+/* A copy of buf, len bytes of the layer from start, kept (if memory
+ * allows: keeping only saves fetches).
  */
 static void
-readahead_keep (struct readahead *ra, uint8_t *buf, uint64_t start,
-                uint64_t len)
+readahead_keep_copy (struct readahead *ra, const uint8_t *buf, uint64_t start,
+                     uint64_t len)
   TSA_REQUIRES (ra->lock)
 {
-  int i;
+  uint8_t *copy = malloc (len);
 
-  if (len == 0 || len > READAHEAD_KEEP) {
-    free (buf);
-    return;
+  if (copy) {
+    memcpy (copy, buf, len);
+    kept_add (&ra->kept, copy, start, len);
   }
-  while (ra->kept_bytes + len > READAHEAD_KEEP)
-    readahead_let_go (ra, readahead_oldest_kept (ra));
-  for (i = 0; i < READAHEAD_KEEP_RUNS && ra->kept[i].used; i++)
-    ;
-  if (i == READAHEAD_KEEP_RUNS) {
-    i = readahead_oldest_kept (ra);
-    readahead_let_go (ra, i);
-  }
-  ra->kept[i].buf = buf;
-  ra->kept[i].start = start;
-  ra->kept[i].len = len;
-  ra->kept[i].used = ++ra->clock;
-  ra->kept_bytes += len;
 }
 
-/* [offset, end) copied from a kept piece holding it, if one does. */
+/* [offset, end) copied from the kept pieces, if they hold all of it. */
 static bool
 readahead_take_kept (struct readahead *ra, uint8_t *buf, uint64_t offset,
                      uint64_t end)
   TSA_REQUIRES (ra->lock)
 {
-  int i = readahead_find_kept (ra, offset, end);
+  uint64_t gap_start, gap_end;
 
-  if (i < 0)
+  if (kept_copy (&ra->kept, buf, offset, end, &gap_start, &gap_end) <
+      end - offset)
     return false;
-  memcpy (buf, ra->kept[i].buf + (offset - ra->kept[i].start), end - offset);
-  ra->kept[i].used = ++ra->clock;
   ra->asked += end - offset;
   return true;
 }
@@ -273,7 +222,7 @@ readahead_drop (struct readahead *ra, int i)
   if (ra->w[i].state == WINDOW_FULL) {
     if (ra->w[i].served < ra->w[i].len / 2)
       ra->cap = MAX (ra->cap / 2, READAHEAD_MIN);
-    readahead_keep (ra, ra->w[i].buf, ra->w[i].start, ra->w[i].len);
+    kept_add (&ra->kept, ra->w[i].buf, ra->w[i].start, ra->w[i].len);
   }
   else
     free (ra->w[i].buf);
@@ -306,6 +255,7 @@ readahead_copy (struct readahead *ra, uint8_t *buf, uint64_t count,
   lock_acquire (&ra->lock);
   i = readahead_find (ra, offset, offset + count);
   if (i >= 0 && ra->w[i].state == WINDOW_FULL) {
+    ra->last_count = count;
     readahead_take (ra, i, buf, offset, offset + count);
     if (offset == ra->next)
       ra->run++;
@@ -354,6 +304,7 @@ readahead_extra (const struct readahead *ra, uint64_t count)
   w = MIN (count, READAHEAD_WINDOW);
   w = MAX (w, READAHEAD_MIN) << MIN (ra->run - 1, 8u);
   w = MIN (w, MIN (MAX (ra->cap, count), READAHEAD_WINDOW));
+  w = MIN (w, ra->run_bytes);
   if (ra->rate)
     w = MIN (w, ra->rate / (1000 / READAHEAD_MS));
   w = MIN (w, (uint64_t) room);
@@ -414,25 +365,29 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
                 uint64_t offset)
   TSA_EXCLUDES (ra->lock)
 {
-  uint64_t end = offset + count, len, extra, head;
+  uint64_t end = offset + count, len, extra, head, covered;
+  uint64_t gap_start, gap_end;
   uint8_t *wbuf;
+  bool streams, grew;
   int i, r;
 
   lock_acquire (&ra->lock);
-  if ((i = readahead_find (ra, offset, end)) >= 0 &&
+  grew = count > ra->last_count;
+  ra->last_count = count;
+  /* A read that starts in a window being filled waits for it, though
+   * it goes past it: fetching at once would fetch what the window holds
+   * again.
+   */
+  if ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
       ra->w[i].state == WINDOW_FILLING) {
     ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
-    while ((i = readahead_find (ra, offset, end)) >= 0 &&
+    while ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
            ra->w[i].state == WINDOW_FILLING)
       lock_wait (&ra->lock, &ra->filled);
   }
-  if (i >= 0) {
+  if ((i = readahead_find (ra, offset, end)) >= 0) {
     readahead_take (ra, i, buf, offset, end);
     readahead_follow (ra, offset, end);
-    lock_release (&ra->lock);
-    return 0;
-  }
-  if (readahead_take_kept (ra, buf, offset, end)) {
     lock_release (&ra->lock);
     return 0;
   }
@@ -449,17 +404,38 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
     offset += head;
     count -= head;
   }
+  /* What kept pieces hold costs no fetch: a read they hold in part (a
+   * cluster copied on write around blocks the guest read) fetches only
+   * the span they do not (the read is kept whole, in place of the
+   * pieces), and continues no run.
+   */
+  covered = kept_copy (&ra->kept, buf, offset, end, &gap_start, &gap_end);
   ra->asked += count;
+  if (covered > 0) {
+    r = 0;
+    if (covered < count) {
+      r = readahead_direct (ra, buf + (gap_start - offset),
+                            gap_end - gap_start, gap_start);
+      if (r == 0)
+        readahead_keep_copy (ra, buf, offset, count);
+    }
+    ra->next = MAX (ra->next, end);
+    lock_release (&ra->lock);
+    return r;
+  }
   /* A deep reader: what it asks for now; its run starts again once it
    * has read one request at a time for a while.
    */
   if (ra->busy > 0 || ra->deep > 0) {
     ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
                : ra->deep - 1;
+    streams = offset == ra->next;
     ra->run = 0;
     ra->run_bytes = 0;
     ra->next = MAX (ra->next, end);
     r = readahead_direct (ra, buf, count, offset);
+    if (r == 0 && (count <= READAHEAD_KEEP_DEEP || !streams))
+      readahead_keep_copy (ra, buf, offset, count);
     lock_release (&ra->lock);
     return r;
   }
@@ -473,7 +449,13 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
   if (ra->run_bytes > READAHEAD_STREAM)
     ra->trusted = true;
   ra->next = end;
-  extra = readahead_extra (ra, count);
+  /* No window for a read larger than the one before: the reader grows
+   * its own read-ahead (a guest reading a file: 16, 64, 128 KiB...) and
+   * asks for what it needs next.  And a window ends where kept pieces
+   * begin: it would fetch them again.
+   */
+  extra = grew ? 0 : MIN (readahead_extra (ra, count),
+                          kept_next (&ra->kept, end) - end);
   /* A window to fill: not the one filling, nor a request as large. */
   i = ra->w[0].state == WINDOW_FILLING ? 1
       : ra->w[1].state == WINDOW_FILLING ? 0
@@ -483,10 +465,8 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
          ra->w[i].state != WINDOW_FILLING ? malloc (len) : NULL;
   if (!wbuf) {
     r = readahead_direct (ra, buf, count, offset);
-    if (r == 0 && (wbuf = malloc (count)) != NULL) {
-      memcpy (wbuf, buf, count);
-      readahead_keep (ra, wbuf, offset, count);
-    }
+    if (r == 0)
+      readahead_keep_copy (ra, buf, offset, count);
     lock_release (&ra->lock);
     return r;
   }
