@@ -332,6 +332,32 @@ paid_read (struct readahead *ra, uint64_t offset, uint64_t count)
   return paid.bytes - before > count;
 }
 
+/* A read-ahead over a layer of size bytes whose byte at o is
+ * layer_byte (o), the counts zeroed.
+ */
+static struct readahead *
+paid_new (uint64_t size, struct qcow2_image **layer)
+{
+  struct readahead *ra;
+
+  *layer = calloc (1, sizeof **layer);
+  if (!*layer)
+    abort ();
+  (*layer)->size = size;
+  ra = readahead_new (*layer, paid_fetch);
+  if (!ra)
+    abort ();
+  memset (&paid, 0, sizeof paid);
+  return ra;
+}
+
+static void
+paid_free (struct readahead *ra, struct qcow2_image *layer)
+{
+  readahead_free (ra);
+  free (layer);
+}
+
 /* Returns the bytes fetched beyond those read. */
 static int64_t
 paid_excess (void)
@@ -371,18 +397,13 @@ paid_runs (struct readahead *ra, unsigned *k, unsigned n, uint64_t *places)
 static void
 test_paid (void)
 {
-  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct qcow2_image *layer;
   struct readahead *ra;
   uint64_t places[60], calls;
   int64_t first;
   unsigned k = 0, windows;
 
-  if (!layer)
-    abort ();
-  layer->size = 1100 * MIB;
-  ra = readahead_new (layer, paid_fetch);
-  if (!ra)
-    abort ();
+  ra = paid_new (1100 * MIB, &layer);
 
   /* The first run's window is fetched and left unread: the read-ahead
    * is trusted no more.
@@ -422,8 +443,7 @@ test_paid (void)
   CHECKF (paid.calls - calls <= 3, "the last 8 MiB of a stream of 40 MiB "
           "took %" PRIu64 " fetches", paid.calls - calls);
 
-  readahead_free (ra);
-  free (layer);
+  paid_free (ra, layer);
 }
 
 /* A run of small reads (a file system's metadata) fetches no more
@@ -432,17 +452,11 @@ test_paid (void)
 static void
 test_small_runs (void)
 {
-  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct qcow2_image *layer;
   struct readahead *ra;
   uint64_t calls, bytes;
 
-  if (!layer)
-    abort ();
-  layer->size = 1024 * MIB;
-  ra = readahead_new (layer, paid_fetch);
-  if (!ra)
-    abort ();
-  memset (&paid, 0, sizeof paid);
+  ra = paid_new (1024 * MIB, &layer);
   paid_read (ra, 100 * MIB, 4096);
   paid_read (ra, 100 * MIB + 4096, 4096);
   CHECKF (paid_excess () <= 8192, "two adjacent reads of 4 KiB fetched "
@@ -462,8 +476,7 @@ test_small_runs (void)
   CHECKF (paid.bytes - bytes == 507904, "reads of 16 to 256 KiB, each "
           "twice the last, fetched %" PRIu64 " bytes for 496 KiB",
           paid.bytes - bytes);
-  readahead_free (ra);
-  free (layer);
+  paid_free (ra, layer);
 }
 
 struct deep_read {
@@ -496,19 +509,13 @@ deep_read_thread (void *arg)
 static void
 test_deep_kept (void)
 {
-  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct qcow2_image *layer;
   struct deep_read first, second;
   struct readahead *ra;
   pthread_t t1, t2;
   uint64_t calls;
 
-  if (!layer)
-    abort ();
-  layer->size = 1024 * MIB;
-  ra = readahead_new (layer, paid_fetch);
-  if (!ra)
-    abort ();
-  memset (&paid, 0, sizeof paid);
+  ra = paid_new (1024 * MIB, &layer);
   gate.armed = true;
   gate.fetches = 0;
   first = (struct deep_read) { ra, 10 * MIB, 65536, false };
@@ -531,25 +538,18 @@ test_deep_kept (void)
   paid_read (ra, 20 * MIB + 4096, 8192);
   CHECKF (paid.calls == calls, "reading again 256 KiB read while another "
           "read was under way took %" PRIu64 " fetches", paid.calls - calls);
-  readahead_free (ra);
-  free (layer);
+  paid_free (ra, layer);
 }
 
 /* A window ends where a kept piece begins. */
 static void
 test_window_ends_at_kept (void)
 {
-  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct qcow2_image *layer;
   struct readahead *ra;
   uint64_t bytes;
 
-  if (!layer)
-    abort ();
-  layer->size = 1024 * MIB;
-  ra = readahead_new (layer, paid_fetch);
-  if (!ra)
-    abort ();
-  memset (&paid, 0, sizeof paid);
+  ra = paid_new (1024 * MIB, &layer);
   paid_read (ra, 400 * MIB + 40960, 4096);
   paid_read (ra, 400 * MIB, 16384);
   bytes = paid.bytes;
@@ -557,8 +557,7 @@ test_window_ends_at_kept (void)
   CHECKF (paid.bytes - bytes == 24576, "a run's second read of 16 KiB, "
           "a piece kept 8 KiB past it, fetched %" PRIu64 " bytes, not 24 KiB",
           paid.bytes - bytes);
-  readahead_free (ra);
-  free (layer);
+  paid_free (ra, layer);
 }
 
 /* A read that kept pieces hold in part fetches only the span they do
@@ -567,17 +566,11 @@ test_window_ends_at_kept (void)
 static void
 test_partly_kept (void)
 {
-  struct qcow2_image *layer = calloc (1, sizeof *layer);
+  struct qcow2_image *layer;
   struct readahead *ra;
   uint64_t bytes;
 
-  if (!layer)
-    abort ();
-  layer->size = 1024 * MIB;
-  ra = readahead_new (layer, paid_fetch);
-  if (!ra)
-    abort ();
-  memset (&paid, 0, sizeof paid);
+  ra = paid_new (1024 * MIB, &layer);
   paid_read (ra, 300 * MIB, 4096);
   paid_read (ra, 300 * MIB + 32768, 4096);
   bytes = paid.bytes;
@@ -590,8 +583,7 @@ test_partly_kept (void)
   paid_read (ra, 300 * MIB + 30000, 10000);
   CHECKF (paid.bytes == bytes, "reads inside that read fetched %" PRIu64
           " bytes", paid.bytes - bytes);
-  readahead_free (ra);
-  free (layer);
+  paid_free (ra, layer);
 }
 
 /* The kept pieces against a model: random pieces kept over each other
