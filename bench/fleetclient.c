@@ -1,21 +1,25 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The clients of bench/fleet.sh, one thread a disk, in C with libnbd
  * as a VM's disk client (QEMU's) is: the Python client's threads
- * share one interpreter lock and a core, which the servers' IOPS and
- * first byte then measured as much as the servers.
+ * took turns under one interpreter lock, which the IOPS measured then
+ * showed more than the servers.
  *
- *   fleetclient PLAN PAIRS RAW WAVE MEASURE...
+ *   fleetclient PLAN PAIRS RAW WAVE LATE PREPARE MEASURE...
  *
  * PLAN: "R OFFSET LENGTH" lines, the reads every disk does in order
  * (the first one's data is the first byte), then one "W OFFSET..."
  * line a disk, its 4 KiB writes.  PAIRS: "SOCKET<TAB>EXPORT" lines.
- * RAW: the base's data, against which every read is checked.  The
- * disks start in waves of WAVE, each wave once the one before has
- * done its I/O.  Once every disk has, with every client still
- * connected, MEASURE (a command) runs, and then this prints
+ * RAW: the base's data, against which every read is checked.  All
+ * but the LATE last disks start in waves of WAVE, each wave once the
+ * one before has done its I/O.  Once they all have, with every client
+ * still connected, MEASURE (a command) runs.  Then the late disks,
+ * one at a time (a VM started while the others run): "PREPARE INDEX"
+ * runs (untimed: a server's setup of the disk), then its client, to
+ * the end of its I/O.  Prints, of the disks of the waves,
  *   FIRST-BYTE-MEDIAN-MS FIRST-BYTE-P90-MS IOPS READS MIB
- * IOPS: every disk's reads over the time from the first connection to
- * the last read.
+ * then the late disks' FIRST-BYTE-MEDIAN-MS (0 if none).  IOPS: the
+ * waves' reads over the time from the first connection to their last
+ * read.
  */
 
 #include <errno.h>
@@ -36,6 +40,7 @@
 #include <libnbd.h>
 
 #define WRITE_SIZE 4096
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 struct extent { uint64_t off; uint32_t len; };
 
@@ -272,22 +277,91 @@ fleetclient_compare (const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
+/* The median and 90th percentile of the n values at v, sorted. */
+static void
+fleetclient_stats (double *v, size_t n, double *median, double *p90)
+{
+  size_t j = (size_t) (0.9 * n);
+
+  qsort (v, n, sizeof *v, fleetclient_compare);
+  *median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  *p90 = v[j < n ? j : n - 1];
+}
+
+/* Runs the command argv, which must succeed. */
+static void
+fleetclient_command (char **argv)
+{
+  int status;
+  pid_t pid;
+
+  fflush (stdout);
+  pid = fork ();
+  if (pid == -1)
+    fleetclient_die ("fork: %m");
+  if (pid == 0) {
+    execvp (argv[0], argv);
+    fprintf (stderr, "fleetclient: %s: %m\n", argv[0]);
+    _exit (127);
+  }
+  if (waitpid (pid, &status, 0) == -1)
+    fleetclient_die ("waitpid: %m");
+  if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
+    fleetclient_die ("%s failed", argv[0]);
+}
+
+/* Starts the clients of disks [first, end) together and waits until
+ * each has done its I/O.
+ */
+static void
+fleetclient_wave (pthread_t *threads, const pthread_attr_t *attr,
+                  size_t first, size_t end)
+{
+  struct timespec deadline;
+  bool failed;
+  int r = 0;
+
+  for (size_t i = first; i < end; i++) {
+    errno = pthread_create (&threads[i], attr, fleetclient_run,
+                            (void *) (uintptr_t) i);
+    if (errno)
+      fleetclient_die ("pthread_create: %m");
+  }
+  clock_gettime (CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += 300;
+  pthread_mutex_lock (&lock);
+  while (finished < end && error[0] == '\0' && r != ETIMEDOUT)
+    r = pthread_cond_timedwait (&cond, &lock, &deadline);
+  failed = error[0] != '\0';
+  pthread_mutex_unlock (&lock);
+  /* The clients stay connected: a failure ends the process. */
+  if (failed)
+    fleetclient_die ("%s", error);
+  if (r == ETIMEDOUT)
+    fleetclient_die ("clients still busy after 300 s");
+}
+
 int
 main (int argc, char *argv[])
 {
-  size_t wave, i, j, base;
+  size_t wave, late, nwave, i, j, base;
   pthread_t *threads;
   pthread_attr_t attr;
-  double span, median, p90, mib = 0;
-  int fd, status;
-  pid_t pid;
+  double span, median, p90, late_median = 0, late_p90, mib = 0;
+  char index[32], *prepare[3];
+  int fd;
 
-  if (argc < 6)
-    fleetclient_die ("usage: fleetclient PLAN PAIRS RAW WAVE MEASURE...");
+  if (argc < 8)
+    fleetclient_die ("usage: fleetclient PLAN PAIRS RAW WAVE LATE PREPARE "
+                     "MEASURE...");
   fleetclient_load (argv[1], argv[2]);
   wave = strtoul (argv[4], NULL, 10);
   if (wave == 0)
     fleetclient_die ("bad wave size: %s", argv[4]);
+  late = strtoul (argv[5], NULL, 10);
+  if (late >= ndisks)
+    fleetclient_die ("%zu late disks of %zu", late, ndisks);
+  nwave = ndisks - late;
 
   fd = open (argv[3], O_RDONLY);
   if (fd == -1)
@@ -312,50 +386,27 @@ main (int argc, char *argv[])
   pthread_attr_setstacksize (&attr, 256 * 1024);
 
   start = fleetclient_now ();
-  for (base = 0; base < ndisks; base += wave) {
-    size_t end = base + wave < ndisks ? base + wave : ndisks;
-    struct timespec deadline;
-    int r = 0;
-    bool failed;
-
-    for (i = base; i < end; i++) {
-      errno = pthread_create (&threads[i], &attr, fleetclient_run,
-                              (void *) (uintptr_t) i);
-      if (errno)
-        fleetclient_die ("pthread_create: %m");
-    }
-    clock_gettime (CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += 300;
-    pthread_mutex_lock (&lock);
-    while (finished < end && error[0] == '\0' && r != ETIMEDOUT)
-      r = pthread_cond_timedwait (&cond, &lock, &deadline);
-    failed = error[0] != '\0';
-    pthread_mutex_unlock (&lock);
-    /* The clients stay connected: a failure ends the process. */
-    if (failed)
-      fleetclient_die ("%s", error);
-    if (r == ETIMEDOUT)
-      fleetclient_die ("clients still busy after 300 s");
-  }
+  for (base = 0; base < nwave; base += wave)
+    fleetclient_wave (threads, &attr, base, MIN (base + wave, nwave));
   span = 0;
-  for (i = 0; i < ndisks; i++)
+  for (i = 0; i < nwave; i++)
     if (last_read[i] - start > span)
       span = last_read[i] - start;
 
-  /* Every client connected, its I/O done: the servers measured now. */
-  fflush (stdout);
-  pid = fork ();
-  if (pid == -1)
-    fleetclient_die ("fork: %m");
-  if (pid == 0) {
-    execvp (argv[5], &argv[5]);
-    fprintf (stderr, "fleetclient: %s: %m\n", argv[5]);
-    _exit (127);
+  /* Every client of the waves connected, its I/O done: the servers
+   * measured now.
+   */
+  fleetclient_command (&argv[7]);
+
+  /* The late disks, one at a time, each made ready first. */
+  for (i = nwave; i < ndisks; i++) {
+    snprintf (index, sizeof index, "%zu", i);
+    prepare[0] = argv[6];
+    prepare[1] = index;
+    prepare[2] = NULL;
+    fleetclient_command (prepare);
+    fleetclient_wave (threads, &attr, i, i + 1);
   }
-  if (waitpid (pid, &status, 0) == -1)
-    fleetclient_die ("waitpid: %m");
-  if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
-    fleetclient_die ("%s failed", argv[5]);
 
   pthread_mutex_lock (&lock);
   released = true;
@@ -366,12 +417,10 @@ main (int argc, char *argv[])
 
   for (i = 0; i < ndisks; i++)
     first_byte[i] *= 1000;
-  qsort (first_byte, ndisks, sizeof *first_byte, fleetclient_compare);
-  median = ndisks % 2 ? first_byte[ndisks / 2]
-    : (first_byte[ndisks / 2 - 1] + first_byte[ndisks / 2]) / 2;
-  j = (size_t) (0.9 * ndisks);
-  p90 = first_byte[j < ndisks ? j : ndisks - 1];
-  printf ("%.2f %.2f %.0f %zu %.2f\n", median, p90,
-          ndisks * nreads / span, nreads, mib);
+  fleetclient_stats (first_byte, nwave, &median, &p90);
+  if (late)
+    fleetclient_stats (first_byte + nwave, late, &late_median, &late_p90);
+  printf ("%.2f %.2f %.0f %zu %.2f %.2f\n", median, p90,
+          nwave * nreads / span, nreads, mib, late_median);
   return EXIT_SUCCESS;
 }
