@@ -56,8 +56,10 @@
 #             other clients' I/O (qsd's too)
 #   first byte, late  the same, median of the late disks: what opening
 #             a disk costs a VM started while the others run
-#   IOPS      the waves' reads (96 a disk) over the time from the
-#             first connection to the last read
+#   IOPS      the waves' reads (96 a disk) over the time spent
+#             reading: each wave's, from its start to its last read,
+#             summed (not the writes and flush that the next wave
+#             waits for, which are no reads)
 #   CPU s     user and system time of the server's processes, from
 #             their start to then (their setup included): on cores
 #             shared with other work, what IOPS is bought with
