@@ -24,16 +24,25 @@
 #             with 2 ms on every read (delay filter), the overlays'
 #             backing file an nbd+unix:// URL; its reads are counted by
 #             the log filter (a fresh base server for every run)
-# The client (Python, Debian's nbd module, one thread a disk; the
+# The client (bench/fleetclient.c, built here: C and libnbd, as a VM's
+# disk is QEMU's C client, one thread a disk, in one process; the
 # disks in waves of FLEET_WAVE (default 40) started together, each
-# wave once the one before has done its I/O, all staying connected):
+# wave once the one before has done its I/O, all staying connected;
+# until 2026-11-28 it was Python's nbd module, whose threads take
+# turns under one interpreter lock: the IOPS measured were the
+# client's more than the servers'):
 # connect, read 4 KiB at 0 (the boot sector: the first byte), then 63
 # reads of 4 to 64 KiB at random places and 4 sequential runs of
 # 8 x 64 KiB (2 MiB), the same places for every disk (one golden image,
 # one boot; seed 1), each checked against the base's data; then 16
 # writes of 4 KiB at random places of its own, a flush, and the writes
-# read back and checked.
-# Measured, per run, once every client has done that:
+# read back and checked.  Then FLEET_LATE (default 8) late disks, more
+# overlays of the same base, do the same one at a time, each once the
+# one before is done, all the others still connected: a VM started on
+# a server running the fleet (qsd gets each one's node and export over
+# QMP just before its client connects, qemu-nbd a server for it).
+# Measured, per run, once every client of the waves has done its I/O
+# (before the late disks):
 #   PSS, RSS  the sum over the server's processes (and their children;
 #             the base's own server not counted), from
 #             /proc/PID/smaps_rollup and /proc/PID/status; MiB
@@ -41,9 +50,16 @@
 #   first byte  time from the start of the connection to the first
 #             read's data, per disk: median and 90th percentile (ms).
 #             Ours opens an overlay when its first client connects, so
-#             that is in ours; qemu-nbd and qsd opened theirs before
-#   IOPS      the clients' reads (96 a disk) over the time from the
-#             first connection to the last read
+#             that is in ours; qemu-nbd and qsd opened theirs before.
+#             In a wave every client connects at once: on 2 cores that
+#             is mostly each handshake's wait for a core among the
+#             other clients' I/O (qsd's too)
+#   first byte, late  the same, median of the late disks: what opening
+#             a disk costs a VM started while the others run
+#   IOPS      the waves' reads (96 a disk) over the time spent
+#             reading: each wave's, from its start to its last read,
+#             summed (not the writes and flush that the next wave
+#             waits for, which are no reads)
 #   CPU s     user and system time of the server's processes, from
 #             their start to then (their setup included): on cores
 #             shared with other work, what IOPS is bought with
@@ -63,7 +79,8 @@
 # nbdkit options and plugin keys for ours (nbdkit's options first, the
 # keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
 # its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
-# the knobs the man page's FLEET section gives.
+# the knobs the man page's FLEET section gives; FLEET_LATE the late
+# disks (0: none).
 # The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
 # 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
 # it for a partial run: the bench's rows are replaced as a whole).
@@ -79,6 +96,7 @@ fi
 servers=${FLEET_SERVERS:-ours ours-t2 ours-t1 qemu-nbd qsd}
 bases=${FLEET_BASES:-local nbd}
 wave=${FLEET_WAVE:-40}
+late=${FLEET_LATE:-8}
 ours_args=${FLEET_OURS_ARGS:-}
 read -r -a ours_opts <<< "${ours_args%%--*}"
 ours_keys=()
@@ -95,94 +113,47 @@ stop_all ()
   pids=()
 }
 trap 'stop_all; rm -rf "$work"' EXIT
-echo "bench/fleet.sh: $rounds round(s), N = $sizes, waves of $wave;" \
+echo "bench/fleet.sh: $rounds round(s), N = $sizes, waves of $wave," \
+  "$late late disks;" \
   "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start" \
   "${FLEET_OURS_ARGS:+; ours with $FLEET_OURS_ARGS}" \
   "${FLEET_OURS_ENV:+; ours run with $FLEET_OURS_ENV}"
 
-# The client, and the QMP client that sets up qemu-storage-daemon.
+# The client (bench/fleetclient.c); the plan of its I/O, the
+# measurement of the servers and the QMP client that sets up
+# qemu-storage-daemon.
+cc -O2 -o "$work/fleetclient" "$top/bench/fleetclient.c" \
+  $(pkg-config --cflags --libs libnbd) -pthread
 cat > "$work/fleet.py" <<'EOF'
-import json, os, random, socket, statistics, sys, threading, time
+import json, os, random, socket, sys, time
 
 K = 1024
 
 
-def clients(pairs_file, raw, pids_file, wave):
-    """Runs the clients of the "SOCKET<TAB>EXPORT" lines of pairs_file,
-    and prints what the header of bench/fleet.sh says, one line."""
-    import nbd
-    pairs = [l.rstrip("\n").split("\t") for l in open(pairs_file)]
+def plan(n, raw, out):
+    """Writes the I/O of n disks for bench/fleetclient.c: the reads
+    every disk does, then each disk's writes."""
     size = os.path.getsize(raw)
     rnd = random.Random(1)
     scattered = [(0, 4 * K)] + [
         (rnd.randrange(size // (4 * K) - 16) * 4 * K, rnd.randrange(1, 17) * 4 * K)
         for _ in range(63)]
-    reads = []
-    for i, r in enumerate(scattered):
-        reads.append(r)
-        if i % 16 == 15:
-            start = rnd.randrange(size // (64 * K) - 8) * 64 * K
-            reads += [(start + j * 64 * K, 64 * K) for j in range(8)]
-    with open(raw, "rb") as f:
-        want = [os.pread(f.fileno(), n, off) for off, n in reads]
-    ttfb = [None] * len(pairs)
-    last_read = [0.0] * len(pairs)
-    errors = []
-    done = threading.Semaphore(0)
-    release = threading.Event()
-
-    def client(i):
-        sock, name = pairs[i]
-        h = None
-        try:
+    with open(out, "w") as f:
+        for i, r in enumerate(scattered):
+            f.write("R %d %d\n" % r)
+            if i % 16 == 15:
+                start = rnd.randrange(size // (64 * K) - 8) * 64 * K
+                for j in range(8):
+                    f.write("R %d %d\n" % (start + j * 64 * K, 64 * K))
+        for i in range(n):
             w = random.Random(1000 + i)
-            t0 = time.monotonic()
-            h = nbd.NBD()
-            h.set_export_name(name)
-            h.connect_unix(sock)
-            for j, (off, n) in enumerate(reads):
-                if h.pread(n, off) != want[j]:
-                    raise Exception("%s: wrong data at %d+%d" % (name, off, n))
-                if j == 0:
-                    ttfb[i] = time.monotonic() - t0
-            last_read[i] = time.monotonic()
-            writes = [(w.randrange(size // (4 * K)) * 4 * K,
-                       bytes([i % 251 + 1]) * (4 * K)) for _ in range(16)]
-            for off, data in writes:
-                h.pwrite(data, off)
-            h.flush()
-            for off, data in writes:
-                if h.pread(4 * K, off) != data:
-                    raise Exception("%s: write at %d not read back" % (name, off))
-        except Exception as e:
-            errors.append("client %d (%s): %s" % (i, name, e))
-        done.release()
-        release.wait()
-        if h is not None:
-            try:
-                h.shutdown()
-            except Exception:
-                pass
+            f.write("W %s\n" % " ".join(
+                str(w.randrange(size // (4 * K)) * 4 * K) for _ in range(16)))
 
-    threads = []
-    t0 = time.monotonic()
-    for base in range(0, len(pairs), wave):
-        batch = range(base, min(base + wave, len(pairs)))
-        for i in batch:
-            t = threading.Thread(target=client, args=(i,), daemon=True)
-            t.start()
-            threads.append(t)
-        for i in batch:
-            if not done.acquire(timeout=300):
-                errors.append("clients still busy after 300 s")
-                break
-        if errors:
-            break
-    if errors:
-        release.set()
-        sys.exit("\n".join(errors[:5]))
-    span = max(last_read) - t0
-    # Every client connected, its I/O done: the servers' memory now.
+
+def measure(pids_file, base):
+    """Prints the memory, threads, descriptors of base and CPU time of
+    the processes of pids_file and their children, one line."""
     roots = [int(p) for p in open(pids_file).read().split()]
     procs = {}
     for p in os.listdir("/proc"):
@@ -199,7 +170,7 @@ def clients(pairs_file, raw, pids_file, wave):
         grew = bool(kids)
         ours |= kids
     rss = pss = nthreads = fds = ticks = 0
-    base = os.path.realpath(sys.argv[5])
+    base = os.path.realpath(base)
     for p in ours:
         try:
             stat = open("/proc/%d/stat" % p).read()
@@ -220,21 +191,13 @@ def clients(pairs_file, raw, pids_file, wave):
                     pass
         except OSError:
             pass
-    release.set()
-    for t in threads:
-        t.join(timeout=30)
-    ms = sorted(x * 1000 for x in ttfb)
-    print("%.1f %.1f %.2f %.2f %.0f %d %d %d %.2f %.2f" % (
-        pss / 1024, rss / 1024, statistics.median(ms),
-        ms[min(len(ms) - 1, int(0.9 * len(ms)))], len(pairs) * len(reads) / span,
-        nthreads, fds, len(reads), sum(n for _, n in reads) / 1048576,
-        ticks / os.sysconf("SC_CLK_TCK")))
+    print("%.1f %.1f %d %d %.2f" % (pss / 1024, rss / 1024, nthreads, fds,
+                                    ticks / os.sysconf("SC_CLK_TCK")))
 
 
-def qmp(sock, base, base_sock, nbd_sock, pairs_file):
-    """Sets up qemu-storage-daemon over its QMP socket: the base node,
-    an overlay node over it for each image of pairs_file, the NBD
-    server and an export for each."""
+def qmp_connect(sock):
+    """Returns a function running a QMP command of qemu-storage-daemon
+    (at its QMP socket) and returning its answer."""
     s = socket.socket(socket.AF_UNIX)
     for _ in range(600):
         try:
@@ -256,6 +219,24 @@ def qmp(sock, base, base_sock, nbd_sock, pairs_file):
                 return r["return"]
 
     cmd("qmp_capabilities")
+    return cmd
+
+
+def qmp_overlay(cmd, i, path):
+    cmd("blockdev-add", driver="qcow2", **{"node-name": "o%d" % i},
+        file={"driver": "file", "filename": path}, backing="base")
+
+
+def qmp_export(cmd, i, name):
+    cmd("block-export-add", type="nbd", id="e%d" % i,
+        **{"node-name": "o%d" % i}, name=name, writable=True)
+
+
+def qmp(sock, base, base_sock, nbd_sock, pairs_file):
+    """Sets up qemu-storage-daemon over its QMP socket: the base node,
+    an overlay node over it for each image of pairs_file, the NBD
+    server and an export for each."""
+    cmd = qmp_connect(sock)
     if base_sock:
         proto = {"driver": "nbd", "server": {"type": "unix", "path": base_sock}}
     else:
@@ -264,22 +245,61 @@ def qmp(sock, base, base_sock, nbd_sock, pairs_file):
         **{"read-only": True}, file=proto)
     images = [l.rstrip("\n").split("\t") for l in open(pairs_file)]
     for i, (path, name) in enumerate(images):
-        cmd("blockdev-add", driver="qcow2", **{"node-name": "o%d" % i},
-            file={"driver": "file", "filename": path}, backing="base")
+        qmp_overlay(cmd, i, path)
     # Debian's QEMU 7.2 allows 100 connections unless told (the fix of
     # CVE-2024-7409): 0 is no bound, as qemu-nbd's -e 0 and ours.
     cmd("nbd-server-start", addr={"type": "unix", "data": {"path": nbd_sock}},
         **{"max-connections": 0})
     for i, (path, name) in enumerate(images):
-        cmd("block-export-add", type="nbd", id="e%d" % i,
-            **{"node-name": "o%d" % i}, name=name, writable=True)
+        qmp_export(cmd, i, name)
 
 
-if sys.argv[1] == "clients":
-    clients(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[6]))
+def qmp_add(sock, pairs_file, i):
+    """A late disk: the overlay node and export of image i of
+    pairs_file added to qemu-storage-daemon set up by qmp, as a new VM
+    needs."""
+    path, name = open(pairs_file).read().splitlines()[i].split("\t")
+    cmd = qmp_connect(sock)
+    qmp_overlay(cmd, i, path)
+    qmp_export(cmd, i, name)
+
+
+if sys.argv[1] == "plan":
+    plan(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+elif sys.argv[1] == "measure":
+    measure(sys.argv[2], sys.argv[3])
+elif sys.argv[1] == "qmp-add":
+    qmp_add(sys.argv[2], sys.argv[3], int(sys.argv[4]))
 else:
     qmp(*sys.argv[2:6], sys.argv[6])
 EOF
+
+# What the client runs once the waves' I/O is done: the servers
+# measured, and the base's server's log kept as it is then (the late
+# disks' reads not counted); and what it runs before a late disk's
+# client connects (its index among the images the argument), to
+# qemu-storage-daemon or to its own qemu-nbd.
+cat > "$work/measure" <<EOF
+#!/bin/sh
+/usr/bin/python3 "$work/fleet.py" measure "$work/spids" "$work/base.qcow2" &&
+  { [ ! -f "$work/base.log" ] || cp "$work/base.log" "$work/base.log.measured"; }
+EOF
+cat > "$work/prepare-qsd" <<EOF
+#!/bin/sh
+exec /usr/bin/python3 "$work/fleet.py" qmp-add "$work/qmp.sock" "$work/images" "\$1"
+EOF
+cat > "$work/prepare-qemu-nbd" <<EOF
+#!/bin/sh
+i=\$((\$1 + 1))
+name=\$(sed -n "\${i}p" "$work/images" | cut -f2)
+qemu-nbd -k "$work/q\$i.sock" -f qcow2 --cache=writeback \\
+  "$work/ovl/\$name" >/dev/null 2>&1 &
+echo \$! >> "$work/late.pids"
+for t in \$(seq 3000); do [ -S "$work/q\$i.sock" ] && exit; sleep 0.01; done
+echo "fleet.sh: $work/q\$i.sock not there after 30 s" >&2
+exit 1
+EOF
+chmod +x "$work/measure" "$work/prepare-qsd" "$work/prepare-qemu-nbd"
 
 # The base: 1 GiB of random data, as qcow2; the raw data kept for the
 # client's checks.
@@ -307,12 +327,13 @@ wait_sock ()
 # bytes served and connections ("- -" for the local base).
 one ()
 {
-  local n=$1 base=$2 server=$3 i name threads=() basefile
-  rm -rf "$work/ovl" "$work"/*.sock "$work"/*.pid "$work/base.log"
+  local n=$1 base=$2 server=$3 i name threads=() basefile prepare=true
+  rm -rf "$work/ovl" "$work"/*.sock "$work"/*.pid "$work"/base.log* \
+    "$work/late.pids"
   mkdir "$work/ovl"
   : > "$work/pairs"
   : > "$work/images"
-  for i in $(seq -f %03g "$n"); do
+  for i in $(seq -f %03g $((n + late))); do
     name=vm$i.qcow2
     cp "$work/tmpl-$base.qcow2" "$work/ovl/$name"
     printf '%s\t%s\n' "$work/ovl/$name" "$name" >> "$work/images"
@@ -340,13 +361,16 @@ one ()
       i=0
       while IFS=$'\t' read -r _ name; do
         i=$((i + 1))
+        printf '%s\t\n' "$work/q$i.sock" >> "$work/pairs"
+        # The late disks' servers start just before their clients.
+        [ "$i" -le "$n" ] || continue
         qemu-nbd -k "$work/q$i.sock" -f qcow2 --cache=writeback \
           "$work/ovl/$name" >/dev/null 2>&1 &
         pids+=("$!")
         echo "$!" >> "$work/spids"
-        printf '%s\t\n' "$work/q$i.sock" >> "$work/pairs"
       done < "$work/images"
-      for i in $(seq "$n"); do wait_sock "$work/q$i.sock"; done ;;
+      for i in $(seq "$n"); do wait_sock "$work/q$i.sock"; done
+      prepare=$work/prepare-qemu-nbd ;;
     qsd)
       qemu-storage-daemon \
         --chardev socket,path="$work/qmp.sock",server=on,wait=off,id=qmp \
@@ -354,16 +378,23 @@ one ()
       pids+=("$!")
       echo "$!" > "$work/spids"
       if [ "$base" = nbd ]; then basefile=$work/base.sock; else basefile=; fi
+      head -n "$n" "$work/images" > "$work/images.waves"
       /usr/bin/python3 "$work/fleet.py" qmp "$work/qmp.sock" \
-        "$work/base.qcow2" "$basefile" "$work/s.sock" "$work/images"
+        "$work/base.qcow2" "$basefile" "$work/s.sock" "$work/images.waves"
       wait_sock "$work/s.sock"
+      # A late disk's node and export are added (over QMP) just before
+      # its client connects, as for a new VM.
+      prepare=$work/prepare-qsd
       while IFS=$'\t' read -r _ name; do
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
   esac
   [[ $server != ours* ]] || pids+=("$(cat "$work/s.pid")")
-  /usr/bin/python3 "$work/fleet.py" clients "$work/pairs" "$work/base.raw" \
-    "$work/spids" "$work/base.qcow2" "$wave"
+  /usr/bin/python3 "$work/fleet.py" plan $((n + late)) "$work/base.raw" \
+    "$work/plan"
+  "$work/fleetclient" "$work/plan" "$work/pairs" "$work/base.raw" "$wave" \
+    "$late" "$prepare" "$work/measure"
+  [ ! -f "$work/late.pids" ] || pids+=($(cat "$work/late.pids"))
   stop_all
   if [ "$base" = nbd ]; then
     /usr/bin/python3 -c '
@@ -381,7 +412,7 @@ for line in open(sys.argv[1]):
     elif " Connect " in line:
         conns += 1
 print("%.1f %.0f" % (got / 1048576, meta / 1024), conns)' \
-      "$work/base.log" "$work/base.map"
+      "$work/base.log.measured" "$work/base.map"
   else
     echo "- - -"
   fi
@@ -395,10 +426,10 @@ for r in $(seq "$rounds"); do
       for s in $servers; do
         one "$n" "$b" "$s" > "$work/out"
         out=$(tr '\n' ' ' < "$work/out")
-        read -r pss rss ttfb p90 iops thr fds nreads rmib cpu bmib bmeta \
-          bconns <<< "$out"
+        read -r pss rss thr fds cpu ttfb p90 iops nreads rmib lfb bmib \
+          bmeta bconns <<< "$out"
         [ "$b" = local ] && bconns=$fds
-        for k in pss rss ttfb p90 iops thr cpu bmib bmeta bconns; do
+        for k in pss rss ttfb p90 lfb iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
         done
       done
@@ -417,8 +448,8 @@ echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
   "$nreads reads a disk ($rmib MiB, and 16 writes of 4 KiB: copy on" \
   "write reads the rest of each one's cluster from the base);" \
   "medians of $rounds round(s)"
-echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | first byte ms, late disks' median | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for n in $sizes; do
   for b in $bases; do
     for s in $servers; do
@@ -426,7 +457,8 @@ for n in $sizes; do
       bm=$(m "$k,bmib") bx=$(m "$k,bmeta")
       [ "$bm" = - ] && bm="n/a: local" bx="n/a: local"
       echo "| $n | $b | $s | $(m "$k,pss") | $(m "$k,rss") | $(m "$k,thr") |" \
-        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,iops") | $(m "$k,cpu") |" \
+        "$(m "$k,ttfb") | $(m "$k,p90") | $(m "$k,lfb") | $(m "$k,iops") |" \
+        "$(m "$k,cpu") |" \
         "$bm | $bx |" \
         "$(m "$k,bconns") |"
     done
@@ -444,6 +476,9 @@ for n in $sizes; do
           "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,pss")" "$(m "$k,pss")")"
         printf '%s disks, %s base, %s: first byte (median)\t%s\t%s\thigher\n' \
           "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,ttfb")" "$(m "$k,ttfb")")"
+        [ "$late" = 0 ] ||
+          printf '%s disks, %s base, %s: first byte, late disks (median)\t%s\t%s\thigher\n' \
+            "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,lfb")" "$(m "$k,lfb")")"
         printf '%s disks, %s base, %s: read IOPS\t%s\t%s\thigher\n' \
           "$n" "$b" "$s" "$p" "$(ratio "$(m "$k,iops")" "$(m "$q,iops")")"
       done

@@ -69,8 +69,12 @@ struct plugin_export {
  */
 static struct plugin_fleet {
   struct lock lock;
-  /* An export's state changed, or the idle sweeper has work. */
+  /* An export's state changed (for openers waiting on it). */
   pthread_cond_t changed;
+  /* An export fell idle, or the server stops: the idle sweeper's own,
+   * so that opening an export does not wake it for nothing.
+   */
+  pthread_cond_t idle;
   struct plugin_export *exports;
   unsigned count;               /* entries in exports */
   pthread_t sweeper;            /* closes idle images (idle_close > 0) */
@@ -208,6 +212,7 @@ plugin_load (void)
    * day must not close an image early or keep it open for long.
    */
   lock_cond_init (&fleet.changed);
+  lock_cond_init (&fleet.idle);
   /* Read (by setting it) while no other thread may make a file. */
   fleet.umask = umask (022);
   umask (fleet.umask);
@@ -231,6 +236,7 @@ plugin_unload (void)
   free (fleet.template);
   free (fleet.template_path);
   pthread_cond_destroy (&fleet.changed);
+  pthread_cond_destroy (&fleet.idle);
 }
 
 /* cache=none|writeback (index in the row's words). */
@@ -841,9 +847,9 @@ fleet_sweep (void *arg)
     if (e)
       fleet_close (e);
     else if (next.tv_sec)
-      lock_wait_until (&fleet.lock, &fleet.changed, &next);
+      lock_wait_until (&fleet.lock, &fleet.idle, &next);
     else
-      lock_wait (&fleet.lock, &fleet.changed);
+      lock_wait (&fleet.lock, &fleet.idle);
   }
   lock_release (&fleet.lock);
   return NULL;
@@ -1264,7 +1270,7 @@ fleet_release (struct plugin_export *e)
     fleet_close (e);
   else {
     clock_gettime (CLOCK_MONOTONIC, &e->idle_since);
-    pthread_cond_broadcast (&fleet.changed);
+    pthread_cond_signal (&fleet.idle);
   }
 }
 
@@ -1593,7 +1599,7 @@ plugin_cleanup (void)
   if (fleet.sweeper_running) {
     lock_acquire (&fleet.lock);
     fleet.stopping = true;
-    pthread_cond_broadcast (&fleet.changed);
+    pthread_cond_signal (&fleet.idle);
     lock_release (&fleet.lock);
     pthread_join (fleet.sweeper, NULL);
     fleet.sweeper_running = false;
