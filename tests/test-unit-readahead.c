@@ -238,8 +238,10 @@ test_kept (void)
   struct model base;
   struct qcow2_io *base_io;
   uint8_t *raw = make_raw_sized (me, &base, &base_io, 48 * MIB);
+  const struct qcow2_options small_keep = { .remote_keep = 65536 };
   struct qcow2_image *img;
   struct ib top;
+  uint64_t trips;
 
   ib_init (&top, 3, 16, 48 * MIB, false);
   top.backing = "nbd://h/raw";
@@ -250,15 +252,33 @@ test_kept (void)
   if (!CHECKF (img != NULL, "open: %s", memenv_last_error (me)))
     goto out;
   for (size_t i = 0; i < sizeof kept_steps / sizeof kept_steps[0]; i++) {
-    uint64_t trips = read_trips (img, &top.model, base_io,
-                                 kept_steps[i].first, kept_steps[i].n,
-                                 kept_steps[i].step, kept_steps[i].count,
-                                 kept_steps[i].spacing, kept_steps[i].what);
+    trips = read_trips (img, &top.model, base_io, kept_steps[i].first,
+                        kept_steps[i].n, kept_steps[i].step,
+                        kept_steps[i].count, kept_steps[i].spacing,
+                        kept_steps[i].what);
 
     CHECKF (trips == kept_steps[i].trips, "%d %s took %" PRIu64
             " round trips, not %" PRIu64, kept_steps[i].n,
             kept_steps[i].what, trips, kept_steps[i].trips);
   }
+  qcow2_close (img);
+
+  /* With remote_keep, as many bytes at most: of 8 reads of 16 KiB, the
+   * last 4 kept.
+   */
+  img = open_ib (me, &top, "/d/top.qcow2", &small_keep, NULL);
+  if (!CHECKF (img != NULL, "open: %s", memenv_last_error (me)))
+    goto out;
+  trips = read_trips (img, &top.model, base_io, 0, 8, 1, 16384, 20480,
+                      "reads of 16 KiB");
+  trips += read_trips (img, &top.model, base_io, 4, 4, 1, 16384, 20480,
+                       "reads of the last 4 again");
+  CHECKF (trips == 8, "8 reads of 16 KiB and the last 4 again, 64 KiB "
+          "kept, took %" PRIu64 " round trips, not 8", trips);
+  trips = read_trips (img, &top.model, base_io, 0, 1, 1, 16384, 20480,
+                      "the first read again");
+  CHECKF (trips == 1, "the first of them read again, let go, took %"
+          PRIu64 " round trips", trips);
   qcow2_close (img);
  out:
   ib_free (&top);
@@ -344,7 +364,7 @@ paid_new (uint64_t size, struct qcow2_image **layer)
   if (!*layer)
     abort ();
   (*layer)->size = size;
-  ra = readahead_new (*layer, paid_fetch);
+  ra = readahead_new (*layer, paid_fetch, 0);
   if (!ra)
     abort ();
   memset (&paid, 0, sizeof paid);
@@ -593,7 +613,7 @@ static void
 test_kept_set (void)
 {
   const uint64_t span = 1 * MIB;
-  struct kept_set k = { 0 };
+  struct kept_set k = { .limit = KEPT_BYTES };
   uint8_t *buf = malloc (span);
   bool *have = calloc (span, 1);
   uint32_t seed = 7;

@@ -266,7 +266,8 @@ backing_attach (struct qcow2_image *img, struct qcow2_io *io,
     return errno == ENODATA || errno == EMEDIUMTYPE ? -EINVAL : -errno;
   /* Without it (out of memory) reads go on, only slower. */
   if (io->ops->pread_many)
-    layer->readahead = readahead_new (layer, layer_read);
+    layer->readahead = readahead_new (layer, layer_read,
+                                      layer_opts->remote_keep);
   if (share) {
     struct qcow2_image *ours = layer;
 
@@ -301,6 +302,7 @@ backing_open (struct qcow2_image *img, const struct qcow2_options *opts,
                                          : opts->passwords,
     .passwords_len = opts->passwords_len - (opts->passwords_len > 1),
     .max_pbkdf2_iterations = opts->max_pbkdf2_iterations,
+    .remote_keep = opts->remote_keep,
   };
   struct name_spec spec;
   struct qcow2_io *io;

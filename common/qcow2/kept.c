@@ -60,7 +60,9 @@ kept_free (struct kept_set *k)
   for (size_t i = 0; i < k->n; i++)
     free (k->p[i].buf);
   free (k->p);
-  memset (k, 0, sizeof *k);
+  k->p = NULL;
+  k->n = k->cap = 0;
+  k->bytes = 0;
 }
 
 uint64_t
@@ -106,11 +108,11 @@ kept_add (struct kept_set *k, uint8_t *buf, uint64_t start, uint64_t len)
   uint64_t end = start + len;
   size_t i;
 
-  if (len == 0 || len > KEPT_BYTES) {
+  if (len == 0 || len > k->limit) {
     free (buf);
     return;
   }
-  while (k->n > 0 && (k->bytes + len > KEPT_BYTES || k->n == KEPT_PIECES))
+  while (k->n > 0 && (k->bytes + len > k->limit || k->n == KEPT_PIECES))
     kept_evict (k);
   if (k->n == k->cap) {
     size_t cap = k->cap ? 2 * k->cap : 64;

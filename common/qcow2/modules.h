@@ -641,7 +641,8 @@ extern int read_backing (struct qcow2_image *img, uint8_t *buf,
                          uint64_t count, uint64_t offset);
 
 /* kept.c: what the read-ahead keeps of a layer (its owner's lock
- * guards it): up to KEPT_BYTES in KEPT_PIECES pieces.
+ * guards it): up to limit bytes (by default KEPT_BYTES) in KEPT_PIECES
+ * pieces.
  */
 #define KEPT_BYTES (UINT64_C (32) << 20)
 #define KEPT_PIECES 4096
@@ -655,6 +656,7 @@ struct kept_set {
   struct kept_piece *p;         /* sorted by start, none overlapping */
   size_t n, cap;
   uint64_t bytes;               /* of the buffers */
+  uint64_t limit;               /* of bytes */
   uint64_t clock;
 };
 extern void kept_free (struct kept_set *k);
@@ -681,7 +683,8 @@ struct readahead;
 typedef int (*readahead_fetch) (struct qcow2_image *layer, uint8_t *buf,
                                 uint64_t count, uint64_t offset);
 extern struct readahead *readahead_new (struct qcow2_image *layer,
-                                        readahead_fetch fetch);
+                                        readahead_fetch fetch,
+                                        uint64_t keep);
 extern void readahead_free (struct readahead *ra);
 extern int readahead_read (struct readahead *ra, uint8_t *buf,
                            uint64_t count, uint64_t offset);

@@ -63,6 +63,10 @@ struct qcow2_options {
    * the disk (many images in one process, each using little of it).
    */
   bool small_l2_slices;
+  /* Bytes a remote backing layer keeps of what it fetched, for reads
+   * of it again (0: 32 MiB).
+   */
+  uint64_t remote_keep;
   bool no_backing;              /* serve the image without its backing file */
   /* A backing chain the user names, the top image's backing file first:
    * each replaces the name its layer's header records (format probed);

@@ -62,9 +62,10 @@
  * every window to its end: its windows grow much as they did without
  * the cap.
  *
- * What was fetched is kept a while (kept.c: the last KEPT_BYTES in at
- * most KEPT_PIECES pieces, the least recently read let go first): what
- * reads asked for one at a time, and the windows once dropped.  A read
+ * What was fetched is kept a while (kept.c: the last KEPT_BYTES, or
+ * qcow2_options.remote_keep, in at most KEPT_PIECES pieces, the least
+ * recently read let go first): what reads asked for one at a time, and
+ * the windows once dropped.  A read
  * that falls in them (a guest reads again what its own cache let go:
  * metadata, a file opened twice during a boot) costs no fetch, one
  * that falls in them in part (a cluster copied on write around blocks
@@ -115,7 +116,8 @@ struct readahead {
 };
 
 struct readahead *
-readahead_new (struct qcow2_image *layer, readahead_fetch fetch)
+readahead_new (struct qcow2_image *layer, readahead_fetch fetch,
+               uint64_t keep)
 {
   struct readahead *ra = calloc (1, sizeof *ra);
 
@@ -128,6 +130,7 @@ readahead_new (struct qcow2_image *layer, readahead_fetch fetch)
   ra->next = UINT64_MAX;        /* the first read starts no run */
   ra->cap = READAHEAD_MIN;
   ra->trusted = true;
+  ra->kept.limit = keep ? keep : KEPT_BYTES;
   return ra;
 }
 

@@ -731,8 +731,13 @@ plugin_open_image (const char *path, struct qcow2_io *io, bool *readonly,
    * as a reader, as qemu-nbd -l does (the notice below says so).
    */
   opts.readonly = asked_readonly || opts.snapshot || readonly_why;
-  /* A fleet's overlays each use little of their disk. */
+  /* A fleet's overlays each use little of their disk; a shared remote
+   * base keeps 2 MiB of what it fetched, not 32: one server's memory
+   * weighs more there than its base's traffic.
+   */
   opts.small_l2_slices = fleet.dir != NULL;
+  if (fleet.dir)
+    opts.remote_keep = UINT64_C (2) << 20;
   if (!io && !opts.readonly) {
     io = fileio_open_with (path, false, &glue_file_options, &why);
     if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
