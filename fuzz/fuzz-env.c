@@ -109,12 +109,13 @@ static const struct qcow2_io_ops capio_ops = {
 struct qcow2_io *
 fuzz_env_capio (struct qcow2_io *inner)
 {
-  struct capio *c = malloc (sizeof *c);
+  struct capio *c = calloc (1, sizeof *c);
 
   if (!c)
     abort ();
   c->io.ops = &capio_ops;
   c->io.serial_writes = inner->serial_writes;
+  c->io.grows_by_writes = inner->grows_by_writes;
   c->inner = inner;
   return &c->io;
 }

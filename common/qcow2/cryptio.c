@@ -193,6 +193,7 @@ crypt_io_new (struct qcow2_io *below, const struct luks_key *key)
     return NULL;
   c->io.ops = &crypt_io_ops;
   c->io.serial_writes = below->serial_writes;
+  c->io.grows_by_writes = below->grows_by_writes;
   c->below = below;
   c->key = key;
   for (unsigned i = 0; i < CRYPT_LOCKS; i++)
