@@ -15,7 +15,11 @@
 # bytes sent per byte read, the base's requests, and the seconds from
 # QEMU's start to its exit.
 # Usage: bench/boot.sh [ROUNDS]   (default 3; BOOT_KEEP=DIR keeps each
-# boot's two logs there: guest-SERVER-TIME.log, base-SERVER-TIME.log)
+# boot's two logs there: guest-SERVER-TIME.log, base-SERVER-TIME.log;
+# BOOT_BASE=http serves the base from a web server instead,
+# tests/range-server.py, 2 ms before each answer, its bytes counted
+# from the Range headers it was sent: ours reads it through nbdkit's
+# curl plugin, qemu-nbd through its curl driver)
 #        bench/boot.sh guest      builds the guest only
 # The guest (debootstrap --variant=minbase bookworm with a kernel and
 # systemd, a 700 MiB qcow2) is built once into $BOOT_GUEST (default
@@ -81,6 +85,7 @@ work=$(mktemp -d /var/tmp/boot-bench.XXXXXX)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 accel=${BOOT_ACCEL:-tcg}
+base_kind=${BOOT_BASE:-nbd}
 
 # serve NAME ARGS...: nbdkit on $work/NAME.sock, its pid in $work/NAME.pid.
 serve ()
@@ -113,12 +118,32 @@ for line in sys.stdin:
     if m:
         got += int(m.group(1), 0)
         n += 1
+    m = re.match(r"Range: bytes=(\d+)-(\d+)", line)
+    if m:
+        got += int(m.group(2)) - int(m.group(1)) + 1
+        n += 1
 print(got, n)'
 }
 
-serve base -r --filter=log --filter=delay file "$guest/base.qcow2" \
-  delay-read=2ms logfile="$work/base.log"
-pids+=("$(cat "$work/base.pid")")
+case $base_kind in
+  nbd)
+    serve base -r --filter=log --filter=delay file "$guest/base.qcow2" \
+      delay-read=2ms logfile="$work/base.log"
+    pids+=("$(cat "$work/base.pid")")
+    backing="nbd+unix:///?socket=$work/base.sock" ;;
+  http)
+    mkdir "$work/web"
+    ln -s "$guest/base.qcow2" "$work/web/base.qcow2"
+    : > "$work/base.log"
+    RANGE_SERVER_DELAY=0.002 RANGE_SERVER_LOG="$work/base.log" \
+      /usr/bin/python3 "$top/tests/range-server.py" "$work/web" \
+      "$work/http.port" &
+    pids+=("$!")
+    for i in $(seq 100); do [ -s "$work/http.port" ] && break; sleep 0.1; done
+    backing="http://127.0.0.1:$(cat "$work/http.port")/base.qcow2" ;;
+  *)
+    echo "bench/boot.sh: BOOT_BASE=$base_kind: nbd or http" >&2; exit 1 ;;
+esac
 
 # one SERVER: boots the guest from a fresh overlay that SERVER serves;
 # prints the bytes the guest read, the bytes and requests the base sent,
@@ -127,8 +152,7 @@ one ()
 {
   local server=$1 from t0 t1 guest_read base_sent
   rm -f "$work/ovl.qcow2"
-  qemu-img create -q -f qcow2 -F qcow2 \
-    -b "nbd+unix:///?socket=$work/base.sock" "$work/ovl.qcow2"
+  qemu-img create -q -f qcow2 -F qcow2 -b "$backing" "$work/ovl.qcow2"
   case $server in
     ours)
       serve s qcow2 "$work/ovl.qcow2" ;;
@@ -166,7 +190,7 @@ one ()
 
 declare -A per
 servers="ours qemu-nbd"
-echo "guest boot over NBD ($accel), $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "guest boot over $base_kind ($accel), $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| round | server | guest read MiB | base sent MiB | sent/read | base requests | boot s |"
 echo "|---|---|---|---|---|---|---|"
 for r in $(seq "$rounds"); do
