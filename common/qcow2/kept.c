@@ -112,19 +112,6 @@ kept_add (struct kept_set *k, uint8_t *buf, uint64_t start, uint64_t len)
     free (buf);
     return;
   }
-  while (k->n > 0 && (k->bytes + len > k->limit || k->n == KEPT_PIECES))
-    kept_evict (k);
-  if (k->n == k->cap) {
-    size_t cap = k->cap ? 2 * k->cap : 64;
-    struct kept_piece *p = realloc (k->p, cap * sizeof *p);
-
-    if (!p) {
-      free (buf);               /* keeping only saves fetches */
-      return;
-    }
-    k->p = p;
-    k->cap = cap;
-  }
   /* What older pieces hold of [start, end) is the new one's now. */
   i = kept_first (k, start);
   while (i < k->n && k->p[i].start < end) {
@@ -148,6 +135,20 @@ kept_add (struct kept_set *k, uint8_t *buf, uint64_t start, uint64_t len)
       p->start = end;
       i++;
     }
+  }
+  /* Room made once the pieces it replaces are gone. */
+  while (k->n > 0 && (k->bytes + len > k->limit || k->n == KEPT_PIECES))
+    kept_evict (k);
+  if (k->n == k->cap) {
+    size_t cap = k->cap ? 2 * k->cap : 64;
+    struct kept_piece *p = realloc (k->p, cap * sizeof *p);
+
+    if (!p) {
+      free (buf);               /* keeping only saves fetches */
+      return;
+    }
+    k->p = p;
+    k->cap = cap;
   }
   i = kept_first (k, start);
   memmove (&k->p[i + 1], &k->p[i], (k->n - i) * sizeof k->p[0]);
