@@ -22,6 +22,7 @@
 #include "errstr.h"
 #include "fileio.h"
 #include "lock.h"
+#include "threadobj.h"
 
 /* O_DIRECT: each thread's aligned buffer, for requests that are not
  * aligned, grown to what they need from 64 KiB up to 1 MiB; larger
@@ -120,22 +121,15 @@ static struct fileio_ring *
 fileio_ring (void)
 {
   struct fileio_ring *t;
+  bool made;
 
   pthread_once (&fileio_ring_once, fileio_ring_init);
   if (fileio_ring_off)
     return NULL;
-  t = pthread_getspecific (fileio_ring_key);
-  if (!t) {
-    t = calloc (1, sizeof *t);
-    if (!t)
-      return NULL;
-    if (pthread_setspecific (fileio_ring_key, t) != 0) {
-      free (t);
-      return NULL;
-    }
+  t = thread_object (fileio_ring_key, sizeof *t, &made);
+  if (made)
     t->ready = io_uring_queue_init (2, &t->ring, 0) == 0;
-  }
-  return t->ready ? t : NULL;
+  return t && t->ready ? t : NULL;
 }
 
 /* One write through the thread's ring.  Returns false if it could not
@@ -358,16 +352,8 @@ fileio_bounce (size_t want, size_t *size)
   want = MIN (MAX (want, FILEIO_BOUNCE_MIN), FILEIO_BOUNCE_MAX);
   want = (want + FILEIO_MAX_ALIGN - 1) & ~(size_t) (FILEIO_MAX_ALIGN - 1);
   pthread_once (&fileio_bounce_once, fileio_bounce_init);
-  b = pthread_getspecific (fileio_bounce_key);
-  if (!b) {
-    b = calloc (1, sizeof *b);
-    if (!b)
-      return NULL;
-    if (pthread_setspecific (fileio_bounce_key, b) != 0) {
-      free (b);
-      return NULL;
-    }
-  }
+  if (!(b = thread_object (fileio_bounce_key, sizeof *b, NULL)))
+    return NULL;
   if (b->size < want) {
     void *p;
     if (posix_memalign (&p, FILEIO_MAX_ALIGN, want) != 0)

@@ -19,6 +19,7 @@
 #include "checked.h"
 #include "errstr.h"
 #include "internal.h"
+#include "threadobj.h"
 
 /* What each thread keeps from one compressed cluster to the next, so
  * that a sequential read of a compressed image allocates nothing per
@@ -65,18 +66,10 @@ compress_key_make (void)
 static struct compress_tls *
 compress_tls_get (void)
 {
-  struct compress_tls *t;
-
   pthread_once (&compress_once, compress_key_make);
   if (!compress_key_ok)
     return NULL;
-  t = pthread_getspecific (compress_key);
-  if (!t && (t = calloc (1, sizeof *t)) != NULL &&
-      pthread_setspecific (compress_key, t) != 0) {
-    free (t);
-    t = NULL;
-  }
-  return t;
+  return thread_object (compress_key, sizeof (struct compress_tls), NULL);
 }
 
 /* Returns *buf, grown to at least n bytes (its capacity in *cap). */
