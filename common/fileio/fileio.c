@@ -72,20 +72,20 @@ fileio_fd (struct qcow2_io *io)
 
 #ifdef HAVE_LIBURING
 /* O_DIRECT writes past the file's end made while others are in flight
- * go through an io_uring of the calling thread's own, one at a time: the thread still
- * waits for its write, but the kernel runs it as asynchronous I/O.  A
- * synchronous O_DIRECT write that allocates (into a hole inside the
- * file, on ext4) holds the inode lock until the device has written it
- * and its extent is converted; an asynchronous one lets go of the lock
- * once submitted, so that the allocating writes of many threads reach
- * the disk together, as qemu-nbd's --aio=native ones do.  Overwrites
- * inside the file share the lock and measured slower through the ring
- * (QD16 4 KiB: 0.88 of pwrite's rate; four connections' mixed I/O
- * 0.85), so they go as pwrite.  A write
- * alone goes as pwrite: through the ring, one that allocates would
- * wait for a kernel worker thread to take it (measured slower at one
- * request in flight), and reads, which share the lock, measured slower
- * through the ring too.  Without a ring (the kernel refuses one, or
+ * go through an io_uring of the calling thread's own, one at a time:
+ * the thread still waits for its write, but the kernel runs it as
+ * asynchronous I/O.  A synchronous O_DIRECT write that allocates (into
+ * a hole inside the file, on ext4) holds the inode lock until the
+ * device has written it and its extent is converted; an asynchronous
+ * one lets go of the lock once submitted, so that the allocating writes
+ * of many threads reach the disk together, as qemu-nbd's --aio=native
+ * ones do.  Overwrites inside the file share the lock and measured
+ * slower through the ring (QD16 4 KiB: 0.88 of pwrite's rate; four
+ * connections' mixed I/O 0.85), so they go as pwrite.  A write alone
+ * goes as pwrite: through the ring, one that allocates would wait for a
+ * kernel worker thread to take it (measured slower at one request in
+ * flight), and reads, which share the lock, measured slower through the
+ * ring too.  Without a ring (the kernel refuses one, or
  * NBDKIT_QCOW2_IO_URING=0 in the environment): pwrite.
  */
 struct fileio_ring {

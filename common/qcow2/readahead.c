@@ -65,16 +65,16 @@
  * What was fetched is kept a while (kept.c: the last KEPT_BYTES, or
  * qcow2_options.remote_keep, in at most KEPT_PIECES pieces, the least
  * recently read let go first): what reads asked for one at a time, and
- * the windows once dropped.  A read
- * that falls in them (a guest reads again what its own cache let go:
- * metadata, a file opened twice during a boot) costs no fetch, one
- * that falls in them in part (a cluster copied on write around blocks
- * the guest read) fetches only the rest, and what that saved funds the
- * windows of a reader not trusted.  A deep reader's reads are kept up
- * to READAHEAD_KEEP_DEEP bytes each (a guest with several reads in
- * flight rereads its metadata too), and larger ones unless each
- * continues the one before: such a reader streams (nbdcopy, qemu-img
- * convert), copying each read would cost it, and it reads none again.
+ * the windows once dropped.  A read that falls in them (a guest reads
+ * again what its own cache let go: metadata, a file opened twice during
+ * a boot) costs no fetch, one that falls in them in part (a cluster
+ * copied on write around blocks the guest read) fetches only the rest,
+ * and what that saved funds the windows of a reader not trusted.  A
+ * deep reader's reads are kept up to READAHEAD_KEEP_DEEP bytes each (a
+ * guest with several reads in flight rereads its metadata too), and
+ * larger ones unless each continues the one before: such a reader
+ * streams (nbdcopy, qemu-img convert), copying each read would cost
+ * it, and it reads none again.
  * A window ends where a kept piece begins.
  */
 #define READAHEAD_WINDOW (4u << 20)
