@@ -6,6 +6,8 @@
 #ifndef QCOW2_BE_H
 #define QCOW2_BE_H
 
+#include <endian.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -29,6 +31,21 @@ be64_get (const void *p)
 {
   const uint8_t *b = p;
   return (uint64_t) be32_get (b) << 32 | be32_get (b + 4);
+}
+
+/* A table of n big-endian 64-bit entries, read whole from the file,
+ * put in host order in place (in a loop the compiler vectorizes: a
+ * refcount table of 8,192 entries is converted at every open).
+ */
+static inline void
+be64_table_to_host (uint64_t *t, size_t n)
+{
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v;
+
+    memcpy (&v, &t[i], sizeof v);
+    t[i] = be64toh (v);
+  }
 }
 
 static inline void

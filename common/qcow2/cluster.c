@@ -45,8 +45,7 @@ l1_load (struct qcow2_image *img, uint64_t offset, uint32_t size,
                errstr (-r));
     return r;
   }
-  for (uint32_t i = 0; i < size; i++)
-    img->l1[i] = be64_get ((const uint8_t *) &img->l1[i]);
+  be64_table_to_host (img->l1, size);
   return 0;
 }
 

@@ -40,8 +40,7 @@ refcount_load_table (struct qcow2_image *img)
     free (table);
     return r;
   }
-  for (uint64_t i = 0; i < n; i++)
-    table[i] = be64_get ((const uint8_t *) &table[i]);
+  be64_table_to_host (table, n);
   img->reftable = table;
   img->reftable_size = n;
   return 0;
