@@ -385,16 +385,21 @@ header_foreign_format (struct qcow2_image *img,
 
 /* The file's first bytes read at once: the fixed fields and, with
  * clusters of up to this size (the default), the whole header cluster
- * in one read, which over a remote base is one round trip less.
+ * in one read, which over a remote base is one round trip less.  From
+ * a local file, a page: what qemu-img writes there fits in it, and an
+ * open (one a client, in a fleet of images) then neither copies nor
+ * maps the rest of the cluster.
  */
 #define HEADER_FIRST_READ 65536
+#define HEADER_FIRST_READ_LOCAL 4096
 
 /* Reading: the fixed fields, checked, from the file's first bytes,
- * read into fixed (HEADER_FIRST_READ bytes, zeroed; *got: how many
- * were read); the cluster size, which the rest depends on.
+ * read into fixed (size bytes, zeroed; *got: how many were read); the
+ * cluster size, which the rest depends on.
  */
 static int
-header_read_fields (struct qcow2_image *img, uint8_t *fixed, uint64_t *got)
+header_read_fields (struct qcow2_image *img, uint8_t *fixed, uint64_t size,
+                    uint64_t *got)
 {
   struct qcow2_header *h = &img->h;
   int r;
@@ -409,7 +414,7 @@ header_read_fields (struct qcow2_image *img, uint8_t *fixed, uint64_t *got)
     return -EINVAL;
   }
   /* At least the fixed fields, as many as a version 3 header has. */
-  *got = MAX (MIN (img->file_size, HEADER_FIRST_READ), HDR_V3_MIN);
+  *got = MAX (MIN (img->file_size, size), HDR_V3_MIN);
   r = img->io->ops->pread (img->io, fixed, *got, 0);
   if (r < 0) {
     log_error (img, "reading the header: %s", errstr (-r));
@@ -488,19 +493,53 @@ header_read_fields (struct qcow2_image *img, uint8_t *fixed, uint64_t *got)
   return header_check_v3 (img, fixed);
 }
 
-/* Names: what the rest of the header cluster (buf, of which the
- * first got bytes are read) says, the backing file's name and the
- * extensions; *feature_table points into buf.
+/* How much of the header cluster header_read_names parses, if the
+ * first got bytes of it (buf) show that: its extensions up to their end
+ * marker and the backing file's name.  Otherwise (not all within got,
+ * or malformed) the whole cluster, read and parsed as it is.
+ */
+static uint64_t
+header_names_reach (const struct qcow2_header *h, const uint8_t *buf,
+                    uint64_t got, uint64_t cluster_size)
+{
+  uint64_t off = h->header_length, ext_end = cluster_size, reach = 0;
+
+  if (h->backing_file_offset && h->backing_file_size) {
+    if (range_exceeds (h->backing_file_offset, h->backing_file_size, got))
+      return cluster_size;
+    reach = h->backing_file_offset + h->backing_file_size;
+  }
+  if (h->backing_file_offset)
+    ext_end = MIN (h->backing_file_offset, cluster_size);
+  while (off < ext_end && off <= got && got - off >= 8) {
+    uint32_t type = be32_get (buf + off);
+    uint32_t len = be32_get (buf + off + 4);
+
+    off += 8;
+    if (type == QCOW2_EXT_END)
+      return MAX (reach, off);
+    if (len > got - off)
+      break;
+    off += ((uint64_t) len + 7) & ~UINT64_C (7);
+  }
+  return cluster_size;
+}
+
+/* Names: what the header cluster (buf, of which the first got bytes
+ * are read, and as many as header_names_reach says are allocated) says
+ * after the fixed fields, the backing file's name and the extensions;
+ * *feature_table points into buf.
  */
 static int
 header_read_names (struct qcow2_image *img, uint8_t *buf, uint64_t got,
-                   const uint8_t **feature_table, uint32_t *ft_len)
+                   uint64_t reach, const uint8_t **feature_table,
+                   uint32_t *ft_len)
 {
   struct qcow2_header *h = &img->h;
   uint64_t ext_start, ext_end, want;
   int r;
 
-  want = MIN (img->geo.cluster_size, img->file_size);
+  want = MIN (reach, img->file_size);
   if (want > got &&
       (r = img->io->ops->pread (img->io, buf + got, want - got, got)) < 0) {
     log_error (img, "reading the header cluster: %s", errstr (-r));
@@ -590,23 +629,26 @@ header_read (struct qcow2_image *img)
   CLEANUP_FREE uint8_t *buf = NULL;
   const uint8_t *feature_table = NULL;
   uint32_t ft_len = 0;
-  uint64_t got;
+  uint64_t size = img->io->ops->pread_many ? HEADER_FIRST_READ
+                                           : HEADER_FIRST_READ_LOCAL;
+  uint64_t got, reach;
   uint8_t *bigger;
   int r;
 
-  if (!(buf = calloc (1, HEADER_FIRST_READ)))
+  if (!(buf = calloc (1, size)))
     return -errno;
-  if ((r = header_read_fields (img, buf, &got)) < 0)
+  if ((r = header_read_fields (img, buf, size, &got)) < 0)
     return r;
   /* The extensions and backing name live in the first cluster. */
-  if (img->geo.cluster_size > HEADER_FIRST_READ) {
-    if (!(bigger = realloc (buf, img->geo.cluster_size)))
+  reach = header_names_reach (&img->h, buf, got, img->geo.cluster_size);
+  if (reach > size) {
+    if (!(bigger = realloc (buf, reach)))
       return -errno;
     buf = bigger;
-    memset (buf + HEADER_FIRST_READ, 0,
-            img->geo.cluster_size - HEADER_FIRST_READ);
+    memset (buf + size, 0, reach - size);
   }
-  if ((r = header_read_names (img, buf, got, &feature_table, &ft_len)) < 0 ||
+  if ((r = header_read_names (img, buf, got, reach, &feature_table,
+                              &ft_len)) < 0 ||
       (r = header_derive_geometry (img, feature_table, ft_len)) < 0)
     return r;
   return header_check_tables (img);
