@@ -18,6 +18,12 @@
 #             the N overlay nodes share ("backing": the base's node
 #             name), N NBD exports on one socket, all added over QMP
 #             by this script
+#   file      nbdkit's file plugin (-t 1) serving the base's raw data,
+#             every disk the same export: no image to open, no qcow2,
+#             the least an nbdkit server does for a client (what the
+#             first byte costs on this machine before any server's
+#             own work); local base and FLEET_WRITES=0 only (the disks
+#             share one file)
 # Bases:
 #   local     the base a file beside the overlays
 #   nbd       the base served by nbdkit's file plugin on a Unix socket
@@ -80,7 +86,8 @@
 # keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
 # its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
 # the knobs the man page's FLEET section gives; FLEET_LATE the late
-# disks (0: none).
+# disks (0: none); FLEET_WRITES the writes a disk makes (default 16;
+# 0: it only reads, and flushes).
 # The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
 # 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
 # it for a partial run: the bench's rows are replaced as a whole).
@@ -97,6 +104,14 @@ servers=${FLEET_SERVERS:-ours ours-t2 ours-t1 qemu-nbd qsd}
 bases=${FLEET_BASES:-local nbd}
 wave=${FLEET_WAVE:-40}
 late=${FLEET_LATE:-8}
+writes=${FLEET_WRITES:-16}
+case " $servers " in
+  *" file "*)
+    [ "$writes" = 0 ] && [ "$bases" = local ] || {
+      echo "fleet.sh: the file server needs FLEET_WRITES=0 FLEET_BASES=local" >&2
+      exit 1
+    } ;;
+esac
 ours_args=${FLEET_OURS_ARGS:-}
 read -r -a ours_opts <<< "${ours_args%%--*}"
 ours_keys=()
@@ -130,7 +145,7 @@ import json, os, random, socket, sys, time
 K = 1024
 
 
-def plan(n, raw, out):
+def plan(n, raw, out, writes):
     """Writes the I/O of n disks for bench/fleetclient.c: the reads
     every disk does, then each disk's writes."""
     size = os.path.getsize(raw)
@@ -148,7 +163,7 @@ def plan(n, raw, out):
         for i in range(n):
             w = random.Random(1000 + i)
             f.write("W %s\n" % " ".join(
-                str(w.randrange(size // (4 * K)) * 4 * K) for _ in range(16)))
+                str(w.randrange(size // (4 * K)) * 4 * K) for _ in range(writes)))
 
 
 def measure(pids_file, base):
@@ -265,7 +280,7 @@ def qmp_add(sock, pairs_file, i):
 
 
 if sys.argv[1] == "plan":
-    plan(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    plan(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
 elif sys.argv[1] == "measure":
     measure(sys.argv[2], sys.argv[3])
 elif sys.argv[1] == "qmp-add":
@@ -356,6 +371,13 @@ one ()
       while IFS=$'\t' read -r _ name; do
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
+    file)
+      nbdkit -t 1 -U "$work/s.sock" -P "$work/s.pid" file "$work/base.raw"
+      wait_sock "$work/s.sock" "$work/s.pid"
+      cat "$work/s.pid" > "$work/spids"
+      while IFS=$'\t' read -r _ name; do
+        printf '%s\t\n' "$work/s.sock" >> "$work/pairs"
+      done < "$work/images" ;;
     qemu-nbd)
       : > "$work/spids"
       i=0
@@ -389,9 +411,9 @@ one ()
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
   esac
-  [[ $server != ours* ]] || pids+=("$(cat "$work/s.pid")")
+  [[ $server != ours* && $server != file ]] || pids+=("$(cat "$work/s.pid")")
   /usr/bin/python3 "$work/fleet.py" plan $((n + late)) "$work/base.raw" \
-    "$work/plan"
+    "$work/plan" "$writes"
   "$work/fleetclient" "$work/plan" "$work/pairs" "$work/base.raw" "$wave" \
     "$late" "$prepare" "$work/measure"
   [ ! -f "$work/late.pids" ] || pids+=($(cat "$work/late.pids"))
@@ -445,7 +467,7 @@ median ()
 m () { median "${res[$1]}"; }
 ratio () { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
-  "$nreads reads a disk ($rmib MiB, and 16 writes of 4 KiB: copy on" \
+  "$nreads reads a disk ($rmib MiB, and $writes writes of 4 KiB: copy on" \
   "write reads the rest of each one's cluster from the base);" \
   "medians of $rounds round(s)"
 echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | first byte ms, late disks' median | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
@@ -470,7 +492,8 @@ for n in $sizes; do
     for s in $servers; do
       case $s in ours*) ;; *) continue ;; esac
       for p in $servers; do
-        case $p in ours*) continue ;; esac
+        # The file server is a floor, not a peer.
+        case $p in ours*|file) continue ;; esac
         k=$n,$b,$s q=$n,$b,$p
         printf '%s disks, %s base, %s: memory (PSS)\t%s\t%s\thigher\n' \
           "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,pss")" "$(m "$k,pss")")"
