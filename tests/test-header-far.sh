@@ -3,27 +3,28 @@
 # A header whose extensions or backing file name lie past the first
 # 4 KiB of the header cluster (the engine reads only that much of a
 # local file first): they are read and used, as QEMU reads them.  An
-# unknown extension of 5000 bytes before qemu-img's own ones, or the
-# backing file's name moved to 8 KiB, or both; the image's data then
-# equals what qemu-img convert reads of it.
+# unknown extension before qemu-img's own ones (5000 bytes, or sized so
+# that the end marker ends at 4096 or starts there), the backing file's
+# name moved to 8 KiB or across 4 KiB, or both; with 64 KiB clusters,
+# and with 512-byte and 2 MiB ones (the name past 64 KiB).  Each
+# image's data equals what qemu-img convert reads of it.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdkit nbdcopy /usr/bin/python3
 
-base=$tmp/base.qcow2
-qemu-img create -q -f qcow2 "$base" 4M
-qemu-io -f qcow2 -c 'write -P 0x5a 0 1M' -c 'write -P 0x3c 3M 64k' \
-  "$base" >/dev/null
-
 # far.py IMG EXTENSION NAME_AT: rebuilds the header cluster of IMG after
-# its fixed fields: an unknown extension of EXTENSION bytes (0: none)
-# first, then the image's own extensions and end marker, and the backing
-# file's name at NAME_AT (0: right after the end marker).
+# its fixed fields: an unknown extension of EXTENSION bytes first (0:
+# none; "end:N": as long as puts the end marker at offset N), then the
+# image's own extensions and end marker, and the backing file's name at
+# NAME_AT (0: right after the end marker).
 cat > "$tmp/far.py" <<'EOF'
 import struct, sys
-img, ext_len, name_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+img, ext, name_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with open(img, "r+b") as f:
-    head = bytearray(f.read(65536))
+    head = f.read(112)
+    cs = 1 << struct.unpack_from(">I", head, 20)[0]
+    f.seek(0)
+    head = bytearray(f.read(cs))
     hlen = struct.unpack_from(">I", head, 100)[0]
     boff, bsize = struct.unpack_from(">QI", head, 8)
     name = bytes(head[boff:boff + bsize])
@@ -35,14 +36,19 @@ with open(img, "r+b") as f:
         off = end
         if t == 0:
             break
+    if ext.startswith("end:"):
+        ext_len = int(ext[4:]) - hlen - 8 - (len(own) - 8)
+        assert ext_len > 0 and ext_len % 8 == 0
+    else:
+        ext_len = int(ext)
     exts = b""
     if ext_len:
         exts = struct.pack(">II", 0x12345678, ext_len) + \
             b"\xab" * ((ext_len + 7) // 8 * 8)
     exts += own
     at = name_at or hlen + len(exts)
-    assert hlen + len(exts) <= at and at + len(name) <= 65536
-    head[hlen:] = bytes(65536 - hlen)
+    assert hlen + len(exts) <= at and at + len(name) <= cs
+    head[hlen:] = bytes(cs - hlen)
     head[hlen:hlen + len(exts)] = exts
     head[at:at + len(name)] = name
     struct.pack_into(">Q", head, 8, at)
@@ -50,21 +56,40 @@ with open(img, "r+b") as f:
     f.write(head)
 EOF
 
-for layout in "5000 0" "0 8192" "5000 12288" "70 4090"; do
-  ovl=$tmp/ovl.qcow2
-  rm -f "$ovl"
-  qemu-img create -q -f qcow2 -b "$base" -F qcow2 "$ovl"
+base=$tmp/base.qcow2
+qemu-img create -q -f qcow2 "$base" 4M
+qemu-io -f qcow2 -c 'write -P 0x5a 0 1M' -c 'write -P 0x3c 3M 64k' \
+  "$base" >/dev/null
+
+# check CLUSTER EXTENSION NAME_AT
+check ()
+{
+  local cs=$1 layout="$1 $2 $3" ovl=$tmp/ovl.qcow2 info
+  rm -f "$ovl" "$tmp/got.raw"
+  qemu-img create -q -f qcow2 -o cluster_size="$cs" -b "$base" -F qcow2 \
+    "$ovl"
   qemu-io -f qcow2 -c 'write -P 0x77 2M 8k' "$ovl" >/dev/null
-  /usr/bin/python3 "$tmp/far.py" "$ovl" $layout
+  /usr/bin/python3 "$tmp/far.py" "$ovl" "$2" "$3"
   info=$(qemu-img info --output=json "$ovl")
-  grep -q '"backing-filename": "'"$base"'"' <<< "$info" ||
+  grep -qF '"backing-filename": "'"$base"'"' <<< "$info" ||
     fail "layout $layout: qemu-img does not see the backing file: $info"
-  grep -q '"backing-filename-format": "qcow2"' <<< "$info" ||
+  grep -qF '"backing-filename-format": "qcow2"' <<< "$info" ||
     fail "layout $layout: qemu-img does not see the backing format: $info"
   qemu-img convert -f qcow2 -O raw "$ovl" "$tmp/want.raw"
-  rm -f "$tmp/got.raw"
-  nbdkit -U - qcow2 "file=$ovl" --run 'nbdcopy "$uri" '"$tmp/got.raw" ||
+  nbdkit -U - qcow2 "file=$ovl" \
+    --run 'nbdcopy "$uri" '"$(printf %q "$tmp/got.raw")" ||
     fail "layout $layout: nbdkit could not serve the image"
   cmp "$tmp/want.raw" "$tmp/got.raw" ||
     fail "layout $layout: data differs from qemu-img convert's"
-done
+}
+
+check 64k 5000 0
+check 64k 0 8192
+check 64k 5000 12288
+check 64k 70 4090
+check 64k end:4088 0
+check 64k end:4096 0
+check 512 0 0
+check 512 0 300
+check 2M 5000 0
+check 2M 0 70000

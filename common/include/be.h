@@ -33,9 +33,9 @@ be64_get (const void *p)
   return (uint64_t) be32_get (b) << 32 | be32_get (b + 4);
 }
 
-/* A table of n big-endian 64-bit entries, read whole from the file,
- * put in host order in place (in a loop the compiler vectorizes: a
- * refcount table of 8,192 entries is converted at every open).
+/* A table (or a piece of one) of n big-endian 64-bit entries, read
+ * from the file, put in host order in place: a load and a byte swap
+ * an entry, not eight byte loads.
  */
 static inline void
 be64_table_to_host (uint64_t *t, size_t n)

@@ -115,6 +115,9 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
   struct qcow2_header *h = &img->h;
   uint64_t off = start;
 
+  /* header_names_reach walks these alike, to read no more than this
+   * parses.
+   */
   while (off < end) {
     if (end - off < 8) {
       log_error (img, "header extension at offset %#" PRIx64 " is "
@@ -388,7 +391,8 @@ header_foreign_format (struct qcow2_image *img,
  * in one read, which over a remote base is one round trip less.  From
  * a local file, a page: what qemu-img writes there fits in it, and an
  * open (one a client, in a fleet of images) then neither copies nor
- * maps the rest of the cluster.
+ * maps the rest of the cluster.  Either way the rest of the cluster is
+ * read only if what is parsed reaches into it (header_names_reach).
  */
 #define HEADER_FIRST_READ 65536
 #define HEADER_FIRST_READ_LOCAL 4096
@@ -496,7 +500,9 @@ header_read_fields (struct qcow2_image *img, uint8_t *fixed, uint64_t size,
 /* How much of the header cluster header_read_names parses, if the
  * first got bytes of it (buf) show that: its extensions up to their end
  * marker and the backing file's name.  Otherwise (not all within got,
- * or malformed) the whole cluster, read and parsed as it is.
+ * or malformed) the whole cluster, read and parsed as it is.  It steps
+ * through the extensions as header_read_extensions does (same start,
+ * end, lengths and padding): a change to one is a change to both.
  */
 static uint64_t
 header_names_reach (const struct qcow2_header *h, const uint8_t *buf,

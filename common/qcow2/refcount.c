@@ -49,7 +49,8 @@ refcount_load_table (struct qcow2_image *img)
     r = img->io->ops->pread (img->io, piece, k * 8,
                              img->h.refcount_table_offset + i * 8);
     if (r < 0) {
-      log_error (img, "reading the refcount table at %#" PRIx64 ": %s",
+      log_error (img, "reading the refcount table (at %#" PRIx64 ") at "
+                 "offset %#" PRIx64 ": %s", img->h.refcount_table_offset,
                  img->h.refcount_table_offset + i * 8, errstr (-r));
       free (table);
       return r;
