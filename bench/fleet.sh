@@ -41,8 +41,8 @@
 # reads of 4 to 64 KiB at random places and 4 sequential runs of
 # 8 x 64 KiB (2 MiB), the same places for every disk (one golden image,
 # one boot; seed 1), each checked against the base's data; then 16
-# writes of 4 KiB at random places of its own, a flush, and the writes
-# read back and checked.  Then FLEET_LATE (default 8) late disks, more
+# (FLEET_WRITES) writes of 4 KiB at random places of its own, a flush,
+# and the writes read back and checked.  Then FLEET_LATE (default 8) late disks, more
 # overlays of the same base, do the same one at a time, each once the
 # one before is done, all the others still connected: a VM started on
 # a server running the fleet (qsd gets each one's node and export over
@@ -107,8 +107,9 @@ late=${FLEET_LATE:-8}
 writes=${FLEET_WRITES:-16}
 case " $servers " in
   *" file "*)
-    [ "$writes" = 0 ] && [ "$bases" = local ] || {
-      echo "fleet.sh: the file server needs FLEET_WRITES=0 FLEET_BASES=local" >&2
+    [ "$writes" = 0 ] && [ "$(echo $bases)" = local ] || {
+      echo "fleet.sh: the file server needs FLEET_WRITES=0" \
+        "FLEET_BASES=local" >&2
       exit 1
     } ;;
 esac
@@ -163,7 +164,8 @@ def plan(n, raw, out, writes):
         for i in range(n):
             w = random.Random(1000 + i)
             f.write("W %s\n" % " ".join(
-                str(w.randrange(size // (4 * K)) * 4 * K) for _ in range(writes)))
+                str(w.randrange(size // (4 * K)) * 4 * K)
+                for _ in range(writes)))
 
 
 def measure(pids_file, base):
@@ -375,7 +377,7 @@ one ()
       nbdkit -t 1 -U "$work/s.sock" -P "$work/s.pid" file "$work/base.raw"
       wait_sock "$work/s.sock" "$work/s.pid"
       cat "$work/s.pid" > "$work/spids"
-      while IFS=$'\t' read -r _ name; do
+      while read -r _; do
         printf '%s\t\n' "$work/s.sock" >> "$work/pairs"
       done < "$work/images" ;;
     qemu-nbd)
@@ -451,6 +453,8 @@ for r in $(seq "$rounds"); do
         read -r pss rss thr fds cpu ttfb p90 iops nreads rmib lfb bmib \
           bmeta bconns <<< "$out"
         [ "$b" = local ] && bconns=$fds
+        # The file server opens no base image.
+        [ "$s" != file ] || bconns=-
         for k in pss rss ttfb p90 lfb iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
         done
