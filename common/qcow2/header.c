@@ -106,24 +106,26 @@ header_strndup (const uint8_t *p, size_t len)
   return s;
 }
 
-/* Walk the header extensions in buf[start, end). */
+/* Walk the header extensions in buf[start, end), of which the first
+ * avail bytes of buf are read: -EAGAIN if they reach past that (walked
+ * again once more is read: what a walk sets, a second one sets alike).
+ */
 static int
 header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
-                        uint64_t start, uint64_t end,
+                        uint64_t start, uint64_t end, uint64_t avail,
                         const uint8_t **feature_table, uint32_t *ft_len)
 {
   struct qcow2_header *h = &img->h;
   uint64_t off = start;
 
-  /* header_names_reach walks these alike, to read no more than this
-   * parses.
-   */
   while (off < end) {
     if (end - off < 8) {
       log_error (img, "header extension at offset %#" PRIx64 " is "
                  "truncated", off);
       return -EINVAL;
     }
+    if (off > avail || avail - off < 8)
+      return -EAGAIN;
     uint32_t type = be32_get (buf + off);
     uint32_t len = be32_get (buf + off + 4);
     off += 8;
@@ -138,6 +140,8 @@ header_read_extensions (struct qcow2_image *img, const uint8_t *buf,
                  type, off - 8, len, end - off, end);
       return -EINVAL;
     }
+    if (len > avail - off)
+      return -EAGAIN;
     const uint8_t *data = buf + off;
 
     switch (type) {
@@ -392,7 +396,8 @@ header_foreign_format (struct qcow2_image *img,
  * a local file, a page: what qemu-img writes there fits in it, and an
  * open (one a client, in a fleet of images) then neither copies nor
  * maps the rest of the cluster.  Either way the rest of the cluster is
- * read only if what is parsed reaches into it (header_names_reach).
+ * read only if what is parsed reaches into it (-EAGAIN from
+ * header_read_names).
  */
 #define HEADER_FIRST_READ 65536
 #define HEADER_FIRST_READ_LOCAL 4096
@@ -497,60 +502,19 @@ header_read_fields (struct qcow2_image *img, uint8_t *fixed, uint64_t size,
   return header_check_v3 (img, fixed);
 }
 
-/* How much of the header cluster header_read_names parses, if the
- * first got bytes of it (buf) show that: its extensions up to their end
- * marker and the backing file's name.  Otherwise (not all within got,
- * or malformed) the whole cluster, read and parsed as it is.  It steps
- * through the extensions as header_read_extensions does (same start,
- * end, lengths and padding): a change to one is a change to both.
- */
-static uint64_t
-header_names_reach (const struct qcow2_header *h, const uint8_t *buf,
-                    uint64_t got, uint64_t cluster_size)
-{
-  uint64_t off = h->header_length, ext_end = cluster_size, reach = 0;
-
-  if (h->backing_file_offset && h->backing_file_size) {
-    if (range_exceeds (h->backing_file_offset, h->backing_file_size, got))
-      return cluster_size;
-    reach = h->backing_file_offset + h->backing_file_size;
-  }
-  if (h->backing_file_offset)
-    ext_end = MIN (h->backing_file_offset, cluster_size);
-  while (off < ext_end && off <= got && got - off >= 8) {
-    uint32_t type = be32_get (buf + off);
-    uint32_t len = be32_get (buf + off + 4);
-
-    off += 8;
-    if (type == QCOW2_EXT_END)
-      return MAX (reach, off);
-    if (len > got - off)
-      break;
-    off += ((uint64_t) len + 7) & ~UINT64_C (7);
-  }
-  return cluster_size;
-}
-
-/* Names: what the header cluster (buf, of which the first got bytes
- * are read, and as many as header_names_reach says are allocated) says
- * after the fixed fields, the backing file's name and the extensions;
- * *feature_table points into buf.
+/* Names: what the header cluster (buf, of which the first avail bytes
+ * are read) says after the fixed fields, the backing file's name and
+ * the extensions; *feature_table points into buf.  -EAGAIN if they
+ * reach past avail.
  */
 static int
-header_read_names (struct qcow2_image *img, uint8_t *buf, uint64_t got,
-                   uint64_t reach, const uint8_t **feature_table,
+header_read_names (struct qcow2_image *img, const uint8_t *buf,
+                   uint64_t avail, const uint8_t **feature_table,
                    uint32_t *ft_len)
 {
   struct qcow2_header *h = &img->h;
-  uint64_t ext_start, ext_end, want;
-  int r;
+  uint64_t ext_start, ext_end;
 
-  want = MIN (reach, img->file_size);
-  if (want > got &&
-      (r = img->io->ops->pread (img->io, buf + got, want - got, got)) < 0) {
-    log_error (img, "reading the header cluster: %s", errstr (-r));
-    return r;
-  }
   if (h->version == 3 && h->header_length > HDR_COMPRESSION_TYPE)
     h->compression_type = buf[HDR_COMPRESSION_TYPE];
 
@@ -566,6 +530,9 @@ header_read_names (struct qcow2_image *img, uint8_t *buf, uint64_t got,
                  h->backing_file_size, HDR_BACKING_OFFSET, HDR_BACKING_SIZE);
       return -EINVAL;
     }
+    if (range_exceeds (h->backing_file_offset, h->backing_file_size, avail))
+      return -EAGAIN;
+    free (h->backing_file);
     h->backing_file = header_strndup (buf + h->backing_file_offset,
                                       h->backing_file_size);
     h->names_end = h->backing_file_offset + h->backing_file_size;
@@ -580,7 +547,7 @@ header_read_names (struct qcow2_image *img, uint8_t *buf, uint64_t got,
   ext_end = h->backing_file_offset ? MIN (h->backing_file_offset,
                                           img->geo.cluster_size)
                                    : img->geo.cluster_size;
-  return header_read_extensions (img, buf, ext_start, ext_end,
+  return header_read_extensions (img, buf, ext_start, ext_end, avail,
                                  feature_table, ft_len);
 }
 
@@ -637,7 +604,7 @@ header_read (struct qcow2_image *img)
   uint32_t ft_len = 0;
   uint64_t size = img->io->ops->pread_many ? HEADER_FIRST_READ
                                            : HEADER_FIRST_READ_LOCAL;
-  uint64_t got, reach;
+  uint64_t cs, got, want;
   uint8_t *bigger;
   int r;
 
@@ -645,17 +612,29 @@ header_read (struct qcow2_image *img)
     return -errno;
   if ((r = header_read_fields (img, buf, size, &got)) < 0)
     return r;
-  /* The extensions and backing name live in the first cluster. */
-  reach = header_names_reach (&img->h, buf, got, img->geo.cluster_size);
-  if (reach > size) {
-    if (!(bigger = realloc (buf, reach)))
-      return -errno;
-    buf = bigger;
-    memset (buf + size, 0, reach - size);
+  /* The extensions and backing name live in the first cluster: parsed
+   * from what was read, else from the whole cluster (zeros past the
+   * file's end), as they always were.
+   */
+  r = header_read_names (img, buf, got, &feature_table, &ft_len);
+  if (r == -EAGAIN) {
+    cs = img->geo.cluster_size;
+    if (cs > size) {
+      if (!(bigger = realloc (buf, cs)))
+        return -errno;
+      buf = bigger;
+      memset (buf + size, 0, cs - size);
+    }
+    want = MIN (cs, img->file_size);
+    if (want > got &&
+        (r = img->io->ops->pread (img->io, buf + got, want - got, got)) < 0) {
+      log_error (img, "reading the header cluster: %s", errstr (-r));
+      return r;
+    }
+    r = header_read_names (img, buf, cs, &feature_table, &ft_len);
+    assert (r != -EAGAIN);
   }
-  if ((r = header_read_names (img, buf, got, reach, &feature_table,
-                              &ft_len)) < 0 ||
-      (r = header_derive_geometry (img, feature_table, ft_len)) < 0)
+  if (r < 0 || (r = header_derive_geometry (img, feature_table, ft_len)) < 0)
     return r;
   return header_check_tables (img);
 }
