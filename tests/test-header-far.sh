@@ -71,11 +71,24 @@ qemu-img create -q -f qcow2 "$base" 4M
 qemu-io -f qcow2 -c 'write -P 0x5a 0 1M' -c 'write -P 0x3c 3M 64k' \
   "$base" >/dev/null
 
+# same_as_qemu IMG WHAT: nbdkit serves IMG with the data qemu-img
+# convert reads of it.
+same_as_qemu ()
+{
+  rm -f "$tmp/got.raw"
+  qemu-img convert -f qcow2 -O raw "$1" "$tmp/want.raw"
+  nbdkit -U - qcow2 "file=$1" \
+    --run 'nbdcopy "$uri" '"$(printf %q "$tmp/got.raw")" ||
+    fail "$2: nbdkit could not serve the image"
+  cmp "$tmp/want.raw" "$tmp/got.raw" ||
+    fail "$2: data differs from qemu-img convert's"
+}
+
 # check CLUSTER EXTENSION NAME_AT
 check ()
 {
   local cs=$1 layout="$1 $2 $3" ovl=$tmp/ovl.qcow2 info
-  rm -f "$ovl" "$tmp/got.raw"
+  rm -f "$ovl"
   qemu-img create -q -f qcow2 -o cluster_size="$cs" -b "$base" -F raw \
     "$ovl" 4M
   qemu-io -f qcow2 -c 'write -P 0x77 2M 8k' "$ovl" >/dev/null
@@ -85,12 +98,7 @@ check ()
     fail "layout $layout: qemu-img does not see the backing file: $info"
   grep -qF '"backing-filename-format": "raw"' <<< "$info" ||
     fail "layout $layout: qemu-img does not see the backing format: $info"
-  qemu-img convert -f qcow2 -O raw "$ovl" "$tmp/want.raw"
-  nbdkit -U - qcow2 "file=$ovl" \
-    --run 'nbdcopy "$uri" '"$(printf %q "$tmp/got.raw")" ||
-    fail "layout $layout: nbdkit could not serve the image"
-  cmp "$tmp/want.raw" "$tmp/got.raw" ||
-    fail "layout $layout: data differs from qemu-img convert's"
+  same_as_qemu "$ovl" "layout $layout"
 }
 
 check 64k 5000 0
@@ -110,17 +118,13 @@ check 2M 0 70000
 # in one: left unread, the image is refused or read from itself.
 for ext in 5000 end:4096 own:4096; do
   img=$tmp/df.qcow2
-  rm -f "$img" "$img.data" "$tmp/got.raw"
+  rm -f "$img" "$img.data"
   qemu-img create -q -f qcow2 -o data_file="$img.data" "$img" 4M
   qemu-io -f qcow2 -c 'write -P 0x66 0 1M' -c 'write -P 0x67 3M 64k' \
     "$img" >/dev/null
   /usr/bin/python3 "$tmp/far.py" "$img" "$ext" 0
-  qemu-img info --output=json "$img" | grep -qF '"data-file": "'"$img.data"'"' ||
+  qemu-img info --output=json "$img" |
+    grep -qF '"data-file": "'"$img.data"'"' ||
     fail "data file, $ext: qemu-img does not see the data file"
-  qemu-img convert -f qcow2 -O raw "$img" "$tmp/want.raw"
-  nbdkit -U - qcow2 "file=$img" \
-    --run 'nbdcopy "$uri" '"$(printf %q "$tmp/got.raw")" ||
-    fail "data file, $ext: nbdkit could not serve the image"
-  cmp "$tmp/want.raw" "$tmp/got.raw" ||
-    fail "data file, $ext: data differs from qemu-img convert's"
+  same_as_qemu "$img" "data file, $ext"
 done
