@@ -7,7 +7,9 @@
  *
  * In C, clang 14 resolves a capability named in a function's attribute
  * against its parameters (TSA_REQUIRES (img->lock)), but not against
- * the other members of a struct: fields cannot be marked guarded.
+ * the other members of a struct: fields cannot be marked guarded.  A
+ * variable at file scope can (TSA_GUARDED_BY (&lock)): data shared
+ * under one lock is best kept so, where clang sees every access.
  */
 #ifndef QCOW2_TSA_H
 #define QCOW2_TSA_H
@@ -36,6 +38,11 @@
 /* Releases a lock however it is held. */
 #define TSA_RELEASE_GENERIC(...) \
   TSA_ATTR (release_generic_capability (__VA_ARGS__))
+/* The variable is read and written only with the lock held; the
+ * object a pointer variable points to, likewise (TSA_PT_GUARDED_BY).
+ */
+#define TSA_GUARDED_BY(x) TSA_ATTR (guarded_by (x))
+#define TSA_PT_GUARDED_BY(x) TSA_ATTR (pt_guarded_by (x))
 /* The function's body is not checked: only for the few functions that
  * implement a lock's primitives.
  */
