@@ -6,7 +6,8 @@
 # nm sees them in the objects built, must go down this order (each
 # line a layer, its files in their own order, top first):
 #
-#   plugin:   plugins/qcow2/qcow2.c
+#   plugin:   plugins/qcow2/qcow2.c > fleet.c > fleet-list.c
+#             > fleet-create.c > image.c > fleet-names.c
 #   filter:   filters/qcow2/qcow2.c > overlay.c > below.c
 #   glue:     stream.c > glue.c > policy.c > log.c > parse.c
 #             > password.c > introspect.c
@@ -28,7 +29,8 @@ import subprocess
 import sys
 
 ORDER = [
-    'plugin/qcow2.c',
+    'plugin/qcow2.c', 'plugin/fleet.c', 'plugin/fleet-list.c',
+    'plugin/fleet-create.c', 'plugin/image.c', 'plugin/fleet-names.c',
     'filter/qcow2.c', 'filter/overlay.c', 'filter/below.c',
     'glue/stream.c', 'glue/glue.c', 'glue/policy.c', 'glue/log.c',
     'glue/parse.c', 'glue/password.c', 'glue/introspect.c',
@@ -36,8 +38,8 @@ ORDER = [
     'engine',
 ]
 # Files of one rank: may not call each other.
-SAME_RANK = {'backend/fileio.c': 10, 'backend/nbdio.c': 10,
-             'backend/memio.c': 10}
+BACKENDS = ('backend/fileio.c', 'backend/nbdio.c', 'backend/memio.c')
+SAME_RANK = {b: ORDER.index(BACKENDS[0]) for b in BACKENDS}
 
 
 def rank(name):

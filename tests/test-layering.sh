@@ -39,7 +39,7 @@ grep -q "write.c:3: writes alloc, which alloc.c owns" "$tmp/write.out" ||
   fail "the write is not named: $(cat "$tmp/write.out")"
 # The rim: the plugin's, the filter's, the glue's and the backends'
 # objects.
-rim=("$abs_top_builddir"/plugins/qcow2/.libs/nbdkit_qcow2_plugin_la-qcow2.o
+rim=("$abs_top_builddir"/plugins/qcow2/.libs/nbdkit_qcow2_plugin_la-*.o
      "$abs_top_builddir"/filters/qcow2/.libs/nbdkit_qcow2_filter_la-*.o
      "$abs_top_builddir"/common/.libs/lib{glue,fileio,nbdio,memio}.a
      "$archive")

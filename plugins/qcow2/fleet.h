@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* What the files of dir= share.  From the top down, each calling only
+ * those below it (then image.c, plugin.h):
+ *
+ *   fleet.c         the table of open exports: open, release, the idle
+ *                   sweeper; the keys, get_ready and the end
+ *   fleet-list.c    the listing, and what an export's description says
+ *   fleet-create.c  template=: new images made, half-made ones removed
+ *   fleet-names.c   which names are exports, are made, and are shown
+ */
+#ifndef NBDKIT_QCOW2_FLEET_H
+#define NBDKIT_QCOW2_FLEET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "lock.h"
+#include "plugin.h"
+#include "qcow2.h"
+
+/* An open image, shared by the connections to its export. */
+struct fleet_export {
+  /* First: what a connection's handle points to (fleet_entry). */
+  struct plugin_export served;
+  struct fleet_export *next;
+  char *name;                   /* the export name */
+  char *path;                   /* the file opened, every link resolved */
+  /* With stream=true, what the description says of the image as it
+   * was opened, while the job may still cut it loose.
+   */
+  char *info;
+  /* The engine's environment of the image (quiet while a first try
+   * may fail, see fleet_open_image).
+   */
+  struct qcow2_env env;
+  enum { EXPORT_OPENING, EXPORT_OPEN, EXPORT_CLOSING } state;
+  /* Deleted or replaced in the folder since it was opened: served to
+   * its clients still, found by no new one, closed when they leave.
+   */
+  bool stale;
+  dev_t dev;
+  ino_t ino;
+  unsigned users;               /* connections */
+  struct timespec idle_since;   /* when users fell to 0 */
+};
+
+/* dir='s keys, and what get_ready makes of them: set before any
+ * connection, then only read.
+ */
+struct fleet_keys {
+  /* dir= (resolved), default-export=, template=, idle-close= (seconds),
+   * max-exports= (0: no bound).
+   */
+  char *dir;
+  char *default_export;
+  char *template;
+  uint64_t idle_close;
+  uint64_t max_exports;
+  const char *key;              /* the first of those keys given */
+  int dirfd;                    /* dir=, opened */
+  char *template_path;          /* template=, as a path (DIR/NAME) */
+  mode_t umask;                 /* what new files' modes lack */
+  /* The environment of the images, and the backing layers they share
+   * (made at get_ready).
+   */
+  struct qcow2_env env;
+  struct qcow2_layers *layers;
+};
+extern struct fleet_keys fleet;
+
+/* The table of open images (fleet.c's). */
+extern struct lock fleet_lock;
+extern struct fleet_export *fleet_exports TSA_GUARDED_BY (&fleet_lock);
+
+/* The entry whose served member a connection's handle is. */
+static inline struct fleet_export *
+fleet_entry (struct plugin_export *served)
+{
+  return (struct fleet_export *) served;
+}
+
+/* fleet-list.c */
+
+/* What an export's description says of its image; closed: the image
+ * is not open (with stream=true, its stream is not running).
+ */
+extern char *fleet_info_text (const struct qcow2_image *img, bool closed);
+
+/* fleet-create.c */
+
+/* template=: the image named (DIR/NAME) made: see fleet-create.c. */
+extern int fleet_create (const char *shown, const char *named,
+                         struct qcow2_io **iop, struct stat *made);
+/* The name (in dir=) removed if it still names the file ours is. */
+extern void fleet_unlink_ours (const char *name, const struct stat *ours);
+/* Whether st is the template: served read-only. */
+extern bool fleet_is_template (const struct stat *st);
+/* The files of images a crash left half made, removed. */
+extern void fleet_remove_stale (void);
+
+/* fleet-names.c */
+
+/* Why dir= refuses an export name, or NULL. */
+extern const char *fleet_name_refusal (const char *name);
+/* Whether template= makes an image of name. */
+extern bool fleet_creatable (const char *name);
+/* name as a message shows it, in buf. */
+extern const char *fleet_shown (const char *name, char buf[72]);
+
+#endif /* NBDKIT_QCOW2_FLEET_H */

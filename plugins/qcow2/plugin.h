@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* What the plugin's files share.  From the top down, each calling only
+ * those below it:
+ *
+ *   qcow2.c  nbdkit's callbacks, the keys and the help, the dispatch
+ *            to one image (file=) or to the fleet (dir=)
+ *   fleet.c  dir=: the table of open exports, their open and release,
+ *            the idle sweeper, template=, the listing and descriptions
+ *   image.c  one image opened, or made first (create=, and the images
+ *            template= makes): told by its caller what differs between
+ *            file= and dir=, it knows nothing of the fleet
+ */
+#ifndef NBDKIT_QCOW2_PLUGIN_H
+#define NBDKIT_QCOW2_PLUGIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "qcow2.h"
+
+struct glue_stream_job;
+struct nbdkit_exports;
+
+/* What a connection serves: an image, and its stream=true job (NULL:
+ * none).  file=: one, held from get_ready to the end; dir=: the first
+ * member of an entry of the fleet's table.
+ */
+struct plugin_export {
+  struct qcow2_image *image;
+  struct glue_stream_job *job;
+};
+
+/* image.c */
+
+/* How image_open opens an image: what its caller's mode decides. */
+struct image_how {
+  const struct qcow2_env *env;
+  /* Errors as debug messages only: a first try that may fail. */
+  bool quiet;
+  /* Remedies for a file that is not an image (file=: the user named it). */
+  bool hints;
+  /* Many small images, each using little of its disk (dir=). */
+  bool small_l2_slices;
+  uint64_t remote_keep;         /* a remote layer's keep; 0: the default */
+  /* The file must be this one (opened by the name it was checked by). */
+  const struct stat *checked;
+  const char *readonly_why;     /* served read-only for this, or NULL */
+};
+
+/* Open the image at path (through io if it was just made), read-write
+ * where the file and the user allow it: the image, *readonly saying
+ * how it is served, or NULL with errno set (logged).
+ */
+extern struct qcow2_image *image_open (const char *path, struct qcow2_io *io,
+                                       const struct image_how *how,
+                                       bool *readonly);
+/* Close img (served as path): its stream job must be freed first. */
+extern void image_close (struct qcow2_image *img, const char *path);
+
+/* What making an image did to the file system, for undoing it. */
+enum image_made { MADE_NOTHING, MADE_NEW_FILE, MADE_IN_EMPTY_FILE };
+/* fileio_create, and the error logged if it fails. */
+extern struct qcow2_io *image_create_file (const char *path,
+                                           enum image_made *made);
+/* The options of an image to make at path, its backing file (if any)
+ * probed, checked.  Returns 0, or -1 after logging an error.
+ */
+extern int image_create_options (const char *path,
+                                 struct qcow2_create_options *opts,
+                                 int64_t size);
+
+/* file=: its keys (the table's functions), whether file= was given,
+ * the first other key given that only file= takes (or NULL), their
+ * checks, the image opened (or made) at get_ready, closed at unload.
+ */
+extern int image_config_file (const char *key, const char *value);
+extern int image_config_data_file (const char *key, const char *value);
+extern int image_config_backing (const char *key, const char *value);
+extern int image_config_create (const char *key, const char *value);
+extern bool image_on (void);
+extern const char *image_key_given (void);
+extern int image_config_complete (void);
+extern int image_get_ready (struct plugin_export *single);
+extern void image_unload (struct plugin_export *single);
+
+/* fleet.c */
+
+extern void fleet_load (void);
+extern void fleet_unload (void);
+extern int fleet_config (const char *key, const char *value);
+/* dir= was given; the first other key of the fleet given (or NULL). */
+extern bool fleet_on (void);
+extern const char *fleet_key_given (void);
+extern int fleet_config_complete (void);
+extern int fleet_get_ready (void);
+extern int fleet_after_fork (void);
+extern void fleet_cleanup (void);
+extern int fleet_list (struct nbdkit_exports *exports);
+extern const char *fleet_default_export (void);
+/* A connection to the export it asked for, or NULL (logged). */
+extern struct plugin_export *fleet_connect (void);
+extern void fleet_release (struct plugin_export *served);
+/* The export's description, interned for nbdkit (or NULL). */
+extern const char *fleet_description (struct plugin_export *served);
+
+#endif /* NBDKIT_QCOW2_PLUGIN_H */
