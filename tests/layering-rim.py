@@ -12,6 +12,7 @@
 #   glue:     stream.c > glue.c > policy.c > log.c > parse.c
 #             > password.c > introspect.c
 #   backends: fileio.c, nbdio.c, memio.c (none calls another)
+#             > beneath.c (fileio's opening beneath a folder)
 #   engine:   common/qcow2 (layering.py checks within it)
 #
 # The plugin and the filter call the glue, the backends and the engine;
@@ -35,6 +36,7 @@ ORDER = [
     'glue/stream.c', 'glue/glue.c', 'glue/policy.c', 'glue/log.c',
     'glue/parse.c', 'glue/password.c', 'glue/introspect.c',
     'backend/fileio.c', 'backend/nbdio.c', 'backend/memio.c',
+    'backend/beneath.c',
     'engine',
 ]
 # Files of one rank: may not call each other.

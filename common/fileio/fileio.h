@@ -27,6 +27,14 @@ struct fileio_options {
   void (*notice) (const char *path, const char *msg);
   /* Optional: told how each file was locked. */
   void (*debug) (const char *path, const char *msg);
+  /* Optional (NULL: none): a folder, resolved, with beneath_fd open on
+   * it.  A path under it is opened relative to beneath_fd by
+   * fileio_open_beneath, never leaving it, and must be a regular file
+   * (else refused before any lock, read or write): names there are
+   * untrusted (a folder of images that others may change).
+   */
+  const char *beneath;
+  int beneath_fd;
 };
 
 /* Open path (opts may be NULL: the defaults, which lock).  On failure
@@ -46,6 +54,26 @@ extern struct qcow2_io *fileio_open_with (const char *path, bool readonly,
                                           const struct fileio_options *opts,
                                           char **why);
 
+/* Open name (relative, not empty) as openat (dirfd, name, flags, mode)
+ * does, but never leaving the folder dirfd: a "..", or a symbolic link
+ * with an absolute target, that would lead out of it fails with EXDEV
+ * (as openat2's RESOLVE_BENEATH, which is used where the kernel has it;
+ * the walk done without it gives the same results).  Links inside the
+ * folder are followed.  Returns the descriptor, or -1 with errno set.
+ */
+extern int fileio_open_beneath (int dirfd, const char *name, int flags,
+                                mode_t mode);
+
+/* Whether path lies under opts->beneath (and opens beneath it). */
+extern bool fileio_is_beneath (const char *path,
+                               const struct fileio_options *opts);
+/* stat of the file path names, resolved as fileio_open_with resolves
+ * it (under opts->beneath, beneath it).
+ */
+extern int fileio_stat_with (const char *path,
+                             const struct fileio_options *opts,
+                             struct stat *st);
+
 /* Runs fstat on the file io (from fileio_open_with or fileio_create)
  * has open: what was opened, whatever its name leads to since.
  */
@@ -57,6 +85,12 @@ extern int fileio_stat (struct qcow2_io *io, struct stat *st);
 extern struct qcow2_io *fileio_create (const char *path,
                                        const struct fileio_options *opts,
                                        char **why);
+/* Create path, which must not exist (else EEXIST, a link too), locked
+ * for writing; its mode 0666 less the umask, as a new file's.
+ */
+extern struct qcow2_io *fileio_create_new (const char *path,
+                                           const struct fileio_options *opts,
+                                           char **why);
 
 /* A qcow2_env.open callback opening local files with fileio_open_with,
  * with the qcow2_env's opaque as the options (or NULL); the identity of
