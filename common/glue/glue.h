@@ -371,6 +371,10 @@ extern int glue_stream_job_start (struct glue_stream_job *job);
  */
 extern void glue_stream_job_free (struct glue_stream_job *job);
 /* Around each client request to its image (the job yields to them). */
+/* The job started by the first request that enters, not now (an image
+ * opened only to be looked at streams nothing).
+ */
+extern void glue_stream_job_arm (struct glue_stream_job *job);
 extern void glue_stream_job_enter (struct glue_stream_job *job);
 extern void glue_stream_job_leave (struct glue_stream_job *job);
 /* The export description while it runs or once it ended ("streaming:

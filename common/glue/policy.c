@@ -154,13 +154,17 @@ glue_policy_notice (const char *name, const char *msg)
  * it lies under backing-root= once every symbolic link is followed.  The
  * file opened is the one checked, by its resolved name (a name changed in
  * between by someone who may write under the root is not what this guards
- * against: names in images are).
+ * against: names in images are); but one in a folder that others may
+ * change (the options' beneath, dir='s) is opened beneath it by the name
+ * given, and must then be the file checked.
  */
 struct qcow2_io *
 glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
 {
   const char *root = glue.policy.root;
+  const struct fileio_options *opts = opaque;
   struct qcow2_io *io;
+  struct stat st, got;
   char *real;
 
   *id = NULL;
@@ -184,7 +188,21 @@ glue_policy_open (void *opaque, const char *path, bool readonly, char **id)
     errno = EACCES;
     return NULL;
   }
-  io = fileio_env_open (opaque, real, readonly, id);
+  if (!fileio_is_beneath (path, opts)) {
+    io = fileio_env_open (opaque, real, readonly, id);
+    free (real);
+    return io;
+  }
+  io = fileio_env_open (opaque, path, readonly, id);
+  if (io && (stat (real, &st) == -1 || fileio_stat (io, &got) == -1 ||
+             st.st_dev != got.st_dev || st.st_ino != got.st_ino)) {
+    free (*id);
+    if (asprintf (id, "it changed while it was opened: refused") < 0)
+      *id = NULL;
+    io->ops->close (io);
+    io = NULL;
+    errno = EAGAIN;
+  }
   free (real);
   return io;
 }

@@ -29,6 +29,8 @@ NBDKIT_DLL_PUBLIC int qcow2_debug_stream = 0;
 struct glue_stream_job {
   struct qcow2_stream *s;       /* NULL: nothing to stream */
   unsigned busy;
+  /* Armed: started by the first request that enters (atomic). */
+  bool armed;
 };
 
 /* The module's one job (the filter's overlay). */
@@ -113,10 +115,23 @@ glue_stream_job_free (struct glue_stream_job *j)
 }
 
 void
-glue_stream_job_enter (struct glue_stream_job *j)
+glue_stream_job_arm (struct glue_stream_job *j)
 {
   if (j)
-    __atomic_add_fetch (&j->busy, 1, __ATOMIC_RELAXED);
+    __atomic_store_n (&j->armed, true, __ATOMIC_RELEASE);
+}
+
+void
+glue_stream_job_enter (struct glue_stream_job *j)
+{
+  if (!j)
+    return;
+  __atomic_add_fetch (&j->busy, 1, __ATOMIC_RELAXED);
+  if (__atomic_load_n (&j->armed, __ATOMIC_RELAXED) &&
+      __atomic_exchange_n (&j->armed, false, __ATOMIC_ACQ_REL) &&
+      glue_stream_job_start (j) == -1)
+    nbdkit_error ("stream: the job did not start: the image is served "
+                  "without it");
 }
 
 void

@@ -203,8 +203,9 @@ backing_shareable (const struct qcow2_image *img,
 static int
 backing_refused (struct qcow2_image *img, const char *path)
 {
-  log_error (img, "backing file \"%s\" refused: it is open for writing "
-             "(as QEMU's image locks would refuse it)", path);
+  log_error (img, "backing file \"%s\" refused: it is open here for "
+             "writing, an image of its own: an image is not read over a "
+             "base that may change (QEMU's image locks refuse it too)", path);
   return -EBUSY;
 }
 

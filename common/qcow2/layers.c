@@ -255,6 +255,19 @@ layers_release (struct qcow2_image *layer)
   return last;
 }
 
+bool
+qcow2_layers_has (struct qcow2_layers *t, const char *id)
+  TSA_EXCLUDES (&t->lock)
+{
+  bool has = false;
+
+  lock_acquire (&t->lock);
+  for (struct layers_entry *e = t->entries; e && !has; e = e->next)
+    has = (e->layer || e->opening) && strcmp (e->id, id) == 0;
+  lock_release (&t->lock);
+  return has;
+}
+
 int
 layers_claim (struct qcow2_layers *t, const char *id)
 {

@@ -14,6 +14,29 @@
 
 enum log_kind { LOG_ERROR, LOG_DEBUG, LOG_NOTICE };
 
+/* line, its control bytes (but the newlines that split it) as \xHH in
+ * safe (4 times its size): names from images and clients must not
+ * forge a log line nor carry a terminal's escape sequence.
+ */
+static char *
+log_unforged (char *line, char *safe)
+{
+  const unsigned char *c = (const unsigned char *) line;
+  size_t n = 0;
+
+  while (*c && *c >= 0x20 && *c != 0x7f)
+    c++;
+  if (!*c)
+    return line;
+  for (c = (const unsigned char *) line; *c; c++)
+    if (*c < 0x20 || *c == 0x7f)
+      n += sprintf (safe + n, "\\x%02x", *c);
+    else
+      safe[n++] = *c;
+  safe[n] = '\0';
+  return safe;
+}
+
 /* Format a message, prefixed if prefix is not NULL, and send its first
  * line as kind says; each further line is a hint: to env->hint after
  * an error (dropped without one), as a notice or debug line of its
@@ -23,7 +46,7 @@ static void __attribute__ ((format (printf, 5, 0)))
 log_vmsg (const struct qcow2_env *env, enum log_kind kind, const char *path,
           const char *prefix, const char *fmt, va_list ap)
 {
-  char msg[1024], hint[sizeof msg + 8];
+  char msg[1024], hint[sizeof msg * 4 + 8], safe[sizeof msg * 4];
   void (*emit) (void *opaque, const char *msg);
   char *line = msg, *nl;
   int n = 0;
@@ -36,6 +59,7 @@ log_vmsg (const struct qcow2_env *env, enum log_kind kind, const char *path,
   for (bool first = true; line; first = false, line = nl) {
     if ((nl = strchr (line, '\n')))
       *nl++ = '\0';
+    line = log_unforged (line, safe);
     if (!first && kind != LOG_ERROR) {
       snprintf (hint, sizeof hint, "hint: %s", line);
       line = hint;

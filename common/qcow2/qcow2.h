@@ -235,6 +235,11 @@ extern int qcow2_close (struct qcow2_image *img);
  */
 extern struct qcow2_layers *qcow2_layers_new (const struct qcow2_env *env);
 extern void qcow2_layers_free (struct qcow2_layers *layers);
+/* Whether the file of identity id (env's identity) is open as a layer,
+ * or being opened as one: so that its caller serves it read-only
+ * rather than meet its own lock.
+ */
+extern bool qcow2_layers_has (struct qcow2_layers *layers, const char *id);
 
 /* What the header of an open image says, in create's terms (for
  * create=if-missing, which must find the image it would make).  The
