@@ -6,7 +6,7 @@
 # nm sees them in the objects built, must go down this order (each
 # line a layer, its files in their own order, top first):
 #
-#   plugin:   plugins/qcow2/qcow2.c > fleet.c > fleet-list.c
+#   plugin:   plugins/qcow2/qcow2.c > fleet.c > fleet-open.c > fleet-list.c
 #             > fleet-create.c > image.c > fleet-names.c
 #   filter:   filters/qcow2/qcow2.c > overlay.c > below.c
 #   glue:     stream.c > glue.c > policy.c > log.c > parse.c
@@ -30,7 +30,8 @@ import subprocess
 import sys
 
 ORDER = [
-    'plugin/qcow2.c', 'plugin/fleet.c', 'plugin/fleet-list.c',
+    'plugin/qcow2.c', 'plugin/fleet.c', 'plugin/fleet-open.c',
+    'plugin/fleet-list.c',
     'plugin/fleet-create.c', 'plugin/image.c', 'plugin/fleet-names.c',
     'filter/qcow2.c', 'filter/overlay.c', 'filter/below.c',
     'glue/stream.c', 'glue/glue.c', 'glue/policy.c', 'glue/log.c',

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # dir=: an image is closed idle-close= seconds after its last client
-# left (its locks then released), not before; an export deleted while
-# served keeps its clients, a new client gets the new file of that
-# name or nothing; the base of an overlay in use, asked for as a
-# writable export, is refused by its locks (as QEMU's), and served
-# once the overlay is idle; password= opens an encrypted image each
-# time it is opened.
+# left (its locks then released), not before; an export deleted (or
+# replaced) while served keeps its clients, and new clients get that
+# open image too until the last has left, then the file of that name
+# or nothing, each step logged; the base of an overlay in use, asked
+# for as an export, is served read-only (said once), and writable once
+# the overlay is idle; password= opens an encrypted image each time it
+# is opened.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io nbdsh
@@ -50,38 +51,72 @@ def refused(name):
     except nbd.Error:
         return True
     return False
-# Deleted while served: its client goes on, a new one is refused;
-# a new file of that name is a new disk.
+# Deleted while served: its client goes on, and so does a new one, on
+# the open image (the name is not remade under a VM writing to it),
+# until the last has left; then the name is the file it names, if any.
 a = connect("vm2")
 a.pwrite(b"A" * 4096, 0)
 os.unlink(d + "/vm2")
-assert refused("vm2"), "a deleted export served to a new client"
+c = connect("vm2")
+assert c.get_size() == 2 << 20 and c.pread(4096, 0) == b"A" * 4096, \
+    "a new client of a deleted export got another disk"
 a.pwrite(b"B" * 4096, 4096)
 a.flush()
-assert a.pread(8192, 0) == b"A" * 4096 + b"B" * 4096
+assert c.pread(8192, 0) == b"A" * 4096 + b"B" * 4096
 subprocess.check_call(["qemu-img", "create", "-q", "-f", "qcow2",
                        d + "/vm2", "1M"])
-b = connect("vm2")
-assert b.get_size() == 1 << 20 and a.get_size() == 2 << 20
+e = connect("vm2")
+assert e.get_size() == 2 << 20, "a replaced name served its new file early"
+for h in (a, c, e):
+    h.shutdown()
+for i in range(50):             # closed when the server sees them leave
+    b = connect("vm2")
+    if b.get_size() == 1 << 20:
+        break
+    b.shutdown()
+    time.sleep(0.1)
+else:
+    raise AssertionError("the deleted image stays served, its clients gone")
 assert b.pread(4096, 0) == b"\0" * 4096
-# The base of an overlay in use: not served writable.
-o = connect("vm1")
-assert refused("base.qcow2"), "the base of an overlay in use was served"
-o.pwrite(b"O" * 512, 0)
-o.shutdown()
-for i in range(50):             # closed when the server sees it leave
-    if not refused("base.qcow2"):
+b.shutdown()
+os.unlink(d + "/vm2")
+for i in range(50):
+    if refused("vm2"):
         break
     time.sleep(0.1)
 else:
-    raise AssertionError("the base of an idle overlay stays refused")
+    raise AssertionError("a deleted export served, no client left")
+# The base of an overlay in use: served read-only, not refused.
+o = connect("vm1")
+w = connect("base.qcow2")
+assert w.is_read_only(), "the base of an overlay in use was served writable"
+try:
+    w.pwrite(b"W" * 512, 0)
+    raise AssertionError("the base of an overlay in use was written")
+except nbd.Error:
+    pass
+w.shutdown()
+o.pwrite(b"O" * 512, 0)
+o.shutdown()
+for i in range(50):             # closed when the server sees it leave
+    w = connect("base.qcow2")
+    ro = w.is_read_only()
+    w.shutdown()
+    if not ro:
+        break
+    time.sleep(0.1)
+else:
+    raise AssertionError("the base of an idle overlay stays read-only")
 PY
 ' 2> "$tmp/err" || { cat "$tmp/err"; fail "deleted, base in use"; }
-grep -q 'export "vm2": no such image in' "$tmp/err" ||
-  { cat "$tmp/err"; fail "a deleted export: no message"; }
-grep -q 'base.qcow2: failed to get "write" lock' "$tmp/err" &&
-  grep -q 'hint: it may be an export of this server' "$tmp/err" ||
-  { cat "$tmp/err"; fail "the base in use: no message"; }
+for re in 'notice: .*/vm2: export "vm2": its file was deleted while 1 client\(s\) used it: they and new clients keep the open image' \
+          'notice: .*/vm2: export "vm2": closed: its file was deleted or replaced while it was open, and its last client left' \
+          'export "vm2": no such image in' \
+          'notice: .*/base.qcow2: served read-only: it is the backing file of images open here'; do
+  grep -Eq "$re" "$tmp/err" || { cat "$tmp/err"; fail "no message /$re/"; }
+done
+! grep -Eq 'another process|locking=off' "$tmp/err" ||
+  { cat "$tmp/err"; fail "an export of ours blamed on another process"; }
 qemu-img check -q "$d/vm1" && qemu-img check -q "$d/base.qcow2" ||
   fail "qemu-img check"
 qio "$d/vm1" "read -P 0x4f 0 512"

@@ -96,7 +96,7 @@ for re in 'export "": refused: .*default-export=' \
           'export ".hidden": refused: it starts with' \
           'export "a/b": refused: it holds a '"'/'" \
           'export "x..y": refused: it holds ".."' \
-          'export "a\?b": refused: it holds a control byte' \
+          'export "a\\x09b": refused: it holds a control byte' \
           'export "0{64}\.\.\.": refused: it is longer than 255 bytes' \
           'export "nothere": no such image in' \
           'export "new.qcow2": no such image in' \

@@ -6,10 +6,12 @@
 #    as qemu-img convert reads its overlay;
 #  - half of them closed while the others keep reading (each read
 #    checked): the base stays open, once; closed with the last export;
-#  - the base asked for as a writable export while overlays use it is
-#    refused, one line naming it and why, and the other way round (the
-#    base open for writing, an overlay refused), with QEMU's image locks
-#    (locking=on) and without them (locking=off: the engine refuses).
+#  - the base asked for as an export while overlays use it is served
+#    read-only (a write refused), said in one line naming it and why;
+#    the other way round (the base open for writing), an overlay is
+#    refused, one line naming the export that writes its base; with
+#    QEMU's image locks (locking=on) and without them (locking=off),
+#    never blaming another process.
 source "${srcdir:-.}/functions.sh"
 set -e
 requires qemu-img qemu-io
@@ -61,7 +63,14 @@ handles = {v: connect(v) for v in names}
 # -P file, and writes it before it accepts a connection.
 pid = open(pidfile).read().strip()
 assert base_fds() == 1, "base open %d times for %d exports" % (base_fds(), n)
-refused("base.qcow2", "written while %d exports read it" % n)
+w = connect("base.qcow2")
+assert w.is_read_only(), "base.qcow2 writable while %d exports read it" % n
+try:
+    w.pwrite(b"W" * 512, 0)
+    raise AssertionError("base.qcow2 written while %d exports read it" % n)
+except nbd.Error:
+    pass
+w.shutdown()
 
 errors = []
 def check(v, rounds):
@@ -118,11 +127,15 @@ PY
 for locking in off on; do
   shared_run locking=$locking
   # One line each, naming the export and why.
-  grep -E "base\.qcow2.*(refused for writing: it is the backing file|lock)" \
+  grep -E "base\.qcow2: served read-only: it is the backing file of images open here" \
     "$tmp/err" > /dev/null ||
-    { cat "$tmp/err"; fail "locking=$locking: the base's refusal"; }
-  grep -E "vm000.*(backing file .*base\.qcow2.* refused: it is open for writing|lock)" \
+    { cat "$tmp/err"; fail "locking=$locking: the base's notice"; }
+  grep -E "vm000: backing file \".*/base\.qcow2\" refused: it is open here for writing, an image of its own" \
     "$tmp/err" > /dev/null ||
     { cat "$tmp/err"; fail "locking=$locking: the overlay's refusal"; }
+  [ "$(grep -c "vm000" "$tmp/err")" = 1 ] ||
+    { cat "$tmp/err"; fail "locking=$locking: not one line"; }
+  ! grep -Eq "another process|locking=off" "$tmp/err" ||
+    { cat "$tmp/err"; fail "locking=$locking: blamed on another process"; }
 done
 echo "$0: ok"

@@ -215,6 +215,10 @@ import fleetclient
 listing = functools.partial(fleetclient.listing, sock)
 
 h = fleetclient.connect(sock, "vm1")
+# The stream starts at the first request, not at the open.
+assert "streaming: 0%" in listing()["vm1"] or \
+    "streaming: starting" in listing()["vm1"], listing()["vm1"]
+h.pread(512, 0)
 for _ in range(300):
     l = listing()["vm1"]
     if "; streaming: " in l and "%" in l and not "streaming: 0%" in l:
@@ -252,6 +256,7 @@ import fleetclient
 listing = functools.partial(fleetclient.listing, sock)
 
 h = fleetclient.connect(sock, "vm1")
+h.pread(512, 0)                 # the first request starts it
 for _ in range(600):
     l = listing()["vm1"]
     if l.endswith("streamed: no longer depends on its backing chain"):

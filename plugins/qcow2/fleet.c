@@ -48,16 +48,21 @@ static pthread_cond_t fleet_changed;
 static pthread_cond_t fleet_idle;
 static pthread_t fleet_sweeper;   /* closes idle images (idle_close > 0) */
 
-struct fleet_keys fleet = { .idle_close = 5, .dirfd = -1 };
+/* max-images= and min-free=: bounds that a client's names cannot pass
+ * by making images, however many it asks for.
+ */
+struct fleet_keys fleet = {
+  .idle_close = 5, .max_images = 1000, .min_free = UINT64_C (256) << 20,
+  .dirfd = -1,
+};
 
-
-/* The entry of the export name (not stale), or NULL. */
+/* The entry of the export name, or NULL. */
 static struct fleet_export *
 fleet_find (const char *name)
   TSA_REQUIRES (&fleet_lock)
 {
   for (struct fleet_export *e = fleet_exports; e; e = e->next)
-    if (!e->stale && strcmp (e->name, name) == 0)
+    if (strcmp (e->name, name) == 0)
       return e;
   return NULL;
 }
@@ -130,24 +135,35 @@ fleet_close_all (void)
 /* dir='s keys: dir= resolved (what is in it is what it holds once
  * every link is followed); the others go only with dir=.
  */
+/* The keys that go only with dir=. */
+static const char *const fleet_keys_only[] = {
+  "default-export", "template", "template-match", "idle-close",
+  "max-exports", "max-images", "min-free", NULL
+};
+
 int
 fleet_config (const char *key, const char *value)
 {
   char **dest = strcmp (key, "template") == 0 ? &fleet.template
+    : strcmp (key, "template-match") == 0 ? &fleet.template_match
     : strcmp (key, "default-export") == 0 ? &fleet.default_export : NULL;
 
   if (strcmp (key, "dir") == 0)
     return glue_parse_folder (key, value, &fleet.dir);
-  if (!fleet.key)
-    fleet.key = strcmp (key, "template") == 0 ? "template"
-      : strcmp (key, "default-export") == 0 ? "default-export"
-      : strcmp (key, "idle-close") == 0 ? "idle-close" : "max-exports";
+  for (size_t i = 0; !fleet.key && fleet_keys_only[i]; i++)
+    if (strcmp (key, fleet_keys_only[i]) == 0)
+      fleet.key = fleet_keys_only[i];
   if (strcmp (key, "idle-close") == 0)
     return glue_parse_number (key, value, "seconds", 86400,
                               &fleet.idle_close);
   if (strcmp (key, "max-exports") == 0)
     return glue_parse_range (key, value, "images", 1, 1000000,
                              &fleet.max_exports);
+  if (strcmp (key, "max-images") == 0)
+    return glue_parse_range (key, value, "images", 1, 10000000,
+                             &fleet.max_images);
+  if (strcmp (key, "min-free") == 0)
+    return glue_parse_size (key, value, true, &fleet.min_free);
   free (*dest);
   *dest = strdup (value);
   return *dest ? 0 : -1;
@@ -178,10 +194,17 @@ fleet_config_complete (void)
                   "template=", glue.create.first_key);
     return -1;
   }
+  if (fleet.template_match && !fleet.template) {
+    nbdkit_error ("template-match= limits the names template= makes "
+                  "images of: it needs template=");
+    return -1;
+  }
   if (fleet.default_export &&
       (why = fleet_name_refusal (fleet.default_export))) {
-    nbdkit_error ("default-export=%s: refused: %s", fleet.default_export,
-                  why);
+    char shown[FLEET_SHOWN_MAX];
+
+    nbdkit_error ("default-export=%s: refused: %s",
+                  fleet_shown (fleet.default_export, shown), why);
     return -1;
   }
   return 0;
@@ -253,211 +276,86 @@ fleet_sweep (void *arg)
   return NULL;
 }
 
-
-
-
-
-
-/* dir=: a file is known by its device and inode (a hard link to it,
- * or another path, is the same file): a backing layer is shared by
- * every image above it, and a file is never both a layer read by some
- * and an image written by another (common/qcow2/layers.c).
+/* What has become of e's name: 0 if it still names the file e serves,
+ * else ENOENT (deleted) or EEXIST (another file now).
  */
-static char *
-fleet_identity_of (const struct stat *st)
-{
-  char *s;
-
-  if (asprintf (&s, "file:%ju:%ju", (uintmax_t) st->st_dev,
-                (uintmax_t) st->st_ino) == -1)
-    return NULL;
-  return s;
-}
-
-static char *
-fleet_env_identity (void *opaque, const char *path)
+static int
+fleet_name_fate (const struct fleet_export *e)
 {
   struct stat st;
 
-  return stat (path, &st) == 0 ? fleet_identity_of (&st) : NULL;
+  if (fileio_stat_with (e->path, &fleet.files, &st) == -1)
+    return errno == ENOENT ? ENOENT : EEXIST;
+  return st.st_dev == e->dev && st.st_ino == e->ino ? 0 : EEXIST;
 }
 
-/* glue_env's open, the file known as above. */
-static struct qcow2_io *
-fleet_env_open (void *opaque, const char *path, bool readonly, char **id)
-{
-  struct qcow2_io *io = glue_env.open (opaque, path, readonly, id);
-  struct stat st;
-  int e;
-
-  if (!io)
-    return NULL;
-  free (*id);
-  *id = fileio_stat (io, &st) == 0 ? fleet_identity_of (&st) : NULL;
-  if (!*id) {
-    e = errno;
-    io->ops->close (io);
-    errno = e;
-    return NULL;
-  }
-  return io;
-}
-
-
-/* stream=true: the job of e's image (at path) made and started.  An
- * image with no backing file has nothing to stream: it is served as it
- * is, even read-only (the template may be).  Returns 0, or -1 after
- * logging an error.
- */
-static int
-fleet_stream (struct fleet_export *e, const char *path)
-{
-  struct qcow2_info i;
-
-  qcow2_get_info (e->served.image, &i);
-  if (!i.backing)
-    return 0;
-  /* Read before the job may change it. */
-  e->info = fleet_info_text (e->served.image, false);
-  if (!e->info) {
-    nbdkit_error ("%s: %s", path, errstr (errno));
-    return -1;
-  }
-  /* nbdkit -r and readonly=true are refused at start: an image read-only
-   * here is so for a reason logged as it was opened.
-   */
-  if (glue_stream_job_new (e->served.image, path, "stream", false, &e->served.job) == -1 ||
-      glue_stream_job_start (e->served.job) == -1) {
-    glue_stream_job_free (e->served.job);
-    e->served.job = NULL;
-    return -1;
-  }
-  return 0;
-}
-
-/* Open the image of the export of e (made first if it is missing and
- * template= is given).  Returns 0, or -1 after logging an error.  The
- * lock is not held: e is opening, which no one else touches.
- */
-static int
-fleet_open_image (struct fleet_export *e, const char *shown)
-{
-  /* A fleet's overlays each use little of their disk; a shared remote
-   * base keeps 2 MiB of what it fetched, not 32: one server's memory
-   * weighs more there than its base's traffic.
-   */
-  struct image_how how = {
-    .env = &e->env, .small_l2_slices = true,
-    .remote_keep = UINT64_C (2) << 20,
-  };
-  struct qcow2_io *io = NULL;
-  char *named = NULL, *real = NULL;
-  bool made = false, readonly;
-  const char *readonly_why;
-  struct stat st, made_st;
-  int r = -1, err;
-
-  if (asprintf (&named, "%s/%s", fleet.dir, e->name) == -1) {
-    nbdkit_error ("export \"%s\": %s", shown, errstr (errno));
-    return -1;
-  }
-  real = realpath (named, NULL);
-  if (!real && errno == ENOENT && fleet.template) {
-    if (!fleet_creatable (e->name)) {
-      nbdkit_error ("export \"%s\": no such image in %s, and template= "
-                    "makes only names of [A-Za-z0-9][A-Za-z0-9._-]*", shown,
-                    fleet.dir);
-      goto out;
-    }
-    if (fleet_create (shown, named, &io, &made_st) == -1)
-      goto out;
-    made = io != NULL;
-    real = realpath (named, NULL);
-  }
-  if (!real) {
-    nbdkit_error ("export \"%s\": %s%s", shown, errno == ENOENT
-                  ? "no such image in " : errstr (errno),
-                  errno == ENOENT ? fleet.dir : "");
-    goto out;
-  }
-  /* A link may lead anywhere: only what is in the folder is served
-   * (the file opened is the one checked, by its resolved name).
-   */
-  if (!glue_in_folder (real, fleet.dir)) {
-    nbdkit_error ("export \"%s\": refused: it is a link leading out of "
-                  "dir= (to %s)", shown, real);
-    goto out;
-  }
-  if (stat (real, &st) == -1 || !S_ISREG (st.st_mode)) {
-    nbdkit_error ("export \"%s\": refused: %s is not a regular file", shown,
-                  real);
-    goto out;
-  }
-  /* An idle image of ours may hold locks refusing this one (it is a
-   * backing file of this one, written; or this one is its backing file,
-   * asked for writing): tried quietly first, then with the idle ones
-   * closed, whose locks must not refuse a client.
-   */
-  readonly_why = fleet_is_template (&st) ? "it is the template= of new "
-    "exports: a write would change every overlay made of it" : NULL;
-  e->env = fleet.env;
-  how.checked = &st;
-  how.readonly_why = readonly_why;
-  if (fleet_idle_count () == 0 || made)
-    e->served.image = image_open (real, io, &how, &readonly);
-  else {
-    e->env.error = e->env.hint = glue_debug;
-    how.quiet = true;
-    e->served.image = image_open (real, NULL, &how, &readonly);
-    e->env.error = glue_env.error;
-    e->env.hint = glue_env.hint;
-    if (!e->served.image) {
-      fleet_close_idle ();
-      how.quiet = false;
-      e->served.image = image_open (real, NULL, &how, &readonly);
-    }
-  }
-  err = e->served.image ? 0 : errno;   /* image_open's own */
-  io = NULL;
-  if (err == EAGAIN)
-    glue_hint ("it may be an export of this server that holds it: an "
-               "image is not written while it is the backing file of "
-               "another served");
-  if (!e->served.image ||
-      (made && qcow2_preallocate (e->served.image,
-                                  glue.create.opts.preallocation) < 0) ||
-      (glue.repair_leaks && glue_repair (e->served.image, real) == -1) ||
-      (glue_stream.on && fleet_stream (e, real) == -1))
-    goto out;
-  e->path = real;
-  real = NULL;
-  e->dev = st.st_dev;
-  e->ino = st.st_ino;
-  r = 0;
- out:
-  if (r == -1 && e->served.image) {
-    qcow2_close (e->served.image);
-    e->served.image = NULL;
-  }
-  if (r == -1 && made)
-    fleet_unlink_ours (e->name, &made_st);
-  if (io)
-    io->ops->close (io);
-  free (named);
-  free (real);
-  return r;
-}
-
-/* Whether the name of e still names the file e serves (not deleted,
- * not replaced).
+/* e's name no longer names its file (fate, as fleet_name_fate says):
+ * an idle image is closed (the name's file now is opened instead);
+ * one in use goes on, for new clients too, until its last client
+ * leaves, lest the name be remade (by template=) under a VM writing to
+ * it.  Logged once.  Returns whether e was closed.
  */
 static bool
-fleet_same_file (const struct fleet_export *e)
+fleet_name_lost (struct fleet_export *e, int fate, const char *shown)
+  TSA_REQUIRES (&fleet_lock)
 {
-  struct stat st;
+  const char *what = fate == ENOENT ? "deleted" : "replaced by another";
 
-  return fstatat (fleet.dirfd, e->name, &st, 0) == 0 &&
-    st.st_dev == e->dev && st.st_ino == e->ino;
+  if (e->users == 0) {
+    nbdkit_debug ("export \"%s\": its file was %s while it was open, "
+                  "idle: closed", shown, what);
+    fleet_close (e);
+    return true;
+  }
+  if (!e->gone)
+    glue_noticef (e->path, "export \"%s\": its file was %s while %u "
+                  "client(s) used it: they and new clients keep the open "
+                  "image until the last leaves", shown, what, e->users);
+  e->gone = true;
+  return false;
+}
+
+/* Room under max-exports= for one more image: made by closing an idle
+ * one if need be.  Returns 0; -1 if there is none (logged); 1 if the
+ * table changed meanwhile (to be looked at again).
+ */
+static int
+fleet_make_room (const char *shown)
+  TSA_REQUIRES (&fleet_lock)
+{
+  struct fleet_export *e;
+
+  if (!fleet.max_exports || fleet_count < fleet.max_exports)
+    return 0;
+  for (e = fleet_exports; e; e = e->next)
+    if (e->state == EXPORT_OPEN && e->users == 0)
+      break;
+  if (e) {
+    fleet_close (e);
+    return 1;
+  }
+  nbdkit_error ("export \"%s\": refused: max-exports=%" PRIu64 " images "
+                "are open already", shown, fleet.max_exports);
+  return -1;
+}
+
+/* The image of the new entry e opened: quietly first if idle images
+ * may hold locks refusing it (a backing file of it, written; or it is
+ * theirs, asked for writing), then with them closed, whose locks must
+ * not refuse a client.  Returns 0, or -1 after logging an error.
+ */
+static int
+fleet_open_entry (struct fleet_export *e, const char *shown)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  bool again;
+
+  if (fleet_open_image (e, shown, fleet_idle_count () > 0, &again) == 0)
+    return 0;
+  if (!again)
+    return -1;
+  fleet_close_idle ();
+  return fleet_open_image (e, shown, false, &again);
 }
 
 /* A connection to the export name: its entry, the image opened if it
@@ -469,6 +367,7 @@ fleet_open (const char *name, const char *shown)
   TSA_EXCLUDES (&fleet_lock)
 {
   struct fleet_export *e;
+  int r;
 
   lock_acquire (&fleet_lock);
   for (;;) {
@@ -477,39 +376,27 @@ fleet_open (const char *name, const char *shown)
       lock_wait (&fleet_lock, &fleet_changed);
       continue;
     }
-    if (e && !fleet_same_file (e)) {
-      /* Its file is gone: its clients keep it, new ones do not. */
-      e->stale = true;
-      if (e->users == 0)
-        fleet_close (e);
+    if (e && !e->gone && (r = fleet_name_fate (e)) != 0 &&
+        fleet_name_lost (e, r, shown))
       continue;
-    }
     if (e) {
       e->users++;
       lock_release (&fleet_lock);
       return e;
     }
-    if (fleet.max_exports && fleet_count >= fleet.max_exports) {
-      /* Room made by an idle one, if there is one. */
-      for (e = fleet_exports; e; e = e->next)
-        if (e->state == EXPORT_OPEN && e->users == 0)
-          break;
-      if (e) {
-        fleet_close (e);
-        continue;
-      }
+    r = fleet_make_room (shown);
+    if (r == -1) {
       lock_release (&fleet_lock);
-      nbdkit_error ("export \"%s\": refused: max-exports=%" PRIu64 " images "
-                    "are open already", shown, fleet.max_exports);
       return NULL;
     }
-    break;
+    if (r == 0)
+      break;
   }
   e = fleet_add (name);
   lock_release (&fleet_lock);
   if (!e)
     return NULL;
-  if (fleet_open_image (e, shown) == -1) {
+  if (fleet_open_entry (e, shown) == -1) {
     lock_acquire (&fleet_lock);
     fleet_remove (e);
     lock_release (&fleet_lock);
@@ -523,19 +410,26 @@ fleet_open (const char *name, const char *shown)
 }
 
 /* A connection to e ended: its image closed if it was the last, now
- * or idle-close= seconds later.
+ * (its file gone, or no sweeper) or idle-close= seconds later.
  */
 void
 fleet_release (struct plugin_export *served)
   TSA_EXCLUDES (&fleet_lock)
 {
   struct fleet_export *e = fleet_entry (served);
+  char shown[FLEET_SHOWN_MAX];
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
   assert (e->users > 0);
   if (--e->users > 0)
     return;
-  if (e->stale || !fleet_sweeper_running)
+  if (e->gone) {
+    glue_noticef (e->path, "export \"%s\": closed: its file was deleted or "
+                  "replaced while it was open, and its last client left",
+                  fleet_shown (e->name, shown));
+    fleet_close (e);
+  }
+  else if (!fleet_sweeper_running)
     fleet_close (e);
   else {
     clock_gettime (CLOCK_MONOTONIC, &e->idle_since);
@@ -543,9 +437,74 @@ fleet_release (struct plugin_export *served)
   }
 }
 
+/* template=: there, and an image to make overlays of (checked at start,
+ * where an error is seen, not by a client).  Returns 0, or -1 after
+ * logging an error.
+ */
+static int
+fleet_check_template (void)
+{
+  struct qcow2_create_options opts = glue.create.opts;
+  struct stat st;
+  char *named;
+  int r;
 
+  if (fleet.template[0] == '/')
+    fleet.template_path = strdup (fleet.template);
+  else if (asprintf (&fleet.template_path, "%s/%s", fleet.dir,
+                     fleet.template) == -1)
+    fleet.template_path = NULL;
+  if (!fleet.template_path) {
+    nbdkit_error ("template: %s", errstr (errno));
+    return -1;
+  }
+  if (fileio_stat_with (fleet.template_path, &fleet.files, &st) == -1) {
+    int e = errno;
 
+    nbdkit_error ("template=%s: %s", fleet.template,
+                  e == ENOENT ? "no such file" : e == EXDEV || e == ELOOP
+                  ? "a link leading out of dir=" : errstr (e));
+    return -1;
+  }
+  if (!S_ISREG (st.st_mode)) {
+    nbdkit_error ("template=%s: not a regular file", fleet.template);
+    return -1;
+  }
+  /* As a backing file name: relative to the folder. */
+  if (asprintf (&named, "%s/new", fleet.dir) == -1) {
+    nbdkit_error ("template: %s", errstr (errno));
+    return -1;
+  }
+  opts.backing = fleet.template;
+  r = image_create_options (&fleet.env, named, &opts, glue.create.size);
+  free (named);
+  return r;
+}
 
+/* default-export=: an image there, or one template= can make. */
+static int
+fleet_check_default (void)
+{
+  char shown[FLEET_SHOWN_MAX], *named;
+  struct stat st;
+  int r, e;
+
+  if (asprintf (&named, "%s/%s", fleet.dir, fleet.default_export) == -1) {
+    nbdkit_error ("default-export: %s", errstr (errno));
+    return -1;
+  }
+  r = fileio_stat_with (named, &fleet.files, &st);
+  e = errno;
+  free (named);
+  if (r == 0 || (e == ENOENT && fleet_can_create (fleet.default_export)))
+    return 0;
+  nbdkit_error ("default-export=%s: %s", fleet_shown (fleet.default_export,
+                                                      shown),
+                e == ENOENT ? "no such image in dir=, and template= would "
+                "not make it" : e == EXDEV || e == ELOOP
+                ? "a link leading out of dir=" : errstr (e));
+  return -1;
+}
 
 /* dir=: the folder, and the template (for the errors in it to be logged
  * at start rather than to a client).
@@ -553,16 +512,16 @@ fleet_release (struct plugin_export *served)
 int
 fleet_get_ready (void)
 {
-  struct qcow2_create_options opts = glue.create.opts;
-  char *named = NULL;
-  int r = 0;
-
   fleet.dirfd = open (fleet.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fleet.dirfd == -1) {
     nbdkit_error ("dir: %s: %s", fleet.dir, errstr (errno));
     return -1;
   }
+  fleet.files = glue_file_options;
+  fleet.files.beneath = fleet.dir;
+  fleet.files.beneath_fd = fleet.dirfd;
   fleet.env = glue_env;
+  fleet.env.opaque = &fleet.files;
   fleet.env.identity = fleet_env_identity;
   fleet.env.open = fleet_env_open;
   fleet.layers = qcow2_layers_new (&fleet.env);
@@ -584,28 +543,13 @@ fleet_get_ready (void)
                   "or nbdkit -r");
     return -1;
   }
-  if (fleet.template) {
-    opts.backing = fleet.template;
-    /* As a backing file name: relative to the folder. */
-    if (asprintf (&named, "%s/new", fleet.dir) == -1) {
-      nbdkit_error ("dir: %s", errstr (errno));
-      return -1;
-    }
-    if (fleet.template[0] == '/')
-      fleet.template_path = strdup (fleet.template);
-    else if (asprintf (&fleet.template_path, "%s/%s", fleet.dir,
-                       fleet.template) == -1)
-      fleet.template_path = NULL;
-    if (!fleet.template_path) {
-      nbdkit_error ("template: %s", errstr (errno));
-      free (named);
-      return -1;
-    }
-    r = image_create_options (named, &opts, glue.create.size);
-    free (named);
+  if (fleet.template && fleet_check_template () == -1)
+    return -1;
+  if (fleet.default_export && fleet_check_default () == -1)
+    return -1;
+  if (fleet.template)
     fleet_remove_stale ();
-  }
-  return r;
+  return 0;
 }
 
 /* Every stream stopped where it is, once the clients are gone: before
@@ -622,7 +566,6 @@ fleet_stop_streams (void)
   }
 }
 
-
 void
 fleet_load (void)
 {
@@ -631,9 +574,6 @@ fleet_load (void)
    */
   lock_cond_init (&fleet_changed);
   lock_cond_init (&fleet_idle);
-  /* Read (by setting it) while no other thread may make a file. */
-  fleet.umask = umask (022);
-  umask (fleet.umask);
 }
 
 void
@@ -646,6 +586,7 @@ fleet_unload (void)
   free (fleet.dir);
   free (fleet.default_export);
   free (fleet.template);
+  free (fleet.template_match);
   free (fleet.template_path);
   pthread_cond_destroy (&fleet_changed);
   pthread_cond_destroy (&fleet_idle);
@@ -701,7 +642,7 @@ fleet_connect (void)
 {
   const char *name = nbdkit_export_name ();
   const char *why;
-  char shown[72];
+  char shown[FLEET_SHOWN_MAX];
   struct fleet_export *e;
 
   if (!name)

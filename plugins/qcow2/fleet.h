@@ -4,6 +4,7 @@
  *
  *   fleet.c         the table of open exports: open, release, the idle
  *                   sweeper; the keys, get_ready and the end
+ *   fleet-open.c    an export's image opened, its file found beneath DIR
  *   fleet-list.c    the listing, and what an export's description says
  *   fleet-create.c  template=: new images made, half-made ones removed
  *   fleet-names.c   which names are exports, are made, and are shown
@@ -17,9 +18,14 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "escape.h"
+#include "fileio.h"
 #include "lock.h"
 #include "plugin.h"
 #include "qcow2.h"
+
+/* A name as messages show it, at most: 64 bytes of it escaped. */
+#define FLEET_SHOWN_MAX ESCAPE_SIZE (64)
 
 /* An open image, shared by the connections to its export. */
 struct fleet_export {
@@ -27,7 +33,7 @@ struct fleet_export {
   struct plugin_export served;
   struct fleet_export *next;
   char *name;                   /* the export name */
-  char *path;                   /* the file opened, every link resolved */
+  char *path;                   /* DIR/NAME, found beneath DIR */
   /* With stream=true, what the description says of the image as it
    * was opened, while the job may still cut it loose.
    */
@@ -38,10 +44,10 @@ struct fleet_export {
   struct qcow2_env env;
   enum { EXPORT_OPENING, EXPORT_OPEN, EXPORT_CLOSING } state;
   /* Deleted or replaced in the folder since it was opened: served to
-   * its clients still, found by no new one, closed when they leave.
+   * its clients and new ones until they have all left, then closed.
    */
-  bool stale;
-  dev_t dev;
+  bool gone;
+  dev_t dev;                    /* its file */
   ino_t ino;
   unsigned users;               /* connections */
   struct timespec idle_since;   /* when users fell to 0 */
@@ -51,21 +57,26 @@ struct fleet_export {
  * connection, then only read.
  */
 struct fleet_keys {
-  /* dir= (resolved), default-export=, template=, idle-close= (seconds),
-   * max-exports= (0: no bound).
+  /* dir= (resolved), default-export=, template=, template-match=,
+   * idle-close= (seconds), max-exports= (0: no bound), max-images=,
+   * min-free= (bytes).
    */
   char *dir;
   char *default_export;
   char *template;
+  char *template_match;
   uint64_t idle_close;
   uint64_t max_exports;
+  uint64_t max_images;
+  uint64_t min_free;
   const char *key;              /* the first of those keys given */
   int dirfd;                    /* dir=, opened */
   char *template_path;          /* template=, as a path (DIR/NAME) */
-  mode_t umask;                 /* what new files' modes lack */
-  /* The environment of the images, and the backing layers they share
-   * (made at get_ready).
+  /* How the images' files open: glue's options, beneath dir=.  The
+   * environment of the images, and the backing layers they share.
+   * Made at get_ready.
    */
+  struct fileio_options files;
   struct qcow2_env env;
   struct qcow2_layers *layers;
 };
@@ -82,6 +93,23 @@ fleet_entry (struct plugin_export *served)
   return (struct fleet_export *) served;
 }
 
+/* fleet-open.c */
+
+/* The image of e opened (e->served.image, e->path...), its file found
+ * beneath DIR or made; quiet: errors that closing idle images may
+ * cure as debug messages.  Returns 0; or -1 after logging an error,
+ * *again saying whether a try with the idle images closed may do.
+ */
+extern int fleet_open_image (struct fleet_export *e, const char *shown,
+                             bool quiet, bool *again)
+  TSA_EXCLUDES (&fleet_lock);
+/* The engine's environment's: a file known by its device and inode,
+ * and glue's open of it.
+ */
+extern char *fleet_env_identity (void *opaque, const char *path);
+extern struct qcow2_io *fleet_env_open (void *opaque, const char *path,
+                                        bool readonly, char **id);
+
 /* fleet-list.c */
 
 /* What an export's description says of its image; closed: the image
@@ -91,9 +119,11 @@ extern char *fleet_info_text (const struct qcow2_image *img, bool closed);
 
 /* fleet-create.c */
 
-/* template=: the image named (DIR/NAME) made: see fleet-create.c. */
-extern int fleet_create (const char *shown, const char *named,
+/* template=: the image of name (in dir=) made: see fleet-create.c. */
+extern int fleet_create (const char *shown, const char *name,
                          struct qcow2_io **iop, struct stat *made);
+/* Whether template= would make an image of name. */
+extern bool fleet_can_create (const char *name);
 /* The name (in dir=) removed if it still names the file ours is. */
 extern void fleet_unlink_ours (const char *name, const struct stat *ours);
 /* Whether st is the template: served read-only. */
@@ -107,7 +137,10 @@ extern void fleet_remove_stale (void);
 extern const char *fleet_name_refusal (const char *name);
 /* Whether template= makes an image of name. */
 extern bool fleet_creatable (const char *name);
-/* name as a message shows it, in buf. */
-extern const char *fleet_shown (const char *name, char buf[72]);
+/* name as a message shows it, in buf: bytes outside printable ASCII
+ * escaped (a name is untrusted: it must not forge log lines, nor flood
+ * them), cut at 64 bytes.
+ */
+extern const char *fleet_shown (const char *name, char buf[FLEET_SHOWN_MAX]);
 
 #endif /* NBDKIT_QCOW2_FLEET_H */

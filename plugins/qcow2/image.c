@@ -135,8 +135,9 @@ image_config_complete (void)
  * backing files.
  */
 static int
-image_probe_backing (const char *path, const char *backing,
-                     struct qcow2_create_options *opts, int64_t *size)
+image_probe_backing (const struct qcow2_env *env, const char *path,
+                     const char *backing, struct qcow2_create_options *opts,
+                     int64_t *size)
 {
   /* An encrypted backing file opens with its own password. */
   struct qcow2_options probe = {
@@ -151,7 +152,7 @@ image_probe_backing (const char *path, const char *backing,
   char *resolved = NULL;
   int r = -1;
 
-  io = qcow2_open_name (&glue_env, path, backing, &resolved, &named_format);
+  io = qcow2_open_name (env, path, backing, &resolved, &named_format);
   if (!io)
     goto out;
   if (!opts->backing_format)
@@ -171,7 +172,7 @@ image_probe_backing (const char *path, const char *backing,
     }
   }
   if (strcmp (opts->backing_format, "qcow2") == 0) {
-    b = qcow2_open (&glue_env, io, resolved, &probe);
+    b = qcow2_open (env, io, resolved, &probe);
     if (!b)
       goto out;
     if (*size == -1)
@@ -221,11 +222,11 @@ image_create_file (const char *path, enum image_made *made)
  * size.
  */
 int
-image_create_options (const char *path, struct qcow2_create_options *opts,
-                      int64_t size)
+image_create_options (const struct qcow2_env *env, const char *path,
+                      struct qcow2_create_options *opts, int64_t size)
 {
   if (opts->backing &&
-      image_probe_backing (path, opts->backing, opts, &size) == -1)
+      image_probe_backing (env, path, opts->backing, opts, &size) == -1)
     return -1;
   /* Whole sectors, as qemu-img rounds it. */
   if (size > INT64_MAX - 511) {
@@ -233,7 +234,7 @@ image_create_options (const char *path, struct qcow2_create_options *opts,
     return -1;
   }
   opts->size = (size + 511) & ~INT64_C (511);
-  return qcow2_create_check (&glue_env, opts) < 0 ? -1 : 0;
+  return qcow2_create_check (env, opts) < 0 ? -1 : 0;
 }
 
 /* Everything is checked before the file is touched; then the image is
@@ -257,7 +258,7 @@ image_create (struct qcow2_io **iop, enum image_made *made)
   }
   glue.create.opts.backing = image.create_backing;
   glue.create.opts.data_file = image.data_file_name;
-  if (image_create_options (image.filename, &glue.create.opts,
+  if (image_create_options (&glue_env, image.filename, &glue.create.opts,
                             glue.create.size) == -1)
     return -1;
 
@@ -328,22 +329,26 @@ image_open_hint (const char *path, int e)
  * NULL with errno set, logged.
  */
 static struct qcow2_io *
-image_open_file (const char *path, struct qcow2_options *opts, bool quiet,
-                 int *e)
+image_open_file (const char *path, struct qcow2_options *opts,
+                 const struct image_how *how, int *e)
 {
+  const struct fileio_options *files =
+    how->files ? how->files : &glue_file_options;
+  bool quiet = how->quiet;
   struct qcow2_io *io = NULL;
   char *why = NULL;
   int err;
 
   if (!opts->readonly) {
-    io = fileio_open_with (path, false, &glue_file_options, &why);
-    if (!io && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    io = fileio_open_with (path, false, files, &why);
+    if (!io && !why &&
+        (errno == EACCES || errno == EROFS || errno == EPERM)) {
       *e = errno;
       opts->readonly = true;
     }
   }
   if (!io && opts->readonly && !why)
-    io = fileio_open_with (path, true, &glue_file_options, &why);
+    io = fileio_open_with (path, true, files, &why);
   if (!io) {
     const char *remedy = glue_why_remedy (why);
 
@@ -378,7 +383,7 @@ image_open (const char *path, struct qcow2_io *io,
   opts.small_l2_slices = how->small_l2_slices;
   if (how->remote_keep)
     opts.remote_keep = how->remote_keep;
-  if (!io && !(io = image_open_file (path, &opts, how->quiet, &e)))
+  if (!io && !(io = image_open_file (path, &opts, how, &e)))
     return NULL;
   /* A link changed between the check and the open could lead anywhere. */
   if (how->checked &&

@@ -19,6 +19,7 @@
 
 #include "qcow2.h"
 
+struct fileio_options;
 struct glue_stream_job;
 struct nbdkit_exports;
 
@@ -36,6 +37,7 @@ struct plugin_export {
 /* How image_open opens an image: what its caller's mode decides. */
 struct image_how {
   const struct qcow2_env *env;
+  const struct fileio_options *files;  /* how the file opens (NULL: glue's) */
   /* Errors as debug messages only: a first try that may fail. */
   bool quiet;
   /* Remedies for a file that is not an image (file=: the user named it). */
@@ -64,9 +66,11 @@ enum image_made { MADE_NOTHING, MADE_NEW_FILE, MADE_IN_EMPTY_FILE };
 extern struct qcow2_io *image_create_file (const char *path,
                                            enum image_made *made);
 /* The options of an image to make at path, its backing file (if any)
- * probed, checked.  Returns 0, or -1 after logging an error.
+ * probed (env opening it), checked.  Returns 0, or -1 after logging an
+ * error.
  */
-extern int image_create_options (const char *path,
+extern int image_create_options (const struct qcow2_env *env,
+                                 const char *path,
                                  struct qcow2_create_options *opts,
                                  int64_t size);
 
