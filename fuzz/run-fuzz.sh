@@ -4,8 +4,10 @@
 # libFuzzer for a bounded time.
 #
 #   fuzz/run-fuzz.sh [SECONDS]     fuzz for SECONDS in all (default 60):
-#                                  a quarter on fuzz-names (corpus-names/),
-#                                  the rest on fuzz-qcow2 (corpus/)
+#                                  an eighth each on fuzz-exports
+#                                  (corpus-exports/) and fuzz-names
+#                                  (corpus-names/), the rest on
+#                                  fuzz-qcow2 (corpus/)
 #   fuzz/run-fuzz.sh FILE...       run a target once on each FILE:
 #                                  fuzz-names if the first one's path
 #                                  holds "names", else fuzz-qcow2
@@ -21,7 +23,8 @@
 #                   the top of this tree, ignored by git)
 #   FUZZ_ARGS       more libFuzzer options, e.g. "-jobs=2 -workers=2"
 #   FUZZ_KEEP=1     keep the temporary build and corpus
-#   FUZZ_TARGET     fuzz-qcow2 or fuzz-names: the target to run FILE... on
+#   FUZZ_TARGET     fuzz-qcow2, fuzz-names or fuzz-exports: the target to
+#                   run FILE... on
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +75,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 
 if [ "$mode" = repro ]; then
   case ${FUZZ_TARGET:-$1} in
+    *exports*) target=fuzz-exports ;;
     *names*) target=fuzz-names ;;
     *) target=fuzz-qcow2 ;;
   esac
@@ -108,6 +112,8 @@ fuzz ()
 
 # -max_len: the largest image seed is under 200 KiB; names are short.
 names_secs=$(( secs / 4 > 0 ? secs / 4 : 1 ))
-fuzz fuzz-names corpus-names "$names_secs" 4096
+exports_secs=$(( names_secs / 2 > 0 ? names_secs / 2 : 1 ))
+fuzz fuzz-exports corpus-exports "$exports_secs" 512
+fuzz fuzz-names corpus-names "$(( names_secs - exports_secs > 0 ? names_secs - exports_secs : 1 ))" 4096
 fuzz fuzz-qcow2 corpus "$(( secs - names_secs > 0 ? secs - names_secs : 1 ))" 262144
 echo "run-fuzz: no crash, leak or timeout in $secs s"

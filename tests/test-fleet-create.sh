@@ -3,7 +3,8 @@
 # dir= template=: creation bounded and logged.
 #  - max-images=N bounds the images in DIR (those already there count):
 #    a name past it is refused, one line naming the export and the
-#    bound, and no file is made, however many names a client asks for;
+#    bound, and no file is made, however many names clients ask for, one
+#    after another or 40 at once;
 #  - min-free=: no image made when less would stay free;
 #  - template-match=GLOB: only names of GLOB are made (a name typed in
 #    the wrong case gets no blank disk);
@@ -70,6 +71,40 @@ grep -q "export \"vm-3\": refused: no such image, and making it would pass max-i
   "$tmp/err" || { cat "$tmp/err"; fail "max-images=: no message"; }
 [ "$(grep -c 'export "vm-3"' "$tmp/err")" = 1 ] ||
   { cat "$tmp/err"; fail "vm-3: not one line"; }
+
+# A flood of new names from 40 clients at once: max-images= holds.
+f="$tmp/flood"
+mkdir "$f"
+cp "$d/golden.qcow2" "$f/"
+nbdkit -U - qcow2 dir="$f" template=golden.qcow2 max-images=12 \
+       idle-close=0 --run '
+/usr/bin/python3 - "$unixsocket" <<"PY"
+import nbd, os, sys, threading
+sock = sys.argv[1]
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+made, errors = [], []
+def ask(i):
+    try:
+        h = fleetclient.connect(sock, "vm%02d" % i)
+        h.pwrite(bytes([i]) * 512, 0)
+        h.flush()
+        made.append(h)
+    except nbd.Error:
+        pass
+    except Exception as e:
+        errors.append(e)
+ts = [threading.Thread(target=ask, args=(i,)) for i in range(40)]
+for t in ts: t.start()
+for t in ts: t.join()
+assert not errors, errors
+assert len(made) == 11, "%d made under max-images=12" % len(made)
+for h in made:
+    h.shutdown()
+PY
+' 2> "$tmp/err" || { cat "$tmp/err"; fail "a flood of new names"; }
+[ "$(ls -A "$f" | wc -l)" = 12 ] || fail "flood: files in DIR: $(ls -A "$f")"
+for v in $(ls "$f"); do qemu-img check -q "$f/$v" || fail "qemu-img check $v"; done
 
 # min-free= larger than the file system: nothing made.
 nbdkit -U - qcow2 dir="$d" template=golden.qcow2 min-free=1E --run '

@@ -65,6 +65,7 @@ check_creatable (void)
   CHECK (!fleet_creatable ("vm 1"));
   CHECK (!fleet_creatable ("d\xc3\xa9j\xc3\xa0"));
   CHECK (!fleet_creatable ("a:b"));
+  CHECK (!fleet_creatable ("A...x"));   /* found by fuzz-exports */
 }
 
 static void

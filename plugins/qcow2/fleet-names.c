@@ -66,7 +66,9 @@ fleet_shown (const char *name, char buf[FLEET_SHOWN_MAX])
   return escape_text (name, 64, buf);
 }
 
-/* The names template= makes images of. */
+/* The names template= makes images of: export names (no "..") of
+ * these bytes alone.
+ */
 bool
 fleet_creatable (const char *name)
 {
@@ -74,5 +76,5 @@ fleet_creatable (const char *name)
     "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-";
 
   return name[0] && strchr (more, name[0]) && !strchr ("._-", name[0]) &&
-    strspn (name, more) == strlen (name);
+    strspn (name, more) == strlen (name) && !fleet_name_refusal (name);
 }
