@@ -422,9 +422,15 @@ image_open (const char *path, struct qcow2_io *io,
 void
 image_close (struct qcow2_image *img, const char *path)
 {
-  if (img && qcow2_close (img) < 0)
-    nbdkit_error ("%s: closing the image failed: its last changes may not "
-                  "be durable", path);
+  int r = img ? qcow2_close (img) : 0;
+
+  /* What a client flushed was durable then: only what came after may
+   * be lost.
+   */
+  if (r < 0)
+    nbdkit_error ("%s: closing the image failed (its final flush: %s): "
+                  "what was written since the last flush may be lost", path,
+                  errstr (-r));
 }
 
 /* file=: the image made if asked, opened, checked, repaired if asked,
