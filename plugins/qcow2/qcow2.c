@@ -16,6 +16,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "control.h"
 #include "errstr.h"
 #include "glue.h"
 #include "plugin.h"
@@ -57,6 +58,7 @@ plugin_load (void)
 static void
 plugin_unload (void)
 {
+  control_unload ();
   fleet_unload ();
   image_unload (&single);
   free (glue_stream.base);
@@ -89,6 +91,7 @@ static const struct glue_option plugin_options[] = {
   { "max-images", GLUE_FN, .fn = fleet_config },
   { "min-free", GLUE_FN, .fn = fleet_config },
   { "template-match", GLUE_FN, .fn = fleet_config },
+  { "control", GLUE_FN, .fn = control_config },
   { "password", GLUE_FN, .any_value = true,
     .fn = glue_config_password },
   /* nbdkit's luks filter calls it passphrase=. */
@@ -213,6 +216,7 @@ plugin_config_complete (void)
   "min-free=<SIZE>                 dir=: nor when less than SIZE would stay\n" \
   "                                free (default 256M).\n" \
   "template-match=<GLOB>           dir=: template= makes only names of GLOB.\n" \
+  "control=<SOCKET>                A QMP control socket (LIVE OPERATIONS).\n" \
   "backing=none                    Serve the image without its backing file.\n" \
   "data-file=<FILENAME>            Override the external data file (with\n" \
   "                                create=: the one made).\n" \
@@ -260,7 +264,12 @@ plugin_default_export (int readonly, int is_tls)
 static int
 plugin_get_ready (void)
 {
-  return fleet_on () ? fleet_get_ready () : image_get_ready (&single);
+  /* The control socket last: nbdkit exits without unload if this
+   * fails, and the socket would stay.
+   */
+  if ((fleet_on () ? fleet_get_ready () : image_get_ready (&single)) == -1)
+    return -1;
+  return control_get_ready ();
 }
 
 /* Threads do not survive nbdkit's fork into the background: file='s
@@ -269,6 +278,8 @@ plugin_get_ready (void)
 static int
 plugin_after_fork (void)
 {
+  if (control_after_fork () == -1)
+    return -1;
   return fleet_on () ? fleet_after_fork ()
     : glue_stream_job_start (single.job);
 }
@@ -279,6 +290,7 @@ plugin_after_fork (void)
 static void
 plugin_cleanup (void)
 {
+  control_cleanup ();
   if (fleet_on ())
     fleet_cleanup ();
   else {
