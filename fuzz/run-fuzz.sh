@@ -5,12 +5,15 @@
 #
 #   fuzz/run-fuzz.sh [SECONDS]     fuzz for SECONDS in all (default 60):
 #                                  an eighth each on fuzz-exports
-#                                  (corpus-exports/) and fuzz-names
-#                                  (corpus-names/), the rest on
+#                                  (corpus-exports/), fuzz-names
+#                                  (corpus-names/) and fuzz-control
+#                                  (corpus-control/), the rest on
 #                                  fuzz-qcow2 (corpus/)
 #   fuzz/run-fuzz.sh FILE...       run a target once on each FILE:
 #                                  fuzz-names if the first one's path
-#                                  holds "names", else fuzz-qcow2
+#                                  holds "names" (fuzz-exports,
+#                                  "exports"; fuzz-control, "control"),
+#                                  else fuzz-qcow2
 #
 # The target is built with clang, ASan and UBSan (--enable-fuzzing) in a
 # temporary copy of this tree, so the build tree here is never touched,
@@ -23,8 +26,8 @@
 #                   the top of this tree, ignored by git)
 #   FUZZ_ARGS       more libFuzzer options, e.g. "-jobs=2 -workers=2"
 #   FUZZ_KEEP=1     keep the temporary build and corpus
-#   FUZZ_TARGET     fuzz-qcow2, fuzz-names or fuzz-exports: the target to
-#                   run FILE... on
+#   FUZZ_TARGET     fuzz-qcow2, fuzz-names, fuzz-exports or fuzz-control:
+#                   the target to run FILE... on
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -76,6 +79,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 if [ "$mode" = repro ]; then
   case ${FUZZ_TARGET:-$1} in
     *exports*) target=fuzz-exports ;;
+    *control*) target=fuzz-control ;;
     *names*) target=fuzz-names ;;
     *) target=fuzz-qcow2 ;;
   esac
@@ -110,10 +114,13 @@ fuzz ()
   grep -E '^stat::|^Done' "$work/$target.log" || true
 }
 
-# -max_len: the largest image seed is under 200 KiB; names are short.
+# -max_len: the largest image seed is under 200 KiB; names are short;
+# control input long enough for several messages, nested deep.
 names_secs=$(( secs / 4 > 0 ? secs / 4 : 1 ))
 exports_secs=$(( names_secs / 2 > 0 ? names_secs / 2 : 1 ))
+control_secs=$(( secs / 8 > 0 ? secs / 8 : 1 ))
 fuzz fuzz-exports corpus-exports "$exports_secs" 512
 fuzz fuzz-names corpus-names "$(( names_secs - exports_secs > 0 ? names_secs - exports_secs : 1 ))" 4096
-fuzz fuzz-qcow2 corpus "$(( secs - names_secs > 0 ? secs - names_secs : 1 ))" 262144
+fuzz fuzz-control corpus-control "$control_secs" 8192
+fuzz fuzz-qcow2 corpus "$(( secs - names_secs - control_secs > 0 ? secs - names_secs - control_secs : 1 ))" 262144
 echo "run-fuzz: no crash, leak or timeout in $secs s"
