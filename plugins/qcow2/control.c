@@ -196,7 +196,7 @@ control_remove (void)
  * socket taken), but also in its parent, once forked into the
  * background: the socket is removed at exit if no fork came first.
  */
-static bool control_forked;
+static bool control_forked, control_at_exit_set;
 
 static void
 control_note_fork (void)
@@ -242,12 +242,14 @@ control_get_ready (void)
     control_dev = st.st_dev;
     control_ino = st.st_ino;
   }
-  if (control_made &&
-      (pthread_atfork (NULL, control_note_fork, NULL) != 0 ||
-       atexit (control_at_exit) != 0)) {
-    nbdkit_error ("control=%s: %s", control_path, errstr (ENOMEM));
-    control_remove ();
-    return -1;
+  if (control_made && !control_at_exit_set) {
+    if (pthread_atfork (NULL, control_note_fork, NULL) != 0 ||
+        atexit (control_at_exit) != 0) {
+      nbdkit_error ("control=%s: %s", control_path, errstr (ENOMEM));
+      control_remove ();
+      return -1;
+    }
+    control_at_exit_set = true;
   }
   if (!control_made || listen (control_fd, 16) == -1) {
     nbdkit_error ("control=%s: %s", control_path, errstr (errno));
