@@ -23,6 +23,8 @@ packages=(
   fio
   # bench/stream.sh: qemu-storage-daemon's block-stream job, the peer
   qemu-system-common
+  # the control socket driven as an admin drives QMP
+  socat
   # remote backing files: QEMU's nbd, curl and ssh drivers as the
   # tests' oracle, and the HTTPS test server's certificate
   qemu-block-extra
