@@ -7,7 +7,8 @@
 # line a layer, its files in their own order, top first):
 #
 #   plugin:   plugins/qcow2/qcow2.c > fleet.c > fleet-open.c > fleet-list.c
-#             > fleet-create.c > image.c > fleet-names.c
+#             > fleet-create.c > image.c > fleet-names.c > control.c
+#             > control-qmp.c
 #   filter:   filters/qcow2/qcow2.c > overlay.c > below.c
 #   glue:     stream.c > glue.c > policy.c > log.c > parse.c
 #             > password.c > introspect.c
@@ -33,6 +34,7 @@ ORDER = [
     'plugin/qcow2.c', 'plugin/fleet.c', 'plugin/fleet-open.c',
     'plugin/fleet-list.c',
     'plugin/fleet-create.c', 'plugin/image.c', 'plugin/fleet-names.c',
+    'plugin/control.c', 'plugin/control-qmp.c',
     'filter/qcow2.c', 'filter/overlay.c', 'filter/below.c',
     'glue/stream.c', 'glue/glue.c', 'glue/policy.c', 'glue/log.c',
     'glue/parse.c', 'glue/password.c', 'glue/introspect.c',
