@@ -294,8 +294,9 @@ check_serving (void)
             total, r);
   }
   sleep (1);
-  CHECKF (__atomic_load_n (&ticks, __ATOMIC_RELAXED) >= 3,
-          "%u ticks", ticks);
+  unsigned n = __atomic_load_n (&ticks, __ATOMIC_RELAXED);
+  CHECKF (n >= 3,
+          "%u ticks", n);
 
   control_cleanup ();
   /* Once the thread is stopped, an event is only logged. */
