@@ -194,9 +194,12 @@ control_remove (void)
 
 /* nbdkit exits without unload if it fails after get_ready (its own
  * socket taken), but also in its parent, once forked into the
- * background: the socket is removed at exit if no fork came first.
+ * background: at exit (or when the plugin is unloaded, all done), the
+ * socket is removed if no fork came first.  A destructor, not atexit:
+ * it goes with the plugin's code, which nbdkit may unload before it
+ * exits (ThreadSanitizer's atexit then called into unmapped code).
  */
-static bool control_forked, control_at_exit_set;
+static bool control_forked, control_fork_noted;
 
 static void
 control_note_fork (void)
@@ -204,7 +207,7 @@ control_note_fork (void)
   control_forked = true;
 }
 
-static void
+static void __attribute__ ((destructor))
 control_at_exit (void)
 {
   if (!control_forked)
@@ -242,14 +245,13 @@ control_get_ready (void)
     control_dev = st.st_dev;
     control_ino = st.st_ino;
   }
-  if (control_made && !control_at_exit_set) {
-    if (pthread_atfork (NULL, control_note_fork, NULL) != 0 ||
-        atexit (control_at_exit) != 0) {
+  if (control_made && !control_fork_noted) {
+    if (pthread_atfork (NULL, control_note_fork, NULL) != 0) {
       nbdkit_error ("control=%s: %s", control_path, errstr (ENOMEM));
       control_remove ();
       return -1;
     }
-    control_at_exit_set = true;
+    control_fork_noted = true;
   }
   if (!control_made || listen (control_fd, 16) == -1) {
     nbdkit_error ("control=%s: %s", control_path, errstr (errno));
