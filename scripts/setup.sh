@@ -14,6 +14,7 @@ packages=(
   autoconf
   automake
   build-essential
+  libjson-c-dev                 # JSON: json: backing names, the control socket
   libtool
   nbdkit-plugin-dev
   nettle-dev
