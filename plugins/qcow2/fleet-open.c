@@ -121,7 +121,7 @@ fleet_stream (struct fleet_export *e, const char *path)
    * here is so for a reason logged as it was opened.
    */
   if (glue_stream_job_new (e->served.image, path, "stream", false,
-                           &e->served.job) == -1)
+                           &e->served.inflight, &e->served.job) == -1)
     return -1;
   glue_stream_job_arm (e->served.job);
   return 0;

@@ -463,7 +463,7 @@ image_get_ready (struct plugin_export *single)
   if (glue.repair_leaks && glue_repair (img, image.filename) == -1)
     goto fail;
   if (glue_stream_job_new (img, image.filename, "stream", readonly,
-                           &job) == -1)
+                           &single->inflight, &job) == -1)
     goto fail;
   single->image = img;
   single->job = job;

@@ -9,6 +9,8 @@
  *   image.c  one image opened, or made first (create=, and the images
  *            template= makes): told by its caller what differs between
  *            file= and dir=, it knows nothing of the fleet
+ *   gate.c   the gate each client request passes (a snapshot or a
+ *            deletion holds them off)
  */
 #ifndef NBDKIT_QCOW2_PLUGIN_H
 #define NBDKIT_QCOW2_PLUGIN_H
@@ -29,8 +31,30 @@ struct nbdkit_exports;
  */
 struct plugin_export {
   struct qcow2_image *image;
-  struct glue_stream_job *job;
+  struct glue_stream_job *job;  /* atomic: the control socket may make it */
+  /* Requests in flight (atomic): the stream job yields to them; the
+   * gate (atomic, enum gate_state) lets them in (gate.c).
+   */
+  unsigned inflight;
+  int gate;
 };
+
+/* gate.c: every request passes the export's gate. */
+enum gate_state {
+  GATE_OPEN,                    /* requests go in */
+  GATE_HELD,                    /* they wait: the image is being changed */
+  GATE_CLOSED,                  /* they fail: the export was deleted */
+};
+/* A request begins: true, or false (errno ESHUTDOWN) if the export is
+ * closed; waits while it is held.
+ */
+extern bool gate_enter (struct plugin_export *e);
+extern void gate_leave (struct plugin_export *e);
+/* Hold (GATE_HELD) or close (GATE_CLOSED) the gate, and wait until no
+ * request is in flight: then none begins until gate_open.
+ */
+extern void gate_shut (struct plugin_export *e, enum gate_state how);
+extern void gate_open (struct plugin_export *e);
 
 /* image.c */
 

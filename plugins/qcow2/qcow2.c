@@ -404,10 +404,13 @@ plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   struct plugin_export *e = handle;
+  int r;
 
-  glue_stream_job_enter (e->job);
-  int r = qcow2_read (e->image, buf, count, offset);
-  glue_stream_job_leave (e->job);
+  if (!gate_enter (e))
+    return -1;
+  glue_stream_job_kick (__atomic_load_n (&e->job, __ATOMIC_ACQUIRE));
+  r = qcow2_read (e->image, buf, count, offset);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -419,6 +422,7 @@ static int
 plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   const uint32_t chunk = 1024 * 1024;
+  struct plugin_export *e = handle;
   void *buf = malloc (count < chunk ? count : chunk);
   int r = 0;
 
@@ -426,13 +430,18 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     nbdkit_error ("cache: %s", errstr (errno));
     return -1;
   }
+  if (!gate_enter (e)) {
+    free (buf);
+    return -1;
+  }
   while (count > 0 && r == 0) {
     uint32_t n = count < chunk ? count : chunk;
 
-    r = qcow2_read (plugin_image (handle), buf, n, offset);
+    r = qcow2_read (e->image, buf, n, offset);
     offset += n;
     count -= n;
   }
+  gate_leave (e);
   free (buf);
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -442,36 +451,54 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
   struct plugin_export *e = handle;
+  int r;
 
-  glue_stream_job_enter (e->job);
-  int r = qcow2_write (e->image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
-  glue_stream_job_leave (e->job);
+  if (!gate_enter (e))
+    return -1;
+  glue_stream_job_kick (__atomic_load_n (&e->job, __ATOMIC_ACQUIRE));
+  r = qcow2_write (e->image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_zero (plugin_image (handle), count, offset,
-                      flags & NBDKIT_FLAG_MAY_TRIM,
-                      flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
+  struct plugin_export *e = handle;
+  int r;
+
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_zero (e->image, count, offset, flags & NBDKIT_FLAG_MAY_TRIM,
+                  flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_trim (plugin_image (handle), count, offset,
-                      flags & NBDKIT_FLAG_FUA);
+  struct plugin_export *e = handle;
+  int r;
+
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_trim (e->image, count, offset, flags & NBDKIT_FLAG_FUA);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_flush (void *handle, uint32_t flags)
 {
-  int r = qcow2_flush (plugin_image (handle));
+  struct plugin_export *e = handle;
+  int r;
 
-  glue_flushed (plugin_image (handle));
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_flush (e->image);
+  glue_flushed (e->image);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -486,9 +513,14 @@ static int
 plugin_extents (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
 {
-  int r = qcow2_extents (plugin_image (handle), offset, count,
-                         flags & NBDKIT_FLAG_REQ_ONE, plugin_add_extent,
-                         extents);
+  struct plugin_export *e = handle;
+  int r;
+
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_extents (e->image, offset, count, flags & NBDKIT_FLAG_REQ_ONE,
+                     plugin_add_extent, extents);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
