@@ -43,7 +43,8 @@ RANK = {'plugin': 0, 'filter': 1, 'glue': 2,
         'fileio': 3, 'nbdio': 3, 'memio': 3, 'engine': 4}
 # Orders known here, bottom first, for modules not given one.
 KNOWN = {'plugin': ['gate.c', 'fleet-names.c', 'image.c', 'fleet-create.c',
-                    'fleet-list.c', 'fleet-open.c', 'fleet.c', 'qcow2.c'],
+                    'fleet-list.c', 'fleet-open.c', 'fleet.c', 'fleet-control.c',
+                    'qcow2.c'],
          'filter': ['below.c', 'overlay.c', 'qcow2.c']}
 
 

@@ -56,13 +56,12 @@ struct fleet_keys fleet = {
   .dirfd = -1,
 };
 
-/* The entry of the export name, or NULL. */
-static struct fleet_export *
+struct fleet_export *
 fleet_find (const char *name)
   TSA_REQUIRES (&fleet_lock)
 {
   for (struct fleet_export *e = fleet_exports; e; e = e->next)
-    if (strcmp (e->name, name) == 0)
+    if (e->state != EXPORT_DELETED && strcmp (e->name, name) == 0)
       return e;
   return NULL;
 }
@@ -87,8 +86,7 @@ fleet_add (const char *name)
   return e;
 }
 
-/* e out of the table, and freed (its image closed or never opened). */
-static void
+void
 fleet_remove (struct fleet_export *e)
   TSA_REQUIRES (&fleet_lock)
 {
@@ -101,6 +99,7 @@ fleet_remove (struct fleet_export *e)
   free (e->name);
   free (e->path);
   free (e->info);
+  free (e->served.job_id);
   free (e);
   pthread_cond_broadcast (&fleet_changed);
 }
@@ -114,13 +113,33 @@ static void
 fleet_close (struct fleet_export *e)
   TSA_REQUIRES (&fleet_lock)
 {
+  fleet_close_image (e);
+  fleet_remove (e);
+}
+
+void
+fleet_drop (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock)
+{
+  if (e->users == 0)
+    fleet_remove (e);
+  else {
+    e->state = EXPORT_DELETED;
+    pthread_cond_broadcast (&fleet_changed);
+  }
+}
+
+void
+fleet_close_image (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock)
+{
   e->state = EXPORT_CLOSING;
   lock_release (&fleet_lock);
   glue_stream_job_free (e->served.job);
   e->served.job = NULL;
   image_close (e->served.image, e->path);
+  e->served.image = NULL;
   lock_acquire (&fleet_lock);
-  fleet_remove (e);
 }
 
 static void
@@ -358,11 +377,7 @@ fleet_open_entry (struct fleet_export *e, const char *shown)
   return fleet_open_image (e, shown, false, &again);
 }
 
-/* A connection to the export name: its entry, the image opened if it
- * is not yet (it is then by this connection alone, others asking for
- * it waiting), or NULL (logged).
- */
-static struct fleet_export *
+struct fleet_export *
 fleet_open (const char *name, const char *shown)
   TSA_EXCLUDES (&fleet_lock)
 {
@@ -421,9 +436,12 @@ fleet_release (struct plugin_export *served)
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
   assert (e->users > 0);
-  if (--e->users > 0)
+  /* Closing (deleted): its closer frees it. */
+  if (--e->users > 0 || e->state == EXPORT_CLOSING)
     return;
-  if (e->gone) {
+  if (e->state == EXPORT_DELETED)
+    fleet_remove (e);
+  else if (e->gone) {
     glue_noticef (e->path, "export \"%s\": closed: its file was deleted or "
                   "replaced while it was open, and its last client left",
                   fleet_shown (e->name, shown));

@@ -2,6 +2,8 @@
 /* What the files of dir= share.  From the top down, each calling only
  * those below it (then image.c, plugin.h):
  *
+ *   fleet-control.c what the control socket sees of the table, and
+ *                   does to it
  *   fleet.c         the table of open exports: open, release, the idle
  *                   sweeper; the keys, get_ready and the end
  *   fleet-open.c    an export's image opened, its file found beneath DIR
@@ -42,14 +44,17 @@ struct fleet_export {
    * may fail, see fleet_open_image).
    */
   struct qcow2_env env;
-  enum { EXPORT_OPENING, EXPORT_OPEN, EXPORT_CLOSING } state;
+  /* Deleted (block-export-del): its image closed, found by no name,
+   * freed when its last connection leaves.
+   */
+  enum { EXPORT_OPENING, EXPORT_OPEN, EXPORT_CLOSING, EXPORT_DELETED } state;
   /* Deleted or replaced in the folder since it was opened: served to
    * its clients and new ones until they have all left, then closed.
    */
   bool gone;
   dev_t dev;                    /* its file */
   ino_t ino;
-  unsigned users;               /* connections */
+  unsigned users;               /* connections, and a job's hold */
   struct timespec idle_since;   /* when users fell to 0 */
 };
 
@@ -92,6 +97,27 @@ fleet_entry (struct plugin_export *served)
 {
   return (struct fleet_export *) served;
 }
+
+/* fleet.c: the table's entries.  The entry of the export name (not
+ * deleted), or NULL.  A connection to the export name: its entry, the
+ * image opened if it is not yet (it is then by this connection alone,
+ * others asking for it waiting), or NULL (logged).  e's image closed
+ * (the lock let go meanwhile, e closing), e left in the table.  e out
+ * of the table, and freed (its image closed or never opened).
+ */
+extern struct fleet_export *fleet_find (const char *name)
+  TSA_REQUIRES (&fleet_lock);
+extern struct fleet_export *fleet_open (const char *name, const char *shown)
+  TSA_EXCLUDES (&fleet_lock);
+extern void fleet_close_image (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock);
+extern void fleet_remove (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock);
+/* e, its image closed, freed now if no connection holds it, else when
+ * the last leaves (found by no name meanwhile).
+ */
+extern void fleet_drop (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock);
 
 /* fleet-open.c */
 

@@ -21,9 +21,6 @@
 #include "plugin.h"
 #include "qcow2.h"
 
-/* file=: the image every connection serves (dir=: fleet.c's). */
-static struct plugin_export single;
-
 /* malloc-mmap-threshold=: glibc keeps what a thread frees in that
  * thread's arena, and each of nbdkit's threads frees, when its
  * connection ends, a buffer as large as the largest request it served:
@@ -58,7 +55,7 @@ static void
 plugin_unload (void)
 {
   fleet_unload ();
-  image_unload (&single);
+  image_unload ();
   free (glue_stream.base);
   glue_unload ();
 }
@@ -260,7 +257,7 @@ plugin_default_export (int readonly, int is_tls)
 static int
 plugin_get_ready (void)
 {
-  return fleet_on () ? fleet_get_ready () : image_get_ready (&single);
+  return fleet_on () ? fleet_get_ready () : image_get_ready ();
 }
 
 /* Threads do not survive nbdkit's fork into the background: file='s
@@ -269,8 +266,7 @@ plugin_get_ready (void)
 static int
 plugin_after_fork (void)
 {
-  return fleet_on () ? fleet_after_fork ()
-    : glue_stream_job_start (single.job);
+  return fleet_on () ? fleet_after_fork () : image_after_fork ();
 }
 
 /* Every stream stopped where it is, once the clients are gone: before
@@ -281,10 +277,8 @@ plugin_cleanup (void)
 {
   if (fleet_on ())
     fleet_cleanup ();
-  else {
-    glue_stream_job_free (single.job);
-    single.job = NULL;
-  }
+  else
+    image_cleanup ();
 }
 
 static struct qcow2_image *
@@ -307,15 +301,18 @@ plugin_export_description (void *handle)
 static void *
 plugin_open (int readonly)
 {
-  return fleet_on () ? fleet_connect () : &single;
+  return fleet_on () ? fleet_connect () : image_connect ();
 }
 
 static void
 plugin_close (void *handle)
 {
-  glue_close_stats (plugin_image (handle));
+  if (plugin_image (handle))
+    glue_close_stats (plugin_image (handle));
   if (fleet_on ())
     fleet_release (handle);
+  else
+    image_release ();
 }
 
 static int64_t
