@@ -141,7 +141,7 @@ fleet_find_file (struct fleet_export *e, const char *shown,
   *iop = NULL;
   if (fileio_stat_with (named, &fleet.files, st) == 0)
     return 0;
-  if (errno == ENOENT && fleet.template) {
+  if (errno == ENOENT && fleet_has_template ()) {
     if (fleet_create (shown, e->name, iop, made) == -1)
       return -1;
     if (*iop) {

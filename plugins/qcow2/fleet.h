@@ -62,21 +62,10 @@ struct fleet_export {
  * connection, then only read.
  */
 struct fleet_keys {
-  /* dir= (resolved), default-export=, template=, template-match=,
-   * idle-close= (seconds), max-exports= (0: no bound), max-images=,
-   * min-free= (bytes).
-   */
-  char *dir;
+  char *dir;                    /* dir= (resolved) */
   char *default_export;
-  char *template;
-  char *template_match;
-  uint64_t idle_close;
-  uint64_t max_exports;
-  uint64_t max_images;
-  uint64_t min_free;
-  const char *key;              /* the first of those keys given */
+  const char *key;              /* the first of the fleet's keys given */
   int dirfd;                    /* dir=, opened */
-  char *template_path;          /* template=, as a path (DIR/NAME) */
   /* How the images' files open: glue's options, beneath dir=.  The
    * environment of the images, and the backing layers they share.
    * Made at get_ready.
@@ -87,9 +76,31 @@ struct fleet_keys {
 };
 extern struct fleet_keys fleet;
 
-/* The table of open images (fleet.c's). */
+/* The keys the control socket may change while nbdkit runs
+ * (nbdkit-fleet-set), under fleet_lock: template= (and its path, DIR/NAME
+ * if relative), template-match=, idle-close= (seconds), max-exports=
+ * (0: no bound), max-images=, min-free= (bytes).
+ */
+struct fleet_live {
+  char *template;
+  char *template_path;
+  char *template_match;
+  uint64_t idle_close;
+  uint64_t max_exports;
+  uint64_t max_images;
+  uint64_t min_free;
+};
+
+/* A live key (a name of nbdkit's: idle-close, template...) parsed into
+ * l: 0, or -1 after logging an error.
+ */
+extern int fleet_parse_live (struct fleet_live *l, const char *key,
+                             const char *value);
+
+/* The table of open images (fleet.c's), and the live keys. */
 extern struct lock fleet_lock;
 extern struct fleet_export *fleet_exports TSA_GUARDED_BY (&fleet_lock);
+extern struct fleet_live fleet_live TSA_GUARDED_BY (&fleet_lock);
 
 /* The entry whose served member a connection's handle is. */
 static inline struct fleet_export *
@@ -148,12 +159,23 @@ extern char *fleet_info_text (const struct qcow2_image *img, bool closed);
 /* template=: the image of name (in dir=) made: see fleet-create.c. */
 extern int fleet_create (const char *shown, const char *name,
                          struct qcow2_io **iop, struct stat *made);
-/* Whether template= would make an image of name. */
-extern bool fleet_can_create (const char *name);
+/* Whether template= would make an image of name; whether template= is
+ * given.
+ */
+extern bool fleet_can_create (const char *name)
+  TSA_EXCLUDES (&fleet_lock);
+extern bool fleet_has_template (void)
+  TSA_EXCLUDES (&fleet_lock);
+/* template: an image to make overlays of, there (at start, and when
+ * the control socket changes it): 0 with *path its path, or -1 after
+ * logging an error.
+ */
+extern int fleet_check_template (const char *template, char **path);
 /* The name (in dir=) removed if it still names the file ours is. */
 extern void fleet_unlink_ours (const char *name, const struct stat *ours);
 /* Whether st is the template: served read-only. */
-extern bool fleet_is_template (const struct stat *st);
+extern bool fleet_is_template (const struct stat *st)
+  TSA_EXCLUDES (&fleet_lock);
 /* The files of images a crash left half made, removed. */
 extern void fleet_remove_stale (void);
 
