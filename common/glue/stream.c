@@ -95,9 +95,10 @@ stream_job_setup (struct glue_stream_job *j, struct qcow2_image *img,
 static const struct glue_stream_spec *
 stream_keys (struct glue_stream_spec *spec)
 {
+  /* The control socket may change the rate while images open. */
   *spec = (struct glue_stream_spec) {
-    .base = glue_stream.base, .rate = glue_stream.rate,
-    .detach = glue_stream.detach,
+    .base = glue_stream.base, .detach = glue_stream.detach,
+    .rate = __atomic_load_n (&glue_stream.rate, __ATOMIC_RELAXED),
   };
   return spec;
 }

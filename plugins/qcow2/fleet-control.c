@@ -86,3 +86,93 @@ fleet_delete (const char *name, bool hard, unsigned *clients)
   lock_release (&fleet_lock);
   return 0;
 }
+
+/* stream-rate=: the rate of the jobs stream=true starts from now on,
+ * and of those it started that run (block-stream's keep their own).
+ */
+static int
+fleet_set_stream_rate (const char *value)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  uint64_t rate;
+
+  if (glue_parse_size ("stream-rate", value, true, &rate) == -1)
+    return -1;
+  __atomic_store_n (&glue_stream.rate, rate, __ATOMIC_RELAXED);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
+  for (struct fleet_export *e = fleet_exports; e; e = e->next)
+    if (e->state == EXPORT_OPEN && !e->served.job_held)
+      glue_stream_job_control (e->served.job, GLUE_STREAM_SET_RATE, rate);
+  return 0;
+}
+
+/* A string key set (value "": none), what it was in *was. */
+static void
+fleet_swap (char **key, char *value, char **was)
+  TSA_REQUIRES (&fleet_lock)
+{
+  *was = *key;
+  *key = value;
+}
+
+int
+fleet_set (const char *key, const char *value)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  struct fleet_live l = { 0 };
+  char *path = NULL, *was = NULL, *was_path = NULL;
+
+  if (strcmp (key, "stream-rate") == 0) {
+    if (fleet_set_stream_rate (value) == -1)
+      return -1;
+  }
+  else if (strcmp (key, "template") == 0 && *value &&
+           fleet_check_template (value, &path) == -1)
+    return -1;
+  else if (strcmp (key, "template") == 0 ||
+           strcmp (key, "template-match") == 0) {
+    char *v = *value ? strdup (value) : NULL;
+
+    if (*value && !v)
+      return -1;
+    lock_acquire (&fleet_lock);
+    if (strcmp (key, "template") == 0) {
+      fleet_swap (&fleet_live.template, v, &was);
+      fleet_swap (&fleet_live.template_path, path, &was_path);
+    }
+    else
+      fleet_swap (&fleet_live.template_match, v, &was);
+    lock_release (&fleet_lock);
+  }
+  else {
+    if (fleet_parse_live (&l, key, value) == -1)
+      return -1;
+    lock_acquire (&fleet_lock);
+    if (strcmp (key, "idle-close") == 0)
+      fleet_live.idle_close = l.idle_close;
+    else if (strcmp (key, "max-exports") == 0)
+      fleet_live.max_exports = l.max_exports;
+    else if (strcmp (key, "max-images") == 0)
+      fleet_live.max_images = l.max_images;
+    else
+      fleet_live.min_free = l.min_free;
+    lock_release (&fleet_lock);
+  }
+  glue_noticef (fleet.dir, "control: %s=%s from now on%s%s%s", key,
+                *value ? value : "(none)", was ? " (it was " : "",
+                was ? was : "", was ? ")" : "");
+  free (was);
+  free (was_path);
+  return 0;
+}
+
+void
+fleet_get (struct fleet_live *l)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
+  *l = fleet_live;
+  l->template = l->template ? strdup (l->template) : NULL;
+  l->template_match = l->template_match ? strdup (l->template_match) : NULL;
+  l->template_path = NULL;
+}

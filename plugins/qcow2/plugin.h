@@ -156,6 +156,15 @@ extern int fleet_each (plugin_view_fn fn, void *opaque);
 extern struct plugin_export *fleet_hold (const char *name);
 extern void fleet_unhold (struct plugin_export *served);
 extern int fleet_delete (const char *name, bool hard, unsigned *clients);
+/* A key changed while the fleet runs (template, template-match,
+ * idle-close, max-exports, max-images, min-free, stream-rate; "" for
+ * none, the string keys): checked as at start, logged.  Returns 0, or
+ * -1 after logging an error.  And what they are (fleet_get: its
+ * strings malloc'd, template_path left NULL).
+ */
+struct fleet_live;
+extern int fleet_set (const char *key, const char *value);
+extern void fleet_get (struct fleet_live *live);
 
 extern void fleet_load (void);
 extern void fleet_unload (void);
