@@ -607,22 +607,24 @@ qcow2_filter_get_ready (int thread_model)
   if (below_get_ready (thread_model))
     glue.engine.io_threads = 0;
   /* Before nbdkit forks: a refusal then reaches the terminal. */
-  if (qcow2_filter_probe () == -1)
+  if (qcow2_filter_probe () == -1 || overlay_get_ready () == -1)
     return -1;
-  return overlay_get_ready ();
+  glue_start_watch ();
+  return 0;
 }
 
 /* An image that cannot be served ends nbdkit at start, with its
- * reason.
+ * reason, heard where nbdkit was started.
  */
 static int
 qcow2_filter_after_fork (nbdkit_backend *backend)
 {
-  if (qcow2_filter_open_image (backend) == -1) {
-    glue_refuse_clients ();
-    return -1;
-  }
-  return 0;
+  int r;
+
+  glue_start_begin ();
+  r = qcow2_filter_open_image (backend);
+  glue_start_end (r == 0);
+  return r;
 }
 
 static void
