@@ -26,10 +26,14 @@ extern int below_config (const char *key, const char *value);
 extern int below_config_complete (void);
 /* nbdkit's thread model for the plugin: whether its calls take turns. */
 extern bool below_get_ready (int thread_model);
-/* Returns the context into the plugin, shared by all connections, or
- * NULL.
+/* Opens the context into the plugin, shared by all connections (held
+ * to below_cleanup), and prepares it: *size, its export's size.
+ * Returns 0, or -1 on error (logged).
  */
-extern nbdkit_next *below_open (nbdkit_backend *backend, bool readonly);
+extern int below_open (nbdkit_backend *backend, bool readonly,
+                       int64_t *size);
+/* The plugin's can_write: 1, 0, or -1 on error (logged). */
+extern int below_can_write (void);
 
 /* Returns the plugin's export (size bytes) as a qcow2_io, which the engine
  * owns, or NULL on error (logged).  Flags: NEXTIO_READONLY, never
@@ -37,14 +41,14 @@ extern nbdkit_next *below_open (nbdkit_backend *backend, bool readonly);
  */
 #define NEXTIO_READONLY 1u
 #define NEXTIO_EXTENTS 2u
-extern struct qcow2_io *below_nextio_new (nbdkit_next *next, int64_t size,
-                                          unsigned flags);
+extern struct qcow2_io *below_nextio_new (int64_t size, unsigned flags);
 
 /* Takes QEMU's locks on the local file nbdkit's file plugin serves, if
  * it serves one, held until below_cleanup.  Returns 0, or -1 after
  * logging an error.
  */
 extern int below_lock_file (bool readonly);
+/* Closes the context into the plugin, and the file locked. */
 extern void below_cleanup (void);
 
 /* What the plugin below is, as an overlay records it: its name and
@@ -110,13 +114,11 @@ extern int overlay_get_ready (void);
  * qcow2-overlay-stream=true (given again) has detached already.
  */
 extern bool overlay_standalone (void);
-/* Opens FILE (made if missing) as *image over below, the plugin's
- * context (opened read-only, prepared), whose disk is size bytes and
- * is called name in messages (below NULL, size -1: standalone).
- * Returns 0, or -1 after logging an error.
+/* Opens FILE (made if missing) as *image over the plugin's context
+ * (below_open: read-only), whose disk is size bytes (-1: standalone,
+ * the plugin not opened).  Returns 0, or -1 after logging an error.
  */
-extern int overlay_open (nbdkit_next *below, int64_t size, const char *name,
-                         struct qcow2_image **image);
+extern int overlay_open (int64_t size, struct qcow2_image **image);
 /* Whether NBD cache requests are taken (in an overlay): they fill
  * FILE with qcow2-overlay-on-cache= (by default, with
  * qcow2-overlay-on-read=), else do nothing.

@@ -725,10 +725,10 @@ overlay_standalone (void)
 }
 
 int
-overlay_open (nbdkit_next *below, int64_t size, const char *name,
-              struct qcow2_image **image)
+overlay_open (int64_t size, struct qcow2_image **image)
 {
   bool readonly = glue.engine.readonly || glue_server_readonly ();
+  bool below = size >= 0;
   struct qcow2_options opts = glue.engine;
   enum overlay_made made;
   struct qcow2_io *io;
@@ -751,9 +751,9 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   opts.readonly = readonly;
   opts.copy_on_read = overlay_on_read && below;
   if (below) {
-    opts.backing_io_name = name;
-    opts.backing_io = below_nextio_new (below, size,
-                                         NEXTIO_READONLY | NEXTIO_EXTENTS);
+    opts.backing_io_name = below_name ();
+    opts.backing_io = below_nextio_new (size,
+                                        NEXTIO_READONLY | NEXTIO_EXTENTS);
     if (!opts.backing_io) {
       io->ops->close (io);
       overlay_undo (made);

@@ -55,10 +55,9 @@ static bool create;
  */
 static unsigned load_count;
 
-/* The context into the plugin, shared by all connections, and what the
- * engine made of it.  Set at after_fork, fixed until cleanup.
+/* What the engine made of the plugin's export (below.c has the
+ * context into it).  Set at after_fork, fixed until cleanup.
  */
-static nbdkit_next *below;
 static struct qcow2_image *image;
 
 static int
@@ -362,7 +361,7 @@ qcow2_filter_create (struct qcow2_io *io, const char *name, int64_t size,
   /* An io of its own, whose status answers from the plugin's extents
    * (the image's io is made without them).
    */
-  struct qcow2_io *scan = below_nextio_new (below, size,
+  struct qcow2_io *scan = below_nextio_new (size,
                                             NEXTIO_READONLY | NEXTIO_EXTENTS);
   int r;
 
@@ -453,19 +452,13 @@ qcow2_filter_open_image (nbdkit_backend *backend)
 
   glue.engine.debug_cache = qcow2_debug_cache;
   if (overlay_standalone ())
-    return overlay_open (NULL, -1, NULL, &image);
+    return overlay_open (-1, &image);
   /* The plugin under an overlay is only read. */
-  below = below_open (backend, readonly || overlay_active ());
-  if (!below)
-    return -1;
-  if (below->prepare (below) == -1)
-    return -1;
-  size = below->get_size (below);
-  if (size == -1)
+  if (below_open (backend, readonly || overlay_active (), &size) == -1)
     return -1;
   if (overlay_active ())
-    return overlay_open (below, size, below_name (), &image);
-  if (!readonly && (w = below->can_write (below)) != 1) {
+    return overlay_open (size, &image);
+  if (!readonly && (w = below_can_write ()) != 1) {
     if (w == -1)
       return -1;
     readonly = true;
@@ -476,8 +469,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   if (qcow2_filter_name_files (below_local_file (), &name, &dir) == -1)
     return -1;
   glue.engine.names_dir = below_local_file () && !backing_dir ? NULL : dir;
-  if (!(io = below_nextio_new (below, size,
-                                readonly ? NEXTIO_READONLY : 0))) {
+  if (!(io = below_nextio_new (size, readonly ? NEXTIO_READONLY : 0))) {
     free (dir);
     return -1;
   }
@@ -493,7 +485,7 @@ qcow2_filter_open_image (nbdkit_backend *backend)
   glue_forget_password ();
   if (!image) {
     if ((errno == ENODATA || errno == EMEDIUMTYPE) &&
-        (io = below_nextio_new (below, size, NEXTIO_READONLY)) != NULL) {
+        (io = below_nextio_new (size, NEXTIO_READONLY)) != NULL) {
       qcow2_filter_hint_empty (io, name);
       io->ops->close (io);
     }
@@ -635,11 +627,6 @@ qcow2_filter_cleanup (nbdkit_backend *backend)
     nbdkit_error ("closing the image failed: its last changes may not be "
                   "durable");
   image = NULL;
-  if (below) {
-    below->finalize (below);
-    nbdkit_next_context_close (below);
-    below = NULL;
-  }
   below_cleanup ();
 }
 
