@@ -8,7 +8,8 @@
 #   plugin:   plugins/qcow2/*.c (qcow2.c > fleet.c > fleet-list.c
 #             > fleet-create.c > image.c > fleet-names.c, as plugin.h
 #             and fleet.h say)
-#   filter:   filters/qcow2/*.c (qcow2.c > overlay.c > below.c)
+#   filter:   filters/qcow2/*.c (qcow2.c > start.c > create.c > config.c
+#             > overlay.c > record.c > below.c, as filter.h says)
 #   glue:     common/glue/*.c
 #   backends: common/fileio, common/nbdio, common/memio (none calls
 #             another)
@@ -44,7 +45,8 @@ RANK = {'plugin': 0, 'filter': 1, 'glue': 2,
 # Orders known here, bottom first, for modules not given one.
 KNOWN = {'plugin': ['fleet-names.c', 'image.c', 'fleet-create.c',
                     'fleet-list.c', 'fleet.c', 'qcow2.c'],
-         'filter': ['below.c', 'overlay.c', 'qcow2.c']}
+         'filter': ['below.c', 'record.c', 'overlay.c', 'config.c',
+                    'create.c', 'start.c', 'qcow2.c']}
 
 
 def source(member):
