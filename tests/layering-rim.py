@@ -5,10 +5,12 @@
 # file defines, as nm sees them in the objects built.  Module by module,
 # top first:
 #
-#   plugin:   plugins/qcow2/*.c (qcow2.c > fleet.c > fleet-open.c
-#             > fleet-list.c > fleet-create.c > image.c > fleet-names.c,
-#             as plugin.h and fleet.h say)
-#   filter:   filters/qcow2/*.c (qcow2.c > overlay.c > below.c)
+#   plugin:   plugins/qcow2/*.c (qcow2.c > control*.c > fleet-control.c
+#             > fleet.c > fleet-open.c > fleet-list.c > fleet-create.c
+#             > image.c > fleet-names.c > gate.c, as plugin.h and fleet.h
+#             say)
+#   filter:   filters/qcow2/*.c (qcow2.c > start.c > create.c > config.c
+#             > overlay.c > record.c > below.c, as filter.h says)
 #   glue:     common/glue/*.c
 #   backends: common/fileio, common/nbdio, common/memio (none calls
 #             another)
@@ -45,7 +47,8 @@ RANK = {'plugin': 0, 'filter': 1, 'glue': 2,
 KNOWN = {'plugin': ['gate.c', 'fleet-names.c', 'image.c', 'fleet-create.c',
                     'fleet-list.c', 'fleet-open.c', 'fleet.c', 'fleet-control.c',
                     'qcow2.c'],
-         'filter': ['below.c', 'overlay.c', 'qcow2.c']}
+         'filter': ['below.c', 'record.c', 'overlay.c', 'config.c',
+                    'create.c', 'start.c', 'qcow2.c']}
 
 
 def source(member):

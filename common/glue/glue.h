@@ -327,10 +327,17 @@ extern char *glue_filters_below (const char *self);
  */
 extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
 #endif
-/* The server failed at start: under --run, the command's client is
- * refused rather than left waiting.
+/* A module opening what it serves at after_fork (the filter), heard
+ * as at get_ready: glue_start_watch at get_ready; glue_start_begin as
+ * after_fork begins; glue_start_end as it ends, ready or not (the
+ * server then exits).  In the background, nbdkit's first process exits
+ * once the server is ready, or with status 1, having shown what the
+ * server logged meanwhile.  A server not ready leaves no pid file or
+ * Unix socket, and under --run the command's client is refused at once.
  */
-extern void glue_refuse_clients (void);
+extern void glue_start_watch (void);
+extern void glue_start_begin (void);
+extern void glue_start_end (bool ready);
 
 /* stream.c: stream=true (the filter: qcow2-overlay-stream=true)
  * and its companions, as each module's table parses them.
