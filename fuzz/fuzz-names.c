@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: the parsers of the names QEMU gives backing and
  * data files (common/qcow2/names.c, json.c, resolve.c): URLs, QEMU's
- * legacy nbd: syntax, and json: names, whose JSON reader is our own.
+ * legacy nbd: syntax, and json: names (JSON read by json-c, then
+ * checked and flattened by json.c).
  *
  * An input is a name, or (with a newline) the name of a naming image,
  * a newline and a name it holds: then the name is also resolved

@@ -8,6 +8,7 @@
  * refusals.
  */
 #include "unit-engine.h"
+#include "internal.h"         /* name_parse */
 
 /* A one-cluster v3 image (data in cluster 0) naming name as its
  * backing file, with format fmt (NULL: none).
@@ -141,6 +142,11 @@ test_names (void)
               NULL, "ssh://u%40v@h/a%3Fb%20c",
               "ssh://u%40v@h/a%3Fb%20c sslverify=1 timeout=0 cookie= ssh: "
               "host=h port= user=u@v path=/a?b c verify_host=1");
+  /* JSON's whitespace, escapes and surrogate pairs; -0 is 0. */
+  check_name ("json: {\"driver\" :\t\"raw\" ,\r\n\"offset\": -0, \"file\": "
+              "{\"driver\":\"file\",\"filename\":\"\\/srv\\/b\\u00e9\\t"
+              "\\ud83d\\ude00.raw\"} }\n", NULL, "/srv/b\xc3\xa9\t\xf0\x9f\x98\x80.raw",
+              NULL);
   check_name ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"http\","
               "\"filename\":\"http://web/base.raw\"}}", NULL,
               "http://web/base.raw",
@@ -294,6 +300,94 @@ check_refused (const char *name, int err, const char *phrase)
   memenv_free (me);
 }
 
+/* JSON that json-c reads (or reads its own way) and QEMU refuses, or
+ * that is past our bounds: each a clear refusal, never another name.
+ */
+#define F "\"file\":{\"driver\":\"nbd\",\"path\":\"/s\"}"
+static void
+check_json_refused (void)
+{
+  static const struct { const char *name, *phrase; int err; } cases[] = {
+    { "json:{\"driver\":\"raw\",\"driver\":\"raw\"," F "}",
+      "a key is given twice in one object", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"file\":{\"driver\":\"nbd\"}}",
+      "a key is given twice in one object", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"dr\\u0000x\":1}",
+      "\\u0000 or half a surrogate pair in a string at \"\\u0000x\"", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\\udc00\"}",
+      "half a surrogate pair", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\\ud800\\u0041\"}",
+      "half a surrogate pair", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"a\tb\"}",
+      "control character 0x09 in a string (escape it) at \"b\"}\"", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\xff\"}", "invalid UTF-8", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\xc0\x80\"}", "invalid UTF-8",
+      EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\xed\xa0\x80\"}", "invalid UTF-8",
+      EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\xf4\x90\x80\x80\"}",
+      "invalid UTF-8", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":\"\xc3\"}", "invalid UTF-8", EINVAL },
+    { "json:{\"driver\":\"raw\"," F "} x", "text after the object at \"x\"",
+      EINVAL },
+    { "json:{\"driver\":\"raw\"," F "}{}", "text after the object", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"offset\":NaN}",
+      "\"offset\": expected a number", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"offset\":-Infinity}", "bad number",
+      EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"offset\":18446744073709551616}",
+      "\"offset\": the number is out of range", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"offset\":00}", "bad number at \"00}\"",
+      EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"offset\":1.}", "bad number", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"offset\":1e3}",
+      "must be a non-negative integer, not \"1e3\"", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":{}}", "option \"x\" is not supported",
+      ENOTSUP },
+    { "json:{\"driver\":\"raw\"," F ",\"backing\":{}}", "only \"backing\": null",
+      ENOTSUP },
+    { "json:{\"driver\":\"raw\",\"file\":{}}",
+      "\"file\" must be the options of the storage", EINVAL },
+    { "json:{'driver':\"raw\"," F "}", "single quotes", EINVAL },
+    { "json:{\"driver\":'raw'," F "}", "single quotes", EINVAL },
+    { "json:{\"driver\":\"raw\"," F " /* c */}", "expected ',' or '}'", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",}", "expected a value at \"}\"", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",1:2}", "expected a key at \"1:2}\"",
+      EINVAL },
+    { "json:[{\"driver\":\"raw\"," F "}]", "expected an object", EINVAL },
+    { "json:{\"driver\":\"raw\"," F ",\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":"
+      "{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":{\"x\":1}}}}}}"
+      "}}}}}}}}}}}", "objects nest more than 16 deep", EINVAL },
+  };
+
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    check_refused (cases[i].name, cases[i].err, cases[i].phrase);
+}
+
+/* A name past 64 KiB, parsed as a backing= name would be: no header
+ * holds one, and a message about one is cut before its reason.
+ */
+static void
+test_json_size (void)
+{
+  struct name_spec spec;
+  char *name, *why;
+  int r;
+
+  if (asprintf (&name, "json:{\"driver\":\"raw\"," F ",\"x\":\"%65536s\"}",
+                "") < 0)
+    abort ();
+  r = name_parse (name, &spec, &why);
+  CHECK (r == -EINVAL);
+  CHECKF (why && strcmp (why, "json: the name is longer than 65536 bytes")
+          == 0, "message: %s", why ? why : "(none)");
+  if (r == 0)
+    name_spec_free (&spec);
+  free (why);
+  free (name);
+}
+#undef F
+
 static void
 test_refused (void)
 {
@@ -318,6 +412,11 @@ test_refused (void)
   check_refused ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbd\","
                  "\"path\":\"/s\"},\"file.path\":\"/t\"}", EINVAL,
                  "\"file.path\" is given twice");
+  check_refused ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbd\","
+                 "\"path\":\"/s\"} \"x\":1}", EINVAL, "expected ',' or '}' at "
+                 "\"\"x\":1}\"");
+  check_refused ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbd\","
+                 "\"path\":\"/s", EINVAL, "unterminated string");
   check_refused ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"http\","
                  "\"url\":\"https://web/x\"}}", EINVAL, "not an http:// URL");
   check_refused ("json:{\"driver\":\"raw\",\"file\":{\"driver\":\"http\","
@@ -339,6 +438,7 @@ test_refused (void)
   check_refused ("nbd:fe80::1:10809", EINVAL, "not an NBD name QEMU knows");
   check_refused ("nbd:[::1:10809", EINVAL, "not an NBD name QEMU knows");
   check_refused ("nbd:[::1]10809", EINVAL, "not an NBD name QEMU knows");
+  check_json_refused ();
   /* Remote storage that is not there. */
   check_refused ("nbd://h/x", ENOENT, "cannot open backing file "
                  "\"nbd://h/x\"");
@@ -390,5 +490,6 @@ main (void)
   test_relative ();
   test_raw_window ();
   test_refused ();
+  test_json_size ();
   return unit_finish ();
 }

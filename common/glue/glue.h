@@ -327,10 +327,17 @@ extern char *glue_filters_below (const char *self);
  */
 extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
 #endif
-/* The server failed at start: under --run, the command's client is
- * refused rather than left waiting.
+/* A module opening what it serves at after_fork (the filter), heard
+ * as at get_ready: glue_start_watch at get_ready; glue_start_begin as
+ * after_fork begins; glue_start_end as it ends, ready or not (the
+ * server then exits).  In the background, nbdkit's first process exits
+ * once the server is ready, or with status 1, having shown what the
+ * server logged meanwhile.  A server not ready leaves no pid file or
+ * Unix socket, and under --run the command's client is refused at once.
  */
-extern void glue_refuse_clients (void);
+extern void glue_start_watch (void);
+extern void glue_start_begin (void);
+extern void glue_start_end (bool ready);
 
 /* stream.c: stream=true (the filter: qcow2-overlay-stream=true)
  * and its companions, as each module's table parses them.
@@ -351,16 +358,35 @@ extern int glue_stream_config_complete (const char *key);
 extern int qcow2_debug_stream;
 /* The job of one image, for a module serving several (the plugin's
  * dir=; its file= too): made once the image named name is open (key
- * names stream=true in the message refusing a read-only image).
- * Returns 0 with *job the job, or NULL if stream= is off; or -1 after
- * logging an error.  A job with nothing to stream (the image has no
- * backing file: a notice says so) is one still, whose description is
+ * names stream=true in the message refusing a read-only image), busy
+ * the count of the image's requests in flight the job yields to (NULL:
+ * none).  Returns 0 with *job the job, or NULL if stream= is off; or -1
+ * after logging an error.  A job with nothing to stream (the image has
+ * no backing file: a notice says so) is one still, whose description is
  * NULL.
  */
 struct glue_stream_job;
 extern int glue_stream_job_new (struct qcow2_image *img, const char *name,
                                 const char *key, bool readonly,
+                                const unsigned *busy,
                                 struct glue_stream_job **job);
+/* A job asked for by the control socket (block-stream): its own base,
+ * rate and detach.
+ */
+struct glue_stream_spec {
+  const char *base;
+  uint64_t rate;
+  bool detach;
+};
+/* block-stream: a job as spec says made and started on the image
+ * named name, in *jobp (made if NULL; made again if its last job has
+ * ended).  Returns 0, or -1 with errno: EBUSY, a job runs; ENOENT,
+ * nothing to stream; else the error logged.
+ */
+extern int glue_stream_job_run (struct glue_stream_job **jobp,
+                                struct qcow2_image *img, const char *name,
+                                const struct glue_stream_spec *spec,
+                                const unsigned *busy);
 /* Starts its thread (after nbdkit forks).  Returns 0, or -1 after
  * logging an error.  NULL: nothing done.
  */
@@ -370,13 +396,24 @@ extern int glue_stream_job_start (struct glue_stream_job *job);
  * the image stands.
  */
 extern void glue_stream_job_free (struct glue_stream_job *job);
-/* Around each client request to its image (the job yields to them). */
-/* The job started by the first request that enters, not now (an image
- * opened only to be looked at streams nothing).
+/* The job started by the first request (glue_stream_job_kick, at each
+ * one), not now: an image opened only to be looked at streams nothing.
  */
 extern void glue_stream_job_arm (struct glue_stream_job *job);
-extern void glue_stream_job_enter (struct glue_stream_job *job);
-extern void glue_stream_job_leave (struct glue_stream_job *job);
+extern void glue_stream_job_kick (struct glue_stream_job *job);
+/* How far the job got: false if there is none now (*cancelled: it was
+ * cancelled).
+ */
+extern bool glue_stream_job_progress (struct glue_stream_job *job,
+                                      struct qcow2_stream_progress *p,
+                                      bool *cancelled);
+/* The control socket's hold on a running job: 0, or -1 if it has none. */
+enum glue_stream_do {
+  GLUE_STREAM_PAUSE, GLUE_STREAM_RESUME, GLUE_STREAM_SET_RATE,
+  GLUE_STREAM_CANCEL,
+};
+extern int glue_stream_job_control (struct glue_stream_job *job,
+                                    enum glue_stream_do what, uint64_t rate);
 /* The export description while it runs or once it ended ("streaming:
  * 43%, ...", as glue_stream_description), or NULL (job NULL, or
  * nothing to stream).  *settled says whether the job, at that point,

@@ -18,9 +18,12 @@
  *                       -v (syslog in background)
  *  glue_plugin_name,    the overlay's record of what all      test-overlay-
  *  glue_filters_below   lies below the filter                 identity
- *  glue_refuse_clients  --run's command fails at     all      test-filter-
- *                       once if the image cannot              qcow2-start
- *                       be served                             (start_fails)
+ *  glue_start_*         a refusal at after_fork      all      test-filter-
+ *                       heard in the background               qcow2-start,
+ *                       (exit 1, the message on               test-overlay-
+ *                       stderr); no pid file or               start
+ *                       socket left; --run's
+ *                       command fails at once
  *  glue_quiet_open      no "error: no connection in  <1.43.9  test-filter-
  *                       this thread" at start over            qcow2-start
  *                       the nbd plugin                        (nbd plugin)
@@ -47,6 +50,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <syslog.h>
 #include <unistd.h>
 
@@ -356,16 +361,29 @@ glue_filters_below (const char *self)
   return names;
 }
 
-#if !GLUE_NBDKIT_AT_LEAST (43, 9)
+/* Swaps what fd 2 is, between nbdkit's messages. */
+static void
+introspect_set_stderr (int fd)
+{
+  flockfile (stderr);
+  fflush (stderr);
+  dup2 (fd, STDERR_FILENO);
+  funlockfile (stderr);
+}
+
 /* What nbdkit before 1.43.9 logs when a plugin asks for the client's
  * export name in a context without a client, as the nbd and sh plugins
- * do at open: harmless, the plugin then uses its own export=.
+ * do at open: harmless, the plugin then uses its own export=.  A line
+ * of nbdkit's stderr, or one of syslog's shaped as one
+ * (introspect_start_say).
  */
 static bool
 introspect_no_client_line (const char *line)
 {
-  return strstr (line, ": error: no connection in this thread\n") != NULL;
+  return strstr (line, ": no connection in this thread\n") != NULL;
 }
+
+#if !GLUE_NBDKIT_AT_LEAST (43, 9)
 
 /* nbdkit's stderr while a context without a client opens: a pipe,
  * whose lines go on to what stderr was (out), but for the one above.
@@ -473,16 +491,6 @@ introspect_relay_thread (void *arg)
   return NULL;
 }
 
-/* Swaps what fd 2 is, between nbdkit's messages. */
-static void
-introspect_set_stderr (int fd)
-{
-  flockfile (stderr);
-  fflush (stderr);
-  dup2 (fd, STDERR_FILENO);
-  funlockfile (stderr);
-}
-
 /* The line above is left out by a thread of ours reading stderr while
  * the context opens, not by a file read after: what other threads (a
  * plugin's, started at its after_fork) write in the while goes on at
@@ -557,12 +565,6 @@ glue_quiet_open (void *(*open) (void *opaque), void *opaque)
 static void
 introspect_refuse_queue (int fd)
 {
-  int listening = 0;
-  socklen_t len = sizeof listening;
-
-  if (getsockopt (fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1 ||
-      !listening)
-    return;
   fcntl (fd, F_SETFL, fcntl (fd, F_GETFL) | O_NONBLOCK);
   while (accept (fd, NULL, NULL) >= 0)
     ;
@@ -571,34 +573,298 @@ introspect_refuse_queue (int fd)
     ;
 }
 
-/* The server failed at start (after_fork): nbdkit exits, but under
- * --run the parent, running the command, keeps the listening sockets
- * open, and the command's client would wait for ever on a server that
- * is gone.  What can be read before the fork is refused there (the
- * filter's probe of a file the file plugin serves); this is for the
- * rest, read through a plugin's context, which exists only after the
- * fork.  Depends on: --run's fork (glue_captive), in every nbdkit 1.32
- * to 1.45 before .after_fork, and the listening sockets being this
- * process's descriptors (found in /proc/self/fd).  Called by the one
- * thread of nbdkit's in after_fork, before nbdkit accepts, the process
- * ending just after: the sockets of a plugin's threads are none of them
- * listening.  Retired by: nbdkit closing its listening sockets in the
- * --run parent, or running .after_fork before it starts the command.
+/* A Unix socket's path, removed: nbdkit leaves it at exit, and another
+ * nbdkit given it cannot bind it.  Only a socket: nothing else can be
+ * bound there while this one is.
  */
-void
-glue_refuse_clients (void)
+static void
+introspect_unlink_socket (int fd)
 {
-  DIR *d;
+  struct sockaddr_un a = { 0 };
+  socklen_t len = sizeof a - 1;         /* the path ends in a NUL */
+  struct stat st;
+
+  if (getsockname (fd, (struct sockaddr *) &a, &len) == 0 &&
+      a.sun_family == AF_UNIX && a.sun_path[0] == '/' &&
+      lstat (a.sun_path, &st) == 0 && S_ISSOCK (st.st_mode))
+    unlink (a.sun_path);
+}
+
+/* Calls fn on each socket this process listens on. */
+static void
+introspect_listening (void (*fn) (int fd))
+{
+  DIR *d = opendir ("/proc/self/fd");
   struct dirent *e;
 
-  if (!glue_captive () || !(d = opendir ("/proc/self/fd")))
-    return;
-  while ((e = readdir (d)) != NULL) {
+  while (d && (e = readdir (d)) != NULL) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
     char *end;
     long fd = strtol (e->d_name, &end, 10);
 
-    if (*end == '\0' && fd != dirfd (d))
-      introspect_refuse_queue ((int) fd);
+    if (*end == '\0' && fd != dirfd (d) &&
+        getsockopt ((int) fd, SOL_SOCKET, SO_ACCEPTCONN, &listening,
+                    &len) == 0 && listening)
+      fn ((int) fd);
   }
-  closedir (d);
+  if (d)
+    closedir (d);
+}
+
+/* -P FILE, -PFILE (-fP FILE: after flags), --pidfile[=]FILE or
+ * --pid-file[=]FILE (the last one counts).
+ */
+static bool
+introspect_arg_pidfile (const char *a, const char *next, void *opaque)
+{
+  const char **file = opaque;
+
+  if (strncmp (a, "--pidfile=", 10) == 0 || strncmp (a, "--pid-file=", 11) == 0)
+    *file = strchr (a, '=') + 1;
+  else if (strcmp (a, "--pidfile") == 0 || strcmp (a, "--pid-file") == 0)
+    *file = next;
+  else if (a[0] == '-' && a[1] != '-') {
+    a += 1 + strspn (a + 1, "46fnorsvV");
+    if (*a == 'P')
+      *file = a[1] ? a + 1 : next;
+  }
+  return false;
+}
+
+/* nbdkit's pid file, absolute (the server runs in "/"), or NULL. */
+static char *start_pidfile;
+
+/* The pid file, removed if it holds this process's pid. */
+static void
+introspect_unlink_pidfile (void)
+{
+  FILE *fp = start_pidfile ? fopen (start_pidfile, "re") : NULL;
+  long pid = 0;
+
+  if (fp && fscanf (fp, "%ld", &pid) == 1 && pid == getpid ())
+    unlink (start_pidfile);
+  if (fp)
+    fclose (fp);
+}
+
+/* The start of a server heard, for a module that opens what it serves
+ * at after_fork (the filter: its plugin can be opened no earlier).
+ * nbdkit forks into the background before after_fork: its first
+ * process, the command's, has exited 0 by then, and the server logs to
+ * syslog, its stderr /dev/null.  So that a refusal then is heard as one
+ * at get_ready, the first process, as it exits after the fork, waits
+ * for the server's word on a pipe (start_status: 'b' as after_fork
+ * begins, then 'o' once the server is ready, or the pipe's end), shows
+ * on its stderr what the server logs meanwhile (start_log: the server's
+ * stderr while after_fork runs, with syslog's lines copied to it), and
+ * exits 1 if the server is not ready.  Depends on: nbdkit's first
+ * process calling exit () after the fork (fork_into_background, 1.32 to
+ * 1.45); its openlog (program_name, LOG_PID, 0) when it may log to
+ * syslog; syslog's copy (LOG_PERROR) being "IDENT[PID]: MESSAGE".
+ * Retired by: nbdkit calling .after_fork before its first process
+ * exits, or letting a filter open its plugin at .get_ready.
+ */
+static int start_status[2] = { -1, -1 }, start_log[2] = { -1, -1 };
+static int start_stderr = -1;   /* the server's stderr, while swapped */
+
+static void
+introspect_start_close (void)
+{
+  for (int i = 0; i < 2; i++) {
+    if (start_status[i] >= 0)
+      close (start_status[i]);
+    if (start_log[i] >= 0)
+      close (start_log[i]);
+    start_status[i] = start_log[i] = -1;
+  }
+}
+
+/* A line of what the server logged, on this process's stderr as nbdkit
+ * writes it there: syslog's ("nbdkit[PID]: MESSAGE") as an error, or as
+ * the notice it is ("MODULE: notice: ...", glue_log_notice's); the rest
+ * as it is.
+ */
+static void
+introspect_start_say (char *line)
+{
+  size_t ident = strcspn (line, " [:"), pid = 0, word;
+  const char *msg = NULL;
+  char *out;
+
+  if (ident && line[ident] == '[') {
+    pid = strspn (line + ident + 1, "0123456789");
+    if (pid && strncmp (line + ident + 1 + pid, "]: ", 3) == 0)
+      msg = line + ident + pid + 4;
+  }
+  word = msg ? strcspn (msg, " :") : 0;
+  if (asprintf (&out, "%s%s%s\n", msg ? "nbdkit: " : "",
+                !msg || (word && strncmp (msg + word, ": notice: ", 10) == 0)
+                ? "" : "error: ", msg ? msg : line) < 0)
+    return;
+  if (!introspect_no_client_line (out))
+    fputs (out, stderr);
+  free (out);
+}
+
+/* Says each line start_log holds now (non-blocking), and at its end
+ * (*open false) the rest.  Returns whether it read anything.
+ */
+static bool
+introspect_start_relay (char *buf, size_t size, size_t *len, bool *open)
+{
+  bool got_some = false;
+  ssize_t got;
+  char *nl;
+
+  while ((got = read (start_log[0], buf + *len, size - 1 - *len)) > 0 ||
+         (got == -1 && errno == EINTR)) {
+    got_some |= got > 0;
+    *len += got > 0 ? got : 0;
+    buf[*len] = '\0';
+    while ((nl = strchr (buf, '\n')) != NULL) {
+      *nl = '\0';
+      introspect_start_say (buf);
+      *len -= nl + 1 - buf;
+      memmove (buf, nl + 1, *len + 1);
+    }
+    if (*len == size - 1) {     /* a line too long: in pieces */
+      introspect_start_say (buf);
+      *len = 0;
+    }
+  }
+  *open = got == -1 && errno == EAGAIN;
+  if (!*open && *len) {
+    introspect_start_say (buf);
+    *len = 0;
+  }
+  return got_some;
+}
+
+/* The first process, at exit: once the server has said 'b', waits for
+ * its 'o', else exits 1.  A process that forked no server (nbdkit -f,
+ * or an exit before the fork) finds the pipe's end at once.
+ */
+static void
+introspect_start_wait (void)
+{
+  bool begun = false, ready = false, said = false, open = true;
+  char buf[4096], c;
+  size_t len = 0;
+
+  if (getpid () != load_pid || start_status[0] == -1)
+    return;
+  close (start_status[1]);
+  close (start_log[1]);
+  start_status[1] = start_log[1] = -1;
+  fcntl (start_log[0], F_SETFL, O_NONBLOCK);
+  while (!ready) {
+    struct pollfd p[2] = {
+      { .fd = start_status[0], .events = POLLIN },
+      { .fd = open ? start_log[0] : -1, .events = POLLIN },
+    };
+    ssize_t got;
+
+    if (poll (p, 2, -1) == -1 && errno != EINTR)
+      break;
+    if (p[1].revents)
+      said |= introspect_start_relay (buf, sizeof buf, &len, &open);
+    if (!p[0].revents ||
+        ((got = read (start_status[0], &c, 1)) == -1 && errno == EINTR))
+      continue;
+    if (got <= 0)
+      break;
+    begun |= c == 'b';
+    ready = c == 'o';
+  }
+  /* What the server logged before its word. */
+  if (open)
+    said |= introspect_start_relay (buf, sizeof buf, &len, &open);
+  introspect_start_close ();
+  if (begun && !ready) {
+    if (!said)
+      fprintf (stderr, "nbdkit: error: the server ended at start: see "
+               "where nbdkit logs (--log)\n");
+    fflush (NULL);
+    _exit (EXIT_FAILURE);
+  }
+}
+
+void
+glue_start_watch (void)
+{
+  const char *pidfile = NULL;
+
+  introspect_cmdline (introspect_arg_pidfile, &pidfile);
+  if (pidfile && !start_pidfile)
+    start_pidfile = nbdkit_absolute_path (pidfile);
+  if (glue_captive () || start_status[0] >= 0)
+    return;
+  if (pipe2 (start_status, O_CLOEXEC) == -1 ||
+      pipe2 (start_log, O_CLOEXEC) == -1 ||
+      atexit (introspect_start_wait) != 0) {
+    nbdkit_debug ("a start in the background will not be heard: %m");
+    introspect_start_close ();
+  }
+}
+
+/* syslog's lines are copied to stderr (LOG_PERROR) in the while:
+ * harmless where nbdkit does not log to syslog.
+ */
+void
+glue_start_begin (void)
+{
+  if (start_status[1] == -1)
+    return;
+  if (getpid () == load_pid) {  /* no fork: -f, -s, socket activation */
+    introspect_start_close ();
+    return;
+  }
+  close (start_status[0]);
+  close (start_log[0]);
+  start_status[0] = start_log[0] = -1;
+  /* Without 'b', the first process exits as nbdkit has it exit (0). */
+  if ((start_stderr = fcntl (STDERR_FILENO, F_DUPFD_CLOEXEC, 3)) == -1 ||
+      write (start_status[1], "b", 1) != 1) {
+    if (start_stderr >= 0)
+      close (start_stderr);
+    start_stderr = -1;
+    introspect_start_close ();
+    return;
+  }
+  introspect_set_stderr (start_log[1]);
+  openlog (NULL, LOG_PID | LOG_PERROR, 0);
+}
+
+/* A server not ready: the pid file and Unix sockets nbdkit made, which
+ * it does not remove at exit, are removed.  Under --run, the command's
+ * client would wait for ever (nbdkit exits, but the parent running the
+ * command keeps the listening sockets open): it is refused, the socket
+ * kept (the client told it is refused, not that the socket does not
+ * exist).  Depends on: --run's fork (glue_captive), in every nbdkit
+ * 1.32 to 1.45 before .after_fork, and the listening sockets being
+ * this process's descriptors.  Called by the one thread of nbdkit's in
+ * after_fork, before nbdkit accepts, the process ending just after:
+ * the sockets of a plugin's threads are none of them listening.
+ * Retired by: nbdkit closing its listening sockets in the --run parent
+ * and removing what it made at exit, or running .after_fork before it
+ * starts the command.
+ */
+void
+glue_start_end (bool ready)
+{
+  if (!ready) {
+    introspect_unlink_pidfile ();
+    introspect_listening (glue_captive () ? introspect_refuse_queue
+                                          : introspect_unlink_socket);
+  }
+  if (start_stderr == -1)
+    return;
+  openlog (NULL, LOG_PID, 0);
+  introspect_set_stderr (start_stderr);
+  close (start_stderr);
+  start_stderr = -1;
+  if (ready && write (start_status[1], "o", 1) != 1)
+    nbdkit_debug ("the first process was not told the server is ready: %m");
+  introspect_start_close ();
 }

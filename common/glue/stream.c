@@ -19,22 +19,35 @@
 #include "errstr.h"
 #include "glue.h"
 #include "humansize.h"
+#include "lock.h"
 
 struct glue_stream glue_stream = { .detach = true };
 
 /* -D qcow2.stream=1: a debug message per step of the job. */
 NBDKIT_DLL_PUBLIC int qcow2_debug_stream = 0;
 
-/* The job of one image, and its clients' requests in flight (atomic). */
+/* The job of one image.  Its engine job s is made at the image's open
+ * (stream=true) or by the control socket (block-stream, and again
+ * once one has ended), stopped by the control socket, and read by the
+ * control socket and by the export's description: under lock.  A
+ * client's first request starts an armed one.
+ */
 struct glue_stream_job {
-  struct qcow2_stream *s;       /* NULL: nothing to stream */
-  unsigned busy;
-  /* Armed: started by the first request that enters (atomic). */
-  bool armed;
+  struct lock lock;
+  struct qcow2_stream *s;       /* NULL: no job (none, or cancelled) */
+  bool cancelled;               /* stopped by block-job-cancel */
+  bool armed;                   /* atomic: the first request starts it */
+  /* Requests in flight: the caller's count (the plugin's export), or
+   * own (the filter's module job), which enter and leave keep.
+   */
+  const unsigned *busy;
+  unsigned own_busy;
 };
 
 /* The module's one job (the filter's overlay). */
-static struct glue_stream_job module_job;
+static struct glue_stream_job module_job = {
+  .lock = LOCK_INITIALIZER, .busy = &module_job.own_busy,
+};
 
 int
 glue_stream_config_complete (const char *key)
@@ -50,17 +63,20 @@ glue_stream_config_complete (const char *key)
   return -1;
 }
 
-/* The engine's job for img into j->s (left NULL when there is nothing
- * to stream).  Returns 0, or -1 after logging an error.
+/* The engine's job for img, as spec says, into j->s (left NULL when
+ * there is nothing to stream).  Returns 0, or -1 after logging an
+ * error.
  */
 static int
 stream_job_setup (struct glue_stream_job *j, struct qcow2_image *img,
-                  const char *name, const char *key, bool readonly)
+                  const char *name, const char *key, bool readonly,
+                  const struct glue_stream_spec *spec)
+  TSA_REQUIRES (j->lock)
 {
   struct qcow2_stream_options opts = {
-    .base = glue_stream.base, .rate = glue_stream.rate,
-    .keep_backing = !glue_stream.detach, .debug = qcow2_debug_stream,
-    .busy = &j->busy,
+    .base = spec->base, .rate = spec->rate,
+    .keep_backing = !spec->detach, .debug = qcow2_debug_stream,
+    .busy = j->busy,
   };
 
   if (readonly || !qcow2_can_write (img)) {
@@ -70,27 +86,57 @@ stream_job_setup (struct glue_stream_job *j, struct qcow2_image *img,
     return -1;
   }
   j->s = qcow2_stream_new (img, &opts);
+  j->cancelled = false;
   /* Streamed and cut loose already: served, as asked, with a notice. */
   return j->s || errno == ENOENT ? 0 : -1;
 }
 
+/* What stream= and its keys say. */
+static const struct glue_stream_spec *
+stream_keys (struct glue_stream_spec *spec)
+{
+  /* The control socket may change the rate while images open. */
+  *spec = (struct glue_stream_spec) {
+    .base = glue_stream.base, .detach = glue_stream.detach,
+    .rate = __atomic_load_n (&glue_stream.rate, __ATOMIC_RELAXED),
+  };
+  return spec;
+}
+
+static struct glue_stream_job *
+stream_job_alloc (const unsigned *busy)
+{
+  struct glue_stream_job *j = calloc (1, sizeof *j);
+
+  if (j) {
+    lock_init (&j->lock);
+    j->busy = busy ? busy : &j->own_busy;
+  }
+  return j;
+}
+
 int
 glue_stream_job_new (struct qcow2_image *img, const char *name,
-                     const char *key, bool readonly,
+                     const char *key, bool readonly, const unsigned *busy,
                      struct glue_stream_job **jobp)
 {
+  struct glue_stream_spec spec;
   struct glue_stream_job *j;
+  int r;
 
   *jobp = NULL;
   if (!glue_stream.on)
     return 0;
-  j = calloc (1, sizeof *j);
+  j = stream_job_alloc (busy);
   if (!j) {
     nbdkit_error ("%s: %s=true: %s", name, key, errstr (errno));
     return -1;
   }
-  if (stream_job_setup (j, img, name, key, readonly) == -1) {
-    free (j);
+  lock_acquire (&j->lock);
+  r = stream_job_setup (j, img, name, key, readonly, stream_keys (&spec));
+  lock_release (&j->lock);
+  if (r == -1) {
+    glue_stream_job_free (j);
     return -1;
   }
   *jobp = j;
@@ -98,9 +144,54 @@ glue_stream_job_new (struct qcow2_image *img, const char *name,
 }
 
 int
+glue_stream_job_run (struct glue_stream_job **jobp, struct qcow2_image *img,
+                     const char *name, const struct glue_stream_spec *spec,
+                     const unsigned *busy)
+{
+  struct glue_stream_job *j = __atomic_load_n (jobp, __ATOMIC_ACQUIRE);
+  struct qcow2_stream_progress p;
+
+  if (!j) {
+    if (!(j = stream_job_alloc (busy))) {
+      nbdkit_error ("%s: block-stream: %s", name, errstr (errno));
+      return -1;
+    }
+    __atomic_store_n (jobp, j, __ATOMIC_RELEASE);
+  }
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&j->lock);
+  if (j->s) {
+    qcow2_stream_progress (j->s, &p);
+    if (p.state == QCOW2_STREAM_STARTING ||
+        p.state == QCOW2_STREAM_RUNNING || p.state == QCOW2_STREAM_WAITING) {
+      errno = EBUSY;
+      return -1;
+    }
+    qcow2_stream_free (j->s);
+    j->s = NULL;
+  }
+  __atomic_store_n (&j->armed, false, __ATOMIC_RELAXED);
+  if (stream_job_setup (j, img, name, "stream", false, spec) == -1)
+    return -1;
+  if (!j->s) {
+    errno = ENOENT;
+    return -1;
+  }
+  if (qcow2_stream_start (j->s) < 0) {
+    qcow2_stream_free (j->s);
+    j->s = NULL;
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+int
 glue_stream_job_start (struct glue_stream_job *j)
 {
-  return j && j->s && qcow2_stream_start (j->s) < 0 ? -1 : 0;
+  if (!j)
+    return 0;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&j->lock);
+  return j->s && qcow2_stream_start (j->s) < 0 ? -1 : 0;
 }
 
 void
@@ -109,8 +200,9 @@ glue_stream_job_free (struct glue_stream_job *j)
   if (!j)
     return;
   /* No request of its image in flight. */
-  assert (__atomic_load_n (&j->busy, __ATOMIC_RELAXED) == 0);
+  assert (__atomic_load_n (j->busy, __ATOMIC_RELAXED) == 0);
   qcow2_stream_free (j->s);
+  lock_destroy (&j->lock);
   free (j);
 }
 
@@ -122,26 +214,70 @@ glue_stream_job_arm (struct glue_stream_job *j)
 }
 
 void
-glue_stream_job_enter (struct glue_stream_job *j)
+glue_stream_job_kick (struct glue_stream_job *j)
 {
-  if (!j)
-    return;
-  __atomic_add_fetch (&j->busy, 1, __ATOMIC_RELAXED);
-  if (__atomic_load_n (&j->armed, __ATOMIC_RELAXED) &&
+  if (j && __atomic_load_n (&j->armed, __ATOMIC_RELAXED) &&
       __atomic_exchange_n (&j->armed, false, __ATOMIC_ACQ_REL) &&
       glue_stream_job_start (j) == -1)
     nbdkit_error ("stream: the job did not start: the image is served "
                   "without it");
 }
 
-void
-glue_stream_job_leave (struct glue_stream_job *j)
+bool
+glue_stream_job_progress (struct glue_stream_job *j,
+                          struct qcow2_stream_progress *p,
+                          bool *cancelled)
 {
-  unsigned before;
-
   if (!j)
-    return;
-  before = __atomic_fetch_sub (&j->busy, 1, __ATOMIC_RELAXED);
+    return false;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&j->lock);
+  *cancelled = j->cancelled;
+  if (!j->s)
+    return false;
+  qcow2_stream_progress (j->s, p);
+  return true;
+}
+
+int
+glue_stream_job_control (struct glue_stream_job *j, enum glue_stream_do what,
+                         uint64_t rate)
+{
+  if (!j)
+    return -1;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&j->lock);
+  if (!j->s)
+    return -1;
+  switch (what) {
+  case GLUE_STREAM_PAUSE:
+  case GLUE_STREAM_RESUME:
+    qcow2_stream_pause (j->s, what == GLUE_STREAM_PAUSE);
+    break;
+  case GLUE_STREAM_SET_RATE:
+    qcow2_stream_set_rate (j->s, rate);
+    break;
+  case GLUE_STREAM_CANCEL:
+    /* Stopped where it is: the image keeps what was copied. */
+    qcow2_stream_free (j->s);
+    j->s = NULL;
+    j->cancelled = true;
+    __atomic_store_n (&j->armed, false, __ATOMIC_RELAXED);
+    break;
+  }
+  return 0;
+}
+
+/* The module job's requests in flight (the plugin counts its own). */
+static void
+stream_enter (struct glue_stream_job *j)
+{
+  __atomic_add_fetch (&j->own_busy, 1, __ATOMIC_RELAXED);
+}
+
+static void
+stream_leave (struct glue_stream_job *j)
+{
+  unsigned before = __atomic_fetch_sub (&j->own_busy, 1, __ATOMIC_RELAXED);
+
   assert (before > 0);          /* each leave after its enter */
 }
 
@@ -149,10 +285,14 @@ int
 glue_stream_prepare (struct qcow2_image *img, const char *name,
                      const char *key, bool readonly)
 {
+  struct glue_stream_spec spec;
+
   if (!glue_stream.on)
     return 0;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&module_job.lock);
   assert (module_job.s == NULL);        /* one image, prepared once */
-  return stream_job_setup (&module_job, img, name, key, readonly);
+  return stream_job_setup (&module_job, img, name, key, readonly,
+                           stream_keys (&spec));
 }
 
 int
@@ -164,8 +304,10 @@ glue_stream_start (void)
 void
 glue_stream_stop (void)
 {
+  lock_acquire (&module_job.lock);
   qcow2_stream_free (module_job.s);
   module_job.s = NULL;
+  lock_release (&module_job.lock);
   free (glue_stream.base);
   glue_stream.base = NULL;
 }
@@ -173,13 +315,13 @@ glue_stream_stop (void)
 void
 glue_stream_enter (void)
 {
-  glue_stream_job_enter (&module_job);
+  stream_enter (&module_job);
 }
 
 void
 glue_stream_leave (void)
 {
-  glue_stream_job_leave (&module_job);
+  stream_leave (&module_job);
 }
 
 const char *
@@ -188,10 +330,11 @@ glue_stream_job_description (struct glue_stream_job *j, bool *settled)
   struct qcow2_stream_progress p;
   char d[HUMAN_SIZE_LEN], t[HUMAN_SIZE_LEN];
 
+  bool cancelled = false;
+
   *settled = true;
-  if (!j || !j->s)
-    return NULL;
-  qcow2_stream_progress (j->s, &p);
+  if (!glue_stream_job_progress (j, &p, &cancelled))
+    return cancelled ? "streaming cancelled" : NULL;
   *settled = p.state != QCOW2_STREAM_STARTING &&
     p.state != QCOW2_STREAM_RUNNING && p.state != QCOW2_STREAM_WAITING;
   switch (p.state) {

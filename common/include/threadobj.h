@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* A thread's own object, made on its first use (a buffer, a ring, a
- * compression context), freed by its key's destructor.
+ * compression context), freed by its key's destructor.  The key must
+ * have been made: a user checks what pthread_key_create returned and
+ * fails what needs the key (fileio: an O_DIRECT open; compress.c: each
+ * compressed cluster), rather than pass this a key that is not one.
  */
 #ifndef QCOW2_THREADOBJ_H
 #define QCOW2_THREADOBJ_H

@@ -13,7 +13,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,40 +25,7 @@
 
 #include "checked.h"
 #include "errstr.h"
-#include "monotonic.h"
 #include "nbdio-internal.h"
-
-void
-nbdio_say (struct nbdio *io, enum nbdio_level level, const char *fmt, ...)
-{
-  void (*fn) (const char *) =
-    level == NBDIO_DEBUG ? io->opts.debug : io->opts.error;
-  char msg[1024];
-  va_list ap;
-
-  if (!fn && !(level == NBDIO_NOTICE && io->opts.notice))
-    return;
-  va_start (ap, fmt);
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  va_end (ap);
-  if (level == NBDIO_NOTICE && io->opts.notice)
-    io->opts.notice (io->name, msg);
-  else if (level == NBDIO_NOTICE) {
-    char *named;
-    if (asprintf (&named, "%s: %s", io->name, msg) >= 0) {
-      fn (named);
-      free (named);
-    }
-  }
-  else
-    fn (msg);
-}
-
-uint64_t
-nbdio_now_ms (void)
-{
-  return monotonic_ns () / 1000000;
-}
 
 /* Wait for fd to be ready as libnbd asks, or for the wake pipe, for ms
  * (-1: no limit).  Returns 0 if ready or woken, 1 if timed out.
@@ -139,6 +105,75 @@ nbdio_unlink_socket (struct nbd_handle *h)
   unlink (addr.sun_path);
   *slash = '\0';
   rmdir (addr.sun_path);
+}
+
+/* Is cmd an executable file in a folder of PATH? */
+static bool
+nbdio_in_path (const char *cmd)
+{
+  const char *p = getenv ("PATH");
+
+  while (p && *p) {
+    size_t n = strcspn (p, ":");
+    char *f;
+    bool ok;
+
+    /* An empty folder is the current one. */
+    if (asprintf (&f, "%.*s/%s", n ? (int) n : 1, n ? p : ".", cmd) < 0)
+      return true;              /* not known: libnbd's error says */
+    ok = access (f, X_OK) == 0;
+    free (f);
+    if (ok)
+      return true;
+    p += n + (p[n] == ':');
+  }
+  return false;
+}
+
+/* Returns libnbd's error connecting (without the name of the call),
+ * with what the user can do about it.
+ */
+static char *
+nbdio_connect_error (struct nbdio *io)
+{
+  const char *err = nbd_get_error ();
+  int e = nbd_get_errno ();
+  char *why;
+
+  /* libnbd sees only the connection reset. */
+  if (io->argv && !nbdio_in_path ("nbdkit"))
+    return asprintf (&why, "nbdkit's %s plugin could not be started: "
+                     "nbdkit not found in PATH (install nbdkit and its %s "
+                     "plugin, or add its folder to PATH)", io->plugin,
+                     io->plugin) < 0 ? NULL : why;
+  if (err && strncmp (err, "nbd_", 4) == 0 && strstr (err, ": "))
+    err = strstr (err, ": ") + 2;
+  if (io->argv && err && strstr (err, "handshake")) {
+    /* nbdkit said why on stderr; libnbd only saw it give up.  A
+     * redirect to a protocol the admin keeps it from is logged so there
+     * ("not supported or disabled"): what allows it is logged here.
+     */
+    const char *web = io->opts.web_protocols;
+    bool narrow = web && strcmp (io->plugin, "curl") == 0 &&
+      strcmp (web, "http,https") != 0;
+    return asprintf (&why, "nbdkit's %s plugin cannot serve it (its "
+                     "message is above)%s%s%s", io->plugin,
+                     narrow ? "; it may use only " : "", narrow ? web : "",
+                     narrow ? ", redirects included (backing-protocols=)"
+                     : "") < 0 ? NULL : why;
+  }
+  if (asprintf (&why, "%s%s", err ? err : "the connection failed",
+                e == ECONNREFUSED || e == ENOENT
+                ? ": is the NBD server running?"
+                : err && strstr (err, "getaddrinfo")
+                ? ": does the host name resolve?"
+                : err && strstr (err, "refused TLS")
+                ? " (the server does not offer TLS: nbd:// and nbd+unix:// "
+                  "connect without it)"
+                : err && strstr (err, "no export")
+                ? " (is the export name right?)" : "") < 0)
+    why = NULL;
+  return why;
 }
 
 /* Returns a new handle, connected within the timeout, or NULL with

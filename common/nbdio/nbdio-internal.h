@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* What the files of nbdio share: its state, and the functions one file
- * gives the others.  nbdio.c: reads, block status, open and close;
- * conn.c: connections, their threads, reconnection; names.c: URLs and
- * the nbdkit helpers that serve http, https and ssh.
+ * gives the others.  From the bottom up (README: each file calls only
+ * those before it): log.c, messages and the clock; names.c, URLs and
+ * the nbdkit helpers' command; relay.c, what the helpers say on stderr;
+ * conn.c, connections, their threads, reconnection; nbdio.c, reads,
+ * block status, open and close.
  */
 #ifndef NBDIO_INTERNAL_H
 #define NBDIO_INTERNAL_H
@@ -86,7 +88,7 @@ struct nbdio_conn {
   uint64_t progress_ms;
 };
 
-/* The helpers' stderr (names.c): a pipe each helper writes to, read
+/* The helpers' stderr (relay.c): a pipe each helper writes to, read
  * by a thread of the serving process, which says a line once and
  * counts the lines like it that follow (a base down makes nbdkit's
  * curl plugin say the same for every request) rather than each.
@@ -146,11 +148,25 @@ struct nbdio {
  */
 enum nbdio_level { NBDIO_DEBUG, NBDIO_ERROR, NBDIO_NOTICE };
 
-/* conn.c */
+/* log.c */
 extern void nbdio_say (struct nbdio *io, enum nbdio_level level,
                        const char *fmt, ...)
   __attribute__ ((format (printf, 3, 4)));
 extern uint64_t nbdio_now_ms (void);
+
+/* names.c */
+extern char *nbdio_socket_uri (const char *url);
+extern int nbdio_nbdkit_argv (struct nbdio *io,
+                              const struct qcow2_remote *remote, char **why);
+
+/* relay.c */
+extern int nbdio_relay_open (struct nbdio *io);
+extern void nbdio_relay_start (struct nbdio *io)
+  TSA_REQUIRES (io->lock);
+extern char **nbdio_helper_argv (struct nbdio *io);
+extern void nbdio_relay_stop (struct nbdio *io);
+
+/* conn.c */
 extern void nbdio_wake (struct nbdio_conn *c);
 extern struct nbd_handle *nbdio_connect (struct nbdio_conn *c, char **why);
 extern int nbdio_init_export (struct nbdio *io, struct nbd_handle *h,
@@ -163,15 +179,5 @@ extern struct nbdio_conn *nbdio_acquire (struct nbdio *io, char **why)
   TSA_EXCLUDES (io->lock);
 extern void nbdio_release (struct nbdio_conn *c)
   TSA_EXCLUDES (c->io->lock);
-
-/* names.c */
-extern char *nbdio_connect_error (struct nbdio *io);
-extern char *nbdio_socket_uri (const char *url);
-extern int nbdio_nbdkit_argv (struct nbdio *io,
-                              const struct qcow2_remote *remote, char **why);
-extern void nbdio_relay_start (struct nbdio *io)
-  TSA_REQUIRES (io->lock);
-extern char **nbdio_helper_argv (struct nbdio *io);
-extern void nbdio_relay_stop (struct nbdio *io);
 
 #endif /* NBDIO_INTERNAL_H */

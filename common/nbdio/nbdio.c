@@ -717,7 +717,8 @@ nbdio_open (const struct qcow2_remote *remote,
     if (!(io->uri = nbdio_socket_uri (remote->url)))
       e = errno;
   }
-  else if ((e = -nbdio_nbdkit_argv (io, remote, &msg)) != 0)
+  else if ((e = -nbdio_nbdkit_argv (io, remote, &msg)) != 0 ||
+           (e = -nbdio_relay_open (io)) != 0)
     goto fail;
   if (e)
     goto fail;

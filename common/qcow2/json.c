@@ -1,36 +1,55 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* "json:{...}" pseudo-filenames: the JSON parsed into flattened keys,
- * and the options of the drivers we open (raw and qcow2 over file, nbd,
- * http, https, ssh) read from them into a name_spec, as QEMU reads
- * them.  A "filename" option, and the URLs the drivers' options make,
- * are read as names.c reads a name.
+/* "json:{...}" pseudo-filenames: the JSON read by json-c and flattened
+ * into dotted keys, and the options of the drivers we open (raw and
+ * qcow2 over file, nbd, http, https, ssh) read from them into a
+ * name_spec, as QEMU reads them.  A "filename" option, and the URLs the
+ * drivers' options make, are read as names.c reads a name.
  */
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <json.h>
+
 #include "internal.h"
+
+/* A name is untrusted (an image's backing file name is whatever its
+ * maker wrote): its size and the depth of its objects are bounded.  A
+ * header holds at most 1023 bytes of name, and the deepest name we
+ * read nests three objects ({"file": {"server": {...}}}).
+ */
+#define JSON_MAX_SIZE 65536
+#define JSON_MAX_DEPTH 16
+
+#define JSON_SPACE " \t\n\r"
+#define JSON_DIGITS "0123456789"
+#define JSON_HEX JSON_DIGITS "abcdefABCDEF"
+#define JSON_SINGLE_QUOTES "single quotes (QEMU's extension of JSON) are " \
+  "not supported: use double quotes"
 
 /* "json:{...}", flattened as QEMU's qdict_flatten does: nested objects
  * become dotted keys ("file": {"server": {"type": ...}} is
- * "file.server.type"), so that every spelling QEMU accepts reads the
- * same.
+ * "file.server.type"), so that the spellings QEMU accepts read the
+ * same, but for two refused: single quotes (QEMU's extension) and a
+ * key given both nested and dotted (QEMU takes the last).  An empty
+ * object stays a value, as in QEMU.
  */
-enum json_type { JSON_STRING, JSON_NUMBER, JSON_BOOL, JSON_NULL };
+enum json_kind { JSON_STRING, JSON_NUMBER, JSON_BOOL, JSON_NULL, JSON_OBJECT };
 
 struct json_kv {
   char *key;
-  char *value;                  /* strings, numbers, "true", "false" */
-  enum json_type type;
+  char *value;                  /* strings, numbers as written, "true"... */
+  enum json_kind type;
   bool used;                    /* looked up: every key must be */
 };
 
 struct json_doc {
   struct json_kv *kv;
   size_t n;
-  const char *p;                /* parse position */
+  size_t members;               /* of every object json-c made */
   char **why;
 };
 
@@ -46,121 +65,207 @@ json_free (struct json_doc *d)
   d->n = 0;
 }
 
-static void
-json_space (struct json_doc *d)
-{
-  while (*d->p == ' ' || *d->p == '\t' || *d->p == '\n' || *d->p == '\r')
-    d->p++;
-}
-
+/* A refusal at p in the text, which is quoted up to a control
+ * character: a message is one line.
+ */
 static int
-json_error (struct json_doc *d, const char *what)
+json_fail_at (struct json_doc *d, const char *p, const char *what)
 {
-  return name_fail (d->why, -EINVAL, "json: %s at \"%.20s\"", what, d->p);
+  int n = 0;
+
+  while (n < 20 && (unsigned char) p[n] >= 0x20)
+    n++;
+  return name_fail (d->why, -EINVAL, "json: %s at \"%.*s\"", what, n, p);
 }
 
-/* Append the UTF-8 encoding of code point c to s at *len. */
-static void
-json_utf8 (char *s, size_t *len, uint32_t c)
-{
-  if (c < 0x80)
-    s[(*len)++] = c;
-  else if (c < 0x800) {
-    s[(*len)++] = 0xc0 | c >> 6;
-    s[(*len)++] = 0x80 | (c & 0x3f);
-  }
-  else if (c < 0x10000) {
-    s[(*len)++] = 0xe0 | c >> 12;
-    s[(*len)++] = 0x80 | ((c >> 6) & 0x3f);
-    s[(*len)++] = 0x80 | (c & 0x3f);
-  }
-  else {
-    s[(*len)++] = 0xf0 | c >> 18;
-    s[(*len)++] = 0x80 | ((c >> 12) & 0x3f);
-    s[(*len)++] = 0x80 | ((c >> 6) & 0x3f);
-    s[(*len)++] = 0x80 | (c & 0x3f);
-  }
-}
-
+/* json-c's refusal at p, in the words of the reader json-c replaced
+ * (which tests and users know).
+ */
 static int
-json_hex4 (const char *p, uint32_t *c)
+json_parse_error (struct json_doc *d, enum json_tokener_error e,
+                  const char *p)
 {
-  *c = 0;
-  for (int i = 0; i < 4; i++) {
-    if (!isxdigit ((unsigned char) p[i]))
-      return -1;
-    *c = *c << 4 | (isdigit ((unsigned char) p[i]) ? p[i] - '0'
-                    : (tolower ((unsigned char) p[i]) - 'a' + 10));
+  const char *what = *p == '\'' ? JSON_SINGLE_QUOTES : "expected a value";
+  char deep[64];
+
+  switch (e) {
+  case json_tokener_continue:   /* still, after the byte of a string */
+    what = "unterminated string";
+    break;
+  case json_tokener_error_depth:
+    snprintf (deep, sizeof deep, "objects nest more than %d deep",
+              JSON_MAX_DEPTH);
+    what = deep;
+    break;
+  case json_tokener_error_parse_object_key_name:
+    what = *p == '\'' ? JSON_SINGLE_QUOTES : "expected a key";
+    break;
+  case json_tokener_error_parse_object_key_sep:
+    what = "expected ':'";
+    break;
+  case json_tokener_error_parse_object_value_sep:
+    what = "expected ',' or '}'";
+    break;
+  case json_tokener_error_parse_array:
+    what = "arrays are not supported";
+    break;
+  case json_tokener_error_parse_string:
+    what = "bad escape in a string";
+    break;
+  case json_tokener_error_parse_utf8_string:
+    what = "invalid UTF-8";
+    break;
+  default:                      /* a bad value, or a stray character */
+    break;
+  }
+  return json_fail_at (d, p, what);
+}
+
+/* The length of the UTF-8 sequence at p, or 0 if RFC 3629 does not
+ * allow it: json-c's check lets overlong ones, surrogates and code
+ * points past U+10FFFF through, which QEMU refuses.
+ */
+static size_t
+json_utf8_len (const unsigned char *p)
+{
+  unsigned char lo = 0x80, hi = 0xbf;
+  size_t n;
+
+  if (p[0] < 0x80)
+    return 1;
+  if (p[0] >= 0xc2 && p[0] <= 0xdf)
+    n = 2;
+  else if (p[0] >= 0xe0 && p[0] <= 0xef)
+    n = 3;
+  else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+    n = 4;
+  else
+    return 0;
+  /* The second byte's range is what rules those out. */
+  if (p[0] == 0xe0)
+    lo = 0xa0;
+  else if (p[0] == 0xed)
+    hi = 0x9f;
+  else if (p[0] == 0xf0)
+    lo = 0x90;
+  else if (p[0] == 0xf4)
+    hi = 0x8f;
+  if (p[1] < lo || p[1] > hi)
+    return 0;
+  for (size_t i = 2; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  return n;
+}
+
+static unsigned long
+json_hex4 (const char *p)
+{
+  char s[5] = { p[0], p[1], p[2], p[3], '\0' };
+
+  return strtoul (s, NULL, 16);
+}
+
+/* The length of the escape \uXXXX (or a surrogate pair of them) at p,
+ * or 0 if QEMU refuses it: \u0000 (json-c cuts a key there) and half a
+ * surrogate pair (json-c makes U+FFFD of it).
+ */
+static size_t
+json_escape_len (const char *p)
+{
+  unsigned long c, lo;
+
+  if (strspn (p + 2, JSON_HEX) < 4)
+    return 0;
+  c = json_hex4 (p + 2);
+  if (c == 0 || (c >= 0xdc00 && c < 0xe000))
+    return 0;
+  if (c < 0xd800 || c >= 0xe000)
+    return 6;
+  if (p[6] != '\\' || p[7] != 'u' || strspn (p + 8, JSON_HEX) < 4)
+    return 0;
+  lo = json_hex4 (p + 8);
+  return lo >= 0xdc00 && lo < 0xe000 ? 12 : 0;
+}
+
+/* The length of the JSON number at p (RFC 8259), or 0: json-c also
+ * takes "1.", "00" and "-01", which QEMU refuses.
+ */
+static size_t
+json_number_len (const char *p)
+{
+  const char *q = p + (*p == '-');
+  size_t digits = strspn (q, JSON_DIGITS);
+
+  if (digits == 0 || (*q == '0' && digits > 1))
+    return 0;
+  q += digits;
+  if (*q == '.') {
+    if (!(digits = strspn (q + 1, JSON_DIGITS)))
+      return 0;
+    q += 1 + digits;
+  }
+  if (*q == 'e' || *q == 'E') {
+    q++;
+    q += *q == '+' || *q == '-';
+    if (!(digits = strspn (q, JSON_DIGITS)))
+      return 0;
+    q += digits;
+  }
+  return q - p;
+}
+
+/* What json-c lets through and QEMU refuses, found in the text json-c
+ * read (so its strings are whole): numbers json_number_len refuses; in
+ * strings, control characters, UTF-8 json_utf8_len refuses and escapes
+ * json_escape_len refuses; keys in single quotes (json-c takes them,
+ * but not such values).  And
+ * the members counted (the colons outside strings): json-c keeps the
+ * last of a key given twice in an object, which QEMU refuses, and
+ * then its objects hold fewer.
+ */
+static int
+json_scan (struct json_doc *d, const char *text, size_t *members)
+{
+  bool in = false;
+  char what[64];
+
+  *members = 0;
+  for (const char *p = text; *p; ) {
+    unsigned char c = *p;
+    size_t n = 1;
+
+    if (!in) {
+      if (c == '\'')
+        return json_fail_at (d, p, JSON_SINGLE_QUOTES);
+      if ((c == '-' || isdigit (c)) && !(n = json_number_len (p)))
+        return json_fail_at (d, p, "bad number");
+      in = c == '"';
+      *members += c == ':';
+    }
+    else if (c == '"')
+      in = false;
+    else if (c < 0x20) {
+      snprintf (what, sizeof what, "control character 0x%02x in a string "
+                "(escape it)", c);
+      return json_fail_at (d, p + 1, what);
+    }
+    else if (c == '\\' && p[1] == 'u') {
+      if (!(n = json_escape_len (p)))
+        return json_fail_at (d, p, "\\u0000 or half a surrogate pair in "
+                             "a string");
+    }
+    else if (c == '\\')
+      n = p[1] ? 2 : 1;
+    else if (!(n = json_utf8_len ((const unsigned char *) p)))
+      return json_fail_at (d, p, "invalid UTF-8 in a string");
+    p += n;
   }
   return 0;
 }
 
-/* Parses a string at d->p (the opening quote) into *out (malloc'd). */
 static int
-json_string (struct json_doc *d, char **out)
-{
-  const char *end;
-  size_t len = 0;
-  char *s;
-
-  d->p++;
-  /* The decoded string is never longer than the encoded one. */
-  for (end = d->p; *end && *end != '"'; end++)
-    if (*end == '\\' && end[1])
-      end++;
-  if (*end != '"')
-    return json_error (d, "unterminated string");
-  s = malloc (end - d->p + 1);
-  if (!s)
-    return -ENOMEM;
-  while (d->p < end) {
-    uint32_t c, lo;
-    char e;
-
-    if (*d->p != '\\') {
-      s[len++] = *d->p++;
-      continue;
-    }
-    e = d->p[1];
-    d->p += 2;
-    switch (e) {
-    case '"': case '\\': case '/': s[len++] = e; break;
-    case 'b': s[len++] = '\b'; break;
-    case 'f': s[len++] = '\f'; break;
-    case 'n': s[len++] = '\n'; break;
-    case 'r': s[len++] = '\r'; break;
-    case 't': s[len++] = '\t'; break;
-    case 'u':
-      if (end - d->p < 4 || json_hex4 (d->p, &c) < 0)
-        goto bad;
-      d->p += 4;
-      /* A surrogate pair is one code point. */
-      if (c >= 0xd800 && c < 0xdc00 && end - d->p >= 6 && d->p[0] == '\\'
-          && d->p[1] == 'u' && json_hex4 (d->p + 2, &lo) == 0
-          && lo >= 0xdc00 && lo < 0xe000) {
-        c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
-        d->p += 6;
-      }
-      if (c == 0 || (c >= 0xd800 && c < 0xe000))
-        goto bad;
-      json_utf8 (s, &len, c);
-      break;
-    default:
-      goto bad;
-    }
-  }
-  s[len] = '\0';
-  d->p = end + 1;
-  *out = s;
-  return 0;
-
- bad:
-  free (s);
-  return json_error (d, "bad escape in a string");
-}
-
-static int
-json_add (struct json_doc *d, char *key, char *value, enum json_type type)
+json_add (struct json_doc *d, char *key, char *value, enum json_kind type)
 {
   struct json_kv *kv;
 
@@ -184,119 +289,136 @@ json_add (struct json_doc *d, char *key, char *value, enum json_type type)
   return 0;
 }
 
-static int json_object (struct json_doc *d, const char *prefix);
+static int json_flatten (struct json_doc *d, struct json_object *obj,
+                         const char *prefix);
 
-/* Parses the value of key (its full dotted name) at d->p. */
+/* Adds the value v (NULL: null) of key, its full dotted name (freed). */
 static int
-json_value (struct json_doc *d, char *key)
+json_flatten_value (struct json_doc *d, char *key, struct json_object *v)
 {
-  static const struct { const char *word; enum json_type type; } words[] = {
-    { "true", JSON_BOOL }, { "false", JSON_BOOL }, { "null", JSON_NULL },
-  };
-  char *value = NULL;
+  enum json_kind type = JSON_NULL;
+  const char *text = "null", *bad = NULL;
+  char *value;
   int r;
 
-  json_space (d);
-  if (*d->p == '{') {
-    r = json_object (d, key);
+  switch (json_object_get_type (v)) {
+  case json_type_object:
+    if (json_object_object_length (v) > 0) {
+      r = json_flatten (d, v, key);
+      free (key);
+      return r;
+    }
+    type = JSON_OBJECT;
+    text = "{}";
+    break;
+  case json_type_array:
+    bad = "arrays are not supported";
+    break;
+  case json_type_string:
+    type = JSON_STRING;
+    break;
+  case json_type_int:
+    /* Where json-c holds an integer past 64 bits, which QEMU reads as
+     * a double, as no option here takes.
+     */
+    if (json_object_get_int64 (v) == INT64_MIN ||
+        json_object_get_uint64 (v) == UINT64_MAX)
+      bad = "the number is out of range";
+    type = JSON_NUMBER;
+    break;
+  case json_type_double:
+    /* json-c reads NaN and Infinity, which are not JSON. */
+    if (!isfinite (json_object_get_double (v)))
+      bad = "expected a number";
+    type = JSON_NUMBER;
+    break;
+  case json_type_boolean:
+    type = JSON_BOOL;
+    break;
+  case json_type_null:
+    break;
+  }
+  if (bad) {
+    r = name_fail (d->why, -EINVAL, "json: \"%s\": %s", key, bad);
     free (key);
     return r;
   }
-  if (*d->p == '"') {
-    if ((r = json_string (d, &value)) < 0) {
-      free (key);
-      return r;
-    }
-    return json_add (d, key, value, JSON_STRING);
+  /* A number as written (an integer in decimal). */
+  if (type == JSON_STRING || type == JSON_NUMBER || type == JSON_BOOL)
+    text = json_object_get_string (v);
+  if (!(value = strdup (text))) {
+    free (key);
+    return -ENOMEM;
   }
-  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
-    size_t n = strlen (words[i].word);
-    if (strncmp (d->p, words[i].word, n) == 0) {
-      d->p += n;
-      value = strdup (words[i].word);
-      if (!value) {
-        free (key);
-        return -ENOMEM;
-      }
-      return json_add (d, key, value, words[i].type);
-    }
-  }
-  if (*d->p == '-' || isdigit ((unsigned char) *d->p)) {
-    size_t n = strspn (d->p + 1, "0123456789.eE+-") + 1;
-    value = strndup (d->p, n);
-    if (!value) {
-      free (key);
-      return -ENOMEM;
-    }
-    d->p += n;
-    return json_add (d, key, value, JSON_NUMBER);
-  }
-  free (key);
-  return json_error (d, *d->p == '[' ? "arrays are not supported"
-                     : "expected a value");
+  return json_add (d, key, value, type);
 }
 
-/* Parses an object at d->p (the opening brace), its keys under prefix. */
+/* Adds the members of obj, their keys under prefix ("" at the top). */
 static int
-json_object (struct json_doc *d, const char *prefix)
+json_flatten (struct json_doc *d, struct json_object *obj, const char *prefix)
 {
-  d->p++;
-  json_space (d);
-  if (*d->p == '}') {
-    d->p++;
-    return 0;
-  }
-  for (;;) {
-    char *name, *key;
+  d->members += json_object_object_length (obj);
+  json_object_object_foreach (obj, name, v) {
+    char *key = NULL;
     int r;
 
-    json_space (d);
-    if (*d->p != '"')
-      return json_error (d, "expected a key");
-    if ((r = json_string (d, &name)) < 0)
-      return r;
     if (prefix[0] == '\0')
-      key = name;
-    else {
-      r = asprintf (&key, "%s.%s", prefix, name);
-      free (name);
-      if (r < 0)
-        return -ENOMEM;
-    }
-    json_space (d);
-    if (*d->p != ':') {
-      free (key);
-      return json_error (d, "expected ':'");
-    }
-    d->p++;
-    if ((r = json_value (d, key)) < 0)
+      key = strdup (name);
+    else if (asprintf (&key, "%s.%s", prefix, name) < 0)
+      key = NULL;
+    if (!key)
+      return -ENOMEM;
+    if ((r = json_flatten_value (d, key, v)) < 0)
       return r;
-    json_space (d);
-    if (*d->p == '}') {
-      d->p++;
-      return 0;
-    }
-    if (*d->p != ',')
-      return json_error (d, "expected ',' or '}'");
-    d->p++;
   }
+  return 0;
 }
 
 static int
 json_parse (const char *text, struct json_doc *d, char **why)
 {
+  const int flags = JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8 |
+    JSON_TOKENER_ALLOW_TRAILING_CHARS; /* found below, to be named */
+  size_t len = strlen (text), members;
+  const char *start = text + strspn (text, JSON_SPACE), *end;
+  struct json_tokener *tok;
+  struct json_object *obj;
+  enum json_tokener_error e;
   int r;
 
-  *d = (struct json_doc) { .p = text, .why = why };
-  json_space (d);
-  if (*d->p != '{')
-    return json_error (d, "expected an object");
-  r = json_object (d, "");
-  if (r == 0) {
-    json_space (d);
-    if (*d->p)
-      r = json_error (d, "text after the object");
+  *d = (struct json_doc) { .why = why };
+  if (len > JSON_MAX_SIZE)
+    return name_fail (why, -EINVAL, "json: the name is longer than %d "
+                      "bytes", JSON_MAX_SIZE);
+  if (*start != '{')
+    return json_fail_at (d, start, "expected an object");
+  if (!(tok = json_tokener_new_ex (JSON_MAX_DEPTH)))
+    return -ENOMEM;
+  /* Strict: none of json-c's extensions (comments, trailing commas). */
+  json_tokener_set_flags (tok, flags);
+  obj = json_tokener_parse_ex (tok, text, len);
+  e = json_tokener_get_error (tok);
+  end = text + json_tokener_get_parse_end (tok);
+  if (e == json_tokener_continue) {
+    /* The text ends early: what json-c wanted next shows when it is
+     * fed a space (ending a number or a word) and a byte that JSON
+     * holds only in a string.
+     */
+    json_tokener_parse_ex (tok, " \x01", 2);
+    e = json_tokener_get_error (tok);
+    end = text + len;
   }
+  json_tokener_free (tok);
+  end += strspn (end, JSON_SPACE);
+  if (!obj)
+    r = json_parse_error (d, e, end);
+  else if (*end)
+    r = json_fail_at (d, end, "text after the object");
+  else if ((r = json_scan (d, text, &members)) == 0 &&
+           (r = json_flatten (d, obj, "")) == 0 && members != d->members)
+    r = name_fail (why, -EINVAL, "json: a key is given twice in one "
+                   "object");
+  json_object_put (obj);
   if (r < 0)
     json_free (d);
   return r;
@@ -389,7 +511,7 @@ json_get_u64 (struct json_doc *d, const char *prefix, const char *name,
     return 0;
   errno = 0;
   *out = strtoull (kv->value, &end, 10);
-  if (kv->type == JSON_BOOL || kv->type == JSON_NULL ||
+  if ((kv->type != JSON_STRING && kv->type != JSON_NUMBER) ||
       !isdigit ((unsigned char) kv->value[0]) || *end || errno)
     return name_fail (why, -EINVAL, "json: \"%s%s\" must be a non-negative "
                       "integer, not \"%s\"", prefix, name, kv->value);
@@ -603,9 +725,13 @@ json_parse_name (const char *name, struct name_spec *spec, char **why)
   spec->format = driver ? (strcmp (driver, "raw") == 0 ? "raw" : "qcow2")
                         : NULL;
   if ((kv = json_get (&d, "", "file")) != NULL) {
-    r = name_fail (why, -EINVAL, "json: \"file\": \"%s\" names a block node, "
-                   "which exists only inside QEMU: give the node's options "
-                   "as an object, {\"driver\": ...}", kv->value);
+    r = kv->type == JSON_STRING
+      ? name_fail (why, -EINVAL, "json: \"file\": \"%s\" names a block "
+                   "node, which exists only inside QEMU: give the node's "
+                   "options as an object, {\"driver\": ...}", kv->value)
+      : name_fail (why, -EINVAL, "json: \"file\" must be the options of "
+                   "the storage the image is in, {\"driver\": ...}, not %s",
+                   kv->value);
     goto out;
   }
   if (!json_has_object (&d, "", "file")) {

@@ -341,6 +341,8 @@ struct qcow2_stream_progress {
    */
   uint64_t total, done;
   const char *base;             /* the options' base, or NULL */
+  bool paused;                  /* qcow2_stream_pause's */
+  uint64_t rate;                /* bytes per second now; 0: no limit */
 };
 /* A job for img, checked (the image writable, the base found), not
  * started: NULL with errno, the reason reported; ENOENT: the image has
@@ -352,6 +354,12 @@ extern struct qcow2_stream *qcow2_stream_new (struct qcow2_image *img,
 extern int qcow2_stream_start (struct qcow2_stream *s);
 extern void qcow2_stream_progress (struct qcow2_stream *s,
                                    struct qcow2_stream_progress *p);
+/* The rate changed while the job runs (0: no limit), the pacing
+ * starting again from now; and the job paused (before its next step:
+ * one in flight ends first) or resumed.
+ */
+extern void qcow2_stream_set_rate (struct qcow2_stream *s, uint64_t rate);
+extern void qcow2_stream_pause (struct qcow2_stream *s, bool pause);
 /* Stop the job (where it is: a step in flight ends first) and free it,
  * before the image is closed.
  */

@@ -67,6 +67,13 @@ struct qcow2_stream {
   struct lock lock;
   pthread_cond_t cond;
   bool stop;
+  /* Paused (block-job-pause): no step is started until resumed.  The
+   * rate, which may change while the job runs (set is its epoch: the
+   * pacing starts again from then).
+   */
+  bool paused;
+  uint64_t rate;
+  unsigned rate_set;
   enum qcow2_stream_state state;
   bool counted;                 /* total known */
   uint64_t total, done;         /* atomic */
@@ -358,18 +365,47 @@ stream_step (struct qcow2_stream *s, uint64_t *found)
   return r;
 }
 
-/* Before a step: clients first (a bounded wait), then the rate. */
+/* The rate pacing from *started, *copied bytes since: begun again now
+ * if the rate changed (the epoch *seen) or the job was paused.  Returns
+ * the rate.  While paused, waits for a resume (or a stop).
+ */
+static uint64_t
+stream_paced_from (struct qcow2_stream *s, int64_t *started,
+                   uint64_t *copied, unsigned *seen)
+  TSA_EXCLUDES (s->lock)
+{
+  uint64_t rate;
+  bool was_paused = false;
+
+  lock_acquire (&s->lock);
+  while (s->paused && !s->stop) {
+    was_paused = true;
+    lock_wait (&s->lock, &s->cond);
+  }
+  rate = s->rate;
+  if (was_paused || *seen != s->rate_set) {
+    *seen = s->rate_set;
+    *started = (int64_t) monotonic_ns ();
+    *copied = 0;
+  }
+  lock_release (&s->lock);
+  return rate;
+}
+
+/* Before a step: a pause, clients (a bounded wait), then the rate. */
 static bool
-stream_pace (struct qcow2_stream *s, int64_t started, uint64_t copied)
+stream_pace (struct qcow2_stream *s, int64_t *started, uint64_t *copied,
+             unsigned *seen)
 {
   int64_t until = (int64_t) monotonic_ns () + STREAM_YIELD_NS;
+  uint64_t rate = stream_paced_from (s, started, copied, seen);
 
   while (s->opts.busy && __atomic_load_n (s->opts.busy, __ATOMIC_RELAXED) &&
          (int64_t) monotonic_ns () < until)
     if (stream_sleep (s, STREAM_YIELD_POLL_NS))
       return true;
-  if (s->opts.rate) {
-    int64_t due = started + (int64_t) (copied * 1e9 / s->opts.rate);
+  if (rate) {
+    int64_t due = *started + (int64_t) (*copied * 1e9 / rate);
     int64_t now = (int64_t) monotonic_ns ();
 
     if (due > now)
@@ -472,7 +508,7 @@ static int
 stream_copy (struct qcow2_stream *s, int64_t started)
 {
   uint64_t copied = 0, left;
-  unsigned failures = 0, idle = 0, tenth = 0;
+  unsigned failures = 0, idle = 0, tenth = 0, seen = 0;
   int64_t flushed = (int64_t) monotonic_ns ();
   char what[64];
   int r;
@@ -485,7 +521,7 @@ stream_copy (struct qcow2_stream *s, int64_t started)
       uint64_t found;
       int64_t now;
 
-      if (stream_pace (s, started, copied))
+      if (stream_pace (s, &started, &copied, &seen))
         return -ECANCELED;
       r = stream_step (s, &found);
       if (r < 0) {
@@ -658,6 +694,7 @@ qcow2_stream_new (struct qcow2_image *img,
   s->base = base;
   s->opts = *opts;
   s->opts.base = NULL;
+  s->rate = opts->rate;
   s->state = QCOW2_STREAM_STARTING;
   lock_init (&s->lock);
   lock_cond_init (&s->cond);
@@ -688,10 +725,31 @@ qcow2_stream_progress (struct qcow2_stream *s,
   lock_acquire (&s->lock);
   p->state = s->state;
   p->counted = s->counted;
+  p->paused = s->paused;
+  p->rate = s->rate;
   lock_release (&s->lock);
   p->base = s->base_name;
   p->total = __atomic_load_n (&s->total, __ATOMIC_RELAXED);
   p->done = MIN (__atomic_load_n (&s->done, __ATOMIC_RELAXED), p->total);
+}
+
+void
+qcow2_stream_set_rate (struct qcow2_stream *s, uint64_t rate)
+{
+  lock_acquire (&s->lock);
+  s->rate = rate;
+  s->rate_set++;
+  pthread_cond_broadcast (&s->cond);
+  lock_release (&s->lock);
+}
+
+void
+qcow2_stream_pause (struct qcow2_stream *s, bool pause)
+{
+  lock_acquire (&s->lock);
+  s->paused = pause;
+  pthread_cond_broadcast (&s->cond);
+  lock_release (&s->lock);
 }
 
 void

@@ -44,29 +44,37 @@ struct round {
 
 /* The writes that one plugin flush makes durable. */
 struct domain {
+  bool used;                    /* a slot of domains[] in use */
   uint64_t completed;           /* writes, zeroes and trims completed */
   uint64_t durable;             /* the first `durable` of them are durable */
   struct round *current;        /* the plugin flush in progress, or NULL */
 };
 
 struct handle {
-  struct domain own;            /* if the plugin is not multi-conn */
-  struct domain *domain;
+  size_t domain;                /* its domain: a slot of domains[] */
 };
 
 static bool fua_by_flush;       /* coalesce-fua=true */
 
-/* Everything below, and the domains, under this lock. */
+/* The state below is under this lock, and kept in variables at file
+ * scope, which clang checks every access to (it cannot check a field
+ * of a connection's handle): the domains are slots of one table,
+ * domains[0] shared by every connection (the plugin is multi-conn),
+ * the others each a connection's own, reused once it closes.  A round
+ * is reached through its domain or by its waiters, under the lock too
+ * (clang does not see its fields).
+ */
 static struct lock lock = LOCK_INITIALIZER;
 static pthread_cond_t round_done = PTHREAD_COND_INITIALIZER;
-static struct domain shared;
+static struct domain *domains TSA_GUARDED_BY (lock) TSA_PT_GUARDED_BY (lock);
+static size_t ndomains TSA_GUARDED_BY (lock);
 
-static uint64_t flushes_received;   /* client flush requests */
-static uint64_t fua_received;       /* FUA requests turned into flushes */
-static uint64_t at_once;            /* ... returned at once */
-static uint64_t joined;             /* ... that used another's plugin flush */
-static uint64_t issued;             /* plugin flushes */
-static uint64_t issued_failed;
+static uint64_t flushes_received TSA_GUARDED_BY (lock); /* client flushes */
+static uint64_t fua_received TSA_GUARDED_BY (lock); /* FUA turned into them */
+static uint64_t at_once TSA_GUARDED_BY (lock); /* ... returned at once */
+static uint64_t joined TSA_GUARDED_BY (lock); /* ... used another's flush */
+static uint64_t issued TSA_GUARDED_BY (lock); /* plugin flushes */
+static uint64_t issued_failed TSA_GUARDED_BY (lock);
 
 static int
 coalesce_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
@@ -91,13 +99,19 @@ coalesce_config (nbdkit_next_config *next, nbdkit_backend *nxdata,
 
 static void
 coalesce_unload (void)
+  TSA_EXCLUDES (lock)
 {
+  lock_acquire (&lock);
   nbdkit_debug ("flush-coalesce: %" PRIu64 " flushes and %" PRIu64
                 " FUA requests received; %" PRIu64 " returned at once, %"
                 PRIu64 " shared a plugin flush; %" PRIu64
                 " plugin flushes issued, %" PRIu64 " failed",
                 flushes_received, fua_received, at_once, joined,
                 issued, issued_failed);
+  free (domains);
+  domains = NULL;
+  ndomains = 0;
+  lock_release (&lock);
 }
 
 static void *
@@ -118,20 +132,72 @@ coalesce_open (nbdkit_next_open *next, nbdkit_context *nxdata,
 
 static void
 coalesce_close (void *handle)
+  TSA_EXCLUDES (lock)
 {
-  free (handle);
+  struct handle *h = handle;
+
+  lock_acquire (&lock);
+  if (h->domain > 0)
+    domains[h->domain].used = false;
+  lock_release (&lock);
+  free (h);
+}
+
+/* Makes room in domains[] for more (domains[0], the shared one, is
+ * in use from the start).  Returns false with no memory (logged).
+ */
+static bool
+coalesce_grow (void)
+  TSA_REQUIRES (lock)
+{
+  size_t n = ndomains ? 2 * ndomains : 16;
+  struct domain *t = realloc (domains, n * sizeof *t);
+
+  if (t == NULL) {
+    nbdkit_error ("realloc: %s", errstr (errno));
+    return false;
+  }
+  memset (&t[ndomains], 0, (n - ndomains) * sizeof *t);
+  t[0].used = true;
+  domains = t;
+  ndomains = n;
+  return true;
+}
+
+/* Returns a connection's own domain, a free slot of domains[] (never
+ * 0), or 0 with no memory for one (logged).
+ */
+static size_t
+coalesce_new_domain (void)
+  TSA_REQUIRES (lock)
+{
+  size_t i;
+
+  for (i = 1; i < ndomains && domains[i].used; i++)
+    ;
+  if (i >= ndomains && !coalesce_grow ())
+    return 0;
+  domains[i] = (struct domain) { .used = true };
+  return i;
 }
 
 static int
 coalesce_prepare (nbdkit_next *next, void *handle, int readonly)
+  TSA_EXCLUDES (lock)
 {
   struct handle *h = handle;
   int r = next->can_multi_conn (next);
+  bool ok;
 
   if (r == -1)
     return -1;
-  h->domain = r ? &shared : &h->own;
-  return 0;
+  lock_acquire (&lock);
+  if (r)
+    ok = ndomains > 0 || coalesce_grow ();      /* h->domain is 0 */
+  else
+    ok = (h->domain = coalesce_new_domain ()) > 0;
+  lock_release (&lock);
+  return ok ? 0 : -1;
 }
 
 /* With coalesce-fua=true and a plugin that can flush, FUA is ours to
@@ -166,9 +232,11 @@ coalesce_unref (struct round *r)
     free (r);
 }
 
-/* Make durable every write of domain d completed before now. */
+/* Make durable every write of domains[d] completed before now.  The
+ * table may move while the lock is not held: d is an index.
+ */
 static int
-coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
+coalesce_flush_domain (nbdkit_next *next, size_t d, uint32_t flags,
                        int *err)
   TSA_EXCLUDES (lock)
 {
@@ -178,9 +246,9 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
   int ret;
 
   lock_acquire (&lock);
-  need = d->completed;
+  need = domains[d].completed;
   for (;;) {
-    if (d->durable >= need) {
+    if (domains[d].durable >= need) {
       /* A plugin flush that ended while this one waited still counts
        * as shared.
        */
@@ -191,7 +259,7 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
       lock_release (&lock);
       return 0;
     }
-    r = d->current;
+    r = domains[d].current;
     if (r == NULL)
       break;
     if (r->gen >= need) {
@@ -218,10 +286,10 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
     nbdkit_error ("malloc: %s", errstr (*err));
     return -1;
   }
-  r->gen = d->completed;
+  r->gen = domains[d].completed;
   r->done = false;
   r->refs = 1;
-  d->current = r;
+  domains[d].current = r;
   issued++;
   lock_release (&lock);
 
@@ -231,14 +299,14 @@ coalesce_flush_domain (nbdkit_next *next, struct domain *d, uint32_t flags,
   r->done = true;
   if (ret == 0) {
     r->err = 0;
-    if (r->gen > d->durable)
-      d->durable = r->gen;
+    if (r->gen > domains[d].durable)
+      domains[d].durable = r->gen;
   }
   else {
     r->err = *err ? *err : EIO;
     issued_failed++;
   }
-  d->current = NULL;
+  domains[d].current = NULL;
   pthread_cond_broadcast (&round_done);
   coalesce_unref (r);
   lock_release (&lock);
@@ -254,7 +322,7 @@ coalesce_completed (nbdkit_next *next, struct handle *h, int r, bool fua,
   TSA_EXCLUDES (lock)
 {
   lock_acquire (&lock);
-  h->domain->completed++;
+  domains[h->domain].completed++;
   if (r == 0 && fua)
     fua_received++;
   lock_release (&lock);

@@ -68,8 +68,8 @@ struct stats {
   uint64_t zero_errors[2][ERRNO_SLOTS];
 };
 
-static struct lock stats_lock = LOCK_INITIALIZER;      /* guards stats */
-static struct stats stats;
+static struct lock stats_lock = LOCK_INITIALIZER;
+static struct stats stats TSA_GUARDED_BY (stats_lock);
 
 /* Parameters. */
 static char *filename;          /* NULL: standard error */
@@ -83,16 +83,16 @@ static uint64_t start_ns;
 /* Reports are written from the interval thread and at unload: one at a
  * time, each from its own copy of the counters taken under stats_lock.
  */
-static struct lock report_lock = LOCK_INITIALIZER;     /* guards all below */
-static struct stats snap;
-static bool reported;
+static struct lock report_lock = LOCK_INITIALIZER;
+static struct stats snap TSA_GUARDED_BY (report_lock);
+static bool reported TSA_GUARDED_BY (report_lock);
 
 /* The interval thread. */
 static pthread_t ticker;
 static bool ticker_running;
-static struct lock ticker_lock = LOCK_INITIALIZER;     /* guards ticker_stop */
+static struct lock ticker_lock = LOCK_INITIALIZER;
 static pthread_cond_t ticker_cond;
-static bool ticker_stop;
+static bool ticker_stop TSA_GUARDED_BY (ticker_lock);
 
 static uint64_t
 iostats_now (void)
@@ -175,23 +175,25 @@ iostats_record (enum iostats_op op, uint64_t start, int r, const int *err,
   TSA_EXCLUDES (stats_lock)
 {
   uint64_t ns = iostats_now () - start;
-  struct op_stats *s = &stats.op[op];
   unsigned slot = r == 0 ? 0 : iostats_errno_slot (*err);
   bool fast = flags & NBDKIT_FLAG_FAST_ZERO;
 
+  /* Each access is to stats itself, not through a pointer: clang checks
+   * it is under the lock.
+   */
   lock_acquire (&stats_lock);
   if (r == 0) {
-    s->count++;
-    s->bytes += bytes;
-    s->total_ns += ns;
-    if (ns > s->max_ns)
-      s->max_ns = ns;
-    s->hist[iostats_bucket (ns)]++;
+    stats.op[op].count++;
+    stats.op[op].bytes += bytes;
+    stats.op[op].total_ns += ns;
+    if (ns > stats.op[op].max_ns)
+      stats.op[op].max_ns = ns;
+    stats.op[op].hist[iostats_bucket (ns)]++;
     if (flags & NBDKIT_FLAG_FUA)
-      s->fua++;
+      stats.op[op].fua++;
   }
   else
-    s->errors[slot]++;
+    stats.op[op].errors[slot]++;
   if (op == OP_ZERO) {
     if (r == 0)
       stats.zero_ok[fast]++;

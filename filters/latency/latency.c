@@ -47,8 +47,8 @@ static bool fast_zero_waits = true;
 /* xoshiro256**, shared by all connections: with one client sending
  * one request at a time, a given seed gives the same delays.
  */
-static struct lock rng_lock = LOCK_INITIALIZER;        /* guards rng */
-static uint64_t rng[4];
+static struct lock rng_lock = LOCK_INITIALIZER;
+static uint64_t rng[4] TSA_GUARDED_BY (rng_lock);
 
 static uint64_t
 latency_rotl (uint64_t x, int k)
@@ -73,20 +73,24 @@ latency_rng_next (void)
 }
 
 /* splitmix64 spreads the seed over the whole state, as xoshiro's
- * authors advise (an all-zero state would stay zero).
+ * authors advise (an all-zero state would stay zero).  Before any
+ * connection, but under the lock all the same: the one rule for rng.
  */
 static void
 latency_rng_seed (uint64_t s)
+  TSA_EXCLUDES (rng_lock)
 {
   uint64_t z;
   int i;
 
+  lock_acquire (&rng_lock);
   for (i = 0; i < 4; i++) {
     z = (s += UINT64_C(0x9e3779b97f4a7c15));
     z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
     z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
     rng[i] = z ^ (z >> 31);
   }
+  lock_release (&rng_lock);
 }
 
 /* Parses VALUE for KEY into *NS, at most a day: digits with an optional
@@ -284,6 +288,7 @@ latency_config_complete (nbdkit_next_config_complete *next,
  */
 static int
 latency_sleep (enum latency_op op, int *err)
+  TSA_EXCLUDES (rng_lock)
 {
   uint64_t ns = delay_ns[op], span;
 

@@ -67,19 +67,21 @@ static bool below_filters;      /* filters between (transparent or not) */
 static char *stack;
 static char *description;
 
-/* When the plugin's thread model does not allow requests in parallel
- * (nbdkit tells get_ready), the engine's calls into it, which may come
- * from several threads at once (its I/O pool, flushes), take turns:
- * each call into the plugin is made holding below_lock, which is only
- * taken (nextio_turn) when below_serialized.
+/* The context into the plugin, shared by all connections (below_open
+ * to below_cleanup).  When the plugin's thread model does not allow
+ * requests in parallel (nbdkit tells get_ready), the engine's calls
+ * into it, which may come from several threads at once (its I/O pool,
+ * flushes), take turns: every call into the plugin is made holding
+ * below_lock (clang checks each), which is only taken when
+ * below_serialized.
  */
 static bool below_serialized;
 static struct lock below_lock = LOCK_INITIALIZER;
+static nbdkit_next *below_next TSA_PT_GUARDED_BY (&below_lock);
 
 /* The plugin's export, as the engine's storage: it cannot grow. */
 struct nextio {
   struct qcow2_io io;
-  nbdkit_next *next;
   uint64_t size;
   bool can_flush, can_trim, can_extents;
 };
@@ -96,9 +98,11 @@ struct nextio_call {
 };
 
 static int
-nextio_call (nbdkit_next *next, const struct nextio_call *c, int *err)
-  TSA_REQUIRES (below_lock)
+nextio_call (const struct nextio_call *c, int *err)
+  TSA_REQUIRES (&below_lock)
 {
+  nbdkit_next *next = below_next;
+
   assert (c->len <= NEXT_MAX);
   assert ((c->buf != NULL) == (c->op == NEXTIO_READ || c->op == NEXTIO_WRITE));
   switch (c->op) {
@@ -118,13 +122,13 @@ nextio_call (nbdkit_next *next, const struct nextio_call *c, int *err)
 
 /* Makes the call, in its turn.  Returns 0, or -errno. */
 static int
-nextio_turn (nbdkit_next *next, const struct nextio_call *c)
-  TSA_EXCLUDES (below_lock)
+nextio_turn (const struct nextio_call *c)
+  TSA_EXCLUDES (&below_lock)
 {
   int err = 0;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
 
-  if (nextio_call (next, c, &err) == -1)
+  if (nextio_call (c, &err) == -1)
     return -(err ? err : EIO);
   return 0;
 }
@@ -141,7 +145,7 @@ nextio_chunks (struct nextio *n, enum nextio_op op, uint8_t *buf,
     struct nextio_call c = {
       .op = op, .buf = buf, .len = MIN (count, NEXT_MAX), .offset = offset,
     };
-    int r = nextio_turn (n->next, &c);
+    int r = nextio_turn (&c);
 
     if (r < 0)
       return r;
@@ -194,7 +198,7 @@ nextio_flush (struct qcow2_io *io)
    */
   if (!n->can_flush)
     return 0;
-  return nextio_turn (n->next, &c);
+  return nextio_turn (&c);
 }
 
 static int
@@ -232,7 +236,7 @@ nextio_status (struct qcow2_io *io, uint64_t offset, uint64_t count,
   c.len = MIN (count, MIN (n->size - offset, NEXT_MAX));
   if (!(c.extents = nbdkit_extents_new (offset, n->size)))
     return -errno;
-  r = nextio_turn (n->next, &c);
+  r = nextio_turn (&c);
   if (r == 0) {
     *len = 0;
     for (size_t i = 0; i < nbdkit_extents_count (c.extents); i++) {
@@ -269,24 +273,26 @@ static const struct qcow2_io_ops nextio_ops = {
 };
 
 struct qcow2_io *
-below_nextio_new (nbdkit_next *next, int64_t size, unsigned flags)
+below_nextio_new (int64_t size, unsigned flags)
+  TSA_EXCLUDES (&below_lock)
 {
   struct nextio *n = calloc (1, sizeof *n);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
 
   if (!n) {
     nbdkit_error ("calloc: %s", errstr (errno));
     return NULL;
   }
   n->io.ops = &nextio_ops;
-  n->next = next;
   n->size = size;
   /* nbdkit allows a call into the plugin only once it was asked
    * whether it can do it.
    */
-  n->can_flush = next->can_flush (next) == 1;
-  n->can_trim = !(flags & NEXTIO_READONLY) && next->can_trim (next) == 1;
+  n->can_flush = below_next->can_flush (below_next) == 1;
+  n->can_trim = !(flags & NEXTIO_READONLY) &&
+    below_next->can_trim (below_next) == 1;
   n->can_extents = (flags & NEXTIO_EXTENTS) &&
-    next->can_extents (next) == 1;
+    below_next->can_extents (below_next) == 1;
   return &n->io;
 }
 
@@ -489,21 +495,36 @@ below_open_1 (void *opaque)
   return nbdkit_next_context_open (c->backend, c->readonly, "", 1);
 }
 
-/* The context into the plugin, shared by all connections.  It has no
- * client: before nbdkit 1.43.9, nbdkit logs an error when the plugin
- * asks for the client's export name (the nbd and sh plugins do, at
- * open), which is left out.
+/* The context has no client: before nbdkit 1.43.9, nbdkit logs an
+ * error when the plugin asks for the client's export name (the nbd and
+ * sh plugins do, at open), which is left out.
  */
-nbdkit_next *
-below_open (nbdkit_backend *backend, bool readonly)
+int
+below_open (nbdkit_backend *backend, bool readonly, int64_t *size)
+  TSA_EXCLUDES (&below_lock)
 {
   struct context_open c = { backend, readonly };
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
 
+  assert (!below_next);         /* opened once */
 #if GLUE_NBDKIT_AT_LEAST (43, 9)
-  return below_open_1 (&c);
+  below_next = below_open_1 (&c);
 #else
-  return glue_quiet_open (below_open_1, &c);
+  below_next = glue_quiet_open (below_open_1, &c);
 #endif
+  if (!below_next || below_next->prepare (below_next) == -1)
+    return -1;
+  *size = below_next->get_size (below_next);
+  return *size == -1 ? -1 : 0;
+}
+
+int
+below_can_write (void)
+  TSA_EXCLUDES (&below_lock)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
+
+  return below_next->can_write (below_next);
 }
 
 int
@@ -656,7 +677,15 @@ below_get_ready (int thread_model)
 
 void
 below_cleanup (void)
+  TSA_EXCLUDES (&below_lock)
 {
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
+
+  if (below_next) {
+    below_next->finalize (below_next);
+    nbdkit_next_context_close (below_next);
+    below_next = NULL;
+  }
   if (below_file_lock) {
     below_file_lock->ops->close (below_file_lock);
     below_file_lock = NULL;

@@ -47,18 +47,9 @@ static bool overlay_force;      /* qcow2-overlay-force= */
 static bool overlay_checked;
 static bool overlay_alone;
 
-/* What a FILE made without qcow2-overlay-backing= records as its
- * backing file (format raw): a json: name of a driver QEMU does not
- * have, so that QEMU refuses FILE ("Unknown driver") rather than read
- * it as a whole disk, holding what the plugin below is (see
- * below_identity) and what is between (below_stack).  FILEs made
- * before the stack was recorded have no "stack" (overlay_record).
+/* What FILE records when qcow2-overlay-backing= is not given: our name
+ * of the disk below (record.c).
  */
-#define OVERLAY_JSON_HEAD \
-  "json:{\"driver\":\"raw\",\"file\":{\"driver\":\"nbdkit-qcow2-overlay\"," \
-  "\"plugin\":\""
-#define OVERLAY_JSON_STACK "\",\"stack\":\""
-#define OVERLAY_JSON_TAIL "\"}}"
 static char *overlay_own_name;
 
 static int
@@ -137,126 +128,6 @@ overlay_active (void)
   return overlay_file != NULL;
 }
 
-/* Writes what, JSON-escaped, at p.  Returns the end. */
-static char *
-overlay_json_escape (char *p, const char *what)
-{
-  for (const unsigned char *c = (const unsigned char *) what; *c; c++) {
-    if (*c == '"' || *c == '\\')
-      *p++ = '\\', *p++ = *c;
-    else if (*c < 0x20)
-      p += sprintf (p, "\\u%04x", *c);
-    else
-      *p++ = *c;
-  }
-  return p;
-}
-
-/* Returns OVERLAY_JSON_HEAD, plugin, OVERLAY_JSON_STACK, stack (both
- * JSON-escaped), OVERLAY_JSON_TAIL, or NULL on error (logged).
- */
-static char *
-overlay_json_name (const char *plugin, const char *stack)
-{
-  size_t len = strlen (OVERLAY_JSON_HEAD) + 6 * strlen (plugin) +
-    strlen (OVERLAY_JSON_STACK) + 6 * strlen (stack) +
-    strlen (OVERLAY_JSON_TAIL) + 1;
-  char *name = malloc (len), *p;
-
-  if (!name) {
-    nbdkit_error ("malloc: %s", errstr (errno));
-    return NULL;
-  }
-  p = overlay_json_escape (stpcpy (name, OVERLAY_JSON_HEAD), plugin);
-  p = overlay_json_escape (stpcpy (p, OVERLAY_JSON_STACK), stack);
-  assert ((size_t) (p - name) + strlen (OVERLAY_JSON_TAIL) < len);
-  strcpy (p, OVERLAY_JSON_TAIL);
-  return name;
-}
-
-/* Reads the JSON string at p, as overlay_json_escape wrote it, up to
- * its closing quote, into *out (malloc'd).  Returns the end, past the
- * quote, or NULL if it is not one of ours (or on error, *out NULL).
- */
-static const char *
-overlay_json_string (const char *p, char **out)
-{
-  char *q = *out = malloc (strlen (p) + 1);
-  unsigned c;
-  int n;
-
-  if (!q)
-    return NULL;
-  for (; *p != '"'; p++) {
-    if (*p == '\0')
-      return NULL;
-    if (*p != '\\')
-      *q++ = *p;
-    else if (p[1] == '"' || p[1] == '\\')
-      *q++ = *++p;
-    else if (sscanf (p, "\\u%4x%n", &c, &n) == 1 && n == 6 && c && c < 0x20) {
-      *q++ = c;
-      p += 5;
-    }
-    else
-      return NULL;
-  }
-  *q = '\0';
-  return p + 1;
-}
-
-/* Reads what a name of ours records.  Returns true, with *plugin and
- * *stack (NULL in a FILE made before the stack was recorded), or false
- * if name is not one of ours.  Both malloc'd.
- */
-static bool
-overlay_record (const char *name, char **plugin, char **stack)
-{
-  size_t head = strlen (OVERLAY_JSON_HEAD);
-  const char *p;
-
-  *plugin = *stack = NULL;
-  if (strncmp (name, OVERLAY_JSON_HEAD, head) == 0 &&
-      (p = overlay_json_string (name + head, plugin))) {
-    if (strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
-      return true;
-    if (strncmp (p - 1, OVERLAY_JSON_STACK,
-                 strlen (OVERLAY_JSON_STACK)) == 0 &&
-        (p = overlay_json_string (p - 1 + strlen (OVERLAY_JSON_STACK),
-                                  stack)) &&
-        strcmp (p - 1, OVERLAY_JSON_TAIL) == 0)
-      return true;
-  }
-  free (*plugin);
-  free (*stack);
-  *plugin = *stack = NULL;
-  return false;
-}
-
-/* Returns s as one shell word, for a command to paste: as it is if it
- * needs no quotes (always: in single quotes), else in single quotes;
- * NULL on error (logged).
- */
-static char *
-overlay_shell_word (const char *s, bool always)
-{
-  char *word = malloc (4 * strlen (s) + 3), *p = word;
-
-  if (!word) {
-    nbdkit_error ("malloc: %s", errstr (errno));
-    return NULL;
-  }
-  if (!always && s[0] &&
-      strspn (s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-              "0123456789_/.,:+=@%-") == strlen (s))
-    return strcpy (word, s);
-  *p++ = '\'';
-  for (; *s; s++)
-    p = *s == '\'' ? stpcpy (p, "'\\''") : (*p = *s, p + 1);
-  strcpy (p, "'");
-  return word;
-}
-
 int
 overlay_config_complete (bool create, bool chain)
 {
@@ -312,8 +183,7 @@ overlay_config_complete (bool create, bool chain)
                   overlay_file);
     return -1;
   }
-  if (!(overlay_own_name = overlay_json_name (below_identity (),
-                                             below_stack ())))
+  if (!(overlay_own_name = record_name (below_identity (), below_stack ())))
     return -1;
   /* FILE's backing file is the plugin's disk, raw: the name given, else
    * ours, which QEMU refuses.
@@ -380,36 +250,6 @@ overlay_make_file (bool existed, int64_t size, enum overlay_made *made)
   return io;
 }
 
-/* Returns 1 if paths a and b are one file, 0 if two, -1 if either is
- * missing.
- */
-static int
-overlay_same_file (const char *a, const char *b)
-{
-  struct stat sa, sb;
-
-  if (stat (a, &sa) == -1 || stat (b, &sb) == -1)
-    return -1;
-  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
-/* Whether FILE is the file the plugin serves (logged): it would hold
- * the changes to itself.
- */
-static bool
-overlay_is_below (void)
-{
-  const char *served = below_served_file ();
-
-  if (!served || overlay_same_file (overlay_file, served) != 1)
-    return false;
-  nbdkit_error ("qcow2-overlay=%s is the file the plugin serves",
-                overlay_file);
-  glue_hint ("FILE keeps the changes to the plugin's disk: name another "
-             "file (a new one is made)");
-  return true;
-}
-
 /* Opens FILE for the engine: made if missing or empty, else as it is.
  * Returns NULL on error (logged).
  */
@@ -441,206 +281,21 @@ overlay_open_file (bool readonly, int64_t size, enum overlay_made *made)
   return io;
 }
 
-/* Whether the backing file name recorded, if a local file, is another
- * file than the one the plugin serves, where that file is the disk
- * (no filter between makes another disk of it, as the xz or partition
- * filters do): then FILE sits on another disk.  A name that is not a
- * local file (a URL, a file since moved) cannot be compared.
- */
-static bool
-overlay_other_file (const char *name)
-{
-  const char *served = below_served_file ();
-  char *path;
-  bool other;
-
-  if (!served || below_stack ()[0] ||
-      (name[0] != '/' && !qcow2_name_is_relative (name)))
-    return false;
-  if (name[0] == '/')
-    path = strdup (name);
-  else if (asprintf (&path, "%.*s/%s",
-                     (int) (strrchr (overlay_file, '/') - overlay_file),
-                     overlay_file, name) == -1)
-    path = NULL;
-  if (!path)
-    return false;
-  other = overlay_same_file (path, served) == 0;
-  free (path);
-  return other;
-}
-
-/* Checks a name of ours recorded.  Returns NULL if it names this disk,
- * else why not.
- * One made before the stack below was recorded names the plugin only:
- * *unchecked, the stack not compared.
- */
-static const char *
-overlay_our_mismatch (const char *name, bool *unchecked)
-{
-  char *plugin, *stack;
-  const char *why = NULL;
-
-  if (!overlay_record (name, &plugin, &stack))
-    why = "another disk below it";
-  else if (!below_same_plugin (plugin))
-    why = "another disk below it";
-  else if (stack && strcmp (stack, below_stack ()) != 0)
-    why = "other filters or keys below it";
-  else
-    *unchecked = !stack && below_stack ()[0];
-  free (plugin);
-  free (stack);
-  return why;
-}
-
-/* Compares what FILE's backing file name says of the disk below it with
- * what is given.  Returns NULL if it is this disk, else why not.
- */
-static const char *
-overlay_mismatch (const struct qcow2_info *i, bool *unchecked)
-{
-  const char *why;
-
-  *unchecked = false;
-  if (!i->backing)
-    return "a standalone image, whose unallocated clusters read as zeros "
-      "in QEMU";
-  if (i->backing_format && strcmp (i->backing_format, "raw") != 0)
-    return "a chain of its own, which QEMU reads and the plugin's disk "
-      "would stand in for";
-  if (overlay_backing) {
-    if (strcmp (i->backing, overlay_backing) != 0)
-      return "another disk below it";
-  }
-  else if (strncmp (i->backing, OVERLAY_JSON_HEAD,
-                    strlen (OVERLAY_JSON_HEAD)) == 0 &&
-           (why = overlay_our_mismatch (i->backing, unchecked)))
-    return why;
-  if (overlay_other_file (i->backing))
-    return "another file below it than the plugin's";
-  return NULL;
-}
-
-static void
-overlay_not_qcow2 (void)
-{
-  nbdkit_error ("qcow2-overlay: %s is not a qcow2 image: name a new file, "
-                "or remove it", overlay_file);
-}
-
-/* Returns FILE as QEMU opens it alone, without its backing file, as one
- * shell word (a json: name), or NULL on error (logged).
- */
-static char *
-overlay_json_name_of_file (void)
-{
-  static const char head[] =
-    "json:{\"driver\":\"qcow2\",\"backing\":null,"
-    "\"file\":{\"driver\":\"file\",\"filename\":\"";
-  char *name = malloc (strlen (head) + 6 * strlen (overlay_file) + 4), *word;
-
-  if (!name) {
-    nbdkit_error ("malloc: %s", errstr (errno));
-    return NULL;
-  }
-  strcpy (overlay_json_escape (stpcpy (name, head), overlay_file), "\"}}");
-  word = overlay_shell_word (name, true);
-  free (name);
-  return word;
-}
-
-/* Checks FILE's record: it must be the backing name given, else ours
- * naming this plugin and the stack below, or, with
- * qcow2-overlay-stream=true given again, none (FILE streamed and
- * detached: served alone).  Returns 0, or -1 after logging an error.
+/* FILE's record checked (record_check); served alone if it has none and
+ * qcow2-overlay-stream=true is given again.  Returns 0, or -1 after
+ * logging an error.
  */
 static int
 overlay_check_record (struct qcow2_image *img)
 {
-  const char *given = overlay_backing ? overlay_backing : overlay_own_name;
-  char *b = NULL, *f = NULL;
-  struct qcow2_info i;
-  const char *why, *format;
-  bool unchecked;
+  const struct record_given g = {
+    .file = overlay_file, .backing = overlay_backing,
+    .own_name = overlay_own_name, .force = overlay_force,
+  };
+  int r = record_check (img, &g);
 
-  qcow2_get_info (img, &i);
-  /* A format without a name (left by a detach) says nothing. */
-  format = i.backing ? i.backing_format : NULL;
-  if (!i.backing && glue_stream.on && glue_stream.detach) {
-    overlay_alone = true;       /* logged by overlay_open, as it serves */
-    return 0;
-  }
-  if (!(why = overlay_mismatch (&i, &unchecked))) {
-    if (unchecked && (b = overlay_shell_word (overlay_own_name, true)) &&
-        (f = overlay_shell_word (overlay_file, false)))
-      glue_noticef (overlay_file, "FILE records the plugin only (made by an "
-                    "earlier version): what is between, %s, is not checked; "
-                    "\"qemu-img rebase -u -b %s -F raw %s\" records it",
-                    below_stack (), b, f);
-    free (b);
-    free (f);
-    return 0;
-  }
-  if (overlay_force) {
-    glue_noticef (overlay_file, "qcow2-overlay-force=true: served over "
-                  "%s although FILE records %s%s%s%s%s",
-                  below_description (),
-                  i.backing ? "\"" : "no backing file", i.backing ?
-                  i.backing : "", i.backing ? "\"" : "",
-                  format ? " format " : "", format ? format : "");
-    return 0;
-  }
-  nbdkit_error ("qcow2-overlay: %s records %s%s%s%s%s (%s), but the "
-                "plugin serves %s", overlay_file,
-                i.backing ? "\"" : "no backing file", i.backing ? i.backing
-                : "", i.backing ? "\"" : "", format ? " format " : "",
-                format ? format : "", why, below_description ());
-  if (!(f = overlay_shell_word (overlay_file, false)))
-    return -1;
-  if (!i.backing)
-    glue_hint ("\"nbdkit qcow2 %s\" serves it; one streamed in by "
-               "qcow2-overlay-stream=true holds the whole disk, and the "
-               "filter with that key serves it alone", f);
-  else if ((b = overlay_shell_word (given, true)))
-    glue_hint ("if FILE's changes belong over it, \"qemu-img rebase -u -b "
-               "%s -F raw %s\" records it; else name a new FILE "
-               "(qcow2-overlay-force=true serves it anyway)", b, f);
-  free (b);
-  free (f);
-  return -1;
-}
-
-/* Checks that FILE continued holds a disk as large as the plugin's,
- * size bytes.  Returns 0, or -1 after logging an error.
- */
-static int
-overlay_check_size (struct qcow2_image *img, int64_t size)
-{
-  uint64_t want = (size + 511) & ~INT64_C (511);
-  struct qcow2_info i;
-  char *f;
-
-  qcow2_get_info (img, &i);
-  if (i.size == want)
-    return 0;
-  nbdkit_error ("qcow2-overlay: %s holds a disk of %" PRIu64 " bytes, but "
-                "the plugin's disk is %" PRId64 " bytes", overlay_file,
-                i.size, size);
-  /* QEMU opens FILE only without its backing file (ours it cannot
-   * open); shrinking drops what FILE holds past the new end.
-   */
-  if (!(f = overlay_json_name_of_file ()))
-    return -1;
-  glue_hint ("an overlay is as large as the disk below it: if the "
-             "plugin's disk has %s, \"qemu-img resize%s %s %" PRIu64 "\" %s "
-             "FILE%s", i.size < want ? "grown" : "shrunk",
-             i.size < want ? "" : " --shrink", f, want,
-             i.size < want ? "grows" : "shrinks",
-             i.size < want ? "" : " (what it holds past the new end is "
-             "lost)");
-  free (f);
-  return -1;
+  overlay_alone = r == 1;
+  return r < 0 ? -1 : 0;
 }
 
 /* Once nbdkit has forked and the plugin is open, checks FILE's size
@@ -653,7 +308,7 @@ overlay_check (struct qcow2_image *img, int64_t size)
 {
   if (!overlay_checked && overlay_check_record (img) == -1)
     return -1;
-  return overlay_check_size (img, size);
+  return record_check_size (img, overlay_file, size);
 }
 
 int
@@ -670,10 +325,10 @@ overlay_get_ready (void)
 
   if (!overlay_file)
     return 0;
-  if (overlay_is_below ())
+  if (record_is_below (overlay_file))
     return -1;
   if (overlay_backing && !overlay_force &&
-      overlay_other_file (overlay_backing)) {
+      record_other_file (overlay_file, overlay_backing)) {
     nbdkit_error ("qcow2-overlay-backing=%s is another file than the "
                   "plugin's (%s)", overlay_backing, below_served_file ());
     glue_hint ("FILE's backing file is the plugin's disk "
@@ -707,12 +362,12 @@ overlay_get_ready (void)
   img = qcow2_open (&glue_env, io, overlay_file, &opts);
   if (!img) {
     if (errno == EMEDIUMTYPE)
-      overlay_not_qcow2 ();
+      record_not_qcow2 (overlay_file);
     return -1;
   }
   r = overlay_check_record (img);
   if (r == 0 && !overlay_alone && below_served_size () >= 0)
-    r = overlay_check_size (img, below_served_size ());
+    r = record_check_size (img, overlay_file, below_served_size ());
   qcow2_close (img);
   overlay_checked = r == 0;
   return r;
@@ -725,10 +380,10 @@ overlay_standalone (void)
 }
 
 int
-overlay_open (nbdkit_next *below, int64_t size, const char *name,
-              struct qcow2_image **image)
+overlay_open (int64_t size, struct qcow2_image **image)
 {
   bool readonly = glue.engine.readonly || glue_server_readonly ();
+  bool below = size >= 0;
   struct qcow2_options opts = glue.engine;
   enum overlay_made made;
   struct qcow2_io *io;
@@ -751,9 +406,9 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   opts.readonly = readonly;
   opts.copy_on_read = overlay_on_read && below;
   if (below) {
-    opts.backing_io_name = name;
-    opts.backing_io = below_nextio_new (below, size,
-                                         NEXTIO_READONLY | NEXTIO_EXTENTS);
+    opts.backing_io_name = below_name ();
+    opts.backing_io = below_nextio_new (size,
+                                        NEXTIO_READONLY | NEXTIO_EXTENTS);
     if (!opts.backing_io) {
       io->ops->close (io);
       overlay_undo (made);
@@ -765,7 +420,7 @@ overlay_open (nbdkit_next *below, int64_t size, const char *name,
   /* FILE is open: its key is made (and a new FILE's header written). */
   glue_forget_password ();
   if (!*image && e == EMEDIUMTYPE)
-    overlay_not_qcow2 ();
+    record_not_qcow2 (overlay_file);
   else if (*image && made == MADE_NOTHING && below &&
            overlay_check (*image, size) == -1) {
     qcow2_close (*image);

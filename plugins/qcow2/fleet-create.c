@@ -21,6 +21,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "cleanup.h"
 #include "errstr.h"
 #include "fileio.h"
 #include "fleet.h"
@@ -42,21 +43,34 @@ fleet_unlink_ours (const char *name, const struct stat *ours)
     unlinkat (fleet.dirfd, name, 0);
 }
 
-/* Why template= makes no image of name, or NULL. */
+/* Why template= makes no image of name (match: template-match=), or
+ * NULL.
+ */
 static const char *
-fleet_create_refusal (const char *name)
+fleet_create_refusal (const char *name, const char *match)
 {
   if (!fleet_creatable (name))
     return "template= makes only names of [A-Za-z0-9][A-Za-z0-9._-]*";
-  if (fleet.template_match && fnmatch (fleet.template_match, name, 0) != 0)
+  if (match && fnmatch (match, name, 0) != 0)
     return "template-match= does not allow making it";
   return NULL;
 }
 
 bool
 fleet_can_create (const char *name)
+  TSA_EXCLUDES (&fleet_lock)
 {
-  return fleet.template && !fleet_create_refusal (name);
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
+  return fleet_live.template &&
+    !fleet_create_refusal (name, fleet_live.template_match);
+}
+
+bool
+fleet_has_template (void)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
+  return fleet_live.template != NULL;
 }
 
 /* The images in dir=: the names that are exports (not hidden, not
@@ -96,25 +110,31 @@ fleet_count_images (void)
  */
 static int
 fleet_create_fits (const char *shown, uint64_t need)
+  TSA_EXCLUDES (&fleet_lock)
 {
-  uint64_t n = fleet_count_images (), avail;
+  uint64_t n = fleet_count_images (), avail, max_images, min_free;
   char have[HUMAN_SIZE_LEN], floor[HUMAN_SIZE_LEN];
   struct statvfs vfs;
 
-  if (n >= fleet.max_images) {
+  lock_acquire (&fleet_lock);
+  max_images = fleet_live.max_images;
+  min_free = fleet_live.min_free;
+  lock_release (&fleet_lock);
+
+  if (n >= max_images) {
     nbdkit_error ("export \"%s\": refused: no such image, and making it "
                   "would pass max-images=%" PRIu64 " (%s holds %" PRIu64 ")",
-                  shown, fleet.max_images, fleet.dir, n);
+                  shown, max_images, fleet.dir, n);
     return -1;
   }
   if (fstatvfs (fleet.dirfd, &vfs) == -1)
     return 0;                   /* not known: the write says, if full */
   avail = (uint64_t) vfs.f_bavail * vfs.f_frsize;
-  if (avail < need || avail - need < fleet.min_free) {
+  if (avail < need || avail - need < min_free) {
     nbdkit_error ("export \"%s\": refused: no such image, and %s has %s "
                   "free: making one would leave less than min-free=%s",
                   shown, fleet.dir, human_size (have, avail),
-                  human_size (floor, fleet.min_free));
+                  human_size (floor, min_free));
     return -1;
   }
   return 0;
@@ -227,23 +247,30 @@ fleet_create (const char *shown, const char *name, struct qcow2_io **iop,
 {
   static struct lock creating = LOCK_INITIALIZER;
   struct qcow2_create_options opts = glue.create.opts;
-  const char *why = fleet_create_refusal (name);
+  CLEANUP_FREE char *template = NULL, *named = NULL;
   struct qcow2_io *io = NULL;
-  char tmp[12], *named;
+  const char *why;
+  char tmp[12];
   uint64_t need;
   int r = -1;
 
   *iop = NULL;
+  lock_acquire (&fleet_lock);
+  why = fleet_create_refusal (name, fleet_live.template_match);
+  template = fleet_live.template ? strdup (fleet_live.template) : NULL;
+  lock_release (&fleet_lock);
   if (why) {
     nbdkit_error ("export \"%s\": no such image in %s, and %s", shown,
                   fleet.dir, why);
     return -1;
   }
-  if (asprintf (&named, "%s/%s", fleet.dir, name) == -1) {
-    nbdkit_error ("export \"%s\": %s", shown, errstr (errno));
+  if (!template || asprintf (&named, "%s/%s", fleet.dir, name) == -1) {
+    nbdkit_error ("export \"%s\": %s", shown, template ? errstr (errno)
+                  : "template= was turned off meanwhile");
+    named = NULL;
     return -1;
   }
-  opts.backing = fleet.template;
+  opts.backing = template;
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&creating);
   if (image_create_options (&fleet.env, named, &opts, glue.create.size) == -1 ||
       qcow2_create_bytes (&fleet.env, &opts,
@@ -256,7 +283,7 @@ fleet_create (const char *shown, const char *name, struct qcow2_io **iop,
   r = fleet_create_write (shown, name, tmp, io, &opts);
   if (r == 1) {
     glue_noticef (named, "export \"%s\": made, an overlay of template=%s",
-                  shown, fleet.template);
+                  shown, template);
     *iop = io;
     io = NULL;
   }
@@ -266,7 +293,6 @@ fleet_create (const char *shown, const char *name, struct qcow2_io **iop,
     io->ops->close (io);
     fleet_unlink_ours (tmp, made);
   }
-  free (named);
   return r;
 }
 
@@ -275,11 +301,16 @@ fleet_create (const char *shown, const char *name, struct qcow2_io **iop,
  */
 bool
 fleet_is_template (const struct stat *st)
+  TSA_EXCLUDES (&fleet_lock)
 {
+  CLEANUP_FREE char *path = NULL;
   struct stat t;
 
-  return fleet.template_path &&
-    fileio_stat_with (fleet.template_path, &fleet.files, &t) == 0 &&
+  lock_acquire (&fleet_lock);
+  if (fleet_live.template_path)
+    path = strdup (fleet_live.template_path);
+  lock_release (&fleet_lock);
+  return path && fileio_stat_with (path, &fleet.files, &t) == 0 &&
     t.st_dev == st->st_dev && t.st_ino == st->st_ino;
 }
 

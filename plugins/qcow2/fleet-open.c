@@ -121,7 +121,7 @@ fleet_stream (struct fleet_export *e, const char *path)
    * here is so for a reason logged as it was opened.
    */
   if (glue_stream_job_new (e->served.image, path, "stream", false,
-                           &e->served.job) == -1)
+                           &e->served.inflight, &e->served.job) == -1)
     return -1;
   glue_stream_job_arm (e->served.job);
   return 0;
@@ -141,7 +141,7 @@ fleet_find_file (struct fleet_export *e, const char *shown,
   *iop = NULL;
   if (fileio_stat_with (named, &fleet.files, st) == 0)
     return 0;
-  if (errno == ENOENT && fleet.template) {
+  if (errno == ENOENT && fleet_has_template ()) {
     if (fleet_create (shown, e->name, iop, made) == -1)
       return -1;
     if (*iop) {

@@ -23,6 +23,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "cleanup.h"
 #include "errstr.h"
 #include "fileio.h"
 #include "fleet.h"
@@ -51,18 +52,17 @@ static pthread_t fleet_sweeper;   /* closes idle images (idle_close > 0) */
 /* max-images= and min-free=: bounds that a client's names cannot pass
  * by making images, however many it asks for.
  */
-struct fleet_keys fleet = {
+struct fleet_keys fleet = { .dirfd = -1 };
+struct fleet_live fleet_live = {
   .idle_close = 5, .max_images = 1000, .min_free = UINT64_C (256) << 20,
-  .dirfd = -1,
 };
 
-/* The entry of the export name, or NULL. */
-static struct fleet_export *
+struct fleet_export *
 fleet_find (const char *name)
   TSA_REQUIRES (&fleet_lock)
 {
   for (struct fleet_export *e = fleet_exports; e; e = e->next)
-    if (strcmp (e->name, name) == 0)
+    if (e->state != EXPORT_DELETED && strcmp (e->name, name) == 0)
       return e;
   return NULL;
 }
@@ -87,8 +87,7 @@ fleet_add (const char *name)
   return e;
 }
 
-/* e out of the table, and freed (its image closed or never opened). */
-static void
+void
 fleet_remove (struct fleet_export *e)
   TSA_REQUIRES (&fleet_lock)
 {
@@ -101,6 +100,7 @@ fleet_remove (struct fleet_export *e)
   free (e->name);
   free (e->path);
   free (e->info);
+  free (e->served.job_id);
   free (e);
   pthread_cond_broadcast (&fleet_changed);
 }
@@ -114,13 +114,33 @@ static void
 fleet_close (struct fleet_export *e)
   TSA_REQUIRES (&fleet_lock)
 {
+  fleet_close_image (e);
+  fleet_remove (e);
+}
+
+void
+fleet_drop (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock)
+{
+  if (e->users == 0)
+    fleet_remove (e);
+  else {
+    e->state = EXPORT_DELETED;
+    pthread_cond_broadcast (&fleet_changed);
+  }
+}
+
+void
+fleet_close_image (struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock)
+{
   e->state = EXPORT_CLOSING;
   lock_release (&fleet_lock);
   glue_stream_job_free (e->served.job);
   e->served.job = NULL;
   image_close (e->served.image, e->path);
+  e->served.image = NULL;
   lock_acquire (&fleet_lock);
-  fleet_remove (e);
 }
 
 static void
@@ -141,32 +161,47 @@ static const char *const fleet_keys_only[] = {
   "max-exports", "max-images", "min-free", NULL
 };
 
+/* A live key's value parsed into l (one of fleet_live's; a string
+ * key's old value freed).  Returns 0, or -1 after logging an error.
+ */
+int
+fleet_parse_live (struct fleet_live *l, const char *key, const char *value)
+{
+  char **dest = strcmp (key, "template") == 0 ? &l->template
+    : strcmp (key, "template-match") == 0 ? &l->template_match : NULL;
+
+  if (strcmp (key, "idle-close") == 0)
+    return glue_parse_number (key, value, "seconds", 86400, &l->idle_close);
+  if (strcmp (key, "max-exports") == 0)
+    return glue_parse_range (key, value, "images", 1, 1000000,
+                             &l->max_exports);
+  if (strcmp (key, "max-images") == 0)
+    return glue_parse_range (key, value, "images", 1, 10000000,
+                             &l->max_images);
+  if (strcmp (key, "min-free") == 0)
+    return glue_parse_size (key, value, true, &l->min_free);
+  assert (dest);
+  free (*dest);
+  *dest = strdup (value);
+  return *dest ? 0 : -1;
+}
+
 int
 fleet_config (const char *key, const char *value)
+  TSA_EXCLUDES (&fleet_lock)
 {
-  char **dest = strcmp (key, "template") == 0 ? &fleet.template
-    : strcmp (key, "template-match") == 0 ? &fleet.template_match
-    : strcmp (key, "default-export") == 0 ? &fleet.default_export : NULL;
-
   if (strcmp (key, "dir") == 0)
     return glue_parse_folder (key, value, &fleet.dir);
   for (size_t i = 0; !fleet.key && fleet_keys_only[i]; i++)
     if (strcmp (key, fleet_keys_only[i]) == 0)
       fleet.key = fleet_keys_only[i];
-  if (strcmp (key, "idle-close") == 0)
-    return glue_parse_number (key, value, "seconds", 86400,
-                              &fleet.idle_close);
-  if (strcmp (key, "max-exports") == 0)
-    return glue_parse_range (key, value, "images", 1, 1000000,
-                             &fleet.max_exports);
-  if (strcmp (key, "max-images") == 0)
-    return glue_parse_range (key, value, "images", 1, 10000000,
-                             &fleet.max_images);
-  if (strcmp (key, "min-free") == 0)
-    return glue_parse_size (key, value, true, &fleet.min_free);
-  free (*dest);
-  *dest = strdup (value);
-  return *dest ? 0 : -1;
+  if (strcmp (key, "default-export") == 0) {
+    free (fleet.default_export);
+    fleet.default_export = strdup (value);
+    return fleet.default_export ? 0 : -1;
+  }
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
+  return fleet_parse_live (&fleet_live, key, value);
 }
 
 bool
@@ -186,15 +221,21 @@ fleet_key_given (void)
  */
 int
 fleet_config_complete (void)
+  TSA_EXCLUDES (&fleet_lock)
 {
+  bool template, match;
   const char *why;
 
-  if (glue.create.first_key && !fleet.template) {
+  lock_acquire (&fleet_lock);
+  template = fleet_live.template != NULL;
+  match = fleet_live.template_match != NULL;
+  lock_release (&fleet_lock);
+  if (glue.create.first_key && !template) {
     nbdkit_error ("%s= describes an image to make: with dir=, it needs "
                   "template=", glue.create.first_key);
     return -1;
   }
-  if (fleet.template_match && !fleet.template) {
+  if (match && !template) {
     nbdkit_error ("template-match= limits the names template= makes "
                   "images of: it needs template=");
     return -1;
@@ -257,7 +298,7 @@ fleet_sweep (void *arg)
 
       if (e->state != EXPORT_OPEN || e->users > 0)
         continue;
-      due.tv_sec += fleet.idle_close;
+      due.tv_sec += fleet_live.idle_close;
       if (due.tv_sec < now.tv_sec ||
           (due.tv_sec == now.tv_sec && due.tv_nsec <= now.tv_nsec))
         break;
@@ -325,7 +366,7 @@ fleet_make_room (const char *shown)
 {
   struct fleet_export *e;
 
-  if (!fleet.max_exports || fleet_count < fleet.max_exports)
+  if (!fleet_live.max_exports || fleet_count < fleet_live.max_exports)
     return 0;
   for (e = fleet_exports; e; e = e->next)
     if (e->state == EXPORT_OPEN && e->users == 0)
@@ -335,7 +376,7 @@ fleet_make_room (const char *shown)
     return 1;
   }
   nbdkit_error ("export \"%s\": refused: max-exports=%" PRIu64 " images "
-                "are open already", shown, fleet.max_exports);
+                "are open already", shown, fleet_live.max_exports);
   return -1;
 }
 
@@ -358,11 +399,7 @@ fleet_open_entry (struct fleet_export *e, const char *shown)
   return fleet_open_image (e, shown, false, &again);
 }
 
-/* A connection to the export name: its entry, the image opened if it
- * is not yet (it is then by this connection alone, others asking for
- * it waiting), or NULL (logged).
- */
-static struct fleet_export *
+struct fleet_export *
 fleet_open (const char *name, const char *shown)
   TSA_EXCLUDES (&fleet_lock)
 {
@@ -421,15 +458,18 @@ fleet_release (struct plugin_export *served)
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
   assert (e->users > 0);
-  if (--e->users > 0)
+  /* Closing (deleted): its closer frees it. */
+  if (--e->users > 0 || e->state == EXPORT_CLOSING)
     return;
-  if (e->gone) {
+  if (e->state == EXPORT_DELETED)
+    fleet_remove (e);
+  else if (e->gone) {
     glue_noticef (e->path, "export \"%s\": closed: its file was deleted or "
                   "replaced while it was open, and its last client left",
                   fleet_shown (e->name, shown));
     fleet_close (e);
   }
-  else if (!fleet_sweeper_running)
+  else if (!fleet_sweeper_running || fleet_live.idle_close == 0)
     fleet_close (e);
   else {
     clock_gettime (CLOCK_MONOTONIC, &e->idle_since);
@@ -437,48 +477,75 @@ fleet_release (struct plugin_export *served)
   }
 }
 
-/* template=: there, and an image to make overlays of (checked at start,
- * where an error is seen, not by a client).  Returns 0, or -1 after
- * logging an error.
- */
-static int
-fleet_check_template (void)
+int
+fleet_check_template (const char *template, char **path)
 {
   struct qcow2_create_options opts = glue.create.opts;
   struct stat st;
   char *named;
   int r;
 
-  if (fleet.template[0] == '/')
-    fleet.template_path = strdup (fleet.template);
-  else if (asprintf (&fleet.template_path, "%s/%s", fleet.dir,
-                     fleet.template) == -1)
-    fleet.template_path = NULL;
-  if (!fleet.template_path) {
+  if (template[0] == '/')
+    *path = strdup (template);
+  else if (asprintf (path, "%s/%s", fleet.dir, template) == -1)
+    *path = NULL;
+  if (!*path) {
     nbdkit_error ("template: %s", errstr (errno));
     return -1;
   }
-  if (fileio_stat_with (fleet.template_path, &fleet.files, &st) == -1) {
+  if (fileio_stat_with (*path, &fleet.files, &st) == -1) {
     int e = errno;
 
-    nbdkit_error ("template=%s: %s", fleet.template,
+    nbdkit_error ("template=%s: %s", template,
                   e == ENOENT ? "no such file" : e == EXDEV || e == ELOOP
                   ? "a link leading out of dir=" : errstr (e));
+    free (*path);
     return -1;
   }
   if (!S_ISREG (st.st_mode)) {
-    nbdkit_error ("template=%s: not a regular file", fleet.template);
+    nbdkit_error ("template=%s: not a regular file", template);
+    free (*path);
     return -1;
   }
   /* As a backing file name: relative to the folder. */
   if (asprintf (&named, "%s/new", fleet.dir) == -1) {
     nbdkit_error ("template: %s", errstr (errno));
+    free (*path);
     return -1;
   }
-  opts.backing = fleet.template;
+  opts.backing = template;
   r = image_create_options (&fleet.env, named, &opts, glue.create.size);
   free (named);
+  if (r == -1)
+    free (*path);
   return r;
+}
+
+/* template= at start: checked, its path kept. */
+static int
+fleet_ready_template (void)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  CLEANUP_FREE char *template = NULL;
+  char *path;
+
+  lock_acquire (&fleet_lock);
+  template = fleet_live.template ? strdup (fleet_live.template) : NULL;
+  lock_release (&fleet_lock);
+  if (!template)
+    return 0;
+  if (glue.engine.readonly || glue_server_readonly ()) {
+    nbdkit_error ("template= makes images to write: not with readonly=true "
+                  "or nbdkit -r");
+    return -1;
+  }
+  if (fleet_check_template (template, &path) == -1)
+    return -1;
+  lock_acquire (&fleet_lock);
+  fleet_live.template_path = path;
+  lock_release (&fleet_lock);
+  fleet_remove_stale ();
+  return 0;
 }
 
 /* default-export=: an image there, or one template= can make. */
@@ -538,17 +605,10 @@ fleet_get_ready (void)
                   : "nbdkit -r or readonly=true");
     return -1;
   }
-  if (fleet.template && (glue.engine.readonly || glue_server_readonly ())) {
-    nbdkit_error ("template= makes images to write: not with readonly=true "
-                  "or nbdkit -r");
-    return -1;
-  }
-  if (fleet.template && fleet_check_template () == -1)
+  if (fleet_ready_template () == -1)
     return -1;
   if (fleet.default_export && fleet_check_default () == -1)
     return -1;
-  if (fleet.template)
-    fleet_remove_stale ();
   return 0;
 }
 
@@ -585,9 +645,11 @@ fleet_unload (void)
     close (fleet.dirfd);
   free (fleet.dir);
   free (fleet.default_export);
-  free (fleet.template);
-  free (fleet.template_match);
-  free (fleet.template_path);
+  lock_acquire (&fleet_lock);
+  free (fleet_live.template);
+  free (fleet_live.template_match);
+  free (fleet_live.template_path);
+  lock_release (&fleet_lock);
   pthread_cond_destroy (&fleet_changed);
   pthread_cond_destroy (&fleet_idle);
 }
@@ -599,8 +661,7 @@ fleet_after_fork (void)
 {
   int e;
 
-  if (fleet.idle_close == 0)
-    return 0;
+  /* Started with idle-close=0 too: the control socket may change it. */
   e = pthread_create (&fleet_sweeper, NULL, fleet_sweep, NULL);
   if (e) {
     nbdkit_error ("idle-close: starting a thread: %s", errstr (e));

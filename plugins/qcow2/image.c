@@ -35,6 +35,12 @@ static struct {
   char *create_backing;
   /* What making the image did to its external data file. */
   enum image_made data_file_made;
+  /* The image every connection serves (from get_ready on), how many
+   * connections there are, and whether block-export-del closed it.
+   */
+  struct plugin_export served;
+  unsigned clients;             /* atomic */
+  bool deleted;                 /* atomic */
 } image;
 
 /* Absolute, since nbdkit may change directory; backing file names
@@ -434,11 +440,12 @@ image_close (struct qcow2_image *img, const char *path)
 }
 
 /* file=: the image made if asked, opened, checked, repaired if asked,
- * its stream job made: single's, served to every connection.
+ * its stream job made: served to every connection.
  */
 int
-image_get_ready (struct plugin_export *single)
+image_get_ready (void)
 {
+  struct plugin_export *single = &image.served;
   const struct image_how how = { .env = &glue_env, .hints = true };
   struct qcow2_io *io = NULL;
   enum image_made made = MADE_NOTHING;
@@ -463,7 +470,7 @@ image_get_ready (struct plugin_export *single)
   if (glue.repair_leaks && glue_repair (img, image.filename) == -1)
     goto fail;
   if (glue_stream_job_new (img, image.filename, "stream", readonly,
-                           &job) == -1)
+                           &single->inflight, &job) == -1)
     goto fail;
   single->image = img;
   single->job = job;
@@ -476,12 +483,97 @@ image_get_ready (struct plugin_export *single)
 }
 
 void
-image_unload (struct plugin_export *single)
+image_unload (void)
 {
-  glue_stream_job_free (single->job);
-  image_close (single->image, image.filename);
+  glue_stream_job_free (image.served.job);
+  image_close (image.served.image, image.filename);
+  free (image.served.job_id);
   free (image.filename);
   free (image.data_file);
   free (image.data_file_name);
   free (image.create_backing);
+}
+
+int
+image_after_fork (void)
+{
+  return glue_stream_job_start (image.served.job);
+}
+
+void
+image_cleanup (void)
+{
+  glue_stream_job_free (image.served.job);
+  image.served.job = NULL;
+}
+
+struct plugin_export *
+image_connect (void)
+{
+  if (__atomic_load_n (&image.deleted, __ATOMIC_ACQUIRE)) {
+    nbdkit_error ("%s: refused: its export was deleted (block-export-del)",
+                  image.filename);
+    return NULL;
+  }
+  __atomic_add_fetch (&image.clients, 1, __ATOMIC_RELAXED);
+  return &image.served;
+}
+
+void
+image_release (void)
+{
+  __atomic_sub_fetch (&image.clients, 1, __ATOMIC_RELAXED);
+}
+
+/* The export's name, for the control socket: the file's own. */
+static const char *
+image_export_name (void)
+{
+  const char *slash = strrchr (image.filename, '/');
+
+  return slash ? slash + 1 : image.filename;
+}
+
+int
+image_each (plugin_view_fn fn, void *opaque)
+{
+  struct plugin_view v = {
+    .name = image_export_name (), .path = image.filename,
+    .served = &image.served,
+    .clients = __atomic_load_n (&image.clients, __ATOMIC_RELAXED),
+  };
+
+  if (image.deleted)
+    return 0;
+  v.readonly = !qcow2_can_write (image.served.image);
+  return fn (&v, opaque);
+}
+
+struct plugin_export *
+image_hold (const char *name)
+{
+  if (image.deleted || strcmp (name, image_export_name ()) != 0) {
+    errno = ENOENT;
+    return NULL;
+  }
+  return &image.served;
+}
+
+int
+image_delete (const char *name, bool hard, unsigned *clients)
+{
+  if (!image_hold (name))
+    return -1;
+  *clients = __atomic_load_n (&image.clients, __ATOMIC_RELAXED);
+  if (*clients > 0 && !hard) {
+    errno = EBUSY;
+    return -1;
+  }
+  __atomic_store_n (&image.deleted, true, __ATOMIC_RELEASE);
+  gate_shut (&image.served, GATE_CLOSED);
+  image_cleanup ();
+  image_close (image.served.image, image.filename);
+  image.served.image = NULL;
+  image.served.job_held = false;
+  return 0;
 }

@@ -9,6 +9,8 @@
  *   image.c  one image opened, or made first (create=, and the images
  *            template= makes): told by its caller what differs between
  *            file= and dir=, it knows nothing of the fleet
+ *   gate.c   the gate each client request passes (a snapshot or a
+ *            deletion holds them off)
  */
 #ifndef NBDKIT_QCOW2_PLUGIN_H
 #define NBDKIT_QCOW2_PLUGIN_H
@@ -29,8 +31,47 @@ struct nbdkit_exports;
  */
 struct plugin_export {
   struct qcow2_image *image;
-  struct glue_stream_job *job;
+  struct glue_stream_job *job;  /* atomic: the control socket may make it */
+  /* Requests in flight (atomic): the stream job yields to them; the
+   * gate (atomic, enum gate_state) lets them in (gate.c).
+   */
+  unsigned inflight;
+  int gate;
+  /* The control socket's (its thread alone): the job's id as given
+   * (NULL: the export's name), whether its job holds the export open,
+   * and whether its end was told (an event).
+   */
+  char *job_id;
+  bool job_held;
+  bool job_told;
 };
+
+/* What the control socket sees of an open export. */
+struct plugin_view {
+  const char *name;             /* the export's (file=: the file's base) */
+  const char *path;             /* its file */
+  struct plugin_export *served;
+  unsigned clients;             /* connections */
+  bool readonly;
+};
+typedef int (*plugin_view_fn) (const struct plugin_view *v, void *opaque);
+
+/* gate.c: every request passes the export's gate. */
+enum gate_state {
+  GATE_OPEN,                    /* requests go in */
+  GATE_HELD,                    /* they wait: the image is being changed */
+  GATE_CLOSED,                  /* they fail: the export was deleted */
+};
+/* A request begins: true, or false (errno ESHUTDOWN) if the export is
+ * closed; waits while it is held.
+ */
+extern bool gate_enter (struct plugin_export *e);
+extern void gate_leave (struct plugin_export *e);
+/* Hold (GATE_HELD) or close (GATE_CLOSED) the gate, and wait until no
+ * request is in flight: then none begins until gate_open.
+ */
+extern void gate_shut (struct plugin_export *e, enum gate_state how);
+extern void gate_open (struct plugin_export *e);
 
 /* image.c */
 
@@ -85,10 +126,45 @@ extern int image_config_create (const char *key, const char *value);
 extern bool image_on (void);
 extern const char *image_key_given (void);
 extern int image_config_complete (void);
-extern int image_get_ready (struct plugin_export *single);
-extern void image_unload (struct plugin_export *single);
+extern int image_get_ready (void);
+extern void image_unload (void);
+/* After the fork (its stream job starts), before unload (stopped). */
+extern int image_after_fork (void);
+extern void image_cleanup (void);
+/* A connection to it (NULL, logged: deleted), and its end. */
+extern struct plugin_export *image_connect (void);
+extern void image_release (void);
+/* For the control socket, as fleet_each, fleet_hold and fleet_delete
+ * (a hold needs no release: the image is open to the end).
+ */
+extern int image_each (plugin_view_fn fn, void *opaque);
+extern struct plugin_export *image_hold (const char *name);
+extern int image_delete (const char *name, bool hard, unsigned *clients);
 
 /* fleet.c */
+
+/* The control socket's: fn on each open export, under the table's lock
+ * (fn must not block), until fn returns non-zero (returned).  An
+ * export held open by a job (fleet_hold: opened first if it is not,
+ * logged if it cannot be), released with fleet_unhold.  An export's
+ * image closed and its name free again (fleet_delete: hard, though
+ * clients are connected; their requests then fail): 0, or -1 with
+ * errno ENOENT (not open) or EBUSY (clients, not hard); *clients how
+ * many it had.
+ */
+extern int fleet_each (plugin_view_fn fn, void *opaque);
+extern struct plugin_export *fleet_hold (const char *name);
+extern void fleet_unhold (struct plugin_export *served);
+extern int fleet_delete (const char *name, bool hard, unsigned *clients);
+/* A key changed while the fleet runs (template, template-match,
+ * idle-close, max-exports, max-images, min-free, stream-rate; "" for
+ * none, the string keys): checked as at start, logged.  Returns 0, or
+ * -1 after logging an error.  And what they are (fleet_get: its
+ * strings malloc'd, template_path left NULL).
+ */
+struct fleet_live;
+extern int fleet_set (const char *key, const char *value);
+extern void fleet_get (struct fleet_live *live);
 
 extern void fleet_load (void);
 extern void fleet_unload (void);

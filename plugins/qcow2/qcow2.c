@@ -22,9 +22,6 @@
 #include "plugin.h"
 #include "qcow2.h"
 
-/* file=: the image every connection serves (dir=: fleet.c's). */
-static struct plugin_export single;
-
 /* malloc-mmap-threshold=: glibc keeps what a thread frees in that
  * thread's arena, and each of nbdkit's threads frees, when its
  * connection ends, a buffer as large as the largest request it served:
@@ -60,7 +57,7 @@ plugin_unload (void)
 {
   control_unload ();
   fleet_unload ();
-  image_unload (&single);
+  image_unload ();
   free (glue_stream.base);
   glue_unload ();
 }
@@ -267,7 +264,7 @@ plugin_get_ready (void)
   /* The control socket last: nbdkit exits without unload if this
    * fails, and the socket would stay.
    */
-  if ((fleet_on () ? fleet_get_ready () : image_get_ready (&single)) == -1)
+  if ((fleet_on () ? fleet_get_ready () : image_get_ready ()) == -1)
     return -1;
   return control_get_ready ();
 }
@@ -280,8 +277,7 @@ plugin_after_fork (void)
 {
   if (control_after_fork () == -1)
     return -1;
-  return fleet_on () ? fleet_after_fork ()
-    : glue_stream_job_start (single.job);
+  return fleet_on () ? fleet_after_fork () : image_after_fork ();
 }
 
 /* Every stream stopped where it is, once the clients are gone: before
@@ -293,10 +289,8 @@ plugin_cleanup (void)
   control_cleanup ();
   if (fleet_on ())
     fleet_cleanup ();
-  else {
-    glue_stream_job_free (single.job);
-    single.job = NULL;
-  }
+  else
+    image_cleanup ();
 }
 
 static struct qcow2_image *
@@ -319,15 +313,18 @@ plugin_export_description (void *handle)
 static void *
 plugin_open (int readonly)
 {
-  return fleet_on () ? fleet_connect () : &single;
+  return fleet_on () ? fleet_connect () : image_connect ();
 }
 
 static void
 plugin_close (void *handle)
 {
-  glue_close_stats (plugin_image (handle));
+  if (plugin_image (handle))
+    glue_close_stats (plugin_image (handle));
   if (fleet_on ())
     fleet_release (handle);
+  else
+    image_release ();
 }
 
 static int64_t
@@ -416,10 +413,13 @@ plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
 {
   struct plugin_export *e = handle;
+  int r;
 
-  glue_stream_job_enter (e->job);
-  int r = qcow2_read (e->image, buf, count, offset);
-  glue_stream_job_leave (e->job);
+  if (!gate_enter (e))
+    return -1;
+  glue_stream_job_kick (__atomic_load_n (&e->job, __ATOMIC_ACQUIRE));
+  r = qcow2_read (e->image, buf, count, offset);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -431,6 +431,7 @@ static int
 plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
   const uint32_t chunk = 1024 * 1024;
+  struct plugin_export *e = handle;
   void *buf = malloc (count < chunk ? count : chunk);
   int r = 0;
 
@@ -438,13 +439,18 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     nbdkit_error ("cache: %s", errstr (errno));
     return -1;
   }
+  if (!gate_enter (e)) {
+    free (buf);
+    return -1;
+  }
   while (count > 0 && r == 0) {
     uint32_t n = count < chunk ? count : chunk;
 
-    r = qcow2_read (plugin_image (handle), buf, n, offset);
+    r = qcow2_read (e->image, buf, n, offset);
     offset += n;
     count -= n;
   }
+  gate_leave (e);
   free (buf);
   return r < 0 ? plugin_errno (r) : 0;
 }
@@ -454,36 +460,54 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
                uint64_t offset, uint32_t flags)
 {
   struct plugin_export *e = handle;
+  int r;
 
-  glue_stream_job_enter (e->job);
-  int r = qcow2_write (e->image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
-  glue_stream_job_leave (e->job);
+  if (!gate_enter (e))
+    return -1;
+  glue_stream_job_kick (__atomic_load_n (&e->job, __ATOMIC_ACQUIRE));
+  r = qcow2_write (e->image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_zero (plugin_image (handle), count, offset,
-                      flags & NBDKIT_FLAG_MAY_TRIM,
-                      flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
+  struct plugin_export *e = handle;
+  int r;
+
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_zero (e->image, count, offset, flags & NBDKIT_FLAG_MAY_TRIM,
+                  flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  int r = qcow2_trim (plugin_image (handle), count, offset,
-                      flags & NBDKIT_FLAG_FUA);
+  struct plugin_export *e = handle;
+  int r;
+
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_trim (e->image, count, offset, flags & NBDKIT_FLAG_FUA);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
 static int
 plugin_flush (void *handle, uint32_t flags)
 {
-  int r = qcow2_flush (plugin_image (handle));
+  struct plugin_export *e = handle;
+  int r;
 
-  glue_flushed (plugin_image (handle));
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_flush (e->image);
+  glue_flushed (e->image);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
@@ -498,9 +522,14 @@ static int
 plugin_extents (void *handle, uint32_t count, uint64_t offset,
                 uint32_t flags, struct nbdkit_extents *extents)
 {
-  int r = qcow2_extents (plugin_image (handle), offset, count,
-                         flags & NBDKIT_FLAG_REQ_ONE, plugin_add_extent,
-                         extents);
+  struct plugin_export *e = handle;
+  int r;
+
+  if (!gate_enter (e))
+    return -1;
+  r = qcow2_extents (e->image, offset, count, flags & NBDKIT_FLAG_REQ_ONE,
+                     plugin_add_extent, extents);
+  gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
 }
 
