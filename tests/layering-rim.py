@@ -44,8 +44,9 @@ import sys
 RANK = {'plugin': 0, 'filter': 1, 'glue': 2,
         'fileio': 3, 'nbdio': 3, 'memio': 3, 'engine': 4}
 # Orders known here, bottom first, for modules not given one.
-KNOWN = {'plugin': ['gate.c', 'fleet-names.c', 'image.c', 'fleet-create.c',
+KNOWN = {'plugin': ['gate.c', 'freeze.c', 'fleet-names.c', 'image.c', 'fleet-create.c',
                     'fleet-list.c', 'fleet-open.c', 'fleet.c', 'fleet-control.c',
+                    'exports.c',
                     'qcow2.c'],
          'filter': ['below.c', 'record.c', 'overlay.c', 'config.c',
                     'create.c', 'start.c', 'qcow2.c']}

@@ -4,9 +4,11 @@
  * (block-export-del).  Called on the control socket's thread.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -175,4 +177,38 @@ fleet_get (struct fleet_live *l)
   l->template = l->template ? strdup (l->template) : NULL;
   l->template_match = l->template_match ? strdup (l->template_match) : NULL;
   l->template_path = NULL;
+}
+
+int
+fleet_freeze_spot (struct plugin_export *served, const char *frozen,
+                   struct freeze_spot *f, const char **why)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  struct fleet_export *e = fleet_entry (served);
+  struct stat st;
+
+  if ((*why = fleet_name_refusal (frozen)))
+    return -1;
+  if (fstatat (fleet.dirfd, frozen, &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+      errno != ENOENT) {
+    *why = "a file of that name is in dir= already";
+    return -1;
+  }
+  if (!fleet_images_room ()) {
+    *why = "it would pass max-images=";
+    return -1;
+  }
+  /* The export's own file, not a link to it: a link would be frozen. */
+  if (fstatat (fleet.dirfd, e->name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
+      !S_ISREG (st.st_mode) || st.st_dev != e->dev || st.st_ino != e->ino) {
+    *why = "its name is a link (or another file now): freeze the file by "
+      "its own name";
+    return -1;
+  }
+  *f = (struct freeze_spot) {
+    .folder = fleet.dir, .dirfd = fleet.dirfd, .name = e->name,
+    .frozen = frozen, .files = &fleet.files, .env = &e->env,
+    .served = served, .reopen = fleet_reopen,
+  };
+  return 0;
 }

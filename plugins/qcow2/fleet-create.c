@@ -105,6 +105,18 @@ fleet_count_images (void)
   return n;
 }
 
+bool
+fleet_images_room (void)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  uint64_t max;
+
+  lock_acquire (&fleet_lock);
+  max = fleet_live.max_images;
+  lock_release (&fleet_lock);
+  return fleet_count_images () < max;
+}
+
 /* Whether one more image fits: max-images= and min-free= (the image
  * made needing need bytes).  Returns 0, or -1 after logging an error.
  */

@@ -127,6 +127,19 @@ fleet_stream (struct fleet_export *e, const char *path)
   return 0;
 }
 
+/* How a fleet's image is opened.  Its overlays each use little of their
+ * disk; a shared remote base keeps 2 MiB of what it fetched, not 32:
+ * one server's memory weighs more there than its base's traffic.
+ */
+static struct image_how
+fleet_how (struct fleet_export *e)
+{
+  return (struct image_how) {
+    .env = &e->env, .files = &fleet.files, .small_l2_slices = true,
+    .remote_keep = UINT64_C (2) << 20,
+  };
+}
+
 /* The file of e's name, as its open will find it, into st; made from
  * template= if there is none (then *iop is its file, open, locked;
  * *made what it is).  Returns 0, or -1 after logging an error.
@@ -190,14 +203,7 @@ static int
 fleet_open_file (struct fleet_export *e, const char *shown,
                  const char *named, bool quiet, bool *again)
 {
-  /* A fleet's overlays each use little of their disk; a shared remote
-   * base keeps 2 MiB of what it fetched, not 32: one server's memory
-   * weighs more there than its base's traffic.
-   */
-  struct image_how how = {
-    .env = &e->env, .files = &fleet.files, .small_l2_slices = true,
-    .remote_keep = UINT64_C (2) << 20,
-  };
+  struct image_how how = fleet_how (e);
   char other[FLEET_SHOWN_MAX];
   struct qcow2_io *io;
   struct stat st, made_st;
@@ -264,5 +270,29 @@ fleet_open_image (struct fleet_export *e, const char *shown, bool quiet,
   }
   free (e->path);
   e->path = named;
+  return 0;
+}
+
+int
+fleet_reopen (struct plugin_export *served)
+  TSA_EXCLUDES (&fleet_lock)
+{
+  struct fleet_export *e = fleet_entry (served);
+  struct image_how how = fleet_how (e);
+  struct stat st;
+  bool readonly;
+
+  if (fileio_stat_with (e->path, &fleet.files, &st) == -1) {
+    nbdkit_error ("%s: %s", e->path, errstr (errno));
+    return -1;
+  }
+  how.checked = &st;
+  e->env = fleet.env;
+  served->image = image_open (e->path, NULL, &how, &readonly);
+  if (!served->image)
+    return -1;
+  ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
+  e->dev = st.st_dev;
+  e->ino = st.st_ino;
   return 0;
 }

@@ -605,6 +605,8 @@ fleet_get_ready (void)
                   : "nbdkit -r or readonly=true");
     return -1;
   }
+  /* Snapshots a crash interrupted, ended before any image opens. */
+  freeze_recover (fleet.dirfd, fleet.dir, NULL);
   if (fleet_ready_template () == -1)
     return -1;
   if (fleet.default_export && fleet_check_default () == -1)

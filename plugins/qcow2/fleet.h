@@ -176,6 +176,9 @@ extern void fleet_unlink_ours (const char *name, const struct stat *ours);
 /* Whether st is the template: served read-only. */
 extern bool fleet_is_template (const struct stat *st)
   TSA_EXCLUDES (&fleet_lock);
+/* Whether DIR has room for one more image under max-images=. */
+extern bool fleet_images_room (void)
+  TSA_EXCLUDES (&fleet_lock);
 /* The files of images a crash left half made, removed. */
 extern void fleet_remove_stale (void);
 

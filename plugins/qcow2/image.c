@@ -6,6 +6,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,7 +42,12 @@ static struct {
   struct plugin_export served;
   unsigned clients;             /* atomic */
   bool deleted;                 /* atomic */
-} image;
+  /* The image's folder, and a descriptor of it (export-snapshot's,
+   * opened at its first).
+   */
+  char *folder;
+  int folder_fd;
+} image = { .folder_fd = -1 };
 
 /* Absolute, since nbdkit may change directory; backing file names
  * resolve against the image's folder.
@@ -439,6 +445,23 @@ image_close (struct qcow2_image *img, const char *path)
                   errstr (-r));
 }
 
+/* The folder of the image, and a descriptor of it, made once. */
+static int
+image_folder (void)
+{
+  const char *slash = strrchr (image.filename, '/');
+
+  if (image.folder_fd >= 0)
+    return 0;
+  free (image.folder);
+  image.folder = strndup (image.filename, slash - image.filename);
+  if (!image.folder)
+    return -1;
+  image.folder_fd = open (*image.folder ? image.folder : "/",
+                          O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return image.folder_fd == -1 ? -1 : 0;
+}
+
 /* file=: the image made if asked, opened, checked, repaired if asked,
  * its stream job made: served to every connection.
  */
@@ -453,6 +476,10 @@ image_get_ready (void)
   struct glue_stream_job *job;
   bool readonly = true;
 
+  /* A snapshot of it a crash interrupted, ended before it opens. */
+  if (image_folder () == 0)
+    freeze_recover (image.folder_fd, image.folder,
+                    strrchr (image.filename, '/') + 1);
   if (image.create != CREATE_NO && image_create (&io, &made) == -1)
     goto fail;
   img = image_open (image.filename, io, &how, &readonly);
@@ -488,6 +515,9 @@ image_unload (void)
   glue_stream_job_free (image.served.job);
   image_close (image.served.image, image.filename);
   free (image.served.job_id);
+  if (image.folder_fd >= 0)
+    close (image.folder_fd);
+  free (image.folder);
   free (image.filename);
   free (image.data_file);
   free (image.data_file_name);
@@ -575,5 +605,53 @@ image_delete (const char *name, bool hard, unsigned *clients)
   image_close (image.served.image, image.filename);
   image.served.image = NULL;
   image.served.job_held = false;
+  return 0;
+}
+
+int
+image_reopen (struct plugin_export *served)
+{
+  const struct image_how how = { .env = &glue_env };
+  bool readonly;
+
+  served->image = image_open (image.filename, NULL, &how, &readonly);
+  return served->image ? 0 : -1;
+}
+
+int
+image_freeze_spot (const char *frozen, struct freeze_spot *f,
+                   const char **why)
+{
+  const char *name = strrchr (frozen, '/'), *own;
+  struct stat st;
+
+  *why = NULL;
+  if (image_folder () == -1) {
+    *why = "its folder cannot be opened";
+    return -1;
+  }
+  own = strrchr (image.filename, '/') + 1;
+  /* Beside the image: its backing name, if relative, reads the same. */
+  if (name && (name - frozen != own - 1 - image.filename ||
+               strncmp (frozen, image.filename, name - frozen) != 0)) {
+    *why = "it must be in the image's folder (a name, or a path there)";
+    return -1;
+  }
+  name = name ? name + 1 : frozen;
+  if (!*name || strcmp (name, ".") == 0 || strcmp (name, "..") == 0 ||
+      strcmp (name, own) == 0) {
+    *why = "it is not a file's name";
+    return -1;
+  }
+  if (fstatat (image.folder_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+      errno != ENOENT) {
+    *why = "it exists already";
+    return -1;
+  }
+  *f = (struct freeze_spot) {
+    .folder = image.folder, .dirfd = image.folder_fd, .name = own,
+    .frozen = name, .files = &glue_file_options, .env = &glue_env,
+    .served = &image.served, .reopen = image_reopen,
+  };
   return 0;
 }

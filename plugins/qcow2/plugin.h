@@ -6,9 +6,11 @@
  *            to one image (file=) or to the fleet (dir=)
  *   fleet.c  dir=: the table of open exports, their open and release,
  *            the idle sweeper, template=, the listing and descriptions
+ *   exports.c the exports the control socket's commands work on
  *   image.c  one image opened, or made first (create=, and the images
  *            template= makes): told by its caller what differs between
  *            file= and dir=, it knows nothing of the fleet
+ *   freeze.c export-snapshot: an export's data frozen under a new name
  *   gate.c   the gate each client request passes (a snapshot or a
  *            deletion holds them off)
  */
@@ -22,6 +24,7 @@
 #include "qcow2.h"
 
 struct fileio_options;
+struct freeze_spot;
 struct glue_stream_job;
 struct nbdkit_exports;
 
@@ -140,6 +143,49 @@ extern void image_release (void);
 extern int image_each (plugin_view_fn fn, void *opaque);
 extern struct plugin_export *image_hold (const char *name);
 extern int image_delete (const char *name, bool hard, unsigned *clients);
+/* As fleet_freeze_spot (frozen: a name in the image's folder, or a
+ * path there), and the image opened again.
+ */
+extern int image_freeze_spot (const char *frozen, struct freeze_spot *f,
+                              const char **why);
+extern int image_reopen (struct plugin_export *served);
+
+/* exports.c: the control socket's commands' exports, in either mode
+ * (fleet_each and image_each, and so on: see them).
+ */
+extern int exports_each (plugin_view_fn fn, void *opaque);
+extern struct plugin_export *exports_hold (const char *name);
+extern void exports_unhold (struct plugin_export *served);
+extern int exports_delete (const char *name, bool hard, unsigned *clients);
+extern int exports_freeze_spot (struct plugin_export *served,
+                                const char *frozen, struct freeze_spot *f,
+                                const char **why);
+
+/* freeze.c: export-snapshot, in both modes. */
+struct freeze_spot {
+  const char *folder;           /* the export's file's folder */
+  int dirfd;                    /* open on it */
+  const char *name;             /* the export's file, in folder */
+  const char *frozen;           /* what freezes its data, in folder */
+  const struct fileio_options *files;
+  const struct qcow2_env *env;
+  struct plugin_export *served;
+  /* name opened again into served->image (the overlay now), as the
+   * mode opens it: 0, or -1 after logging an error.
+   */
+  int (*reopen) (struct plugin_export *served);
+};
+/* The snapshot made (see freeze.c): 0 with *paused_ns how long clients'
+ * requests were held off; or -1 with *why (malloc'd) saying why.
+ */
+extern int freeze_export (const struct freeze_spot *f, uint64_t *paused_ns,
+                          char **why);
+/* The journals of snapshots a crash interrupted, in the folder (only
+ * those of the image named only, if not NULL): each undone or
+ * finished.
+ */
+extern void freeze_recover (int dirfd, const char *folder,
+                            const char *only);
 
 /* fleet.c */
 
@@ -156,6 +202,15 @@ extern int fleet_each (plugin_view_fn fn, void *opaque);
 extern struct plugin_export *fleet_hold (const char *name);
 extern void fleet_unhold (struct plugin_export *served);
 extern int fleet_delete (const char *name, bool hard, unsigned *clients);
+/* export-snapshot's: where the export held (fleet_hold) lies, with
+ * frozen the name its data freezes under (checked: an export name,
+ * under max-images=), into *f (its strings live as long as the
+ * export).  0, or -1 with *why.  And its image opened again.
+ */
+extern int fleet_freeze_spot (struct plugin_export *served,
+                              const char *frozen, struct freeze_spot *f,
+                              const char **why);
+extern int fleet_reopen (struct plugin_export *served);
 /* A key changed while the fleet runs (template, template-match,
  * idle-close, max-exports, max-images, min-free, stream-rate; "" for
  * none, the string keys): checked as at start, logged.  Returns 0, or
