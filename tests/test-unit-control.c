@@ -38,7 +38,7 @@ static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER;
 static char last_error[512];
 static unsigned events_logged;
 
-void
+void __attribute__ ((format (printf, 1, 2)))
 nbdkit_error (const char *fmt, ...)
 {
   va_list ap;
