@@ -21,18 +21,18 @@
 #include "control.h"
 #include "control-qmp.h"
 
+static struct json_tokener *tok;   /* the checker's own, kept */
+
 static void
 fuzz_check_line (void *opaque, const char *line, size_t len)
 {
-  struct json_tokener *tok = json_tokener_new_ex (2 * QMP_DEPTH_MAX);
   struct json_object *o, *e, *v;
 
   assert (len >= 2 && line[len - 2] == '\r' && line[len - 1] == '\n');
   assert (!memchr (line, '\n', len - 1));
   for (size_t i = 0; i < len; i++)
     assert ((unsigned char) line[i] < 0x80);
-  assert (tok);
-  json_tokener_set_flags (tok, JSON_TOKENER_STRICT);
+  json_tokener_reset (tok);
   o = json_tokener_parse_ex (tok, line, (int) len - 2);
   assert (o && json_object_is_type (o, json_type_object));
   assert (json_tokener_get_parse_end (tok) == len - 2);
@@ -43,7 +43,6 @@ fuzz_check_line (void *opaque, const char *line, size_t len)
             json_object_is_type (v, json_type_string));
   }
   json_object_put (o);
-  json_tokener_free (tok);
 }
 
 static int
@@ -83,6 +82,9 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 
   if (!registered) {
     assert (control_add_commands (fuzz_commands, 1) == 0);
+    tok = json_tokener_new_ex (2 * QMP_DEPTH_MAX);
+    assert (tok);
+    json_tokener_set_flags (tok, JSON_TOKENER_STRICT);
     registered = true;
   }
   if (size == 0)
