@@ -345,15 +345,18 @@ commit_pace (struct qcow2_commit *c, uint64_t copied)
 }
 
 /* A step that failed with r (what says which, for the notice).
- * Returns 0 to retry it, after a wait logged, else what the job ends
- * with (-ECANCELED: told to stop meanwhile).
+ * Returns 0 to retry it, after a wait logged (1 s, doubling up to
+ * 30 s), else what the job ends with (-ECANCELED: told to stop
+ * meanwhile).
  */
 static int
 commit_retry (struct qcow2_commit *c, const char *what, int r,
               unsigned *failures)
 {
-  unsigned wait = 1;
   enum qcow2_commit_state was;
+  bool last;
+  int64_t end;
+  unsigned s;
 
   if (r == -ECANCELED)
     return r;
@@ -364,26 +367,23 @@ commit_retry (struct qcow2_commit *c, const char *what, int r,
                 "is room", c->base->path);
     return r;
   }
-  if (!qcow2_can_write (c->base) || !qcow2_can_write (c->img) ||
-      ++*failures > COMMIT_RETRIES) {
+  last = ++*failures > COMMIT_RETRIES;
+  if (last || !qcow2_can_write (c->base) || !qcow2_can_write (c->img)) {
     log_notice (c->img, "commit: %s failed (%s)%s: the job stops", what,
-                errstr (-r), *failures > COMMIT_RETRIES
-                ? ", too many times" : "");
+                errstr (-r), last ? ", too many times" : "");
     return r;
   }
-  for (unsigned i = 1; i < *failures && wait < COMMIT_RETRY_MAX_S; i++)
-    wait *= 2;
-  wait = MIN (wait, COMMIT_RETRY_MAX_S);
+  s = *failures > 5 ? COMMIT_RETRY_MAX_S
+                    : MIN (COMMIT_RETRY_MAX_S, 1u << (*failures - 1));
   log_notice (c->img, "commit: %s failed (%s): retrying in %u s (attempt "
-              "%u of %u)", what, errstr (-r), wait, *failures,
-              COMMIT_RETRIES);
+              "%u of %u)", what, errstr (-r), s, *failures, COMMIT_RETRIES);
   lock_acquire (&c->lock);
   was = c->state;
   c->state = QCOW2_COMMIT_WAITING;
   lock_release (&c->lock);
   /* A pause or a new rate does not end the wait. */
-  for (int64_t end = (int64_t) monotonic_ns () + wait * 1000000000LL, now;
-       (now = (int64_t) monotonic_ns ()) < end; )
+  end = (int64_t) monotonic_ns () + s * 1000000000LL;
+  for (int64_t now; (now = (int64_t) monotonic_ns ()) < end; )
     if (commit_sleep (c, end - now))
       return -ECANCELED;
   commit_set_state (c, was, 0);
@@ -740,24 +740,32 @@ qcow2_commit_progress (struct qcow2_commit *c,
   p->base = c->base->path;
 }
 
-void
-qcow2_commit_set_rate (struct qcow2_commit *c, uint64_t rate)
+/* A new rate (rate set) or pause (else): the job told at once. */
+static void
+commit_poke (struct qcow2_commit *c, bool rate_set, uint64_t rate,
+             bool pause)
+  TSA_EXCLUDES (c->lock)
 {
   lock_acquire (&c->lock);
-  c->rate = rate;
+  if (rate_set)
+    c->rate = rate;
+  else
+    c->paused = pause;
   c->pokes++;
   pthread_cond_broadcast (&c->cond);
   lock_release (&c->lock);
 }
 
 void
+qcow2_commit_set_rate (struct qcow2_commit *c, uint64_t rate)
+{
+  commit_poke (c, true, rate, false);
+}
+
+void
 qcow2_commit_pause (struct qcow2_commit *c, bool pause)
 {
-  lock_acquire (&c->lock);
-  c->paused = pause;
-  c->pokes++;
-  pthread_cond_broadcast (&c->cond);
-  lock_release (&c->lock);
+  commit_poke (c, false, 0, pause);
 }
 
 int
