@@ -19,6 +19,7 @@
 #include "qcow2.h"
 #include "memio.h"
 #include "imgbuild.h"
+#include "crashio.h"
 #include "unit.h"
 
 #define SIZE (UINT64_C (6) << 20)
@@ -592,6 +593,154 @@ test_snapshot_base (void)
   chain_free (&ch);
 }
 
+/* The base as a crashio, whose hook may fail the base's host writes,
+ * and whose opens fail while fail_opens says (of writers only, if
+ * fail_rw_only).
+ */
+static struct crashio *hooked_base;
+static unsigned fail_opens, fail_writes;
+static int fail_errno;
+static bool fail_rw_only;
+static struct qcow2_io *(*hooked_real_open) (void *opaque, const char *path,
+                                             bool readonly, char **id);
+
+static struct qcow2_io *
+hooked_open (void *opaque, const char *path, bool readonly, char **id)
+{
+  if (strcmp (path, "base.qcow2") != 0)
+    return hooked_real_open (opaque, path, readonly, id);
+  if (fail_opens && (!readonly || !fail_rw_only)) {
+    fail_opens--;
+    *id = strdup ("refused by the test");
+    errno = EACCES;
+    return NULL;
+  }
+  *id = strdup (path);
+  return crashio_io (hooked_base);
+}
+
+static int
+hooked_hook (void *opaque, enum crashio_op op, uint64_t offset,
+             uint64_t count)
+{
+  if (op != CRASHIO_PWRITE || !fail_writes)
+    return 0;
+  fail_writes--;
+  return fail_errno;
+}
+
+/* The job's state, once it is one of the two (some seconds at most). */
+static enum qcow2_commit_state
+wait_state (struct qcow2_commit *c, enum qcow2_commit_state a, bool ready,
+            struct qcow2_commit_progress *p)
+{
+  for (unsigned i = 0; i < 30000; i++) {
+    qcow2_commit_progress (c, p);
+    if (p->state == a || (ready && p->ready))
+      break;
+    sleep_ms (1);
+  }
+  return p->state;
+}
+
+/* The base cannot be opened for writing, or not even again; the base's
+ * writes fail for want of space, or once: the job fails or retries,
+ * and the chain reads as it did.
+ */
+static void
+test_failures (void)
+{
+  const struct shape s = { "failures", 16, 16, false, false, false, false };
+  struct qcow2_commit_progress p;
+  struct qcow2_commit *c;
+  struct qcow2_image *img;
+  struct chain ch;
+  size_t len;
+  char *id;
+  struct qcow2_io *io;
+  uint8_t *bytes;
+
+  chain_init (&ch, 55, false);
+  if (!(img = chain_make (&ch, &s, NULL)))
+    goto out;
+  random_ops (&ch, img, 200, 0, ch.size, true);
+  qcow2_close (img);
+  io = ch.env.open (ch.env.opaque, "base.qcow2", true, &id);
+  free (id);
+  len = io->ops->size (io);
+  bytes = malloc (len);
+  io->ops->pread (io, bytes, len, 0);
+  io->ops->close (io);
+  hooked_base = crashio_new (bytes, len);
+  free (bytes);
+  crashio_set_hook (hooked_base, hooked_hook, NULL);
+  hooked_real_open = ch.env.open;
+  ch.env.open = hooked_open;
+  if (!(img = open_image (&ch, "top.qcow2", NULL)))
+    goto out;
+
+  /* Not for writing: the job fails, the base read-only as before. */
+  fail_opens = 1;
+  fail_rw_only = true;
+  memenv_clear_errors (ch.me);
+  c = qcow2_commit_new (img, &(struct qcow2_commit_options) { 0 });
+  CHECK (c && qcow2_commit_start (c) == -EACCES);
+  CHECKF (strstr (memenv_last_error (ch.me), "cannot be written"),
+          "message: %s", memenv_last_error (ch.me));
+  qcow2_commit_progress (c, &p);
+  CHECK (p.state == QCOW2_COMMIT_FAILED && p.error == -EACCES);
+  CHECK_INT (qcow2_commit_complete (c), -EACCES);
+  qcow2_commit_free (c);
+  check_model (&ch, img, "after a base refused for writing");
+
+  /* No space: the job stops; started again with room, it finishes. */
+  fail_writes = 1000000;
+  fail_errno = ENOSPC;
+  c = qcow2_commit_new (img, &(struct qcow2_commit_options) { 0 });
+  CHECK (c && qcow2_commit_start (c) == 0);
+  CHECK_INT (wait_state (c, QCOW2_COMMIT_FAILED, false, &p),
+             QCOW2_COMMIT_FAILED);
+  CHECK_INT (p.error, -ENOSPC);
+  qcow2_commit_free (c);
+  check_model (&ch, img, "after no space in the base");
+  /* A write failing once: retried (after a second), the job ends. */
+  fail_writes = 1;
+  fail_errno = EIO;
+  c = qcow2_commit_new (img, &(struct qcow2_commit_options) { 0 });
+  CHECK (c && qcow2_commit_start (c) == 0);
+  CHECK_INT (wait_state (c, QCOW2_COMMIT_WAITING, false, &p),
+             QCOW2_COMMIT_WAITING);
+  CHECKF (wait_ready (c, &p), "ready after a retry: state %d", p.state);
+  CHECK_INT (qcow2_commit_complete (c), 0);
+  qcow2_commit_free (c);
+  check_model (&ch, img, "after a retried write");
+
+  /* Not even read-only again: reads of the base fail, clearly (a top
+   * with nothing of its own reads all from it).
+   */
+  qcow2_close (img);
+  if (!(img = open_top (&ch, "top1.qcow2", true)))
+    goto out;
+  fail_opens = 2;
+  fail_rw_only = false;
+  c = qcow2_commit_new (img, &(struct qcow2_commit_options) { 0 });
+  CHECK (c && qcow2_commit_start (c) == -EACCES);
+  qcow2_commit_free (c);
+  {
+    uint8_t b[512];
+
+    memenv_clear_errors (ch.me);
+    CHECK_INT (qcow2_read (img, b, sizeof b, 0), -EIO);
+    CHECKF (strstr (memenv_last_error (ch.me), "reading"), "message: %s",
+            memenv_last_error (ch.me));
+  }
+  qcow2_close (img);
+ out:
+  crashio_free (hooked_base);
+  hooked_base = NULL;
+  chain_free (&ch);
+}
+
 int
 main (void)
 {
@@ -611,5 +760,6 @@ main (void)
   test_shared ();
   test_refused ();
   test_snapshot_base ();
+  test_failures ();
   return unit_finish ();
 }

@@ -779,17 +779,23 @@ qcow2_commit_complete (struct qcow2_commit *c)
   lock_acquire (&c->lock);
   state = c->state;
   ready = c->ready;
+  r = c->error;
   lock_release (&c->lock);
   if (state == QCOW2_COMMIT_COMPLETED)
     return 0;
-  if (!ready || state == QCOW2_COMMIT_FAILED) {
-    log_error (c->img, "commit: the job is %s: it cannot be completed",
-               state == QCOW2_COMMIT_FAILED ? "failed" : "not ready yet");
+  if (state == QCOW2_COMMIT_FAILED) {
+    log_error (c->img, "commit: the job failed (%s): it cannot be "
+               "completed", errstr (-r));
+    return r;
+  }
+  if (!ready) {
+    log_error (c->img, "commit: the job is not ready yet: it cannot be "
+               "completed");
     return -EBUSY;
   }
   if (c->busy && __atomic_load_n (c->busy, __ATOMIC_ACQUIRE)) {
-    log_error (c->img, "commit: client requests are in flight: the job "
-               "is completed with none");
+    log_error (c->img, "commit: client requests are in flight: hold them "
+               "off before the job is completed");
     return -EBUSY;
   }
   commit_join (c);

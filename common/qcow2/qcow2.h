@@ -455,7 +455,8 @@ extern void qcow2_commit_pause (struct qcow2_commit *c, bool pause);
  * in flight and none let in (the caller holds them off until it has
  * switched): what is still marked copied, the base flushed and closed
  * clean.  0, or -errno: -EBUSY if not ready (or requests are counted
- * in flight); after another error the job has failed.  Then the base
+ * in flight), the job's error if it failed; after another error the
+ * job has failed (the chain as it was).  Then the base
  * holds the whole disk (the image's data over what it held): the
  * caller frees the job, closes img (and with it the base) and opens
  * the base's file in its place, letting requests in only then.
