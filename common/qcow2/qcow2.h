@@ -419,8 +419,8 @@ struct qcow2_commit_progress {
    */
   bool ready;
   bool paused;
-  /* QEMU's len and offset: bytes copied, and copied plus still to copy
-   * (clients' writes add to it).
+  /* QEMU's: offset, the bytes copied; len, those and the bytes still
+   * to copy (clients' writes add to it).
    */
   uint64_t len, offset;
   uint64_t rate;
