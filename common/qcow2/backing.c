@@ -380,6 +380,59 @@ backing_attach_io (struct qcow2_image *img, const struct qcow2_options *opts)
   return img->backing ? 0 : -errno;
 }
 
+/* Whether the storage of a layer is a local file, whole: its name
+ * parsed again (the layer keeps it as it was resolved).
+ */
+bool
+backing_is_local (const struct qcow2_image *layer)
+{
+  struct name_spec spec;
+  char *why = NULL;
+  bool local;
+
+  if (name_parse (layer->path, &spec, &why) < 0) {
+    free (why);
+    return false;
+  }
+  local = spec.path && !spec.raw_window;
+  name_spec_free (&spec);
+  return local;
+}
+
+struct qcow2_io *
+backing_reopen (const struct qcow2_image *layer, bool writable)
+{
+  struct qcow2_io *io = NULL;
+  struct name_spec spec;
+  char *why = NULL, *id = NULL;
+  int r;
+
+  if ((r = name_parse (layer->path, &spec, &why)) < 0) {
+    errno = -backing_bad_name (layer, "backing file", layer->path, r, why);
+    return NULL;
+  }
+  if (!spec.path || spec.raw_window) {
+    log_error (layer, "cannot open it again%s: not a local file",
+               writable ? " for writing" : "");
+    errno = ENOTSUP;
+  }
+  else if ((io = backing_open_storage (layer, "backing file", "",
+                                       layer->path, &spec, !writable,
+                                       &id)) &&
+           layer->id && id && strcmp (id, layer->id) != 0) {
+    log_error (layer, "opened again, it is another file (%s, not %s): "
+               "replaced meanwhile?", id, layer->id);
+    io->ops->close (io);
+    io = NULL;
+    errno = ESTALE;
+  }
+  r = errno;
+  free (id);
+  name_spec_free (&spec);
+  errno = r;
+  return io;
+}
+
 struct qcow2_io *
 qcow2_open_name (const struct qcow2_env *env, const char *naming,
                  const char *name, char **resolved, const char **format)

@@ -457,6 +457,161 @@ qcow2_close (struct qcow2_image *img)
   return r;
 }
 
+/* The storage of a layer whose file could not be opened again: every
+ * read and write fails (the layer keeps its place in the chain, and the
+ * requests reaching it fail, until the image is opened anew).
+ */
+static int
+image_gone_pread (struct qcow2_io *io, void *buf, size_t count,
+                  uint64_t offset)
+{
+  return -EIO;
+}
+
+static int
+image_gone_pwrite (struct qcow2_io *io, const void *buf, size_t count,
+                   uint64_t offset)
+{
+  return -EIO;
+}
+
+static int
+image_gone_flush (struct qcow2_io *io)
+{
+  return -EIO;
+}
+
+static int64_t
+image_gone_size (struct qcow2_io *io)
+{
+  return -EIO;
+}
+
+static void
+image_gone_close (struct qcow2_io *io)
+{
+}
+
+static const struct qcow2_io_ops image_gone_ops = {
+  .pread = image_gone_pread, .pwrite = image_gone_pwrite,
+  .flush = image_gone_flush, .size = image_gone_size,
+  .close = image_gone_close,
+};
+static struct qcow2_io image_gone_io = { .ops = &image_gone_ops };
+
+/* The layer's file opened again (see image_reopen_below), or, failing
+ * that, read-only as it was; failing that too, gone.
+ */
+static int
+image_reopen_io (struct qcow2_image *l, bool writable)
+{
+  struct qcow2_io *io;
+  int r = 0;
+
+  l->io->ops->close (l->io);
+  io = backing_reopen (l, writable);
+  if (!io) {
+    r = -errno;
+    if (writable)
+      io = backing_reopen (l, false);
+    if (!io) {
+      log_error (l, "the backing file cannot be opened again: reads of "
+                 "it fail from now on\n"
+                 "open the image again (restart the server) once the "
+                 "file is back");
+      io = &image_gone_io;
+    }
+  }
+  l->io = l->data_io = l->guest_io = io;
+  return r;
+}
+
+/* What writing a layer needs that reading it did not: its refcount
+ * table, the overlap guard's map, its persistent bitmaps (kept up to
+ * date, as QEMU keeps a commit's base's).  Freed clusters are not
+ * punched: a read through the image above may still be reading one
+ * (see commit.c).
+ */
+static int
+image_begin_writes (struct qcow2_image *l)
+  TSA_REQUIRES (l->lock)
+{
+  int r;
+
+  if ((r = refcount_load_table (l)) < 0)
+    return r;
+  if ((r = overlap_build (l)) < 0) {
+    log_error (l, "cannot map the metadata for the overlap guard: %s",
+               errstr (-r));
+    return r;
+  }
+  if ((r = bitmap_open (l)) < 0)
+    return r;
+  l->writable = true;
+  l->discard = false;
+  return 0;
+}
+
+/* A layer read-only again, as it was opened. */
+static void
+image_end_writes (struct qcow2_image *l)
+  TSA_REQUIRES (l->lock)
+{
+  bitmap_free (l);
+  overlap_map_destroy (l->overlap);
+  l->overlap = &overlap_map_empty;
+  l->overlap_conflict = false;
+  free (l->reftable);
+  l->reftable = NULL;
+  l->reftable_size = 0;
+  l->writable = false;
+  l->discard = true;
+  l->write_started = false;
+  l->alloc.closing = false;
+}
+
+int
+image_close_writes (struct qcow2_image *l)
+{
+  int r;
+
+  image_data_wrlock (l);
+  image_lock (l);
+  r = state_close (l);
+  if (r < 0)
+    io_mark_dirty (l);
+  else
+    l->write_started = false;
+  image_unlock (l);
+  image_data_unlock (l);
+  return r;
+}
+
+int
+image_reopen_below (struct qcow2_image *img, bool writable)
+{
+  struct qcow2_image *l = img->backing;
+  int r = 0, e;
+
+  assert (l && !l->raw && l->data_io == l->io && !l->luks);
+  image_data_wrlock (l);
+  image_lock (l);
+  if (!writable) {
+    /* Usually done already, by image_close_writes. */
+    if (l->write_started && (r = state_close (l)) < 0)
+      io_mark_dirty (l);
+    image_end_writes (l);
+  }
+  e = image_reopen_io (l, writable);
+  if (writable && e == 0 && (e = image_begin_writes (l)) < 0) {
+    image_end_writes (l);
+    image_reopen_io (l, false);
+  }
+  image_unlock (l);
+  image_data_unlock (l);
+  return r < 0 ? r : e;
+}
+
 bool
 qcow2_can_trim (const struct qcow2_image *img)
 {

@@ -303,6 +303,14 @@ struct qcow2_image {
    */
   struct readahead *readahead;
 
+  /* A commit job copying this image into its backing file (commit.c),
+   * set and cleared under lock; and while it runs, the clusters
+   * changed since it started (atomic, NULL when no job runs), which
+   * every write, zero and trim marks once done (commit_note_change).
+   */
+  struct qcow2_commit *commit;
+  struct commit_map *commit_map;
+
   /* The lock contract.
    *
    * lock guards everything above but the fields marked atomic

@@ -294,3 +294,63 @@ layers_unclaim (struct qcow2_layers *t, const char *id)
     }
   lock_release (&t->lock);
 }
+
+int
+layers_write_begin (struct qcow2_image *layer, bool *shared)
+{
+  struct qcow2_layers *t = layer->shared;
+  int r = 0;
+
+  *shared = t != NULL;
+  if (!t) {
+    /* Its image's own (no table, or a layer the table cannot share):
+     * the table, if any, must still refuse its file to the others.
+     */
+    t = layer->env->layers;
+    if (__atomic_load_n (&layer->users, __ATOMIC_ACQUIRE) > 1)
+      return -EBUSY;
+    if (t && (r = layers_claim (t, layer->id)) == 0)
+      layer->claimed = true;
+    return r;
+  }
+  lock_acquire (&t->lock);
+  if (__atomic_load_n (&layer->users, __ATOMIC_ACQUIRE) > 1)
+    r = -EBUSY;
+  else {
+    /* Its entry becomes a writer's: found by no image, removed when the
+     * layer is freed (image_free unclaims it).
+     */
+    for (struct layers_entry *e = t->entries; e; e = e->next)
+      if (e->layer == layer) {
+        e->layer = NULL;
+        break;
+      }
+    layer->shared = NULL;
+    layer->claimed = true;
+  }
+  lock_release (&t->lock);
+  return r;
+}
+
+void
+layers_write_end (struct qcow2_image *layer, bool shared)
+{
+  struct qcow2_layers *t = layer->env->layers;
+
+  if (!t || !layer->claimed)
+    return;
+  if (!shared) {
+    layers_unclaim (t, layer->id);
+    layer->claimed = false;
+    return;
+  }
+  lock_acquire (&t->lock);
+  for (struct layers_entry *e = t->entries; e; e = e->next)
+    if (!e->layer && !e->opening && strcmp (e->id, layer->id) == 0) {
+      e->layer = layer;
+      break;
+    }
+  layer->shared = t;
+  layer->claimed = false;
+  lock_release (&t->lock);
+}

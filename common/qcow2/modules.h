@@ -44,6 +44,23 @@ extern struct qcow2_image *image_open_layer (const struct qcow2_env *env,
  * or already flushed).
  */
 extern void image_free (struct qcow2_image *img);
+/* The layer below img (a local qcow2 file) opened again in place, for
+ * writing (a commit into it) or read-only again, its old file closed
+ * first (its image locks would refuse the new one): 0, or -errno with
+ * the layer read-only again (if even that fails, its reads fail).
+ * Back to read-only, what it wrote is made durable and its state clean
+ * first.  No request may read the layer meanwhile: img's data_lock is
+ * held exclusively.
+ */
+extern int image_reopen_below (struct qcow2_image *img, bool writable)
+  TSA_REQUIRES (img->data_lock);
+/* A layer reopened for writing made durable and clean (its dirty bit
+ * cleared, its bitmaps stored), as a clean close leaves an image: 0 or
+ * -errno.  Before image_reopen_below makes it read-only, so that the
+ * image above need not be held off meanwhile.
+ */
+extern int image_close_writes (struct qcow2_image *l)
+  TSA_EXCLUDES (l->lock, l->data_lock);
 
 /* luks.c: the data cipher. */
 /* Encrypt or decrypt data in place, from sector on. */
@@ -167,6 +184,15 @@ extern int backing_attach_io (struct qcow2_image *img,
                               const struct qcow2_options *opts);
 extern int data_file_open (struct qcow2_image *img,
                            const struct qcow2_options *opts);
+/* Whether a layer's storage is a local file (not remote, not a window
+ * of one).
+ */
+extern bool backing_is_local (const struct qcow2_image *layer);
+/* The local file of a layer opened again, for writing or read-only,
+ * checked to be the same file: NULL with errno, the reason logged.
+ */
+extern struct qcow2_io *backing_reopen (const struct qcow2_image *layer,
+                                        bool writable);
 
 /* snapshot.c */
 extern int snapshot_read_table (struct qcow2_image *img)
@@ -530,6 +556,14 @@ extern bool layers_release (struct qcow2_image *layer);
  */
 extern int layers_claim (struct qcow2_layers *t, const char *id);
 extern void layers_unclaim (struct qcow2_layers *t, const char *id);
+/* The layer becomes open for writing in place (a commit into it): 0,
+ * or -EBUSY if another image stands on it (or has its file as a layer
+ * of its own).  The table then knows it as open for writing, so that
+ * no image opens it as a layer; *shared says whether it was one of the
+ * table's, for layers_write_end, which makes it again what it was.
+ */
+extern int layers_write_begin (struct qcow2_image *layer, bool *shared);
+extern void layers_write_end (struct qcow2_image *layer, bool shared);
 
 /* state.c */
 extern int state_begin_write (struct qcow2_image *img)
@@ -698,6 +732,52 @@ extern void readahead_note (struct readahead *ra, uint64_t end,
  */
 extern int stream_detach (struct qcow2_image *img, struct qcow2_image *base)
   TSA_EXCLUDES (img->lock, img->data_lock);
+
+/* commit.c: the clusters of an image changed while a commit job copies
+ * it into its backing file, one bit per cluster (of 1 << bits bytes).
+ * Bits are set by writers and cleared by the job before it copies, all
+ * atomically: a write marks its clusters once done, so a job that
+ * clears a bit before reading the cluster either reads the new data or
+ * finds the bit set again.
+ */
+struct commit_map {
+  uint64_t *words;
+  uint64_t clusters;
+  unsigned bits;
+};
+
+/* Mark clusters [first, end) of the map (set), or clear them. */
+static inline void
+commit_map_change (struct commit_map *m, uint64_t first, uint64_t end,
+                   bool set)
+{
+  while (first < end) {
+    uint64_t lo = first % 64, n = MIN (64 - lo, end - first);
+    uint64_t mask = (n == 64 ? ~UINT64_C (0) : (UINT64_C (1) << n) - 1) << lo;
+
+    if (set)
+      __atomic_fetch_or (&m->words[first / 64], mask, __ATOMIC_SEQ_CST);
+    else
+      __atomic_fetch_and (&m->words[first / 64], ~mask, __ATOMIC_SEQ_CST);
+    first += n;
+  }
+}
+
+/* Guest [offset, offset+len) of img changed: marked for the commit job,
+ * if one runs (a load and nothing more when none does).  Called once
+ * the change is done, holding img's data_lock shared, which the job
+ * takes exclusively before it frees the map.
+ */
+static inline void
+commit_note_change (struct qcow2_image *img, uint64_t offset, uint64_t len)
+  TSA_REQUIRES_SHARED (img->data_lock)
+{
+  struct commit_map *m = __atomic_load_n (&img->commit_map, __ATOMIC_ACQUIRE);
+
+  if (m && len > 0)
+    commit_map_change (m, offset >> m->bits,
+                       ((offset + len - 1) >> m->bits) + 1, true);
+}
 
 /* extents.c */
 extern int layer_extents (struct qcow2_image *img, uint64_t offset,

@@ -365,6 +365,111 @@ extern void qcow2_stream_pause (struct qcow2_stream *s, bool pause);
  */
 extern void qcow2_stream_free (struct qcow2_stream *s);
 
+/* Committing, as QEMU's active block-commit (a mirror job): the data
+ * of the image copied into its backing file (the base: the layer
+ * directly below, a local qcow2 file) while the image is served and
+ * written, so that the base alone then holds the whole disk.
+ *
+ * The base, opened read-only below the image, is opened again
+ * read-write in place (reads through the image go on meanwhile), and
+ * known to env->layers as open for writing: no other image may stand
+ * on it, before or during the job.  A thread copies every range the
+ * image allocates, as the image reads it (zero clusters as zeros,
+ * compressed ones as data), through the base's ordinary write path;
+ * ranges the image does not allocate stay as the base has them.  Every
+ * write, zero and trim of the image while the job runs marks its
+ * clusters, which the job copies again.  Once all is copied with
+ * nothing marked, the job is ready (and stays so, copying what clients
+ * write meanwhile); completing it copies what is left, with no client
+ * request in flight, and makes the base durable and clean.
+ *
+ * The base only ever gets, for a guest range, the data the image holds
+ * there: at every instant, and after a crash at any point, the chain
+ * reads the same, and both files are consistent (the base's metadata
+ * ordered as every write's is).  A job stopped or killed part-way may
+ * be started again: it copies all again, and finishes.
+ *
+ * Internal snapshots and persistent bitmaps of the base are kept, as
+ * QEMU keeps them: the snapshots' clusters are copied on write, the
+ * bitmaps record what the job writes.  Refused: a raw, remote or
+ * encrypted base, one with an external data file, one of another
+ * virtual size than the image, one another open image stands on.
+ */
+struct qcow2_commit;
+struct qcow2_commit_options {
+  uint64_t rate;                /* bytes per second; 0: no limit */
+  /* Client requests in flight, counted by the caller (read atomically):
+   * the job waits, a bounded time, while there are.  NULL: no count.
+   */
+  const unsigned *busy;
+  bool debug;                   /* a debug message per step */
+};
+enum qcow2_commit_state {
+  QCOW2_COMMIT_CREATED,         /* checked, not started */
+  QCOW2_COMMIT_RUNNING,         /* copying */
+  QCOW2_COMMIT_WAITING,         /* a failed step, retried soon */
+  QCOW2_COMMIT_READY,           /* in sync: may be completed */
+  QCOW2_COMMIT_COMPLETED,       /* qcow2_commit_complete succeeded */
+  QCOW2_COMMIT_FAILED,          /* given up: only freed now */
+};
+struct qcow2_commit_progress {
+  enum qcow2_commit_state state;
+  /* In sync once: stays so, as QEMU's ready, though clients' writes
+   * make more to copy.
+   */
+  bool ready;
+  bool paused;
+  /* QEMU's: offset, the bytes copied; len, those and the bytes still
+   * to copy (clients' writes add to it).
+   */
+  uint64_t len, offset;
+  uint64_t rate;
+  const char *base;             /* the base's file name */
+  int error;                    /* FAILED: -errno */
+};
+/* A job committing img into its backing file, checked (as above; img
+ * writable), not started: NULL with errno, the reason reported
+ * (ENOENT: img has no backing file; EBUSY: another image stands on the
+ * base, or img has a job already; ENOTSUP: a base that cannot be
+ * written so).  One job per image; no stream job at the same time.
+ */
+extern struct qcow2_commit *qcow2_commit_new (struct qcow2_image *img,
+                                              const struct qcow2_commit_options *opts);
+/* The base opened for writing, and the job's thread started (after any
+ * fork): 0, or -errno (the base's file cannot be opened for writing,
+ * the base is corrupt...) with the job failed and the base read-only
+ * again.
+ */
+extern int qcow2_commit_start (struct qcow2_commit *c);
+/* Instead of qcow2_commit_start: the job's work done in the caller's
+ * thread, until in sync (ready), with no pacing: 0 or -errno (the job
+ * failed).  For tests and offline use.
+ */
+extern int qcow2_commit_run (struct qcow2_commit *c);
+extern void qcow2_commit_progress (struct qcow2_commit *c,
+                                   struct qcow2_commit_progress *p);
+extern void qcow2_commit_set_rate (struct qcow2_commit *c, uint64_t rate);
+/* Paused, the job copies nothing until resumed. */
+extern void qcow2_commit_pause (struct qcow2_commit *c, bool pause);
+/* The end of the job, once ready, called with no client request on img
+ * in flight and none let in (the caller holds them off until it has
+ * switched): what is still marked copied, the base flushed and closed
+ * clean.  0, or -errno: -EBUSY if not ready (or requests are counted
+ * in flight), the job's error if it failed; after another error the
+ * job has failed (the chain as it was).  Then the base
+ * holds the whole disk (the image's data over what it held): the
+ * caller frees the job, closes img (and with it the base) and opens
+ * the base's file in its place, letting requests in only then.
+ */
+extern int qcow2_commit_complete (struct qcow2_commit *c);
+/* Stop the job (a step in flight ends first) and free it, the base
+ * read-only again (what it wrote durable) and a layer of env->layers
+ * as before; before img is closed.  Without a completion (a cancel),
+ * the chain stays as it was: the base may hold copies of ranges that
+ * the image covers, so reads through the image are unchanged.
+ */
+extern void qcow2_commit_free (struct qcow2_commit *c);
+
 /* Allocate every cluster of the disk, as qemu-img's preallocation=:
  * metadata maps them (the file covers them, with holes), falloc also
  * gives them space of their own (io's preallocate), full writes zeros

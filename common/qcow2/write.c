@@ -182,6 +182,10 @@ write_request (struct qcow2_image *img, const struct write_request *req)
     offset += n;
     count -= n;
   }
+  /* Done (or failed part-way, changing some of it): a commit job copies
+   * it again.
+   */
+  commit_note_change (img, req->offset, req->count);
   image_data_unlock (img);
   if (r == 0 && req->fua)
     r = qcow2_flush (img);

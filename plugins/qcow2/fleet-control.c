@@ -187,14 +187,14 @@ fleet_freeze_spot (struct plugin_export *served, const char *frozen,
   struct fleet_export *e = fleet_entry (served);
   struct stat st;
 
-  if ((*why = fleet_name_refusal (frozen)))
+  if (frozen && (*why = fleet_name_refusal (frozen)))
     return -1;
-  if (fstatat (fleet.dirfd, frozen, &st, AT_SYMLINK_NOFOLLOW) == 0 ||
-      errno != ENOENT) {
+  if (frozen && (fstatat (fleet.dirfd, frozen, &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+                 errno != ENOENT)) {
     *why = "a file of that name is in dir= already";
     return -1;
   }
-  if (!fleet_images_room ()) {
+  if (frozen && !fleet_images_room ()) {
     *why = "it would pass max-images=";
     return -1;
   }
@@ -211,4 +211,10 @@ fleet_freeze_spot (struct plugin_export *served, const char *frozen,
     .served = served, .reopen = fleet_reopen,
   };
   return 0;
+}
+
+bool
+fleet_base_is_template (const struct stat *st)
+{
+  return fleet_is_template (st);
 }

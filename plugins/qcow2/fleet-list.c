@@ -16,6 +16,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "cleanup.h"
 #include "errstr.h"
 #include "escape.h"
 #include "fileio.h"
@@ -126,37 +127,45 @@ fleet_reading_error (void *opaque, const char *msg)
     snprintf (r->why, sizeof r->why, "%s", msg);
 }
 
-/* Whether img (in dir=) names a local backing file that is not there
- * (looked for, not opened): a client would be refused it, and so would
- * nbdinfo --list, which opens each export listed.  Why then in why.
+/* The local backing file img (in dir=) names, looked for, not opened:
+ * 0 with *st, 1 if it names none or no local file, or -1 (errno set).
  */
-static bool
-fleet_backing_missing (const struct qcow2_image *img, char *why, size_t n)
+static int
+fleet_backing_stat (const struct qcow2_image *img, struct stat *st)
 {
+  CLEANUP_FREE char *path = NULL;
   struct qcow2_info i;
-  struct stat st;
-  char *path;
-  bool missing;
 
   qcow2_get_info (img, &i);
   if (!i.backing || glue.engine.no_backing ||
       (!qcow2_name_is_relative (i.backing) && i.backing[0] != '/'))
-    return false;
+    return 1;
   if (i.backing[0] == '/')
     path = strdup (i.backing);
   else if (asprintf (&path, "%s/%s", fleet.dir, i.backing) == -1)
     path = NULL;
   if (!path)
-    return false;
-  missing = fileio_stat_with (path, &fleet.files, &st) == -1;
-  if (missing) {
-    char shown[ESCAPE_SIZE (64)];
+    return 1;
+  return fileio_stat_with (path, &fleet.files, st);
+}
 
-    snprintf (why, n, "its backing file %s: %s",
-              escape_text (i.backing, 64, shown), errstr (errno));
-  }
-  free (path);
-  return missing;
+/* Whether img names a local backing file that is not there: a client
+ * would be refused it, and so would nbdinfo --list, which opens each
+ * export listed.  Why then in why.
+ */
+static bool
+fleet_backing_missing (const struct qcow2_image *img, char *why, size_t n)
+{
+  char shown[ESCAPE_SIZE (64)];
+  struct qcow2_info i;
+  struct stat st;
+
+  if (fleet_backing_stat (img, &st) != -1)
+    return false;
+  qcow2_get_info (img, &i);
+  snprintf (why, n, "its backing file %s: %s",
+            escape_text (i.backing, 64, shown), errstr (errno));
+  return true;
 }
 
 /* The description of the open export of file st, or NULL (*open false)
@@ -183,30 +192,46 @@ fleet_describe_open (const struct stat *st, bool *open)
  * it is not listed: not a qcow2 image, or one that cannot be read
  * (logged once).
  */
+/* What a listing reads images with: r's options, and an environment
+ * that keeps the engine's first error in r.
+ */
+static struct qcow2_env
+fleet_reading_env (struct fleet_reading *r)
+{
+  struct qcow2_env env = fleet.env;
+
+  r->files = fleet.files;
+  r->files.locking = FILEIO_LOCKING_OFF;
+  r->files.direct = false;
+  r->why[0] = '\0';
+  env.opaque = r;
+  env.error = fleet_reading_error;
+  env.hint = glue_debug;
+  env.layers = NULL;
+  return env;
+}
+
+/* Its own metadata alone, without its backing file. */
+static const struct qcow2_options fleet_reading_opts = {
+  .no_backing = true, .readonly = true,
+};
+
 static char *
 fleet_describe (const char *name)
 {
-  struct fleet_reading r = { .files = fleet.files };
-  struct qcow2_options opts = {
-    .no_backing = true, .readonly = true,
-    .passwords = glue.engine.passwords,
-    .passwords_len = glue.engine.passwords_len,
-  };
-  struct qcow2_env env = fleet.env;
+  struct fleet_reading r;
+  struct qcow2_env env = fleet_reading_env (&r);
+  struct qcow2_options opts = fleet_reading_opts;
   struct qcow2_image *img;
   struct qcow2_io *io;
   struct stat st;
   char *path, *why = NULL, *s;
   bool open;
 
+  opts.passwords = glue.engine.passwords;
+  opts.passwords_len = glue.engine.passwords_len;
   if (asprintf (&path, "%s/%s", fleet.dir, name) == -1)
     return NULL;
-  r.files.locking = FILEIO_LOCKING_OFF;
-  r.files.direct = false;
-  env.opaque = &r;
-  env.error = fleet_reading_error;
-  env.hint = glue_debug;
-  env.layers = NULL;
   io = fileio_open_with (path, true, &r.files, &why);
   if (!io) {
     /* Gone meanwhile: nothing to say. */
@@ -311,4 +336,55 @@ fleet_description (struct plugin_export *served)
 
   free (s);
   return r;
+}
+
+/* Whether the image of name (in dir=) stands on the file base. */
+static bool
+fleet_stands_on (const char *name, const struct stat *base)
+{
+  struct fleet_reading r;
+  struct qcow2_env env = fleet_reading_env (&r);
+  CLEANUP_FREE char *path = NULL;
+  struct qcow2_image *img;
+  struct qcow2_io *io;
+  struct stat st;
+  bool on = false;
+
+  if (asprintf (&path, "%s/%s", fleet.dir, name) == -1) {
+    path = NULL;
+    return false;
+  }
+  io = fileio_open_with (path, true, &r.files, NULL);
+  if (io && qcow2_probe (io) != 1) {
+    io->ops->close (io);
+    return false;
+  }
+  if (io && (img = qcow2_open (&env, io, path, &fleet_reading_opts))) {
+    on = fleet_backing_stat (img, &st) == 0 && st.st_dev == base->st_dev &&
+      st.st_ino == base->st_ino;
+    qcow2_close (img);
+  }
+  return on;
+}
+
+bool
+fleet_backed_by (const struct stat *base, const char *self, char *who,
+                 size_t n)
+{
+  char **names;
+  size_t count;
+  bool found = false;
+
+  if (fleet_names (&names, &count) == -1)
+    return true;                /* not known: as if so */
+  for (size_t i = 0; i < count; i++) {
+    if (!found && strcmp (names[i], self) != 0 &&
+        fleet_stands_on (names[i], base)) {
+      snprintf (who, n, "%s", names[i]);
+      found = true;
+    }
+    free (names[i]);
+  }
+  free (names);
+  return found;
 }

@@ -138,6 +138,8 @@ fleet_close_image (struct fleet_export *e)
   lock_release (&fleet_lock);
   glue_stream_job_free (e->served.job);
   e->served.job = NULL;
+  qcow2_commit_free (e->served.commit);
+  e->served.commit = NULL;
   image_close (e->served.image, e->path);
   e->served.image = NULL;
   lock_acquire (&fleet_lock);
@@ -614,7 +616,7 @@ fleet_get_ready (void)
   return 0;
 }
 
-/* Every stream stopped where it is, once the clients are gone: before
+/* Every job stopped where it is, once the clients are gone: before
  * the images close at unload.
  */
 static void
@@ -625,6 +627,8 @@ fleet_stop_streams (void)
   for (struct fleet_export *e = fleet_exports; e; e = e->next) {
     glue_stream_job_free (e->served.job);
     e->served.job = NULL;
+    qcow2_commit_free (e->served.commit);
+    e->served.commit = NULL;
   }
 }
 

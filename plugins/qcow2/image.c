@@ -535,6 +535,8 @@ image_cleanup (void)
 {
   glue_stream_job_free (image.served.job);
   image.served.job = NULL;
+  qcow2_commit_free (image.served.commit);
+  image.served.commit = NULL;
 }
 
 struct plugin_export *
@@ -631,6 +633,13 @@ image_freeze_spot (const char *frozen, struct freeze_spot *f,
     return -1;
   }
   own = strrchr (image.filename, '/') + 1;
+  *f = (struct freeze_spot) {
+    .folder = image.folder, .dirfd = image.folder_fd, .name = own,
+    .files = &glue_file_options, .env = &glue_env,
+    .served = &image.served, .reopen = image_reopen,
+  };
+  if (!frozen)
+    return 0;
   /* Beside the image: its backing name, if relative, reads the same. */
   if (name && (name - frozen != own - 1 - image.filename ||
                strncmp (frozen, image.filename, name - frozen) != 0)) {
@@ -648,10 +657,6 @@ image_freeze_spot (const char *frozen, struct freeze_spot *f,
     *why = "it exists already";
     return -1;
   }
-  *f = (struct freeze_spot) {
-    .folder = image.folder, .dirfd = image.folder_fd, .name = own,
-    .frozen = name, .files = &glue_file_options, .env = &glue_env,
-    .served = &image.served, .reopen = image_reopen,
-  };
+  f->frozen = name;
   return 0;
 }

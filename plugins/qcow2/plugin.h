@@ -26,6 +26,7 @@
 struct fileio_options;
 struct freeze_spot;
 struct glue_stream_job;
+struct json_object;
 struct nbdkit_exports;
 
 /* What a connection serves: an image, and its stream=true job (NULL:
@@ -47,6 +48,11 @@ struct plugin_export {
   char *job_id;
   bool job_held;
   bool job_told;
+  /* A commit job (block-commit): the control socket's too, freed by
+   * whoever closes the image (before it).
+   */
+  struct qcow2_commit *commit;
+  bool commit_ready_told;
 };
 
 /* What the control socket sees of an open export. */
@@ -161,6 +167,18 @@ extern int exports_freeze_spot (struct plugin_export *served,
                                 const char *frozen, struct freeze_spot *f,
                                 const char **why);
 
+/* control-commit.c, for control-jobs.c: a commit job in the listing
+ * of jobs (QEMU's BlockJobInfo), one tick's look at it (true if the
+ * export has one; *ended the export whose job failed, to release), and
+ * what block-job-* do to it (what: an enum glue_stream_do).
+ */
+extern struct json_object *commit_query (struct plugin_export *served,
+                                         const char *id);
+extern bool commit_poll_one (const struct plugin_view *v,
+                             struct plugin_export **ended);
+extern int commit_control (struct plugin_export *served, const char *id,
+                           int what, uint64_t rate);
+
 /* freeze.c: export-snapshot, in both modes. */
 struct freeze_spot {
   const char *folder;           /* the export's file's folder */
@@ -204,13 +222,19 @@ extern void fleet_unhold (struct plugin_export *served);
 extern int fleet_delete (const char *name, bool hard, unsigned *clients);
 /* export-snapshot's: where the export held (fleet_hold) lies, with
  * frozen the name its data freezes under (checked: an export name,
- * under max-images=), into *f (its strings live as long as the
- * export).  0, or -1 with *why.  And its image opened again.
+ * under max-images=; NULL: none, for block-commit), into *f (its
+ * strings live as long as the export).  0, or -1 with *why.  And its
+ * image opened again.  Whether an image in DIR other than the export
+ * of self stands on the file base (looked for in each one's header):
+ * its name then in who.
  */
 extern int fleet_freeze_spot (struct plugin_export *served,
                               const char *frozen, struct freeze_spot *f,
                               const char **why);
 extern int fleet_reopen (struct plugin_export *served);
+extern bool fleet_backed_by (const struct stat *base, const char *self,
+                             char *who, size_t n);
+extern bool fleet_base_is_template (const struct stat *st);
 /* A key changed while the fleet runs (template, template-match,
  * idle-close, max-exports, max-images, min-free, stream-rate; "" for
  * none, the string keys): checked as at start, logged.  Returns 0, or
