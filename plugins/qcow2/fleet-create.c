@@ -342,6 +342,8 @@ fleet_remove_stale (void)
 
   if (!d && fd >= 0)
     close (fd);
+  if (d)
+    rewinddir (d);              /* a dup shares the offset: from the start */
   o.direct = false;
   while (d && (de = readdir (d))) {
     struct qcow2_io *io;
