@@ -52,8 +52,8 @@ error(q.command("qmp_capabilities"), "CommandNotFound",
 assert q.execute("query-version") == v, "query-version is the greeting's"
 names = [c["name"] for c in q.execute("query-commands")]
 assert names[:3] == ["qmp_capabilities", "query-version", "query-commands"], names
-error(q.command("block-stream", {"device": "x"}, id=2), "CommandNotFound",
-      "The command block-stream has not been found")
+error(q.command("blockdev-add", {"node-name": "x"}, id=2), "CommandNotFound",
+      "The command blockdev-add has not been found")
 
 # Ids: any JSON value, echoed.
 for i in [0, -5, 2**63 - 1, 1.25, "x", "", "\u00e9\U0001f4be", None, True,

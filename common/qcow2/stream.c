@@ -392,26 +392,46 @@ stream_paced_from (struct qcow2_stream *s, int64_t *started,
   return rate;
 }
 
-/* Before a step: a pause, clients (a bounded wait), then the rate. */
+static bool
+stream_paused (struct qcow2_stream *s)
+  TSA_EXCLUDES (s->lock)
+{
+  bool paused;
+
+  lock_acquire (&s->lock);
+  paused = s->paused;
+  lock_release (&s->lock);
+  return paused;
+}
+
+/* Before a step: a pause, clients (a bounded wait), then the rate; and
+ * a pause asked meanwhile again (no step is begun once it is).
+ * Returns whether the job is told to stop.
+ */
 static bool
 stream_pace (struct qcow2_stream *s, int64_t *started, uint64_t *copied,
              unsigned *seen)
 {
-  int64_t until = (int64_t) monotonic_ns () + STREAM_YIELD_NS;
-  uint64_t rate = stream_paced_from (s, started, copied, seen);
+  do {
+    int64_t until = (int64_t) monotonic_ns () + STREAM_YIELD_NS;
+    uint64_t rate = stream_paced_from (s, started, copied, seen);
 
-  while (s->opts.busy && __atomic_load_n (s->opts.busy, __ATOMIC_RELAXED) &&
-         (int64_t) monotonic_ns () < until)
-    if (stream_sleep (s, STREAM_YIELD_POLL_NS))
+    while (s->opts.busy &&
+           __atomic_load_n (s->opts.busy, __ATOMIC_RELAXED) &&
+           (int64_t) monotonic_ns () < until)
+      if (stream_sleep (s, STREAM_YIELD_POLL_NS))
+        return true;
+    if (rate) {
+      int64_t due = *started + (int64_t) (*copied * 1e9 / rate);
+      int64_t now = (int64_t) monotonic_ns ();
+
+      if (due > now && stream_sleep (s, due - now))
+        return true;
+    }
+    if (stream_stopping (s))
       return true;
-  if (rate) {
-    int64_t due = *started + (int64_t) (*copied * 1e9 / rate);
-    int64_t now = (int64_t) monotonic_ns ();
-
-    if (due > now)
-      return stream_sleep (s, due - now);
-  }
-  return stream_stopping (s);
+  } while (stream_paused (s));
+  return false;
 }
 
 /* A remote step failed with r (what says which, for the notice).  Returns

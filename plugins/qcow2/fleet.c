@@ -96,7 +96,8 @@ fleet_remove (struct fleet_export *e)
   while (*p != e)
     p = &(*p)->next;
   *p = e->next;
-  fleet_count--;
+  if (e->state != EXPORT_DELETED)
+    fleet_count--;
   free (e->name);
   free (e->path);
   free (e->info);
@@ -125,7 +126,9 @@ fleet_drop (struct fleet_export *e)
   if (e->users == 0)
     fleet_remove (e);
   else {
+    /* No image: max-exports= no longer counts it. */
     e->state = EXPORT_DELETED;
+    fleet_count--;
     pthread_cond_broadcast (&fleet_changed);
   }
 }
@@ -174,8 +177,8 @@ fleet_parse_live (struct fleet_live *l, const char *key, const char *value)
 
   if (strcmp (key, "idle-close") == 0)
     return glue_parse_number (key, value, "seconds", 86400, &l->idle_close);
-  if (strcmp (key, "max-exports") == 0)
-    return glue_parse_range (key, value, "images", 1, 1000000,
+  if (strcmp (key, "max-exports") == 0)       /* 0: no bound */
+    return glue_parse_range (key, value, "images", 0, 1000000,
                              &l->max_exports);
   if (strcmp (key, "max-images") == 0)
     return glue_parse_range (key, value, "images", 1, 10000000,

@@ -167,6 +167,12 @@ extern int exports_freeze_spot (struct plugin_export *served,
                                 const char *frozen, struct freeze_spot *f,
                                 const char **why);
 
+/* control-*.c: the control socket's commands, registered at load. */
+extern void control_jobs_register (void);
+extern void control_commit_register (void);
+extern void control_snapshot_register (void);
+extern void control_fleet_register (void);
+
 /* control-commit.c, for control-jobs.c: a commit job in the listing
  * of jobs (QEMU's BlockJobInfo), one tick's look at it (true if the
  * export has one; *ended the export whose job failed, to release), and

@@ -50,6 +50,10 @@ plugin_load (void)
 {
   glue_load ("qcow2", "password", GLUE_IO_THREADS);
   fleet_load ();
+  control_jobs_register ();
+  control_commit_register ();
+  control_snapshot_register ();
+  control_fleet_register ();
 }
 
 static void

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# A live snapshot and a live commit on the control socket, in a fleet,
+# while a client writes byte-granular against a model of its disk:
+#  - export-snapshot {id: vm1, file: NAME}: NAME holds vm1's data as of
+#    that instant, read back by qemu-img convert -U and as a read-only
+#    export at once; vm1 goes on, an overlay of NAME, no client
+#    reconnecting; the writers' pause is reported;
+#  - block-commit {device: vm1}: BLOCK_JOB_READY, block-job-complete:
+#    BLOCK_JOB_COMPLETED, the chain one layer shorter (vm1 over the base
+#    again, NAME gone), query-block-jobs shows the job as "commit";
+#  - twice over, then every image passes qemu-img check and vm1 reads
+#    as its model; the golden base never changes;
+#  - refusals: a snapshot name that exists, or is refused as an export
+#    name; a commit into the base every VM shares (the template, or
+#    another image on it), a commit asked twice.
+source "${srcdir:-.}/functions.sh"
+set -e
+requires qemu-img qemu-io
+requires_python_nbd
+source "${srcdir:-.}/remote-functions.sh"
+source "${srcdir:-.}/control-functions.sh"
+
+d="$tmp/vms"
+mkdir "$d"
+qemu-img create -q -f qcow2 "$d/base.qcow2" 16M
+qio "$d/base.qcow2" 'write -P 0x11 0 12M'
+for v in vm1 vm2; do
+  qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "$d/$v"
+done
+qio "$d/vm1" 'write -P 0x41 1M 64k'
+qemu-img convert -f qcow2 -O raw "$d/vm1" "$tmp/vm1.model"
+cp "$d/base.qcow2" "$tmp/base.orig"
+export d tmp
+
+control_serve s qcow2 dir="$d" idle-close=0 template=base.qcow2
+/usr/bin/python3 - "$tmp/s.sock" "$tmp/s.qmp" <<'PY' || { cat "$tmp/s.log" >&2; fail "snapshot and commit"; }
+import os, random, subprocess, sys, threading, time
+import nbd, qmpclient
+sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
+import fleetclient
+sock, qmp = sys.argv[1], sys.argv[2]
+d, tmp = os.environ["d"], os.environ["tmp"]
+size = 16 << 20
+
+class Writer:
+    def __init__(self):
+        self.model = bytearray(open(tmp + "/vm1.model", "rb").read())
+        self.h = fleetclient.connect(sock, "vm1")
+        self.rand = random.Random(1)
+        self.go = threading.Event()
+        self.idle = threading.Event()
+        self.stop = False
+        self.errors = []
+        self.go.set()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+    def run(self):
+        try:
+            while not self.stop:
+                if not self.go.is_set():
+                    self.idle.set()
+                    self.go.wait()
+                    continue
+                self.idle.clear()
+                off = self.rand.randrange(size - 70000)
+                n = self.rand.randrange(1, 70000)
+                if self.rand.random() < 0.6:
+                    data = bytes([self.rand.randrange(256)]) * n
+                    self.h.pwrite(data, off)
+                    self.model[off:off + n] = data
+                elif self.h.pread(n, off) != self.model[off:off + n]:
+                    self.errors.append("vm1 differs at %d" % off)
+                    return
+                time.sleep(0.005)       # a VM's pace, not a flood
+        except Exception as e:
+            self.errors.append("writer: %s" % e)
+        self.idle.set()
+    def pause(self):
+        """No write in flight: the model is the disk's (flushed)."""
+        self.go.clear()
+        self.idle.wait()
+        self.h.flush()
+        return bytes(self.model)
+    def resume(self):
+        self.go.set()
+    def finish(self):
+        self.stop = True
+        self.go.set()
+        self.t.join()
+        self.h.flush()
+        self.h.shutdown()
+
+def refused(name, args):
+    try:
+        q.execute(name, args)
+    except qmpclient.QMPError as e:
+        return e.desc
+    raise AssertionError("%s %r was not refused" % (name, args))
+
+def raw(path):
+    out = tmp + "/raw"
+    subprocess.check_call(["qemu-img", "convert", "-U", "-f", "qcow2",
+                           "-O", "raw", path, out])
+    return open(out, "rb").read()
+
+q = qmpclient.QMP(qmp)
+q.negotiate()
+w = Writer()
+for round in (1, 2):
+    snap = "vm1-snap%d" % round
+    time.sleep(1)
+    frozen = w.pause()
+    r = q.execute("export-snapshot", {"id": "vm1", "file": snap})
+    assert r["paused-ns"] > 0, r
+    w.resume()
+    time.sleep(1)
+    # The frozen data, at once: by QEMU's tools and as an export.
+    assert raw(d + "/" + snap) == frozen, "%s is not the frozen data" % snap
+    h = fleetclient.connect(sock, snap)
+    assert h.is_read_only(), "%s served writable" % snap
+    assert h.pread(size, 0) == frozen, "export %s reads otherwise" % snap
+    h.shutdown()
+    info = subprocess.check_output(["qemu-img", "info", "-U", d + "/vm1"],
+                                   text=True)
+    assert "backing file: " + snap in info, info
+    assert "already" in refused("export-snapshot", {"id": "vm1",
+                                                    "file": snap})
+    assert "refused" in refused("export-snapshot", {"id": "vm1",
+                                                    "file": "../x"})
+    # The commit, while the writer goes on.
+    q.execute("block-commit", {"device": "vm1", "speed": 32 << 20})
+    assert "busy" in refused("block-commit", {"device": "vm1"})
+    jobs = q.execute("query-block-jobs")
+    assert [j["type"] for j in jobs] == ["commit"], jobs
+    e = q.event("BLOCK_JOB_READY", timeout=120)
+    assert e["data"]["device"] == "vm1", e
+    time.sleep(0.5)
+    q.execute("block-job-complete", {"device": "vm1"})
+    e = q.event("BLOCK_JOB_COMPLETED", timeout=30)
+    assert "error" not in e["data"], e
+    assert q.execute("query-block-jobs") == []
+    assert not os.path.exists(d + "/" + snap), "%s still there" % snap
+    info = subprocess.check_output(["qemu-img", "info", "-U", d + "/vm1"],
+                                   text=True)
+    assert "backing file: base.qcow2" in info, info
+w.finish()
+assert not w.errors, w.errors
+open(tmp + "/vm1.model", "wb").write(w.model)
+# Refused: the base every VM shares.
+assert "template" in refused("block-commit", {"device": "vm2"})
+PY
+stop_server s
+for f in "$d"/*; do
+  qemu-img check -q "$f" || fail "qemu-img check $f"
+done
+qemu-img compare -q -f qcow2 -F raw "$d/vm1" "$tmp/vm1.model" ||
+  fail "vm1 does not read as its model"
+qemu-img compare -q "$d/base.qcow2" "$tmp/base.orig" || fail "the base changed"
+grep -q "notice: .*export-snapshot: vm1 frozen as vm1-snap1, clients held off" \
+  "$tmp/s.log" || fail "the snapshot not logged"
+echo "$0: ok"
