@@ -25,14 +25,17 @@ fleet_each (plugin_view_fn fn, void *opaque)
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
   for (struct fleet_export *e = fleet_exports; e && r == 0; e = e->next) {
-    struct plugin_view v = {
+    struct plugin_view v;
+
+    /* Only an open one: an opener or closer changes the others. */
+    if (e->state != EXPORT_OPEN)
+      continue;
+    v = (struct plugin_view) {
       .name = e->name, .path = e->path, .served = &e->served,
       .clients = e->users - e->served.job_held,
-      .readonly = e->served.image && !qcow2_can_write (e->served.image),
+      .readonly = !qcow2_can_write (e->served.image),
     };
-
-    if (e->state == EXPORT_OPEN)
-      r = fn (&v, opaque);
+    r = fn (&v, opaque);
   }
   return r;
 }
