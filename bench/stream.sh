@@ -73,7 +73,7 @@ ours ()
     sleep 0.1
   done
   stop "$spid"
-  sed -n 's/.* copied in \([0-9.]*\) s .*/\1/p' "$work/ours.log"
+  sed -n 's/.*: stream: done: .* in \([0-9.]*\) s .*/\1/p' "$work/ours.log"
 }
 
 # qemu BASE: seconds of qemu-storage-daemon's block-stream job.
