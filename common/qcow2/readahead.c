@@ -72,9 +72,10 @@
  * and what that saved funds the windows of a reader not trusted.  A
  * deep reader's reads are kept up to READAHEAD_KEEP_DEEP bytes each (a
  * guest with several reads in flight rereads its metadata too), and
- * larger ones unless each continues the one before: such a reader
- * streams (nbdcopy, qemu-img convert), copying each read would cost
- * it, and it reads none again.
+ * larger ones unless each continues the ones before (out of order as
+ * far as its reads in flight go): such a reader streams (nbdcopy,
+ * qemu-img convert), copying each read would cost it, and it reads
+ * none again; a second pass from the start streams too.
  * A window ends where a kept piece begins.
  */
 #define READAHEAD_WINDOW (4u << 20)
@@ -436,6 +437,24 @@ readahead_from_kept (struct readahead *ra, uint8_t *buf, uint64_t count,
   return true;
 }
 
+/* Returns true if a deep reader's read of count bytes at offset
+ * continues its stream: it starts where its reads so far end, or as
+ * near as the reads in flight with it may have been served out of
+ * order (nbdkit's threads take a connection's requests in turn, and
+ * one may overtake another).  A read far from it, behind as a second
+ * pass from the start is, starts another.
+ */
+static bool
+readahead_streams (const struct readahead *ra, uint64_t count,
+                   uint64_t offset)
+  TSA_REQUIRES (ra->lock)
+{
+  uint64_t span = (ra->busy + UINT64_C (1)) * count;
+
+  return ra->next != UINT64_MAX && offset <= ra->next + span &&
+         offset + span >= ra->next;
+}
+
 /* A deep reader (a read while others are under way): what it asks for
  * now, kept if small or if it does not stream; its run starts again
  * once it has read one request at a time for a while.
@@ -445,14 +464,14 @@ readahead_deep_read (struct readahead *ra, uint8_t *buf, uint64_t count,
                      uint64_t offset)
   TSA_REQUIRES (ra->lock)
 {
-  bool streams = offset == ra->next;
+  bool streams = readahead_streams (ra, count, offset);
   int r;
 
   ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
              : ra->deep - 1;
   ra->run = 0;
   ra->run_bytes = 0;
-  ra->next = MAX (ra->next, offset + count);
+  ra->next = streams ? MAX (ra->next, offset + count) : offset + count;
   r = readahead_direct (ra, buf, count, offset);
   if (r == 0 && (count <= READAHEAD_KEEP_DEEP || !streams))
     readahead_keep_copy (ra, buf, offset, count);
