@@ -82,7 +82,7 @@
 # of N = 40 and 200, about 5 minutes on 2 loaded cores; 3 rounds of 40,
 # 3; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
 # servers (or builds of other trees as ours: BENCH_TREES, bench/lib.sh;
-# each round in another order) and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
+# every other round in reverse order) and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
 # nbdkit options and plugin keys for ours (nbdkit's options first, the
 # keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
 # its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
@@ -440,7 +440,7 @@ add () { res[$1]+="$2 "; }
 for r in $(seq "$rounds"); do
   for n in $sizes; do
     for b in $bases; do
-      for s in $(bench_rotate "$r" $servers); do
+      for s in $(bench_order "$r" $servers); do
         one "$n" "$b" "$s" > "$work/out"
         out=$(tr '\n' ' ' < "$work/out")
         read -r pss rss thr fds cpu ttfb p90 iops nreads rmib lfb bmib \

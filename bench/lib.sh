@@ -49,16 +49,19 @@ bench_plugin ()
   echo "$(bench_tree "$1")/plugins/qcow2/.libs/nbdkit-qcow2-plugin.so"
 }
 
-# bench_rotate ROUND ITEM...: the items, one a line, from the ROUND-th
-# on (and round again): each round starts with another server, so that
-# a change in the machine's load falls on every server alike.
-bench_rotate ()
+# bench_order ROUND ITEM...: the items, one a line, in their order in an
+# odd round and the other way round in an even one: of any two servers,
+# each goes first in every other round, so that a change in the
+# machine's load, or what one run leaves the next (dirty pages, a warm
+# cache), falls on both alike.
+bench_order ()
 {
-  local round=$1 i k
+  local round=$1 i
   shift
   for ((i = 0; i < $#; i++)); do
-    k=$(( (i + round - 1) % $# + 1 ))
-    printf '%s\n' "${!k}"
+    if ((round % 2)); then printf '%s\n' "${@:i+1:1}"
+    else printf '%s\n' "${@:$#-i:1}"
+    fi
   done
 }
 

@@ -10,7 +10,7 @@
 #             that does nothing but forward: the floor of any server in
 #             between on this machine (for the HTTP cases nbdkit's curl
 #             plugin alone, as direct)
-# in interleaved rounds, each round in another order.  Cases:
+# in interleaved rounds, every other round in reverse order.  Cases:
 #   seq-1m      sequential 1 MiB reads, QD1, of the overlay over a 1 GiB
 #               raw base
 #   rand-4k     random 4 KiB reads, QD16, of the same
@@ -216,7 +216,7 @@ declare -A res fetched cpu
 cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-warm copy-noext copy-http replay replay-http}
 for r in $(seq "$rounds"); do
   for c in $cases; do
-    for s in $(bench_rotate "$r" $servers); do
+    for s in $(bench_order "$r" $servers); do
       out=$(one "$c" "$s")
       read -r v f <<< "$out"
       res[$c,$s]+="$v "

@@ -4,9 +4,9 @@
 # images, in the same run.
 #
 # Each case serves one image with each server in turn, drives it with
-# fio's nbd engine over a Unix socket, and repeats the round (servers
-# in a rotated order each time) so that the machine's other load falls
-# on every server alike.  The servers:
+# fio's nbd engine over a Unix socket, and repeats the round (the
+# servers in reverse order every other round) so that the machine's
+# other load falls on every server alike.  The servers:
 #
 #   ours        nbdkit with this tree's qcow2 plugin
 #   ours-none   the same with cache=none (O_DIRECT)
@@ -490,14 +490,12 @@ log "mode $mode, ${#cases[@]} cases, $reps rounds; results in $out"
 for round in $(seq "$reps"); do
   for name in "${cases[@]}"; do
     define_case "$name"
-    # Rotate the order of the servers from round to round.
     read -ra list <<< "${only_servers:-$servers}"
     for v in ${BENCH_VARIANTS:-}; do
       [[ " ${list[*]} " == *" ${v%%:*} "* ]] || list+=("${v%%:*}")
     done
-    n=${#list[@]}
-    for i in $(seq 0 $((n - 1))); do
-      run_one "$name" "${list[$(( (i + round - 1) % n ))]}" "$round"
+    for server in $(bench_order "$round" "${list[@]}"); do
+      run_one "$name" "$server" "$round"
     done
   done
 done

@@ -17,7 +17,7 @@
 # are measured over the NBD base only.
 # Usage: [STREAM_BASES="nbd http"] bench/stream.sh [ROUNDS [SECONDS]]
 # (default both bases, 3 rounds of 5 s; STREAM_SERVERS="ours qemu" the
-# servers of the stream, each round in another order: ours, or builds
+# servers of the stream, every other round in reverse order: ours, or builds
 # of other trees as ours (BENCH_TREES, bench/lib.sh), and qemu;
 # STREAM_READS=0 measures no reads)
 # Prints the medians and the ratios of the first server to the second,
@@ -150,7 +150,7 @@ name ()
 declare -A res r
 for r in $(seq "$rounds"); do
   for b in $bases; do
-    for s in $(bench_rotate "$r" $servers); do
+    for s in $(bench_order "$r" $servers); do
       case $(bench_kind "$s") in
         qemu) v=$(qemu "$b") ;;
         *) v=$(ours "$s" "$b") ;;
