@@ -39,14 +39,19 @@
 # against OLD of the same round, as a plain decimal where above 1 is
 # NEW better: new/old for what is better higher (IOPS, MiB/s), old/new
 # for what is better lower (ms, MiB of memory, seconds).  verdict:
-#   regressed  the ratio below 1 - T (T = COMPARE_TOLERANCE, 0.1) and
-#              every round's ratio below 1 (the rounds agree)
-#   better     the ratio above 1 / (1 - T) and every round's above 1
-#   noisy      beyond either bound with rounds that disagree, or rounds
-#              on both sides of the bounds
+#   regressed  the ratio below 1 - T (T = COMPARE_TOLERANCE, 0.1) with
+#              rounds that agree: every round's ratio below 1, and
+#              their mean (of logarithms) further from 1 than chance
+#              makes it with their spread, 99 times in 100 (Student's t)
+#   better     the ratio above 1 / (1 - T), the rounds agreeing so
+#   noisy      beyond either bound with rounds that do not agree, or
+#              rounds on both sides of the bounds
 #   same       otherwise
-# A tree against itself gives same or noisy (a false verdict needs every
-# round to lean the same way by chance: more rounds make it rarer).
+# A tree against itself gives same or noisy: chance makes a false
+# verdict about once in 100 cases however noisy the machine; a real
+# change needs more rounds to show the more the rounds scatter (at
+# least 2; on this machine, loaded, 5 to 7).  Every round's figures go
+# beside the TSV, in its name with .rounds.tsv for .tsv.
 #
 # Environment:
 #   COMPARE_ROUNDS=N      rounds (default 3; more where the machine is
@@ -226,7 +231,25 @@ for group in local direct remote fleet stream; do run "$group"; done
 
 # The rows: each case's rounds paired, OLD's value against NEW's.
 cat "$work"/*.tsv 2>/dev/null | awk -F'\t' -v cases="$work/cases" \
-    -v tol="$tolerance" -v rounds="$rounds" -v out="$work/rows" '
+    -v tol="$tolerance" -v rounds="$rounds" -v out="$work/rows" \
+    -v each="$work/rounds" '
+# Two-sided 99% points of the t distribution, by degrees of freedom.
+function tcrit(df) {
+  split("63.66 9.925 5.841 4.604 4.032 3.707 3.499 3.355 3.250 3.169 3.106 3.055 3.012 2.977 2.947", t, " ")
+  return df <= 15 ? t[df] : 2.9
+}
+# Returns true if the n ratios r[] lean one way by more than chance.
+function agree(r, n,   i, s, ss, mean, sd) {
+  if (n < 2)
+    return 0
+  for (i = 1; i <= n; i++)
+    s += log(r[i])
+  mean = s / n
+  for (i = 1; i <= n; i++)
+    ss += (log(r[i]) - mean) ^ 2
+  sd = sqrt(ss / (n - 1))
+  return mean * mean > (tcrit(n - 1) * sd) ^ 2 / n
+}
 function median(a, n,   i, j, t) {
   for (i = 2; i <= n; i++)
     for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
@@ -249,6 +272,7 @@ END {
       n++
       o[n] = a + 0; w[n] = b + 0
       r[n] = c[6] == "higher" ? b / a : a / b
+      printf "%s\t%d\t%s\t%s\t%.3f\n", name, i, a, b, r[n] > each
       below += r[n] < 1; above += r[n] > 1
       list = list sprintf("%s%.3f", n > 1 ? " " : "", r[n])
       rmin = n == 1 || r[n] < rmin ? r[n] : rmin
@@ -259,8 +283,8 @@ END {
       continue
     }
     m = median(r, n)
-    if (m < lo) verdict = below == n ? "regressed" : "noisy"
-    else if (m > hi) verdict = above == n ? "better" : "noisy"
+    if (m < lo) verdict = below == n && agree(r, n) ? "regressed" : "noisy"
+    else if (m > hi) verdict = above == n && agree(r, n) ? "better" : "noisy"
     else if (rmin < lo && rmax > hi) verdict = "noisy"
     else verdict = "same"
     printf "%s\t%.6g\t%.6g\t%.3f\t%s\t%s\t%s\t%s\n", name, median(o, n),
@@ -275,12 +299,17 @@ END {
     "better: new/old where higher is better (IOPS, MiB/s), old/new where" \
     "lower is (ms, MiB of memory, s)"
   echo "# verdict: regressed below $(awk -v t="$tolerance" 'BEGIN { print 1 - t }')" \
-    "with every round below 1, better above the inverse with every round" \
-    "above 1, noisy if the rounds disagree, same otherwise"
+    "with every round below 1 and their mean beyond chance (t, 99%)," \
+    "better the same above the inverse, noisy if the rounds do not" \
+    "agree, same otherwise"
   cat "$work/loads"
   printf 'case\told\tnew\tratio\tverdict\n'
   cut -f1-5 "$work/rows"
 } > "$out"
+{
+  printf 'case\tround\told\tnew\tratio\n'
+  cat "$work/rounds" 2>/dev/null
+} > "${out%.tsv}.rounds.tsv"
 
 echo "OLD: $old_desc"
 echo "NEW: $new_desc"
@@ -295,4 +324,4 @@ awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s |\n",
 echo
 echo "Not the same: $(awk -F'\t' '$5 != "same" { printf "%s%s (%s)", n++ ? ", " : "", $1, $5 }
                                    END { if (!n) printf "none" }' "$work/rows")"
-echo "TSV: $out"
+echo "TSV: $out (every round: ${out%.tsv}.rounds.tsv)"
