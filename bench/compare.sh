@@ -61,7 +61,7 @@
 #                         (local-randread-4k-qd16, local-randwrite-4k-qd16,
 #                         remote-nbd-seq-256k-qd16, remote-nbd-copy-warm
 #                         and its -cpu, fleet-40-first-byte, fleet-40-pss,
-#                         fleet-40-read-iops), shorter runs: about 8
+#                         fleet-40-read-iops), shorter runs: about 5
 #                         minutes on 2 cores, the builds included
 #   COMPARE_CASES=REGEX   only the cases whose name matches
 #   COMPARE_SECONDS=S     the timed cases' seconds a run (default 3;
