@@ -122,9 +122,11 @@ tree ()
   fi
   tree_dir=$dir
   [ ! -f "$dir/.compare-built" ] || return 0
+  # A build cut short: its worktree made again (-f: registered, even
+  # if its folder is gone; other worktrees of the repository untouched).
+  git -C "$top" worktree remove --force "$dir" > /dev/null 2>&1 || :
   rm -rf "$dir"
-  git -C "$top" worktree prune
-  git -C "$top" worktree add --detach "$dir" "$sha" > /dev/null 2>&1 ||
+  git -C "$top" worktree add -f --detach "$dir" "$sha" > /dev/null 2>&1 ||
     die "git worktree add $dir $sha failed"
   [ -n "${COMPARE_BUILDS:-}" ] || made+=("$dir")
   log "building $spec in $dir"
