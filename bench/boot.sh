@@ -19,7 +19,9 @@
 # BOOT_BASE=http serves the base from a web server instead,
 # tests/range-server.py, 2 ms before each answer, its bytes counted
 # from the Range headers it was sent: ours reads it through nbdkit's
-# curl plugin, qemu-nbd through its curl driver)
+# curl plugin, qemu-nbd through its curl driver; BOOT_SERVERS="ours
+# qemu-nbd" the servers, every other round in reverse order: builds of other
+# trees as ours too, BENCH_TREES, bench/lib.sh)
 #        bench/boot.sh guest      builds the guest only
 # The guest (debootstrap --variant=minbase bookworm with a kernel and
 # systemd, a 700 MiB qcow2) is built once into $BOOT_GUEST (default
@@ -29,6 +31,7 @@
 # line: this machine's did).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
 export PATH=$top:/usr/bin:/usr/sbin:$PATH
 rounds=${1:-3}
 guest=${BOOT_GUEST:-/var/tmp/boot-bench-guest}
@@ -83,7 +86,9 @@ EOF
 
 work=$(mktemp -d /var/tmp/boot-bench.XXXXXX)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+      bench_kill_pidfiles "$work"/*.pid; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 accel=${BOOT_ACCEL:-tcg}
 base_kind=${BOOT_BASE:-nbd}
 
@@ -92,7 +97,7 @@ serve ()
 {
   local name=$1; shift
   nbdkit -U "$work/$name.sock" -P "$work/$name.pid" "$@"
-  for i in $(seq 100); do [ -S "$work/$name.sock" ] && break; sleep 0.1; done
+  bench_wait_sock "$work/$name.sock" "$work/$name.pid"
 }
 
 # stop NAME: ends the server $work/NAME.pid names, and waits for it.
@@ -153,13 +158,15 @@ one ()
   local server=$1 from t0 t1 guest_read base_sent
   rm -f "$work/ovl.qcow2"
   qemu-img create -q -f qcow2 -F qcow2 -b "$backing" "$work/ovl.qcow2"
-  case $server in
+  case $(bench_kind "$server") in
     ours)
-      serve s qcow2 "$work/ovl.qcow2" ;;
+      "$(bench_nbdkit "$server")" -U "$work/s.sock" -P "$work/s.pid" \
+        qcow2 "$work/ovl.qcow2"
+      bench_wait_sock "$work/s.sock" "$work/s.pid" ;;
     qemu-nbd)
       qemu-nbd -t -f qcow2 -k "$work/s.sock" --pid-file="$work/s.pid" \
         "$work/ovl.qcow2" > /dev/null &
-      for i in $(seq 100); do [ -S "$work/s.sock" ] && [ -s "$work/s.pid" ] && break; sleep 0.1; done ;;
+      bench_wait_sock "$work/s.sock" "$work/s.pid" ;;
   esac
   rm -f "$work/front.log"
   serve front --filter=log nbd socket="$work/s.sock" logfile="$work/front.log"
@@ -189,21 +196,26 @@ one ()
 }
 
 declare -A per
-servers="ours qemu-nbd"
-echo "guest boot over $base_kind ($accel), $rounds rounds; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+servers=${BOOT_SERVERS:-ours qemu-nbd}
+echo "guest boot over $base_kind ($accel), $rounds rounds; load average $(bench_load)"
 echo "| round | server | guest read MiB | base sent MiB | sent/read | base requests | boot s |"
 echo "|---|---|---|---|---|---|---|"
 for r in $(seq "$rounds"); do
-  for s in $servers; do
+  for s in $(bench_order "$r" $servers); do
     out=$(one "$s")
     read -r g b n secs <<< "$out"
     per[$s]+="$(echo "$b / $g" | bc -l) "
+    bench_record boot-sent-per-read "$s" "$r" "$(echo "$b / $g" | bc -l)"
     printf '| %d | %s | %.1f | %.1f | %.3f | %d | %.1f |\n' "$r" "$s" \
       "$(echo "$g / 1048576" | bc -l)" "$(echo "$b / 1048576" | bc -l)" \
       "$(echo "$b / $g" | bc -l)" "$n" "$secs"
   done
 done
-median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-o=$(median "${per[ours]}") q=$(median "${per[qemu-nbd]}")
-printf 'bytes the base sent per byte read (medians): ours %.3f qemu-nbd %.3f ours/qemu-nbd %.3f\n' \
-  "$o" "$q" "$(echo "$o / $q" | bc -l)"
+echo "bytes the base sent per byte read (medians), and against qemu-nbd's:"
+q=$(bench_median "${per[qemu-nbd]:-}")
+for s in $servers; do
+  o=$(bench_median "${per[$s]}")
+  printf '%s %.3f' "$s" "$o"
+  [ "$q" = - ] || [ "$s" = qemu-nbd ] || printf ', %s/qemu-nbd %.3f' "$s" "$(echo "$o / $q" | bc -l)"
+  echo
+done

@@ -81,7 +81,8 @@
 # Usage: bench/fleet.sh [--quick] [ROUNDS [N...]]   (default 1 round
 # of N = 40 and 200, about 5 minutes on 2 loaded cores; 3 rounds of 40,
 # 3; --quick: 1 round of N = 10).  FLEET_SERVERS and FLEET_BASES pick
-# servers and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
+# servers (or builds of other trees as ours: BENCH_TREES, bench/lib.sh;
+# every other round in reverse order) and bases; FLEET_WAVE the wave size; FLEET_OURS_ARGS more
 # nbdkit options and plugin keys for ours (nbdkit's options first, the
 # keys after "--": "-t 1 -- l2-slice-size=4096") and FLEET_OURS_ENV
 # its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
@@ -93,6 +94,7 @@
 # it for a partial run: the bench's rows are replaced as a whole).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
 export PATH=$top:/usr/bin:$PATH
 if [ "${1:-}" = --quick ]; then
   shift; rounds=1 sizes=10
@@ -129,9 +131,10 @@ stop_all ()
   pids=()
 }
 trap 'stop_all; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 echo "bench/fleet.sh: $rounds round(s), N = $sizes, waves of $wave," \
   "$late late disks;" \
-  "$(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start" \
+  "$(nproc) cores, load average $(bench_load) at start" \
   "${FLEET_OURS_ARGS:+; ours with $FLEET_OURS_ARGS}" \
   "${FLEET_OURS_ENV:+; ours run with $FLEET_OURS_ENV}"
 
@@ -328,23 +331,11 @@ qemu-img create -q -u -f qcow2 -F qcow2 -b "$work/base.qcow2" \
 qemu-img create -q -u -f qcow2 -F qcow2 \
   -b "nbd+unix:///?socket=$work/base.sock" "$work/tmpl-nbd.qcow2" 1G
 
-# wait_sock SOCKET [PIDFILE]: until they exist (or 30 s).
-wait_sock ()
-{
-  local i
-  for i in $(seq 600); do
-    [ -S "$1" ] && { [ -z "${2:-}" ] || [ -s "$2" ]; } && return
-    sleep 0.05
-  done
-  echo "fleet.sh: $1 not there after 30 s" >&2
-  return 1
-}
-
 # one N BASE SERVER: a run; prints the client's line, then the base's
 # bytes served and connections ("- -" for the local base).
 one ()
 {
-  local n=$1 base=$2 server=$3 i name threads=() basefile prepare=true
+  local n=$1 base=$2 server=$3 i name threads=() basefile prepare=true kind
   rm -rf "$work/ovl" "$work"/*.sock "$work"/*.pid "$work"/base.log* \
     "$work/late.pids"
   mkdir "$work/ovl"
@@ -359,23 +350,25 @@ one ()
     nbdkit -r -U "$work/base.sock" -P "$work/base.pid" \
       --filter=delay --filter=log file "$work/base.qcow2" rdelay=2ms \
       logfile="$work/base.log"
-    wait_sock "$work/base.sock" "$work/base.pid"
+    bench_wait_sock "$work/base.sock" "$work/base.pid"
     pids+=("$(cat "$work/base.pid")")
   fi
-  case $server in
+  kind=$(bench_kind "$server")
+  case $kind in
     ours*)
-      case $server in ours-t*) threads=(-t "${server#ours-t}") ;; esac
+      case $kind in ours-t*) threads=(-t "${kind#ours-t}") ;; esac
       env ${FLEET_OURS_ENV:-} \
-        nbdkit "${threads[@]}" "${ours_opts[@]}" -U "$work/s.sock" \
+        "$(bench_nbdkit "$server")" "${threads[@]}" "${ours_opts[@]}" \
+        -U "$work/s.sock" \
         -P "$work/s.pid" qcow2 dir="$work/ovl" "${ours_keys[@]}"
-      wait_sock "$work/s.sock" "$work/s.pid"
+      bench_wait_sock "$work/s.sock" "$work/s.pid"
       cat "$work/s.pid" > "$work/spids"
       while IFS=$'\t' read -r _ name; do
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
     file)
       nbdkit -t 1 -U "$work/s.sock" -P "$work/s.pid" file "$work/base.raw"
-      wait_sock "$work/s.sock" "$work/s.pid"
+      bench_wait_sock "$work/s.sock" "$work/s.pid"
       cat "$work/s.pid" > "$work/spids"
       while read -r _; do
         printf '%s\t\n' "$work/s.sock" >> "$work/pairs"
@@ -393,7 +386,7 @@ one ()
         pids+=("$!")
         echo "$!" >> "$work/spids"
       done < "$work/images"
-      for i in $(seq "$n"); do wait_sock "$work/q$i.sock"; done
+      for i in $(seq "$n"); do bench_wait_sock "$work/q$i.sock"; done
       prepare=$work/prepare-qemu-nbd ;;
     qsd)
       qemu-storage-daemon \
@@ -405,7 +398,7 @@ one ()
       head -n "$n" "$work/images" > "$work/images.waves"
       /usr/bin/python3 "$work/fleet.py" qmp "$work/qmp.sock" \
         "$work/base.qcow2" "$basefile" "$work/s.sock" "$work/images.waves"
-      wait_sock "$work/s.sock"
+      bench_wait_sock "$work/s.sock"
       # A late disk's node and export are added (over QMP) just before
       # its client connects, as for a new VM.
       prepare=$work/prepare-qsd
@@ -413,7 +406,7 @@ one ()
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
   esac
-  [[ $server != ours* && $server != file ]] || pids+=("$(cat "$work/s.pid")")
+  [[ $kind != ours* && $kind != file ]] || pids+=("$(cat "$work/s.pid")")
   /usr/bin/python3 "$work/fleet.py" plan $((n + late)) "$work/base.raw" \
     "$work/plan" "$writes"
   "$work/fleetclient" "$work/plan" "$work/pairs" "$work/base.raw" "$wave" \
@@ -447,7 +440,7 @@ add () { res[$1]+="$2 "; }
 for r in $(seq "$rounds"); do
   for n in $sizes; do
     for b in $bases; do
-      for s in $servers; do
+      for s in $(bench_order "$r" $servers); do
         one "$n" "$b" "$s" > "$work/out"
         out=$(tr '\n' ' ' < "$work/out")
         read -r pss rss thr fds cpu ttfb p90 iops nreads rmib lfb bmib \
@@ -457,20 +450,16 @@ for r in $(seq "$rounds"); do
         [ "$s" != file ] || bconns=-
         for k in pss rss ttfb p90 lfb iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
+          bench_record "$n-$b-$k" "$s" "$r" "${!k}"
         done
       done
     done
   done
 done
 
-median ()
-{
-  printf '%s\n' $1 | sort -g |
-    awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
-}
-m () { median "${res[$1]}"; }
+m () { bench_median "${res[$1]}"; }
 ratio () { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
-echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at end;" \
+echo "load average $(bench_load) at end;" \
   "$nreads reads a disk ($rmib MiB, and $writes writes of 4 KiB: copy on" \
   "write reads the rest of each one's cluster from the base);" \
   "medians of $rounds round(s)"
@@ -494,10 +483,10 @@ done
 for n in $sizes; do
   for b in $bases; do
     for s in $servers; do
-      case $s in ours*) ;; *) continue ;; esac
+      case $(bench_kind "$s") in ours*) ;; *) continue ;; esac
       for p in $servers; do
         # The file server is a floor, not a peer.
-        case $p in ours*|file) continue ;; esac
+        case $(bench_kind "$p") in ours*|file) continue ;; esac
         k=$n,$b,$s q=$n,$b,$p
         printf '%s disks, %s base, %s: memory (PSS)\t%s\t%s\thigher\n' \
           "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,pss")" "$(m "$k,pss")")"

@@ -6,7 +6,11 @@
 #   ours      our plugin serving the overlay (the base through libnbd)
 #   qemu-nbd  qemu-nbd serving the same overlay (its nbd driver)
 #   direct    the raw base itself, the same client: the limit
-# in interleaved rounds.  Cases:
+#   proxy     nbdkit's nbd plugin in front of the base's server, a hop
+#             that does nothing but forward: the floor of any server in
+#             between on this machine (for the HTTP cases nbdkit's curl
+#             plugin alone, as direct)
+# in interleaved rounds, every other round in reverse order.  Cases:
 #   seq-1m      sequential 1 MiB reads, QD1, of the overlay over a 1 GiB
 #               raw base
 #   rand-4k     random 4 KiB reads, QD16, of the same
@@ -29,8 +33,13 @@
 #               and without (--no-extents); MiB/s from its time, and
 #               the bytes the base served per byte copied (counted by
 #               nbdkit's log filter on the base's server for these)
+#               and the serving server's CPU seconds a copy
 #   copy-http   the same of the overlay over the web server (counted
 #               from the Range headers it was sent)
+#   copy-warm, copy-http-warm
+#               copy and copy-http after a first pass of the same copy
+#               on the same server (what the read-ahead learnt from the
+#               first pass, and kept of it, in play)
 #   replay      a boot-like trace of 2,503 reads (226 MiB: scattered
 #               small reads, files read in short runs, a few long runs;
 #               bench/boot-trace.py) replayed one at a time from the
@@ -39,18 +48,25 @@
 #   replay-http the same over the web server (the bytes it served
 #               counted from the Range headers it was sent)
 # Usage: bench/remote.sh [ROUNDS [SECONDS]]   (default 3 rounds of 10 s;
-# REMOTE_CASES="rand-4k ..." runs only those; REMOTE_SEED=N replays
-# the trace bench/boot-trace.py makes from seed N, not 43)
-# Prints MiB/s or IOPS per server (medians) and the ratios, which go into
-# bench/ratios.tsv and its chart unless BENCH_UPDATE=0 (set it when only
-# some cases run: the bench's rows are replaced as a whole).
+# REMOTE_CASES="rand-4k ..." runs only those, REMOTE_SERVERS="ours
+# proxy" only those servers (or builds of other trees: BENCH_TREES, see
+# bench/lib.sh); REMOTE_SEED=N replays the trace bench/boot-trace.py
+# makes from seed N, not 43)
+# Prints MiB/s or IOPS per server (medians) and the ratios of the first
+# server to the others, which go into bench/ratios.tsv and its chart
+# unless BENCH_UPDATE=0 (set it when only some cases or servers run: the
+# bench's rows are replaced as a whole).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
 export PATH=$top:/usr/bin:$PATH
 rounds=${1:-3} secs=${2:-10}
+servers=${REMOTE_SERVERS:-ours qemu-nbd direct proxy}
 work=$(mktemp -d /var/tmp/remote-bench.XXXXXX)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+      bench_kill_pidfiles "$work/s.pid"; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 
 # The images: the fragmented qcow2 base, and a raw base of its data.
 "$top/bench/mkimage.sh" layout random 1G "$work/frag.qcow2" >/dev/null
@@ -63,7 +79,7 @@ serve ()
 {
   local name=$1; shift
   nbdkit -U "$work/$name.sock" -P "$work/$name.pid" "$@"
-  for i in $(seq 100); do [ -S "$work/$name.sock" ] && break; sleep 0.1; done
+  bench_wait_sock "$work/$name.sock" "$work/$name.pid"
   pids+=("$(cat "$work/$name.pid")")
 }
 serve raw -r --filter=delay file "$work/base.raw" delay-read=2ms
@@ -86,19 +102,6 @@ qemu-img create -q -f qcow2 -F qcow2 -b "nbd+unix:///?socket=$work/frag.sock" \
 qemu-img create -q -f qcow2 -F raw -b "$url" "$work/ovl-http.qcow2"
 qemu-img create -q -f qcow2 -F raw \
   -b "nbd+unix:///?socket=$work/rawlog.sock" "$work/ovl-rawlog.qcow2"
-
-# fio_run URI RW BS DEPTH: MiB/s (bs 1m) or IOPS (4k), one number.
-fio_run ()
-{
-  fio --name=r --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" \
-      --iodepth="$4" --time_based --runtime="$secs" --ramp_time=1 \
-      --output-format=json 2>/dev/null |
-    /usr/bin/python3 -c '
-import json, sys
-out = sys.stdin.read()   # JSON after a line saying "connected"
-r = json.loads(out[out.index("{"):])["jobs"][0]["read"]
-print("%.1f" % (r["iops"] if sys.argv[1] == "4k" else r["bw"] / 1024))' "$3"
-}
 
 # served SIZE T0 T1 LOG FROM: MiB/s of SIZE bytes read from T0 to T1,
 # then the bytes the logged base served (from byte FROM of LOG: nbdkit's
@@ -148,10 +151,11 @@ replay_run ()
   served "$size" "$t0" "$t1" "$log" "$from"
 }
 
-# one CASE SERVER: start the server, measure, stop it.
+# one CASE SERVER: start the server, measure, stop it; the server's CPU
+# seconds in the measure into $work/cpu (copy cases; "-" for others).
 one ()
 {
-  local case=$1 server=$2 ovl rw=read bs=1m depth=1 uri base=raw
+  local case=$1 server=$2 ovl rw=read bs=1m depth=1 uri base=raw log pid c0
   case $case in
     seq-1m) ovl=ovl-raw ;;
     rand-4k) ovl=ovl-raw rw=randread bs=4k depth=16 ;;
@@ -162,75 +166,107 @@ one ()
     copy* | replay) ovl=ovl-rawlog base=rawlog ;;
     replay-http) ovl=ovl-http ;;
   esac
-  [ "$case" = copy-http ] && ovl=ovl-http
+  case $case in copy-http*) ovl=ovl-http ;; esac
   rm -f "$work/s.sock"
-  case $server in
+  case $(bench_kind "$server") in
     ours)
-      nbdkit -U "$work/s.sock" -P "$work/s.pid" -r qcow2 "$work/$ovl.qcow2" ;;
+      "$(bench_nbdkit "$server")" -U "$work/s.sock" -P "$work/s.pid" -r \
+        qcow2 "$work/$ovl.qcow2" ;;
     qemu-nbd)
       qemu-nbd -r -t -f qcow2 -k "$work/s.sock" --pid-file="$work/s.pid" \
         "$work/$ovl.qcow2" & ;;
-    direct)
+    direct | proxy)
       if [ "$ovl" = ovl-http ]; then
         nbdkit -U "$work/s.sock" -P "$work/s.pid" -r curl "$url"
+      elif [ "$server" = proxy ]; then
+        nbdkit -U "$work/s.sock" -P "$work/s.pid" -r nbd \
+          socket="$work/$base.sock"
       else
         ln -s "$work/$base.sock" "$work/s.sock"
         echo > "$work/s.pid"
       fi ;;
+    *) echo "$0: unknown server $server" >&2; exit 1 ;;
   esac
-  for i in $(seq 100); do [ -S "$work/s.sock" ] && [ -s "$work/s.pid" ] && break; sleep 0.1; done
+  bench_wait_sock "$work/s.sock" "$work/s.pid"
   uri="nbd+unix:///?socket=$work/s.sock"
+  log=$work/rawlog.log
+  [ "$ovl" != ovl-http ] || log=$work/http.log
+  pid=$(cat "$work/s.pid")
   case $case in
-    copy) copy_run "$uri" "$work/rawlog.log" ;;
-    copy-http) copy_run "$uri" "$work/http.log" ;;
-    copy-noext) copy_run "$uri" "$work/rawlog.log" --no-extents ;;
-    replay) replay_run "$uri" "$work/rawlog.log" ;;
-    replay-http) replay_run "$uri" "$work/http.log" ;;
-    *) fio_run "$uri" "$rw" "$bs" "$depth" ;;
+    copy-warm | copy-http-warm) copy_run "$uri" "$log" > /dev/null ;;
   esac
-  [ "$server" = direct ] && [ "$ovl" != ovl-http ] ||
-    { kill "$(cat "$work/s.pid")"; while kill -0 "$(cat "$work/s.pid")" 2>/dev/null; do sleep 0.1; done; }
+  c0=$(bench_cpu "$pid")
+  case $case in
+    copy | copy-http | copy-warm | copy-http-warm) copy_run "$uri" "$log" ;;
+    copy-noext) copy_run "$uri" "$log" --no-extents ;;
+    replay | replay-http) replay_run "$uri" "$log" ;;
+    *) bench_fio_read "$uri" "$rw" "$bs" "$depth" "$secs" ;;
+  esac
+  case $case,$c0 in
+    copy*,[0-9]*)
+      awk -v a="$(bench_cpu "$pid")" -v b="$c0" 'BEGIN { printf "%.3f\n", a - b }' \
+        > "$work/cpu" ;;
+    *) echo - > "$work/cpu" ;;
+  esac
+  bench_kill_pidfiles "$work/s.pid"
   rm -f "$work/s.sock" "$work/s.pid"
 }
 
-declare -A res fetched
-cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-noext copy-http replay replay-http}
-servers="ours qemu-nbd direct"
+declare -A res fetched cpu
+cases=${REMOTE_CASES:-seq-1m rand-4k frag-1m http-1m seq-256k-qd16 seq-1m-qd4 copy copy-warm copy-noext copy-http replay replay-http}
 for r in $(seq "$rounds"); do
   for c in $cases; do
-    for s in $servers; do
+    for s in $(bench_order "$r" $servers); do
       out=$(one "$c" "$s")
       read -r v f <<< "$out"
       res[$c,$s]+="$v "
       fetched[$c,$s]+="${f:+$f }"
+      cpu[$c,$s]+="$(cat "$work/cpu") "
+      bench_record "$c" "$s" "$r" "$v"
+      bench_record "$c-cpu" "$s" "$r" "$(cat "$work/cpu")"
     done
   done
 done
 
-median () { printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "$rounds rounds of $secs s (copy and replay cases: one a round); MiB/s (IOPS for rand-4k), medians; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| case | ours | qemu-nbd | direct | ours/qemu-nbd | ours/direct |"
-echo "|---|---|---|---|---|---|"
+read -r -a list <<< "$servers"
+first=${list[0]} peers=("${list[@]:1}")
+echo "$rounds rounds of $secs s (copy and replay cases: one a round); MiB/s (IOPS for rand-4k), medians; load average $(bench_load)"
+head="| case |" rule="|---|"
+for s in "${list[@]}"; do head+=" $s |" rule+="---|"; done
+for p in "${peers[@]}"; do head+=" $first/$p |" rule+="---|"; done
+printf '%s\n%s\n' "$head" "$rule"
+# The chart's names of the peers.
+declare -A peer_name=([qemu-nbd]=qemu-nbd [direct]="the base read directly"
+                      [proxy]="nbdkit's nbd plugin, a proxy")
 : > "$work/ratios"
 for c in $cases; do
-  o=$(median "${res[$c,ours]}") q=$(median "${res[$c,qemu-nbd]}")
-  d=$(median "${res[$c,direct]}")
-  oq=$(echo "$o / $q" | bc -l) od=$(echo "$o / $d" | bc -l)
-  printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$c" "$o" "$q" "$d" "$oq" "$od"
-  printf '%s\tqemu-nbd\t%.3f\thigher\n' "$c" "$oq" >> "$work/ratios"
-  printf '%s\tthe base read directly\t%.3f\thigher\n' "$c" "$od" >> "$work/ratios"
+  o=$(bench_median "${res[$c,$first]}")
+  printf '| %s |' "$c"
+  for s in "${list[@]}"; do printf ' %s |' "$(bench_median "${res[$c,$s]}")"; done
+  for p in "${peers[@]}"; do
+    r=$(echo "$o / $(bench_median "${res[$c,$p]}")" | bc -l)
+    printf ' %.2f |' "$r"
+    [ "$first" != ours ] || [ -z "${peer_name[$p]:-}" ] ||
+      printf '%s\t%s\t%.3f\thigher\n' "$c" "${peer_name[$p]}" "$r" >> "$work/ratios"
+  done
+  echo
 done
 [ "${BENCH_UPDATE:-1}" = 0 ] ||
   /usr/bin/python3 "$top/bench/report.py" --ratios \
     "remote backing files, 2 ms a read (bench/remote.sh)" < "$work/ratios"
 echo "bytes the base served per byte copied or read (medians):"
 for c in $cases; do
-  [ -n "${fetched[$c,ours]}" ] || continue
-  echo "$c: ours $(median "${fetched[$c,ours]}")" \
-    "qemu-nbd $(median "${fetched[$c,qemu-nbd]}")" \
-    "direct $(median "${fetched[$c,direct]}")"
+  [ -n "${fetched[$c,$first]}" ] || continue
+  echo "$c:" $(for s in "${list[@]}"; do
+                 echo "$s $(bench_median "${fetched[$c,$s]}")"; done)
+done
+echo "the serving server's CPU seconds a copy (medians):"
+for c in $cases; do
+  [[ $c == copy* ]] || continue
+  echo "$c:" $(for s in "${list[@]}"; do
+                 echo "$s $(bench_median "${cpu[$c,$s]}")"; done)
 done
 echo "all rounds:"
 for c in $cases; do
-  for s in $servers; do echo "$c $s: ${res[$c,$s]}"; done
+  for s in "${list[@]}"; do echo "$c $s: ${res[$c,$s]}"; done
 done

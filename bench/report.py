@@ -74,12 +74,15 @@ def fmt_ratio(r, goal=None):
 
 
 def summary(text):
-    """The report without the case definitions, the host syncs and
-    memory tables and every run's figures, which the details file
-    keeps."""
+    """The report without the case definitions, the L2 and fragmented
+    layouts' tables, the host syncs and memory tables and every run's
+    figures, which the details file keeps (the goals they miss are
+    named in the summary)."""
     out, skip = [], False
     for line in text.split("\n"):
-        if line.startswith(("Host syncs", "Peak resident memory", "<details>")):
+        if line.startswith(("L2 cache entries", "Fragmented layouts",
+                            "Host syncs", "Peak resident memory",
+                            "<details>")):
             skip = True
         elif skip and (line.startswith("Goals missed") or line == "</details>"):
             skip = False
@@ -91,8 +94,9 @@ def summary(text):
     text = "\n".join(out)
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")
-    return (text.rstrip("\n") + "\n\nCase definitions, host syncs, peak "
-            "memory and every run: [%s](%s).\n" % (DETAILS, DETAILS))
+    return (text.rstrip("\n") + "\n\nCase definitions, L2 slices against "
+            "whole tables, fragmented layouts, host syncs, peak memory and "
+            "every run: [%s](%s).\n" % (DETAILS, DETAILS))
 
 
 def read_ratios():

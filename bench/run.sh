@@ -4,9 +4,9 @@
 # images, in the same run.
 #
 # Each case serves one image with each server in turn, drives it with
-# fio's nbd engine over a Unix socket, and repeats the round (servers
-# in a rotated order each time) so that the machine's other load falls
-# on every server alike.  The servers:
+# fio's nbd engine over a Unix socket, and repeats the round (the
+# servers in reverse order every other round) so that the machine's
+# other load falls on every server alike.  The servers:
 #
 #   ours        nbdkit with this tree's qcow2 plugin
 #   ours-none   the same with cache=none (O_DIRECT)
@@ -31,13 +31,21 @@
 #   BENCH_DIR=DIR          images (kept for the next run) and results;
 #                          default /var/tmp/nbdkit-qcow2-bench
 #   BENCH_CASES=REGEX      only the cases whose name matches (extended
-#                          regular expression), e.g. 'randread|seq-read'
+#                          regular expression), e.g. 'randread|seq-read';
+#                          it may name the cases of no full run too:
+#                          randread-4k-qd1, randwrite-4k-qd1
 #   BENCH_REPS=N, BENCH_RUNTIME=S   override the rounds and seconds
+#   BENCH_SYNCS=0          no extra run under strace counting the
+#                          flush cases' host syncs
 #   BENCH_UPDATE=0|1       write RESULTS.md or not (default: 1 unless
 #                          --smoke, BENCH_CASES, BENCH_SERVERS or
 #                          BENCH_LOAD)
 #   BENCH_SERVERS='A B ...'   only these servers in every case (of the
-#                          names above), e.g. 'ours-none qemu-none'
+#                          names above, or variants', or trees'), e.g.
+#                          'ours-none qemu-none'
+#   BENCH_TREES='NAME=DIR ...'   servers NAME and NAME-none, ... (ours,
+#                          ours-none, ... with the plugin DIR built):
+#                          other revisions in the same run (bench/lib.sh)
 #   BENCH_LOAD=CPU         a CPU hog (a busy shell loop) pinned to core
 #                          CPU for the whole run, the same for every
 #                          server: the machine loaded
@@ -52,6 +60,7 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
 plugin=$top/plugins/qcow2/.libs/nbdkit-qcow2-plugin.so
 filter=$top/filters/qcow2/.libs/nbdkit-qcow2-filter.so
 mkimage=$top/bench/mkimage.sh
@@ -98,8 +107,15 @@ update=${BENCH_UPDATE:-$update}
 for prog in fio jq qemu-img qemu-io qemu-nbd nbdkit strace python3 numfmt; do
   command -v $prog >/dev/null || { echo "$0: $prog is needed" >&2; exit 1; }
 done
-[ -f "$plugin" ] ||
-  { echo "$0: $plugin not found: build the tree first" >&2; exit 1; }
+for s in ${only_servers:-ours}; do
+  case $(bench_kind "$s") in
+    ours*)
+      [ -f "$(bench_plugin "$s")" ] || {
+        echo "$0: $(bench_plugin "$s") not found: build the tree first" >&2
+        exit 1
+      } ;;
+  esac
+done
 
 base=${BENCH_DIR:-/var/tmp/nbdkit-qcow2-bench}
 img=$base/images-$full_size-$layout_size-$scattered
@@ -162,20 +178,21 @@ make_once layout-raw qemu-img convert -O raw \
 # the plugin) and qemu_opts (qcow2 driver options for qemu-nbd).
 start ()
 {
-  local server=$1 qcow2=$2 raw=$3 i
+  local server=$1 qcow2=$2 raw=$3 i so
   local qopts="driver=qcow2,file.driver=file,file.filename=$qcow2$qemu_opts"
   local cmd
 
-  case $server in
-    ours) cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts) ;;
+  so=$(bench_plugin "$server")
+  case $(bench_kind "$server") in
+    ours) cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts) ;;
     ours-none)
-      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
+      cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts
            cache=none) ;;
     ours-whole)
-      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
+      cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts
            "l2-slice-size=$cluster") ;;
     ours-whole-none)
-      cmd=(nbdkit -f -U "$sock" "$plugin" "file=$qcow2" $ours_opts
+      cmd=(nbdkit -f -U "$sock" "$so" "file=$qcow2" $ours_opts
            "l2-slice-size=$cluster" cache=none) ;;
     qemu-none)
       cmd=(qemu-nbd -t -e 8 -k "$sock" --cache=none --aio=native
@@ -185,7 +202,7 @@ start ()
            --image-opts "$qopts") ;;
     raw) cmd=(nbdkit -f -U "$sock" file "file=$raw") ;;
     *)
-      local v o opts=() so=$plugin as_filter=
+      local v o opts=() as_filter=
       for v in ${BENCH_VARIANTS:-}; do
         [ "${v%%:*}" = "$server" ] || continue
         v=${v#*:}
@@ -252,6 +269,8 @@ all_cases=(randread-4k randwrite-4k
            flush64-seqwrite flush64-seqwrite-lazy
            small-cluster-randwrite
            multiconn-randrw)
+# Cases only BENCH_CASES selects (bench/compare.sh's).
+extra_cases=(randread-4k-qd1 randwrite-4k-qd1)
 
 timed=(--time_based --runtime="$runtime" --ramp_time="$ramp")
 std_servers="ours ours-none qemu-wb qemu-none raw"
@@ -274,11 +293,12 @@ define_case ()
   desc= servers=$std_servers fio=() metric= qcow2= raw= fresh=
   ours_opts= qemu_opts= cluster=64k goal= lazy=off fresh_size=
   case $1 in
-    randread-4k|randwrite-4k)
-      local rw=${1%-4k}
-      desc="$rw 4 KiB, QD16, $full_size written image, L2 cache covers it"
+    randread-4k|randwrite-4k|randread-4k-qd1|randwrite-4k-qd1)
+      local rw=${1%%-4k*} depth=16
+      [[ $1 != *-qd1 ]] || depth=1
+      desc="$rw 4 KiB, QD$depth, $full_size written image, L2 cache covers it"
       qcow2=$img/full.qcow2 raw=$img/full.raw
-      fio=(--rw="$rw" --bs=4k --iodepth=16 "${timed[@]}")
+      fio=(--rw="$rw" --bs=4k --iodepth="$depth" "${timed[@]}")
       metric=${rw#rand}-iops
       goal="qemu>=1.5"
       if [ "$rw" = randread ]; then goal="qemu>=1.5 raw>=0.9"; fi ;;
@@ -390,6 +410,7 @@ run_one ()
   syncs=$(jq -r '.jobs[0].sync.total_ios // 0' "$json")
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$server" "$round" "$value" \
          "$server_rss" "$syncs" >> "$results"
+  bench_record "$name" "$server" "$round" "$value"
   if [ "$round" = 1 ]; then
     printf '%s\t%s\t%s\t%s\n' "$name" "$server" "$server_cmd" \
            "${fio_cmd[*]}" >> "$commands"
@@ -428,6 +449,9 @@ cases=()
 for c in "${all_cases[@]}"; do
   [ -z "$only" ] || [[ $c =~ $only ]] && cases+=("$c")
 done
+for c in "${extra_cases[@]}"; do
+  [ -n "$only" ] && [[ $c =~ $only ]] && cases+=("$c")
+done
 [ ${#cases[@]} -gt 0 ] || { echo "$0: no case matches $only" >&2; exit 1; }
 
 {
@@ -441,7 +465,7 @@ done
   echo "fio=$(fio --version)"
   echo "qemu-nbd=$(qemu-nbd --version | head -1)"
   echo "nbdkit=$(nbdkit --version)"
-  echo "load_start=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "load_start=$(bench_load)"
   echo "img=$img"
   echo "out=$out"
   echo "plugin=$plugin"
@@ -466,25 +490,25 @@ log "mode $mode, ${#cases[@]} cases, $reps rounds; results in $out"
 for round in $(seq "$reps"); do
   for name in "${cases[@]}"; do
     define_case "$name"
-    # Rotate the order of the servers from round to round.
     read -ra list <<< "${only_servers:-$servers}"
-    for v in ${BENCH_VARIANTS:-}; do list+=("${v%%:*}"); done
-    n=${#list[@]}
-    for i in $(seq 0 $((n - 1))); do
-      run_one "$name" "${list[$(( (i + round - 1) % n ))]}" "$round"
+    for v in ${BENCH_VARIANTS:-}; do
+      [[ " ${list[*]} " == *" ${v%%:*} "* ]] || list+=("${v%%:*}")
+    done
+    for server in $(bench_order "$round" "${list[@]}"); do
+      run_one "$name" "$server" "$round"
     done
   done
 done
 
 for name in "${cases[@]}"; do
   define_case "$name"
-  [[ $goal == *syncs+* ]] || continue
+  [[ $goal == *syncs+* ]] && [ "${BENCH_SYNCS:-1}" != 0 ] || continue
   for server in ${only_servers:-$servers} ${BENCH_VARIANTS:+$(for v in $BENCH_VARIANTS; do
                                                 echo "${v%%:*}"; done)}; do
     count_syncs "$name" "$server"
   done
 done
-echo "load_end=$(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/meta.txt"
+echo "load_end=$(bench_load)" >> "$out/meta.txt"
 
 python3 "$top/bench/report.py" "$out" > "$out/report.md"
 log "table: $out/report.md"

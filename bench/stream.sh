@@ -16,17 +16,24 @@
 # the stream was over is discarded (counted in the output); the reads
 # are measured over the NBD base only.
 # Usage: [STREAM_BASES="nbd http"] bench/stream.sh [ROUNDS [SECONDS]]
-# (default both bases, 3 rounds of 5 s)
-# Prints the medians and the ratios, which go into bench/ratios.tsv and
-# its chart unless BENCH_UPDATE=0.
+# (default both bases, 3 rounds of 5 s; STREAM_SERVERS="ours qemu" the
+# servers of the stream, every other round in reverse order: ours, or builds
+# of other trees as ours (BENCH_TREES, bench/lib.sh), and qemu;
+# STREAM_READS=0 measures no reads)
+# Prints the medians and the ratios of the first server to the second,
+# which go into bench/ratios.tsv and its chart unless BENCH_UPDATE=0.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
 export PATH=$top:/usr/bin:$PATH
 rounds=${1:-3} secs=${2:-5}
 bases=${STREAM_BASES:-nbd http}
+servers=${STREAM_SERVERS:-ours qemu}
 work=$(mktemp -d /var/tmp/stream-bench.XXXXXX)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+      bench_kill_pidfiles "$work"/*.pid; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 
 qemu-img create -q -f raw "$work/base.raw" 1G
 cmds=()
@@ -37,7 +44,7 @@ for b in $bases; do
     nbd)
       nbdkit -U "$work/base.sock" -P "$work/base.pid" -r --filter=delay \
         file "$work/base.raw" delay-read=2ms
-      for i in $(seq 100); do [ -S "$work/base.sock" ] && break; sleep 0.1; done
+      bench_wait_sock "$work/base.sock" "$work/base.pid"
       pids+=("$(cat "$work/base.pid")")
       url="nbd+unix:///?socket=$work/base.sock" ;;
     http)
@@ -51,29 +58,29 @@ for b in $bases; do
   qemu-img create -q -f qcow2 -F raw -b "$url" "$work/empty-$b.qcow2"
 done
 
-# serve NAME ARGS...: our plugin in the foreground of a background job,
-# its messages in $work/NAME.log.
+# serve SERVER NAME ARGS...: the plugin of SERVER's tree, its messages
+# in $work/NAME.log, its pid in $work/NAME.pid (for the trap: it runs
+# in a subshell).
 serve ()
 {
-  local name=$1; shift
-  rm -f "$work/$name.sock"
-  nbdkit -f -U "$work/$name.sock" --log=stderr qcow2 "$@" 2> "$work/$name.log" &
-  spid=$!
-  for i in $(seq 100); do [ -S "$work/$name.sock" ] && break; sleep 0.1; done
+  local server=$1 name=$2; shift 2
+  rm -f "$work/$name.sock" "$work/$name.pid"
+  "$(bench_nbdkit "$server")" -f -U "$work/$name.sock" -P "$work/$name.pid" \
+    --log=stderr qcow2 "$@" 2> "$work/$name.log" &
+  bench_wait_sock "$work/$name.sock" "$work/$name.pid"
 }
-stop () { kill "$1"; wait "$1" 2>/dev/null || true; }
 
-# ours BASE: seconds of the stream, from the end notice.
+# ours SERVER BASE: seconds of the stream, from the end notice.
 ours ()
 {
-  cp "$work/empty-$1.qcow2" "$work/ours.qcow2"
-  serve ours "$work/ours.qcow2" stream=true
+  cp "$work/empty-$2.qcow2" "$work/ours.qcow2"
+  serve "$1" ours "$work/ours.qcow2" stream=true
   for i in $(seq 3000); do
     grep -q "no longer depends" "$work/ours.log" && break
     sleep 0.1
   done
-  stop "$spid"
-  sed -n 's/.* copied in \([0-9.]*\) s .*/\1/p' "$work/ours.log"
+  bench_kill_pidfiles "$work/ours.pid"
+  sed -n 's/.*: stream: done: .* in \([0-9.]*\) s .*/\1/p' "$work/ours.log"
 }
 
 # qemu BASE: seconds of qemu-storage-daemon's block-stream job.
@@ -122,47 +129,59 @@ EOF
 iops ()
 {
   cp "$work/empty-nbd.qcow2" "$work/fio.qcow2"
-  serve fio "$work/fio.qcow2" stream="$1"
+  serve ours fio "$work/fio.qcow2" stream="$1"
   local n
-  n=$(fio --name=r --ioengine=nbd --uri="nbd+unix:///?socket=$work/fio.sock" \
-        --rw=randread --bs=4k --iodepth=16 --time_based --runtime="$secs" \
-        --output-format=json 2>/dev/null |
-      /usr/bin/python3 -c '
-import json, sys
-out = sys.stdin.read()
-print("%.0f" % json.loads(out[out.index("{"):])["jobs"][0]["read"]["iops"])')
+  n=$(bench_fio_read "nbd+unix:///?socket=$work/fio.sock" randread 4k 16 \
+        "$secs" 0)
   if [ "$1" = true ] && grep -q "stream: done" "$work/fio.log"; then n=-; fi
-  stop "$spid"
+  bench_kill_pidfiles "$work/fio.pid"
   echo "$n"
+}
+
+# The name of a server in the table.
+name ()
+{
+  case $(bench_kind "$1") in
+    qemu) echo "qemu-storage-daemon block-stream" ;;
+    *) echo "$1" ;;
+  esac
 }
 
 declare -A res r
 for r in $(seq "$rounds"); do
   for b in $bases; do
-    res[ours-$b]+="$(ours "$b") "
-    res[qemu-$b]+="$(qemu "$b") "
+    for s in $(bench_order "$r" $servers); do
+      case $(bench_kind "$s") in
+        qemu) v=$(qemu "$b") ;;
+        *) v=$(ours "$s" "$b") ;;
+      esac
+      res[$s-$b]+="$v "
+      bench_record "stream-$b" "$s" "$r" "$v"
+    done
   done
   case " $bases " in
     *" nbd "*)
+      [ "${STREAM_READS:-1}" = 0 ] && continue
       res[without]+="$(iops false) "
       res[during]+="$(iops true) " ;;
   esac
 done
 
-median () { printf '%s\n' $1 | grep -v '^-$' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 ratio () { echo "$1 / $2" | bc -l; }
-echo "$rounds rounds; medians"
-echo "| measure | ours | peer | ratio |"
+read -r first second _ <<< "$servers"
+echo "$rounds rounds; medians; load average $(bench_load)"
+echo "| measure | $(name "$first") | $(name "${second:-$first}") | ratio |"
 echo "|---|---|---|---|"
 for b in $bases; do
-  o=$(median "${res[ours-$b]}") q=$(median "${res[qemu-$b]}")
-  printf '| stream 1 GiB (half data) over %s, s | %s | %s (qemu-storage-daemon block-stream) | %.2f of its time |\n' \
+  o=$(bench_median "${res[$first-$b]}")
+  q=$(bench_median "${res[${second:-$first}-$b]}")
+  printf '| stream 1 GiB (half data) over %s, s | %s | %s | %.2f of its time |\n' \
     "${b^^}" "$o" "$q" "$(ratio "$o" "$q")"
   r[$b]=$(ratio "$o" "$q")
 done
 w= d=
 if [ -n "${res[without]:-}" ]; then
-  w=$(median "${res[without]}") d=$(median "${res[during]}")
+  w=$(bench_median "${res[without]}") d=$(bench_median "${res[during]}")
   printf '| random 4 KiB reads QD16, IOPS | %s during the stream | %s without | %.2f |\n' \
     "$d" "$w" "$(ratio "$d" "$w")"
 fi

@@ -6,7 +6,8 @@
  * sequential reads cost a round trip a window, not one a request; that
  * what was read is kept a while: read again, it costs none; and that
  * the read-ahead fetches no more than its reader asks for once runs
- * end short, until the reader streams.
+ * end short, until the reader streams; and that a deep reader that
+ * streams costs no copies.
  */
 #include <pthread.h>
 
@@ -561,6 +562,73 @@ test_deep_kept (void)
   paid_free (ra, layer);
 }
 
+/* Reads [offset, offset+count) and [offset+count, offset+2*count) in two
+ * threads, the first read's fetch under way when the second starts (or
+ * the second's when the first starts, if reversed): a deep reader's two
+ * reads in flight, in order or not.
+ */
+static void
+deep_pair (struct readahead *ra, uint64_t offset, uint64_t count,
+           bool reversed)
+{
+  struct deep_read first = { ra, offset, count, false };
+  struct deep_read second = { ra, offset + count, count, false };
+  pthread_t t1, t2;
+
+  gate.armed = true;
+  gate.fetches = 0;
+  if (pthread_create (&t1, NULL, deep_read_thread,
+                      reversed ? &second : &first) != 0)
+    abort ();
+  pthread_mutex_lock (&gate.lock);
+  while (gate.fetches < 1)
+    pthread_cond_wait (&gate.cond, &gate.lock);
+  pthread_mutex_unlock (&gate.lock);
+  if (pthread_create (&t2, NULL, deep_read_thread,
+                      reversed ? &first : &second) != 0)
+    abort ();
+  pthread_join (t1, NULL);
+  pthread_join (t2, NULL);
+  gate.armed = false;
+  CHECKF (first.ok && second.ok, "two reads at once at %" PRIu64 " read "
+          "other data", offset);
+}
+
+/* A deep reader streaming (nbdcopy, a guest's sequential reads at
+ * QD16) copies none of its large reads into the kept pieces: not on its
+ * first pass, not on a second pass from the start once the first has
+ * reached the layer's end, and not when two of its reads come out of
+ * order.  A read kept would be read again without a fetch.
+ */
+static void
+test_deep_streams (void)
+{
+  const uint64_t count = 262144;
+  struct qcow2_image *layer;
+  struct readahead *ra;
+  uint64_t calls;
+
+  /* The second pass past the first read, which came alone and was
+   * kept.
+   */
+  ra = paid_new (8 * MIB, &layer);
+  for (int pass = 0; pass < 2; pass++)
+    for (uint64_t o = pass * 2 * count; o < 8 * MIB; o += 2 * count)
+      deep_pair (ra, o, count, pass == 1 && o == 4 * MIB);
+  calls = paid.calls;
+  paid_read (ra, 2 * MIB + count, count);
+  CHECKF (paid.calls - calls == 1, "a second streaming pass's read of "
+          "256 KiB, read again, took %" PRIu64 " fetches, not 1: it was "
+          "copied and kept", paid.calls - calls);
+  calls = paid.calls;
+  paid_read (ra, 4 * MIB + count, count);
+  paid_read (ra, 4 * MIB, count);
+  CHECKF (paid.calls - calls == 2, "two streaming reads of 256 KiB that "
+          "came out of order, read again, took %" PRIu64 " fetches, not 2",
+          paid.calls - calls);
+  paid_free (ra, layer);
+}
+
 /* A window ends where a kept piece begins. */
 static void
 test_window_ends_at_kept (void)
@@ -674,6 +742,7 @@ main (void)
   test_paid ();
   test_small_runs ();
   test_deep_kept ();
+  test_deep_streams ();
   test_partly_kept ();
   test_window_ends_at_kept ();
   test_kept_set ();

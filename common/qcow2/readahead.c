@@ -72,9 +72,10 @@
  * and what that saved funds the windows of a reader not trusted.  A
  * deep reader's reads are kept up to READAHEAD_KEEP_DEEP bytes each (a
  * guest with several reads in flight rereads its metadata too), and
- * larger ones unless each continues the one before: such a reader
- * streams (nbdcopy, qemu-img convert), copying each read would cost
- * it, and it reads none again.
+ * larger ones unless each continues the ones before (out of order as
+ * far as its reads in flight go): such a reader streams (nbdcopy,
+ * qemu-img convert), copying each read would cost it, and it reads
+ * none again; a second pass from the start streams too.
  * A window ends where a kept piece begins.
  */
 #define READAHEAD_WINDOW (4u << 20)
@@ -360,119 +361,150 @@ readahead_direct (struct readahead *ra, uint8_t *buf, uint64_t count,
   return r;
 }
 
-/* [offset, offset+count) of the layer: from a window or a kept piece,
- * or fetched (with a window more, or as asked).
+/* A read that starts in a window being filled waits for it, though it
+ * goes past it: fetching at once would fetch what the window holds
+ * again.
  */
-int
-readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
-                uint64_t offset)
-  TSA_EXCLUDES (ra->lock)
+static void
+readahead_wait_filling (struct readahead *ra, uint64_t offset)
+  TSA_REQUIRES (ra->lock)
 {
-  uint64_t end = offset + count, len, extra, head, covered;
-  uint64_t gap_start, gap_end;
-  uint8_t *wbuf;
-  bool streams, grew;
-  int i, r;
+  int i = readahead_find (ra, offset, offset + 1);
 
-  lock_acquire (&ra->lock);
-  grew = count > ra->last_count;
-  ra->last_count = count;
-  /* A read that starts in a window being filled waits for it, though
-   * it goes past it: fetching at once would fetch what the window holds
-   * again.
-   */
-  if ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
-      ra->w[i].state == WINDOW_FILLING) {
-    ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
-    while ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
-           ra->w[i].state == WINDOW_FILLING)
-      lock_wait (&ra->lock, &ra->filled);
+  if (i < 0 || ra->w[i].state != WINDOW_FILLING)
+    return;
+  ra->deep = MIN (ra->deep + 1, READAHEAD_DEEP);
+  while ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
+         ra->w[i].state == WINDOW_FILLING)
+    lock_wait (&ra->lock, &ra->filled);
+}
+
+/* What full windows hold of the read at *offset: all of it (returns
+ * true), or the head of a read that starts in a window and goes past it
+ * (a run whose reads changed size), *buf, *count and *offset moved past
+ * it, so that only the rest, which continues the run, is fetched.
+ */
+static bool
+readahead_from_windows (struct readahead *ra, uint8_t **buf, uint64_t *count,
+                        uint64_t *offset)
+  TSA_REQUIRES (ra->lock)
+{
+  uint64_t end = *offset + *count, head;
+  int i;
+
+  if ((i = readahead_find (ra, *offset, end)) >= 0) {
+    readahead_take (ra, i, *buf, *offset, end);
+    readahead_follow (ra, *offset, end);
+    return true;
   }
-  if ((i = readahead_find (ra, offset, end)) >= 0) {
-    readahead_take (ra, i, buf, offset, end);
-    readahead_follow (ra, offset, end);
-    lock_release (&ra->lock);
-    return 0;
-  }
-  /* A read that starts in a full window and goes past it (a run whose
-   * reads changed size) takes what the window has, and fetches only the
-   * rest, which continues the run.
-   */
-  if ((i = readahead_find (ra, offset, offset + 1)) >= 0 &&
+  if ((i = readahead_find (ra, *offset, *offset + 1)) >= 0 &&
       ra->w[i].state == WINDOW_FULL) {
-    head = ra->w[i].start + ra->w[i].len - offset;
-    readahead_take (ra, i, buf, offset, offset + head);
-    readahead_follow (ra, offset, offset + head);
-    buf += head;
-    offset += head;
-    count -= head;
+    head = ra->w[i].start + ra->w[i].len - *offset;
+    readahead_take (ra, i, *buf, *offset, *offset + head);
+    readahead_follow (ra, *offset, *offset + head);
+    *buf += head;
+    *offset += head;
+    *count -= head;
   }
-  /* What kept pieces hold costs no fetch: a read they hold in part (a
-   * cluster copied on write around blocks the guest read) fetches only
-   * the span they do not (the read is kept whole, in place of the
-   * pieces), and continues no run.
-   */
-  covered = kept_copy (&ra->kept, buf, offset, end, &gap_start, &gap_end);
-  ra->asked += count;
-  if (covered > 0) {
-    r = 0;
-    if (covered < count) {
-      r = readahead_direct (ra, buf + (gap_start - offset),
-                            gap_end - gap_start, gap_start);
-      if (r == 0)
-        readahead_keep_copy (ra, buf, offset, count);
-    }
-    ra->next = MAX (ra->next, end);
-    lock_release (&ra->lock);
-    return r;
-  }
-  /* A deep reader: what it asks for now; its run starts again once it
-   * has read one request at a time for a while.
-   */
-  if (ra->busy > 0 || ra->deep > 0) {
-    ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
-               : ra->deep - 1;
-    streams = offset == ra->next;
-    ra->run = 0;
-    ra->run_bytes = 0;
-    ra->next = MAX (ra->next, end);
-    r = readahead_direct (ra, buf, count, offset);
-    if (r == 0 && (count <= READAHEAD_KEEP_DEEP || !streams))
+  return false;
+}
+
+/* What kept pieces hold costs no fetch: a read they hold in part (a
+ * cluster copied on write around blocks the guest read) fetches only
+ * the span they do not (the read is kept whole, in place of the
+ * pieces), and continues no run.  Returns true if they held any of
+ * [offset, offset+count), the result in *r.
+ */
+static bool
+readahead_from_kept (struct readahead *ra, uint8_t *buf, uint64_t count,
+                     uint64_t offset, int *r)
+  TSA_REQUIRES (ra->lock)
+{
+  uint64_t gap_start, gap_end, covered;
+
+  covered = kept_copy (&ra->kept, buf, offset, offset + count, &gap_start,
+                       &gap_end);
+  if (covered == 0)
+    return false;
+  *r = 0;
+  if (covered < count) {
+    *r = readahead_direct (ra, buf + (gap_start - offset),
+                           gap_end - gap_start, gap_start);
+    if (*r == 0)
       readahead_keep_copy (ra, buf, offset, count);
-    lock_release (&ra->lock);
-    return r;
   }
-  /* A run that ends with its window unread: a reader that stops short,
-   * trusted no more until it streams.
-   */
+  ra->next = MAX (ra->next, offset + count);
+  return true;
+}
+
+/* Returns true if a deep reader's read of count bytes at offset
+ * continues its stream: it starts where its reads so far end, or as
+ * near as the reads in flight with it may have been served out of
+ * order (nbdkit's threads take a connection's requests in turn, and
+ * one may overtake another).  A read far from it, behind as a second
+ * pass from the start is, starts another.
+ */
+static bool
+readahead_streams (const struct readahead *ra, uint64_t count,
+                   uint64_t offset)
+  TSA_REQUIRES (ra->lock)
+{
+  uint64_t span = (ra->busy + UINT64_C (1)) * count;
+
+  return ra->next != UINT64_MAX && offset <= ra->next + span &&
+         offset + span >= ra->next;
+}
+
+/* A deep reader (a read while others are under way): what it asks for
+ * now, kept if small or if it does not stream; its run starts again
+ * once it has read one request at a time for a while.
+ */
+static int
+readahead_deep_read (struct readahead *ra, uint8_t *buf, uint64_t count,
+                     uint64_t offset)
+  TSA_REQUIRES (ra->lock)
+{
+  bool streams = readahead_streams (ra, count, offset);
+  int r;
+
+  ra->deep = ra->busy > 0 ? MIN (ra->deep + 1, READAHEAD_DEEP)
+             : ra->deep - 1;
+  ra->run = 0;
+  ra->run_bytes = 0;
+  ra->next = streams ? MAX (ra->next, offset + count) : offset + count;
+  r = readahead_direct (ra, buf, count, offset);
+  if (r == 0 && (count <= READAHEAD_KEEP_DEEP || !streams))
+    readahead_keep_copy (ra, buf, offset, count);
+  return r;
+}
+
+/* A read one at a time: the run it continues or starts.  A run that
+ * ends with its window unread is a reader that stops short, trusted no
+ * more until it streams.
+ */
+static void
+readahead_run (struct readahead *ra, uint64_t count, uint64_t offset)
+  TSA_REQUIRES (ra->lock)
+{
   if (offset != ra->next && readahead_unread (ra))
     ra->trusted = false;
   ra->run = offset == ra->next ? ra->run + 1 : 0;
   ra->run_bytes = ra->run > 0 ? ra->run_bytes + count : count;
   if (ra->run_bytes > READAHEAD_STREAM)
     ra->trusted = true;
-  ra->next = end;
-  /* No window for a read larger than the one before: the reader grows
-   * its own read-ahead (a guest reading a file: 16, 64, 128 KiB...) and
-   * asks for what it needs next.  And a window ends where kept pieces
-   * begin: it would fetch them again.
-   */
-  extra = grew ? 0 : MIN (readahead_extra (ra, count),
-                          kept_next (&ra->kept, end) - end);
-  /* A window to fill: not the one filling, nor a request as large. */
-  i = ra->w[0].state == WINDOW_FILLING ? 1
-      : ra->w[1].state == WINDOW_FILLING ? 0
-      : ra->w[0].start > ra->w[1].start;
-  len = MIN (end + extra, ra->layer->size) - offset;
-  wbuf = len > count && count < READAHEAD_WINDOW &&
-         ra->w[i].state != WINDOW_FILLING ? malloc (len) : NULL;
-  if (!wbuf) {
-    r = readahead_direct (ra, buf, count, offset);
-    if (r == 0)
-      readahead_keep_copy (ra, buf, offset, count);
-    lock_release (&ra->lock);
-    return r;
-  }
+  ra->next = offset + count;
+}
+
+/* Window i filled with [offset, offset+len) (wbuf, taken over), of
+ * which the read's count bytes go into buf; ra->lock let go meanwhile.
+ */
+static int
+readahead_fill (struct readahead *ra, int i, uint8_t *wbuf, uint64_t len,
+                uint8_t *buf, uint64_t count, uint64_t offset)
+  TSA_REQUIRES (ra->lock)
+{
+  int r;
+
   readahead_drop (ra, i);
   ra->w[i].buf = wbuf;
   ra->w[i].start = offset;
@@ -494,6 +526,65 @@ readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
   if (r != 0)
     ra->fetched -= len - count; /* the read's own part failed as asked */
   pthread_cond_broadcast (&ra->filled);
+  return r;
+}
+
+/* A read one at a time that neither windows nor kept pieces hold:
+ * fetched with a window more, or as asked (and kept).  No window for a
+ * read larger than the one before (grew): the reader grows its own
+ * read-ahead (a guest reading a file: 16, 64, 128 KiB...) and asks for
+ * what it needs next.  And a window ends where kept pieces begin: it
+ * would fetch them again.
+ */
+static int
+readahead_miss (struct readahead *ra, uint8_t *buf, uint64_t count,
+                uint64_t offset, bool grew)
+  TSA_REQUIRES (ra->lock)
+{
+  uint64_t end = offset + count, extra, len;
+  uint8_t *wbuf;
+  int i, r;
+
+  readahead_run (ra, count, offset);
+  extra = grew ? 0 : MIN (readahead_extra (ra, count),
+                          kept_next (&ra->kept, end) - end);
+  /* A window to fill: not the one filling, nor a request as large. */
+  i = ra->w[0].state == WINDOW_FILLING ? 1
+      : ra->w[1].state == WINDOW_FILLING ? 0
+      : ra->w[0].start > ra->w[1].start;
+  len = MIN (end + extra, ra->layer->size) - offset;
+  wbuf = len > count && count < READAHEAD_WINDOW &&
+         ra->w[i].state != WINDOW_FILLING ? malloc (len) : NULL;
+  if (wbuf)
+    return readahead_fill (ra, i, wbuf, len, buf, count, offset);
+  r = readahead_direct (ra, buf, count, offset);
+  if (r == 0)
+    readahead_keep_copy (ra, buf, offset, count);
+  return r;
+}
+
+/* [offset, offset+count) of the layer: from a window or a kept piece,
+ * or fetched (with a window more, or as asked).
+ */
+int
+readahead_read (struct readahead *ra, uint8_t *buf, uint64_t count,
+                uint64_t offset)
+  TSA_EXCLUDES (ra->lock)
+{
+  bool grew;
+  int r = 0;
+
+  lock_acquire (&ra->lock);
+  grew = count > ra->last_count;
+  ra->last_count = count;
+  readahead_wait_filling (ra, offset);
+  if (!readahead_from_windows (ra, &buf, &count, &offset)) {
+    ra->asked += count;
+    if (!readahead_from_kept (ra, buf, count, offset, &r))
+      r = ra->busy > 0 || ra->deep > 0
+        ? readahead_deep_read (ra, buf, count, offset)
+        : readahead_miss (ra, buf, count, offset, grew);
+  }
   lock_release (&ra->lock);
   return r;
 }
