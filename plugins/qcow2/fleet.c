@@ -93,6 +93,11 @@ fleet_remove (struct fleet_export *e)
 {
   struct fleet_export **p = &fleet_exports;
 
+  /* Its image closed or never opened, no connection left but for a
+   * deleted export's (whose last one leaving frees it).
+   */
+  assert (!e->served.image && !e->served.job && !e->served.commit);
+  assert (e->users == 0 || e->state == EXPORT_OPENING);
   while (*p != e)
     p = &(*p)->next;
   *p = e->next;
@@ -123,6 +128,7 @@ void
 fleet_drop (struct fleet_export *e)
   TSA_REQUIRES (&fleet_lock)
 {
+  assert (e->state == EXPORT_CLOSING && !e->served.image);
   if (e->users == 0)
     fleet_remove (e);
   else {
@@ -137,6 +143,8 @@ void
 fleet_close_image (struct fleet_export *e)
   TSA_REQUIRES (&fleet_lock)
 {
+  /* Open, or being closed by its one closer (block-export-del). */
+  assert (e->state == EXPORT_OPEN || e->state == EXPORT_CLOSING);
   e->state = EXPORT_CLOSING;
   lock_release (&fleet_lock);
   glue_stream_job_free (e->served.job);

@@ -412,6 +412,19 @@ plugin_errno (int r)
   return -1;
 }
 
+/* A request of an export deleted by block-export-del: refused
+ * (ESHUTDOWN), and its connection dropped where nbdkit lets a plugin
+ * do so (1.33.3 on: nbdkit_disconnect).
+ */
+static int
+plugin_deleted (void)
+{
+#if GLUE_NBDKIT_AT_LEAST (33, 3)
+  nbdkit_disconnect (1);
+#endif
+  return -1;
+}
+
 static int
 plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
               uint32_t flags)
@@ -420,7 +433,7 @@ plugin_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
   int r;
 
   if (!gate_enter (e))
-    return -1;
+    return plugin_deleted ();
   glue_stream_job_kick (__atomic_load_n (&e->job, __ATOMIC_ACQUIRE));
   r = qcow2_read (e->image, buf, count, offset);
   gate_leave (e);
@@ -445,7 +458,7 @@ plugin_cache (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   }
   if (!gate_enter (e)) {
     free (buf);
-    return -1;
+    return plugin_deleted ();
   }
   while (count > 0 && r == 0) {
     uint32_t n = count < chunk ? count : chunk;
@@ -467,7 +480,7 @@ plugin_pwrite (void *handle, const void *buf, uint32_t count,
   int r;
 
   if (!gate_enter (e))
-    return -1;
+    return plugin_deleted ();
   glue_stream_job_kick (__atomic_load_n (&e->job, __ATOMIC_ACQUIRE));
   r = qcow2_write (e->image, buf, count, offset, flags & NBDKIT_FLAG_FUA);
   gate_leave (e);
@@ -481,7 +494,7 @@ plugin_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   int r;
 
   if (!gate_enter (e))
-    return -1;
+    return plugin_deleted ();
   r = qcow2_zero (e->image, count, offset, flags & NBDKIT_FLAG_MAY_TRIM,
                   flags & NBDKIT_FLAG_FAST_ZERO, flags & NBDKIT_FLAG_FUA);
   gate_leave (e);
@@ -495,7 +508,7 @@ plugin_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
   int r;
 
   if (!gate_enter (e))
-    return -1;
+    return plugin_deleted ();
   r = qcow2_trim (e->image, count, offset, flags & NBDKIT_FLAG_FUA);
   gate_leave (e);
   return r < 0 ? plugin_errno (r) : 0;
@@ -508,7 +521,7 @@ plugin_flush (void *handle, uint32_t flags)
   int r;
 
   if (!gate_enter (e))
-    return -1;
+    return plugin_deleted ();
   r = qcow2_flush (e->image);
   glue_flushed (e->image);
   gate_leave (e);
@@ -530,7 +543,7 @@ plugin_extents (void *handle, uint32_t count, uint64_t offset,
   int r;
 
   if (!gate_enter (e))
-    return -1;
+    return plugin_deleted ();
   r = qcow2_extents (e->image, offset, count, flags & NBDKIT_FLAG_REQ_ONE,
                      plugin_add_extent, extents);
   gate_leave (e);
