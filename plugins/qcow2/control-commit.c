@@ -332,17 +332,19 @@ commit_complete (struct control_call *call, struct json_object *args,
   gate_shut (served, GATE_HELD);
   r = base ? commit_switch (served, &f, base) : -ENOMEM;
   gate_open (served);
+  if (r == 0)
+    glue_noticef (f.folder, "block-commit: %s is the merged image now",
+                  f.name);
   commit_told (served, id, "BLOCK_JOB_COMPLETED", &p,
                r < 0 ? errstr (-r) : NULL);
   free (base);
   free (id);
+  /* The last hold: the export may be freed (f's strings with it). */
   exports_unhold (served);
   if (r < 0)
     return control_fail (call, CONTROL_GENERIC_ERROR, "the commit did not "
                          "complete (%s): the chain is as it was",
                          errstr (-r));
-  glue_noticef (f.folder, "block-commit: %s is the merged image now",
-                f.name);
   return 0;
 }
 
