@@ -154,7 +154,10 @@ try:
     raise AssertionError("a deleted export still served")
 except nbd.Error:
     pass
-h.shutdown()
+try:
+    h.shutdown()
+except nbd.Error:
+    pass                        # dropped (nbdkit 1.34 on): gone already
 h = fleetclient.connect(sock, "vm3")
 assert h.pread(512, 3 << 20) == b"\x43" * 512
 h.shutdown()

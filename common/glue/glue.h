@@ -319,14 +319,12 @@ extern void glue_plugin_name (char name[GLUE_PLUGIN_NAME_MAX]);
  * or NULL on error (errno).
  */
 extern char *glue_filters_below (const char *self);
-#if !GLUE_NBDKIT_AT_LEAST (43, 9)
 /* Returns open (opaque), with nbdkit's "no connection in this thread"
- * error (logged by nbdkit before 1.43.9 when a plugin asks for the
- * client's export name in a context that has no client) left out of
+ * error (logged when a plugin asks for the client's export name in a
+ * context that has no client; "no context" from 1.43.9) left out of
  * nbdkit's stderr.
  */
 extern void *glue_quiet_open (void *(*open) (void *opaque), void *opaque);
-#endif
 /* A module opening what it serves at after_fork (the filter), heard
  * as at get_ready: glue_start_watch at get_ready; glue_start_begin as
  * after_fork begins; glue_start_end as it ends, ready or not (the

@@ -495,9 +495,10 @@ below_open_1 (void *opaque)
   return nbdkit_next_context_open (c->backend, c->readonly, "", 1);
 }
 
-/* The context has no client: before nbdkit 1.43.9, nbdkit logs an
- * error when the plugin asks for the client's export name (the nbd and
- * sh plugins do, at open), which is left out.
+/* The context has no client: nbdkit logs an error when the plugin
+ * asks for the client's export name (the nbd and sh plugins do, at
+ * open; "no connection", or from 1.43.9 "no context, in this thread"),
+ * which is left out.
  */
 int
 below_open (nbdkit_backend *backend, bool readonly, int64_t *size)
@@ -507,11 +508,7 @@ below_open (nbdkit_backend *backend, bool readonly, int64_t *size)
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE_IF (&below_lock, below_serialized);
 
   assert (!below_next);         /* opened once */
-#if GLUE_NBDKIT_AT_LEAST (43, 9)
-  below_next = below_open_1 (&c);
-#else
   below_next = glue_quiet_open (below_open_1, &c);
-#endif
   if (!below_next || below_next->prepare (below_next) == -1)
     return -1;
   *size = below_next->get_size (below_next);
