@@ -45,14 +45,16 @@ h.shutdown()
 PY
 }
 
-# killed_at SYSCALLS COMMAND ARGS-JSON: a server whose first of the
-# SYSCALLS is met with SIGKILL, made to run the command; it must die.
+# killed_at SYSCALLS[@N] COMMAND ARGS-JSON: a server whose first (or
+# Nth, in a thread) of the SYSCALLS is met with SIGKILL, made to run
+# the command; it must die.
 killed_at ()
 {
-  local calls=$1 cmd=$2 args=$3 pid
+  local calls=${1%@*} when=1 cmd=$2 args=$3 pid
+  case $1 in *@*) when=${1#*@} ;; esac
   rm -f "$tmp/k.sock" "$tmp/k.qmp"
   strace -f -qq -o /dev/null -e trace="$calls" \
-    -e inject="$calls":signal=SIGKILL:when=1 \
+    -e inject="$calls":signal=SIGKILL:when="$when" \
     nbdkit -f -U "$tmp/k.sock" qcow2 dir="$d" idle-close=0 \
     control="$tmp/k.qmp" 2>> "$tmp/k.log" &
   pid=$!
@@ -94,15 +96,26 @@ PY
     yes) [ -e "$d/snap" ] || fail "a finished snapshot undone" ;;
     no) [ ! -e "$d/snap" ] || fail "an unfinished snapshot kept" ;;
   esac
+  # Kept or undone, vm1 stands on what it must.
+  if [ -e "$d/snap" ]; then want=snap; else want=base.qcow2; fi
+  qemu-img info --output=json "$d/vm1" |
+    grep -q "\"backing-filename\": \"$want\"" ||
+    fail "vm1 does not stand on $want"
 }
 
-# The snapshot: killed before the link, before the rename, after it.
-for point in linkat:no renameat,renameat2:no unlinkat:yes; do
+# The snapshot: killed before the link, before the rename, after it
+# (kept or undone as the step says), and at each of its five syncs
+# (the control thread's fsyncs are the snapshot's: the journal, the
+# folder then, after the link, after the rename, at the end; kept or
+# undone as where each falls, vm1 standing on what it must either way).
+for point in linkat:no renameat,renameat2:no unlinkat:yes fsync@1:any \
+             fsync@2:any fsync@3:any fsync@4:any fsync@5:any; do
   fresh
   killed_at "${point%:*}" export-snapshot '{"id": "vm1", "file": "snap"}'
   after "${point#*:}"
   grep -q "export-snapshot of vm1 into snap was interrupted" "$tmp/a.log" ||
-    [ "${point%:*}" = linkat ] || fail "$point: no notice of the recovery"
+    [ "${point%:*}" != renameat,renameat2 ] ||
+    fail "$point: no notice of the recovery"
 done
 qemu-img info --output=json "$d/vm1" | grep -q '"backing-filename": "snap"' ||
   fail "the snapshot kept is not vm1's base"
