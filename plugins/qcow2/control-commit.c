@@ -54,27 +54,16 @@ static struct json_object *
 commit_info (const char *id, const struct qcow2_commit_progress *p,
              bool events)
 {
-  struct json_object *o = json_object_new_object ();
   bool running;
   const char *status = commit_status (p, &running);
+  const struct job_info j = {
+    .type = "commit", .id = id, .len = p->len, .offset = p->offset,
+    .speed = p->rate, .paused = p->paused, .ready = p->ready,
+    .status = status,
+    .busy = running && !p->paused && p->state != QCOW2_COMMIT_WAITING,
+  };
 
-  json_object_object_add (o, "type", json_object_new_string ("commit"));
-  json_object_object_add (o, "device", json_object_new_string (id));
-  json_object_object_add (o, "len", json_object_new_int64 (p->len));
-  json_object_object_add (o, "offset", json_object_new_int64 (p->offset));
-  json_object_object_add (o, "speed", json_object_new_int64 (p->rate));
-  if (events)
-    return o;
-  json_object_object_add (o, "busy", json_object_new_boolean
-                          (running && !p->paused &&
-                           p->state != QCOW2_COMMIT_WAITING));
-  json_object_object_add (o, "paused", json_object_new_boolean (p->paused));
-  json_object_object_add (o, "ready", json_object_new_boolean (p->ready));
-  json_object_object_add (o, "status", json_object_new_string (status));
-  json_object_object_add (o, "io-status", json_object_new_string ("ok"));
-  json_object_object_add (o, "auto-finalize", json_object_new_boolean (true));
-  json_object_object_add (o, "auto-dismiss", json_object_new_boolean (true));
-  return o;
+  return jobs_info_object (&j, events);
 }
 
 /* Why the job c's base (the file directly below the image) cannot be

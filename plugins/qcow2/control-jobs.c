@@ -45,32 +45,20 @@ jobs_status (const struct qcow2_stream_progress *p, bool *running)
   return "concluded";
 }
 
-/* What QEMU's BlockJobInfo and the job events say of a job. */
+/* What QEMU's BlockJobInfo and the job events say of a stream job. */
 static struct json_object *
 jobs_info (const char *id, const struct qcow2_stream_progress *p,
            bool events)
 {
-  struct json_object *o = json_object_new_object ();
   bool running;
   const char *status = jobs_status (p, &running);
+  const struct job_info j = {
+    .type = "stream", .id = id, .len = p->total, .offset = p->done,
+    .speed = p->rate, .paused = p->paused, .status = status,
+    .busy = running && !p->paused && p->state != QCOW2_STREAM_WAITING,
+  };
 
-  json_object_object_add (o, "type", json_object_new_string ("stream"));
-  json_object_object_add (o, "device", json_object_new_string (id));
-  json_object_object_add (o, "len", json_object_new_int64 (p->total));
-  json_object_object_add (o, "offset", json_object_new_int64 (p->done));
-  json_object_object_add (o, "speed", json_object_new_int64 (p->rate));
-  if (events)
-    return o;
-  json_object_object_add (o, "busy", json_object_new_boolean
-                          (running && !p->paused &&
-                           p->state != QCOW2_STREAM_WAITING));
-  json_object_object_add (o, "paused", json_object_new_boolean (p->paused));
-  json_object_object_add (o, "ready", json_object_new_boolean (false));
-  json_object_object_add (o, "status", json_object_new_string (status));
-  json_object_object_add (o, "io-status", json_object_new_string ("ok"));
-  json_object_object_add (o, "auto-finalize", json_object_new_boolean (true));
-  json_object_object_add (o, "auto-dismiss", json_object_new_boolean (true));
-  return o;
+  return jobs_info_object (&j, events);
 }
 
 static int

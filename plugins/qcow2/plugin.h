@@ -173,6 +173,17 @@ extern void control_commit_register (void);
 extern void control_snapshot_register (void);
 extern void control_fleet_register (void);
 
+/* control-jobinfo.c, for control-jobs.c and control-commit.c: a job
+ * as QEMU's BlockJobInfo says it (with events, as its events' data).
+ */
+struct job_info {
+  const char *type, *id, *status;
+  uint64_t len, offset, speed;
+  bool busy, paused, ready;
+};
+extern struct json_object *jobs_info_object (const struct job_info *j,
+                                             bool events);
+
 /* control-commit.c, for control-jobs.c: a commit job in the listing
  * of jobs (QEMU's BlockJobInfo), one tick's look at it (true if the
  * export has one; *ended the export whose job failed, to release), and
