@@ -35,61 +35,13 @@ export d tmp
 
 control_serve s qcow2 dir="$d" idle-close=0 template=base.qcow2
 /usr/bin/python3 - "$tmp/s.sock" "$tmp/s.qmp" <<'PY' || { cat "$tmp/s.log" >&2; fail "snapshot and commit"; }
-import os, random, subprocess, sys, threading, time
+import os, subprocess, sys, time
 import nbd, qmpclient
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
-import fleetclient
+import fleetclient, modelwriter
 sock, qmp = sys.argv[1], sys.argv[2]
 d, tmp = os.environ["d"], os.environ["tmp"]
 size = 16 << 20
-
-class Writer:
-    def __init__(self):
-        self.model = bytearray(open(tmp + "/vm1.model", "rb").read())
-        self.h = fleetclient.connect(sock, "vm1")
-        self.rand = random.Random(1)
-        self.go = threading.Event()
-        self.idle = threading.Event()
-        self.stop = False
-        self.errors = []
-        self.go.set()
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-    def run(self):
-        try:
-            while not self.stop:
-                if not self.go.is_set():
-                    self.idle.set()
-                    self.go.wait()
-                    continue
-                self.idle.clear()
-                off = self.rand.randrange(size - 70000)
-                n = self.rand.randrange(1, 70000)
-                if self.rand.random() < 0.6:
-                    data = bytes([self.rand.randrange(256)]) * n
-                    self.h.pwrite(data, off)
-                    self.model[off:off + n] = data
-                elif self.h.pread(n, off) != self.model[off:off + n]:
-                    self.errors.append("vm1 differs at %d" % off)
-                    return
-                time.sleep(0.005)       # a VM's pace, not a flood
-        except Exception as e:
-            self.errors.append("writer: %s" % e)
-        self.idle.set()
-    def pause(self):
-        """No write in flight: the model is the disk's (flushed)."""
-        self.go.clear()
-        self.idle.wait()
-        self.h.flush()
-        return bytes(self.model)
-    def resume(self):
-        self.go.set()
-    def finish(self):
-        self.stop = True
-        self.go.set()
-        self.t.join()
-        self.h.flush()
-        self.h.shutdown()
 
 def refused(name, args):
     try:
@@ -106,7 +58,8 @@ def raw(path):
 
 q = qmpclient.QMP(qmp)
 q.negotiate()
-w = Writer()
+w = modelwriter.Writer(fleetclient.connect(sock, "vm1"),
+                       open(tmp + "/vm1.model", "rb").read())
 for round in (1, 2):
     snap = "vm1-snap%d" % round
     time.sleep(1)
