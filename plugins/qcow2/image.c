@@ -624,7 +624,7 @@ int
 image_freeze_spot (const char *frozen, struct freeze_spot *f,
                    const char **why)
 {
-  const char *name = strrchr (frozen, '/'), *own;
+  const char *name, *own;
   struct stat st;
 
   *why = NULL;
@@ -641,6 +641,7 @@ image_freeze_spot (const char *frozen, struct freeze_spot *f,
   if (!frozen)
     return 0;
   /* Beside the image: its backing name, if relative, reads the same. */
+  name = strrchr (frozen, '/');
   if (name && (name - frozen != own - 1 - image.filename ||
                strncmp (frozen, image.filename, name - frozen) != 0)) {
     *why = "it must be in the image's folder (a name, or a path there)";
