@@ -742,9 +742,12 @@ introspect_start_relay (char *buf, size_t size, size_t *len, bool *open)
 
 /* The first process, at exit: once the server has said 'b', waits for
  * its 'o', else exits 1.  A process that forked no server (nbdkit -f,
- * or an exit before the fork) finds the pipe's end at once.
+ * or an exit before the fork) finds the pipe's end at once.  A
+ * destructor, not atexit: it goes with this module's code, which
+ * nbdkit unloads before it exits (ThreadSanitizer's atexit keeps no
+ * link to the module and called into unmapped code).
  */
-static void
+static void __attribute__ ((destructor))
 introspect_start_wait (void)
 {
   bool begun = false, ready = false, said = false, open = true;
@@ -800,8 +803,7 @@ glue_start_watch (void)
   if (glue_captive () || start_status[0] >= 0)
     return;
   if (pipe2 (start_status, O_CLOEXEC) == -1 ||
-      pipe2 (start_log, O_CLOEXEC) == -1 ||
-      atexit (introspect_start_wait) != 0) {
+      pipe2 (start_log, O_CLOEXEC) == -1) {
     nbdkit_debug ("a start in the background will not be heard: %m");
     introspect_start_close ();
   }
