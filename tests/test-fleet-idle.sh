@@ -135,4 +135,33 @@ nbdkit -U - qcow2 dir="$e" password=pw idle-close=0 --run '
   done
 ' || fail "an encrypted image, opened twice"
 QEMU_SECRET=pw qio "$e/disk" "read -P 0x45 0 512"
+
+# The server stopped while clients are still connected (nbdkit quits
+# without closing their connections): every image closed all the same,
+# with what they flushed, and nbdkit exits 0.
+qemu-img create -q -f qcow2 "$d/vm3" 1M
+r=0
+nbdkit -U - qcow2 dir="$d" --run '
+  set -e
+  for v in vm1 vm3; do
+    nbdsh -u "nbd+unix:///$v?socket=$unixsocket" \
+      -c "h.pwrite(b\"Q\" * 512, 512); h.flush()" \
+      -c "open(\"$tmp/$v.ready\", \"w\").close()" \
+      -c "import time; time.sleep(60)" &
+    echo $! >> "$tmp/holders"
+  done
+  for i in $(seq 100); do
+    [ -e "$tmp/vm1.ready" ] && [ -e "$tmp/vm3.ready" ] && exit 0
+    sleep 0.1
+  done
+  exit 1
+' 2> "$tmp/err" || r=$?
+kill $(cat "$tmp/holders") 2>/dev/null || :
+# (The server's own end is not --run's exit status: its messages are.)
+[ $r -eq 0 ] && [ ! -s "$tmp/err" ] ||
+  { cat "$tmp/err"; fail "stopped with clients connected: exit $r"; }
+for v in vm1 vm3; do
+  qemu-img check -q "$d/$v" || fail "qemu-img check $v after the stop"
+  qio "$d/$v" "read -P 0x51 512 512"
+done
 echo "$0: ok"

@@ -156,13 +156,24 @@ fleet_close_image (struct fleet_export *e)
   lock_acquire (&fleet_lock);
 }
 
+/* At unload.  nbdkit, quitting, does not close the connections still
+ * open (their threads have ended, no .close called): their users are
+ * gone.
+ */
 static void
 fleet_close_all (void)
   TSA_EXCLUDES (&fleet_lock)
 {
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
-  while (fleet_exports)
-    fleet_close (fleet_exports);
+  while (fleet_exports) {
+    struct fleet_export *e = fleet_exports;
+
+    e->users = 0;
+    if (e->state == EXPORT_DELETED)
+      fleet_remove (e);
+    else
+      fleet_close (e);
+  }
 }
 
 /* dir='s keys: dir= resolved (what is in it is what it holds once
