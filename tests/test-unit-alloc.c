@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Allocation and refcounts through the engine's public interface:
  * qcow2_check and its repair, an image without a first refcount block,
- * freed clusters reused under churn, and the I/O pool's pieces failing
- * as their request.
+ * freed clusters reused under churn, the I/O pool's pieces failing
+ * as their request, and a write-back ahead of a flush.
  */
 #include "crashio.h"
 #include "unit-engine.h"
@@ -344,6 +344,62 @@ test_pool_errors (void)
   free (got);
 }
 
+/* Flushes of the file fail while *failing. */
+static int
+flush_fault_hook (void *opaque, enum crashio_op op, uint64_t offset,
+                  uint64_t count)
+{
+  const bool *failing = opaque;
+
+  (void) offset, (void) count;
+  return op == CRASHIO_FLUSH && *failing ? EIO : 0;
+}
+
+/* qcow2_writeback makes the data written durable in the file (not yet
+ * in the image's accounting: the flush after it still syncs), and a
+ * write-back that failed is a failed flush: no flush succeeds after
+ * it, as the kernel reports a lost write-back only once.
+ */
+static void
+test_writeback (void)
+{
+  const uint64_t cs = 4096;
+  struct memenv *me = memenv_new ();
+  struct crashio *c = crashio_new (NULL, 0);
+  struct qcow2_io *io = crashio_io (c);
+  struct qcow2_create_options co = { .size = 1 << 20, .cluster_size = cs };
+  struct qcow2_image *img;
+  uint8_t buf[4096];
+  bool failing = false;
+  size_t len;
+
+  if (!me) {
+    perror ("test_writeback");
+    exit (EXIT_FAILURE);
+  }
+  crashio_set_hook (c, flush_fault_hook, &failing);
+  CHECK_EQ (qcow2_create (memenv_env (me), io, &co), 0);
+  img = qcow2_open (memenv_env (me), io, "wb.qcow2", &no_opts);
+  if (!CHECK (img != NULL))
+    goto out;
+  memset (buf, 0x5a, sizeof buf);
+  CHECK_EQ (qcow2_write (img, buf, sizeof buf, 0, false), 0);
+  CHECK_EQ (qcow2_writeback (img), 0);
+  CHECK_EQ (crashio_nr_entries (c), 0);
+  CHECK (memmem (crashio_durable (c, &len), len, buf, sizeof buf) != NULL);
+  CHECK_EQ (qcow2_flush (img), 0);
+
+  CHECK_EQ (qcow2_write (img, buf, sizeof buf, cs, false), 0);
+  failing = true;
+  CHECK_EQ ((uint64_t) -qcow2_writeback (img), EIO);
+  failing = false;
+  CHECK_EQ ((uint64_t) -qcow2_flush (img), EIO);
+  qcow2_close (img);
+ out:
+  crashio_free (c);
+  memenv_free (me);
+}
+
 int
 main (void)
 {
@@ -352,5 +408,6 @@ main (void)
   test_header_refcount_0 ();
   test_churn_reuse ();
   test_pool_errors ();
+  test_writeback ();
   return unit_finish ();
 }

@@ -295,3 +295,28 @@ io_flush (struct qcow2_image *img)
   assert (img->host.durable_end <= img->host.written_end);
   return 0;
 }
+
+int
+qcow2_writeback (struct qcow2_image *img)
+  TSA_EXCLUDES (img->lock)
+{
+  int r = 0;
+
+  /* The storage of an open image does not change (only a base's, which
+   * its top's data_lock guards); its flush may run beside writes.
+   */
+  if (img->data_io != img->io)
+    r = img->data_io->ops->flush (img->data_io);
+  if (r == 0)
+    r = img->io->ops->flush (img->io);
+  if (r == 0)
+    return 0;
+  /* The kernel reports a failed write-back once: no later flush may
+   * succeed as if the data were safe.
+   */
+  image_lock (img);
+  log_error (img, "flushing: %s", errstr (-r));
+  io_flush_failed (img);
+  image_unlock (img);
+  return io_errno (r);
+}

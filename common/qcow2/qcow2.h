@@ -287,6 +287,12 @@ extern int qcow2_zero (struct qcow2_image *img, uint64_t count,
 extern int qcow2_trim (struct qcow2_image *img, uint64_t count,
                        uint64_t offset, bool fua);
 extern int qcow2_flush (struct qcow2_image *img);
+/* What was written sent to the disk with the image's lock not held, so
+ * that a flush soon after syncs little and holds requests up less
+ * long.  Makes nothing durable in the image's own accounting (a flush
+ * must follow); a failure is a flush's.
+ */
+extern int qcow2_writeback (struct qcow2_image *img);
 
 /* Copy what the backing file holds of [offset, offset+count) into the
  * image (QEMU's copy-on-read; an NBD cache request): every cluster the

@@ -184,13 +184,14 @@ freeze_export (const struct freeze_spot *f, uint64_t *paused_ns,
       *why = NULL;
     return -1;
   }
-  /* Clients go on while the overlay is made and what they wrote is
-   * flushed once: the flush under the gate then syncs only what was
-   * written meanwhile, and the pause they see is short.
+  /* Clients go on while the overlay is made and what they wrote goes
+   * to the disk (without the image's lock, which a flush holds): the
+   * flush under the gate then syncs only what was written meanwhile,
+   * and the pause they see is short.
    */
   r = freeze_overlay (f, temp, &i);
   if (r == 0)
-    r = qcow2_flush (served->image);
+    r = qcow2_writeback (served->image);
   t0 = monotonic_ns ();
   if (r == 0) {
     gate_shut (served, GATE_HELD);
