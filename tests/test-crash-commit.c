@@ -293,8 +293,9 @@ crash_hook (void *opaque, enum crashio_op op, uint64_t offset,
 }
 
 /* One random request of the guest within the disk, kept in the model
- * once done; writes flushed (fua) when fua, so that the top's flushed
- * state holds every one.
+ * (a write's as it starts, see there; the others' once done); writes
+ * flushed (fua) when fua, so that the top's flushed state holds every
+ * one.
  */
 static int
 guest_op (struct run *run, struct qcow2_image *img, uint64_t cs, bool fua)
@@ -309,8 +310,12 @@ guest_op (struct run *run, struct qcow2_image *img, uint64_t cs, bool fua)
   if (kind < 5) {
     for (uint64_t i = 0; i < len; i++)
       buf[i] = rnd (&run->rng) >> 24;
-    if ((r = qcow2_write (img, buf, len, off, fua)) == 0)
-      memcpy (run->model + off, buf, len);
+    /* The model first: during a commit the write, once in the top
+     * (flushed when fua), is copied into the base, and a crash there
+     * must find it.  A write that fails ends the run.
+     */
+    memcpy (run->model + off, buf, len);
+    r = qcow2_write (img, buf, len, off, fua);
   }
   else if (kind < 7 || end <= first) {
     if ((r = qcow2_zero (img, len, off, kind == 6, false, fua)) == 0)

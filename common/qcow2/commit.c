@@ -23,12 +23,21 @@
  * place it found: so the base does not punch what it frees, and after
  * each flush of the base the job waits for every request on the image
  * to end (taking its data_lock exclusively, for an instant) before it
- * writes again, and with it before a freed cluster can be reused.
+ * or a writer copies again, and with it before a freed cluster can be
+ * reused.
+ *
+ * A client's write, once done, copies what it marked itself (as
+ * QEMU's write-blocking mirror does): writers random over the disk
+ * would otherwise mark clusters faster than the job copies them, and
+ * it would never be in sync.  The job and the writers copy one at a
+ * time (copy_lock), each clearing marks before it reads, so that no
+ * older copy lands after a newer one.
  *
  * One step (at most COMMIT_STEP bytes) at a time; before each the job
- * waits, for a bounded time, while clients have requests in flight,
- * and keeps to the rate asked.  A step failing for want of space ends
- * the job; other failures are retried, waiting longer each time.
+ * waits while clients have requests in flight, at most as long as its
+ * last step took, and keeps to the rate asked.  A step failing for
+ * want of space ends the job; other failures are retried, waiting
+ * longer each time.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -44,10 +53,9 @@
 #include "monotonic.h"
 
 #define COMMIT_STEP (1u << 20)
-/* While clients have requests in flight, the job waits this long at
- * most before a step.
+/* While clients have requests in flight, the job looks this often
+ * whether they are done.
  */
-#define COMMIT_YIELD_NS (100 * 1000000LL)
 #define COMMIT_YIELD_POLL_NS (500 * 1000LL)
 /* In sync, how often the job looks for what clients wrote. */
 #define COMMIT_IDLE_NS (10 * 1000000LL)
@@ -66,7 +74,12 @@ struct qcow2_commit {
   struct commit_map map;
   const unsigned *busy;
   bool debug;
+  /* Held by whoever copies (the job, a client's write): a step's
+   * marks taken and copied, through buf.
+   */
+  struct lock copy_lock;
   uint8_t *buf;                 /* a step's data */
+  unsigned helpers;             /* atomic: writers about to copy */
   pthread_t thread;
   bool started;                 /* the thread runs (till joined) */
   /* The base open for writing by the job (undone by qcow2_commit_free),
@@ -128,48 +141,6 @@ commit_sleep (struct qcow2_commit *c, int64_t ns)
   return stop;
 }
 
-/* The first marked cluster at or after from, and the marked ones
- * following it, at most max in all: [*first, *first + *n), cleared.
- * false if none is marked from there on.
- */
-static bool
-commit_map_take (struct commit_map *m, uint64_t from, uint64_t max,
-                 uint64_t *first, uint64_t *n)
-{
-  uint64_t c = from;
-
-  while (c < m->clusters) {
-    uint64_t w = __atomic_load_n (&m->words[c / 64], __ATOMIC_RELAXED)
-                 >> (c % 64);
-
-    if (w) {
-      c += __builtin_ctzll (w);
-      break;
-    }
-    c = (c / 64 + 1) * 64;
-  }
-  if (c >= m->clusters)
-    return false;
-  *first = c;
-  for (*n = 0; c < m->clusters && *n < max &&
-               (__atomic_load_n (&m->words[c / 64], __ATOMIC_RELAXED)
-                >> (c % 64) & 1); c++)
-    ++*n;
-  commit_map_change (m, *first, *first + *n, false);
-  return true;
-}
-
-static uint64_t
-commit_map_count (struct commit_map *m)
-{
-  uint64_t n = 0;
-
-  for (uint64_t w = 0; w < (m->clusters + 63) / 64; w++)
-    n += __builtin_popcountll (__atomic_load_n (&m->words[w],
-                                                __ATOMIC_RELAXED));
-  return n;
-}
-
 /* Mark every cluster the image allocates (data, zeros or compressed):
  * the first pass's work.
  */
@@ -224,7 +195,7 @@ commit_copy_data (struct qcow2_commit *c, uint64_t off, uint64_t len)
 static int
 commit_copy (struct qcow2_commit *c, uint64_t first, uint64_t n,
              uint64_t *copied)
-  TSA_EXCLUDES (c->img->lock, c->img->data_lock)
+  TSA_REQUIRES (c->copy_lock) TSA_EXCLUDES (c->img->lock, c->img->data_lock)
 {
   struct qcow2_image *img = c->img;
   uint64_t off = first << c->map.bits;
@@ -265,14 +236,17 @@ commit_step (struct qcow2_commit *c, uint64_t *copied, bool *found)
   int r;
 
   *copied = 0;
-  *found = commit_map_take (&c->map, c->pos, max, &first, &n) ||
-    (c->pos > 0 && commit_map_take (&c->map, 0, max, &first, &n));
+  lock_acquire (&c->copy_lock);
+  *found = commit_map_take (&c->map, c->pos, UINT64_MAX, max, &first, &n) ||
+    (c->pos > 0 &&
+     commit_map_take (&c->map, 0, UINT64_MAX, max, &first, &n));
+  r = *found ? commit_copy (c, first, n, copied) : 0;
+  lock_release (&c->copy_lock);
   if (!*found) {
     c->pos = 0;
     return 0;
   }
   c->pos = first + n;
-  r = commit_copy (c, first, n, copied);
   if (r < 0)
     c->pos = first;             /* retried from there */
   else {
@@ -284,30 +258,75 @@ commit_step (struct qcow2_commit *c, uint64_t *copied, bool *found)
   return r;
 }
 
+void
+commit_help (struct qcow2_image *img, uint64_t offset, uint64_t count)
+{
+  struct commit_map *m = __atomic_load_n (&img->commit_map,
+                                          __ATOMIC_ACQUIRE);
+  struct qcow2_commit *c;
+  uint64_t at, end, n, copied;
+
+  if (!m || count == 0)
+    return;
+  /* Taken up under data_lock: the job waits for its writers before it
+   * goes (commit_unprepare).
+   */
+  image_data_rdlock (img);
+  m = img->commit_map;
+  c = m ? m->job : NULL;
+  if (c)
+    __atomic_add_fetch (&c->helpers, 1, __ATOMIC_ACQ_REL);
+  image_data_unlock (img);
+  if (!c)
+    return;
+  at = offset >> m->bits;
+  end = ((offset + count - 1) >> m->bits) + 1;
+  /* What the job copied meanwhile is no longer marked.  A failure
+   * leaves the marks, for the job: the write itself stands.
+   */
+  lock_acquire (&c->copy_lock);
+  while (commit_map_take (m, at, end, MAX (COMMIT_STEP >> m->bits, 1),
+                          &at, &n) &&
+         commit_copy (c, at, n, &copied) == 0) {
+    __atomic_add_fetch (&c->done, copied, __ATOMIC_RELAXED);
+    at += n;
+  }
+  lock_release (&c->copy_lock);
+  lock_acquire (&c->lock);
+  if (__atomic_sub_fetch (&c->helpers, 1, __ATOMIC_ACQ_REL) == 0)
+    pthread_cond_broadcast (&c->cond);
+  lock_release (&c->lock);
+}
+
 /* Make what was copied durable.  The flush releases the clusters the
  * base freed: no request still reading one of them as it found it
  * before (see the top of the file) may outlive it.
  */
 static int
 commit_flush_base (struct qcow2_commit *c)
-  TSA_EXCLUDES (c->img->data_lock)
+  TSA_EXCLUDES (c->copy_lock, c->img->data_lock)
 {
-  int r = qcow2_flush (c->base);
+  int r;
 
+  /* No writer copies in between either (copy_lock). */
+  lock_acquire (&c->copy_lock);
+  r = qcow2_flush (c->base);
   image_data_wrlock (c->img);
   image_data_unlock (c->img);
+  lock_release (&c->copy_lock);
   return r;
 }
 
-/* Before a step (after one of copied bytes): clients first (a bounded
- * wait), a pause, then the rate (a pause or a new rate during its wait
+/* Before a step (after one of copied bytes that took step_ns): clients
+ * first (a wait as long as the step at most: the job keeps half the
+ * time), a pause, then the rate (a pause or a new rate during its wait
  * is heeded at once).  Returns whether the job is to stop.
  */
 static bool
-commit_pace (struct qcow2_commit *c, uint64_t copied)
+commit_pace (struct qcow2_commit *c, uint64_t copied, int64_t step_ns)
   TSA_EXCLUDES (c->lock)
 {
-  int64_t until = (int64_t) monotonic_ns () + COMMIT_YIELD_NS, now, due;
+  int64_t until = (int64_t) monotonic_ns () + step_ns, now, due;
   uint64_t rate;
   bool stop;
 
@@ -418,7 +437,7 @@ commit_note_ready (struct qcow2_commit *c)
 static int
 commit_sync (struct qcow2_commit *c)
 {
-  int64_t flushed = (int64_t) monotonic_ns ();
+  int64_t flushed = (int64_t) monotonic_ns (), step_ns = 0, t;
   uint64_t copied = 0;
   unsigned failures = 0;
   bool unflushed = false, found;
@@ -426,9 +445,12 @@ commit_sync (struct qcow2_commit *c)
   int r;
 
   for (;;) {
-    if (commit_pace (c, copied))
+    if (commit_pace (c, copied, step_ns))
       return -ECANCELED;
-    if ((r = commit_step (c, &copied, &found)) < 0) {
+    t = (int64_t) monotonic_ns ();
+    r = commit_step (c, &copied, &found);
+    step_ns = (int64_t) monotonic_ns () - t;
+    if (r < 0) {
       snprintf (what, sizeof what, "copying at offset %" PRIu64,
                 c->pos << c->map.bits);
       if ((r = commit_retry (c, what, r, &failures)) < 0)
@@ -539,10 +561,19 @@ commit_unprepare (struct qcow2_commit *c)
 
   if (!c->base_writable)
     return;
-  /* Flushed first, so that clients are not held off meanwhile. */
-  image_close_writes (c->base);
   image_data_wrlock (img);
   __atomic_store_n (&img->commit_map, NULL, __ATOMIC_RELEASE);
+  image_data_unlock (img);
+  /* No writer takes the job up now; those that did are done before the
+   * base is flushed (so that clients are not held off meanwhile) and
+   * made read-only again.
+   */
+  lock_acquire (&c->lock);
+  while (__atomic_load_n (&c->helpers, __ATOMIC_ACQUIRE))
+    lock_wait (&c->lock, &c->cond);
+  lock_release (&c->lock);
+  image_close_writes (c->base);
+  image_data_wrlock (img);
   image_reopen_below (img, false);
   image_data_unlock (img);
   layers_write_end (c->base, c->base_shared);
@@ -644,11 +675,13 @@ qcow2_commit_new (struct qcow2_image *img,
   c->base = img->backing;
   c->map.clusters = clusters;
   c->map.bits = img->geo.cluster_bits;
+  c->map.job = c;
   c->busy = opts->busy;
   c->debug = opts->debug;
   c->rate = opts->rate;
   c->state = QCOW2_COMMIT_CREATED;
   lock_init (&c->lock);
+  lock_init (&c->copy_lock);
   lock_cond_init (&c->cond);
   return c;
 
@@ -833,6 +866,7 @@ qcow2_commit_free (struct qcow2_commit *c)
   img->commit = NULL;
   image_unlock (img);
   lock_destroy (&c->lock);
+  lock_destroy (&c->copy_lock);
   pthread_cond_destroy (&c->cond);
   free (c->map.words);
   free (c->buf);

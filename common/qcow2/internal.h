@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The qcow2 engine: state and functions shared between its modules.
  * Not part of the engine's interface.  README lists the files from the
- * bottom up; each calls only files above it, but in three circles,
+ * bottom up; each calls only files above it, but in four circles,
  * each inherent in what the files do:
  *
  *  - image.c <-> backing.c: a backing file is an image, opened as one;
  *  - cache.c <-> flush.c: evicting a dirty L2 slice first makes what it
  *    points at durable, and a flush writes the caches back;
  *  - alloc.c <-> refcount.c: allocating updates refcounts, and a new
- *    refcount block (or table) is itself allocated.
+ *    refcount block (or table) is itself allocated;
+ *  - write.c <-> commit.c: a client's write during a commit copies
+ *    what it changed into the base, through the base's own writes.
  *
  * The functions each file gives the others are declared in modules.h
  * (included at the end), grouped under the file that defines them.

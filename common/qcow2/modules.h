@@ -744,6 +744,7 @@ struct commit_map {
   uint64_t *words;
   uint64_t clusters;
   unsigned bits;
+  struct qcow2_commit *job;     /* whose map it is */
 };
 
 /* Mark clusters [first, end) of the map (set), or clear them. */
@@ -763,6 +764,17 @@ commit_map_change (struct commit_map *m, uint64_t first, uint64_t end,
   }
 }
 
+/* commit-map.c */
+/* The first marked cluster in [from, end), and the marked ones
+ * following it there, at most max in all: [*first, *first + *n),
+ * cleared.  false if none is marked there.
+ */
+extern bool commit_map_take (struct commit_map *m, uint64_t from,
+                             uint64_t end, uint64_t max, uint64_t *first,
+                             uint64_t *n);
+/* How many clusters are marked. */
+extern uint64_t commit_map_count (struct commit_map *m);
+
 /* Guest [offset, offset+len) of img changed: marked for the commit job,
  * if one runs (a load and nothing more when none does).  Called once
  * the change is done, holding img's data_lock shared, which the job
@@ -778,6 +790,14 @@ commit_note_change (struct qcow2_image *img, uint64_t offset, uint64_t len)
     commit_map_change (m, offset >> m->bits,
                        ((offset + len - 1) >> m->bits) + 1, true);
 }
+
+/* A client's write of [offset, offset+count) of img ended (its locks
+ * released): while a commit job runs, what it marked is copied into
+ * the base at once (commit.c).
+ */
+extern void commit_help (struct qcow2_image *img, uint64_t offset,
+                         uint64_t count)
+  TSA_EXCLUDES (img->lock, img->data_lock);
 
 /* extents.c */
 extern int layer_extents (struct qcow2_image *img, uint64_t offset,

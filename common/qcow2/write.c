@@ -269,9 +269,11 @@ qcow2_write (struct qcow2_image *img, const void *buf, uint64_t count,
   };
   int r;
 
-  if ((r = write_check (img, count, offset)) < 0)
+  if ((r = write_check (img, count, offset)) < 0 ||
+      (r = write_request (img, &req)) < 0)
     return r;
-  return write_request (img, &req);
+  commit_help (img, offset, count);
+  return 0;
 }
 
 /* Give [*start, *end) of io space of its own (falloc), and empty it. */
