@@ -370,6 +370,7 @@ test_writeback (void)
   struct qcow2_create_options co = { .size = 1 << 20, .cluster_size = cs };
   struct qcow2_image *img;
   uint8_t buf[4096];
+  const uint8_t *durable;
   bool failing = false;
   size_t len;
 
@@ -386,7 +387,8 @@ test_writeback (void)
   CHECK_EQ (qcow2_write (img, buf, sizeof buf, 0, false), 0);
   CHECK_EQ (qcow2_writeback (img), 0);
   CHECK_EQ (crashio_nr_entries (c), 0);
-  CHECK (memmem (crashio_durable (c, &len), len, buf, sizeof buf) != NULL);
+  durable = crashio_durable (c, &len);
+  CHECK (memmem (durable, len, buf, sizeof buf) != NULL);
   CHECK_EQ (qcow2_flush (img), 0);
 
   CHECK_EQ (qcow2_write (img, buf, sizeof buf, cs, false), 0);
