@@ -275,7 +275,17 @@ fleet_config_complete (void)
   return 0;
 }
 
-/* The open images that no client uses. */
+/* Whether e holds locks it has no client for: an open image no client
+ * uses, or one being closed (its locks go once it is).
+ */
+static bool
+fleet_holds_idle (const struct fleet_export *e)
+  TSA_REQUIRES (&fleet_lock)
+{
+  return (e->state == EXPORT_OPEN && e->users == 0) ||
+    e->state == EXPORT_CLOSING;
+}
+
 static unsigned
 fleet_idle_count (void)
   TSA_EXCLUDES (&fleet_lock)
@@ -284,10 +294,11 @@ fleet_idle_count (void)
 
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
   for (struct fleet_export *e = fleet_exports; e; e = e->next)
-    n += e->state == EXPORT_OPEN && e->users == 0;
+    n += fleet_holds_idle (e);
   return n;
 }
 
+/* Every idle image closed, and those closing waited for. */
 static void
 fleet_close_idle (void)
   TSA_EXCLUDES (&fleet_lock)
@@ -297,9 +308,11 @@ fleet_close_idle (void)
   ACQUIRE_LOCK_FOR_CURRENT_SCOPE (&fleet_lock);
   do {
     for (e = fleet_exports; e; e = e->next)
-      if (e->state == EXPORT_OPEN && e->users == 0)
+      if (fleet_holds_idle (e))
         break;
-    if (e)
+    if (e && e->state == EXPORT_CLOSING)
+      lock_wait (&fleet_lock, &fleet_changed);
+    else if (e)
       fleet_close (e);
   } while (e);
 }
@@ -405,9 +418,10 @@ fleet_make_room (const char *shown)
 }
 
 /* The image of the new entry e opened: quietly first if idle images
- * may hold locks refusing it (a backing file of it, written; or it is
- * theirs, asked for writing), then with them closed, whose locks must
- * not refuse a client.  Returns 0, or -1 after logging an error.
+ * or those closing may hold locks refusing it (a backing file of it,
+ * written; or it is theirs, asked for writing), then with them closed,
+ * whose locks must not refuse a client.  Returns 0, or -1 after
+ * logging an error.
  */
 static int
 fleet_open_entry (struct fleet_export *e, const char *shown)
