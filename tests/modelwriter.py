@@ -6,10 +6,23 @@ disk, in a thread of its own, for the control socket's tests:
     frozen = w.pause()     # no write in flight, flushed: the disk's data
     w.resume()
     w.finish()             # then w.errors is empty, w.model the disk
+    modelwriter.image_data(path, scratch)   # a qcow2 image's data, read
+                                            # as a backup reads it (-U)
 """
 import random
+import subprocess
 import threading
 import time
+
+
+def image_data(path, scratch):
+    """The guest data of the qcow2 image at path, through scratch (a
+    raw file made there), read as a backup of a served image is:
+    qemu-img convert -U."""
+    subprocess.check_call(["qemu-img", "convert", "-U", "-f", "qcow2",
+                           "-O", "raw", path, scratch])
+    with open(scratch, "rb") as f:
+        return f.read()
 
 
 class Writer:

@@ -8,6 +8,7 @@
 #   q = qmpclient.QMP(path)          # connects, reads the greeting
 #   q.negotiate()                    # qmp_capabilities
 #   q.execute("query-version")       # the return, or raises QMPError
+#   q.refused("x", {...})            # the error's desc; fails if not refused
 #   q.command("x", {...}, id=7)      # the whole reply (error or return)
 #   q.event("BLOCK_JOB_COMPLETED", timeout=10)
 #   q.send_raw(b"...")               # bytes as they are; q.recv() a reply
@@ -106,6 +107,15 @@ class QMP:
         if "error" in reply:
             raise QMPError(reply)
         return reply["return"]
+
+    def refused(self, name, arguments=None):
+        """The desc of the error the command is refused with; an
+        AssertionError if it is not refused."""
+        try:
+            self.execute(name, arguments)
+        except QMPError as e:
+            return e.desc
+        raise AssertionError("%s %r was not refused" % (name, arguments))
 
     def negotiate(self):
         self.execute("qmp_capabilities")

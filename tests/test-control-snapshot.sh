@@ -43,18 +43,8 @@ sock, qmp = sys.argv[1], sys.argv[2]
 d, tmp = os.environ["d"], os.environ["tmp"]
 size = 16 << 20
 
-def refused(name, args):
-    try:
-        q.execute(name, args)
-    except qmpclient.QMPError as e:
-        return e.desc
-    raise AssertionError("%s %r was not refused" % (name, args))
-
 def raw(path):
-    out = tmp + "/raw"
-    subprocess.check_call(["qemu-img", "convert", "-U", "-f", "qcow2",
-                           "-O", "raw", path, out])
-    return open(out, "rb").read()
+    return modelwriter.image_data(path, tmp + "/raw")
 
 q = qmpclient.QMP(qmp)
 q.negotiate()
@@ -77,13 +67,13 @@ for round in (1, 2):
     info = subprocess.check_output(["qemu-img", "info", "-U", d + "/vm1"],
                                    text=True)
     assert "backing file: " + snap in info, info
-    assert "already" in refused("export-snapshot", {"id": "vm1",
-                                                    "file": snap})
-    assert "refused" in refused("export-snapshot", {"id": "vm1",
-                                                    "file": "../x"})
+    assert "already" in q.refused("export-snapshot", {"id": "vm1",
+                                                      "file": snap})
+    assert "refused" in q.refused("export-snapshot", {"id": "vm1",
+                                                      "file": "../x"})
     # The commit, while the writer goes on.
     q.execute("block-commit", {"device": "vm1", "speed": 32 << 20})
-    assert "busy" in refused("block-commit", {"device": "vm1"})
+    assert "busy" in q.refused("block-commit", {"device": "vm1"})
     jobs = q.execute("query-block-jobs")
     assert [j["type"] for j in jobs] == ["commit"], jobs
     e = q.event("BLOCK_JOB_READY", timeout=120)
@@ -101,7 +91,7 @@ w.finish()
 assert not w.errors, w.errors
 open(tmp + "/vm1.model", "wb").write(w.model)
 # Refused: the base every VM shares.
-assert "template" in refused("block-commit", {"device": "vm2"})
+assert "template" in q.refused("block-commit", {"device": "vm2"})
 PY
 stop_server s
 for f in "$d"/*; do
