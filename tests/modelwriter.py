@@ -26,10 +26,16 @@ def image_data(path, scratch):
 
 
 class Writer:
-    def __init__(self, h, model, seed=1):
+    def __init__(self, h, model, seed=1, span=None, writes=0.6, pace=0.005):
+        """span: the bytes from the start it writes and reads (default
+        all); writes: the share of requests that write; pace: seconds
+        between requests."""
         self.model = bytearray(model)
         self.h = h
         self.rand = random.Random(seed)
+        self.span = len(self.model) if span is None else span
+        self.writes = writes
+        self.pace = pace
         self.go = threading.Event()
         self.idle = threading.Event()
         self.stop = False
@@ -40,10 +46,9 @@ class Writer:
 
     def step(self):
         """One request: a write (kept in the model) or a read checked."""
-        size = len(self.model)
-        off = self.rand.randrange(size - 70000)
+        off = self.rand.randrange(self.span - 70000)
         n = self.rand.randrange(1, 70000)
-        if self.rand.random() < 0.6:
+        if self.rand.random() < self.writes:
             data = bytes([self.rand.randrange(256)]) * n
             self.h.pwrite(data, off)
             self.model[off:off + n] = data
@@ -62,7 +67,7 @@ class Writer:
                 self.idle.clear()
                 if not self.step():
                     break
-                time.sleep(0.005)       # a VM's pace, not a flood
+                time.sleep(self.pace)   # a VM's pace, not a flood
         except Exception as e:
             self.errors.append("writer: %s" % e)
         self.idle.set()

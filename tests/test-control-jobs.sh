@@ -36,48 +36,21 @@ export d tmp
 
 control_serve s qcow2 dir="$d" idle-close=0
 /usr/bin/python3 - "$tmp/s.sock" "$tmp/s.qmp" <<'PY' || { cat "$tmp/s.log" >&2; fail "jobs"; }
-import os, random, subprocess, sys, threading, time
+import os, subprocess, sys, time
 import nbd, qmpclient
 sys.path.insert(0, os.environ["abs_top_srcdir"] + "/tests")
-import fleetclient
+import fleetclient, modelwriter
 sock, qmp = sys.argv[1], sys.argv[2]
 d, tmp = os.environ["d"], os.environ["tmp"]
-size = 16 << 20
-errors = []
 
-class Writer:
+def writer(n):
     """A client writing and reading its disk against a model while the
-    jobs run, byte-granular (and throttled: a VM's pace, not a flood)."""
-    def __init__(self, n):
-        self.name = "vm%d" % n
-        self.model = bytearray(open("%s/%s.model" % (tmp, self.name), "rb").read())
-        self.h = fleetclient.connect(sock, self.name)
-        self.rand = random.Random(n)
-        self.stop = False
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-    def run(self):
-        try:
-            while not self.stop:
-                # The first 4 MiB: the stream has the rest to copy.
-                off = self.rand.randrange((4 << 20) - 70000)
-                n = self.rand.randrange(1, 70000)
-                if self.rand.random() < 0.5:
-                    data = bytes([self.rand.randrange(256)]) * n
-                    self.h.pwrite(data, off)
-                    self.model[off:off + n] = data
-                elif self.h.pread(n, off) != self.model[off:off + n]:
-                    errors.append("%s differs at %d" % (self.name, off))
-                    return
-                time.sleep(0.002)
-        except Exception as e:
-            errors.append("%s: %s" % (self.name, e))
-    def finish(self):
-        self.stop = True
-        self.t.join()
-        self.h.flush()
-        open("%s/%s.model" % (tmp, self.name), "wb").write(self.model)
-        self.h.shutdown()
+    jobs run, byte-granular (and throttled: a VM's pace, not a flood);
+    the first 4 MiB only: the stream has the rest to copy."""
+    name = "vm%d" % n
+    model = open("%s/%s.model" % (tmp, name), "rb").read()
+    return modelwriter.Writer(fleetclient.connect(sock, name), model,
+                              seed=n, span=4 << 20, writes=0.5, pace=0.002)
 
 def refused(cls, name, args=None):
     try:
@@ -89,7 +62,7 @@ def refused(cls, name, args=None):
 
 q = qmpclient.QMP(qmp)
 q.negotiate()
-w = [Writer(1), Writer(2)]
+w = [writer(1), writer(2)]
 ex = {e["id"]: e for e in q.execute("query-block-exports")}
 assert set(ex) == {"vm1", "vm2"}, ex
 assert ex["vm1"]["type"] == "nbd" and ex["vm1"]["clients"] == 1, ex
@@ -136,8 +109,10 @@ assert "unexpected" in refused("GenericError", "block-stream",
 assert "Invalid parameter type" in refused("GenericError", "block-stream",
                                            {"device": 7})
 assert "missing" in refused("GenericError", "block-export-del", {})
-for x in w:
+for i, x in enumerate(w, 1):
     x.finish()
+    open("%s/vm%d.model" % (tmp, i), "wb").write(x.model)
+errors = [e for x in w for e in x.errors]
 assert not errors, errors
 
 # block-export-del: safe refused with a client, hard closes the image.
