@@ -8,7 +8,8 @@
 #    reconnecting; the writers' pause is reported;
 #  - block-commit {device: vm1}: BLOCK_JOB_READY, block-job-complete:
 #    BLOCK_JOB_COMPLETED, the chain one layer shorter (vm1 over the base
-#    again, NAME gone), query-block-jobs shows the job as "commit";
+#    again, NAME gone, and not held open), query-block-jobs shows the
+#    job as "commit";
 #  - twice over, then every image passes qemu-img check and vm1 reads
 #    as its model; the golden base never changes;
 #  - refusals: a snapshot name that exists, or is refused as an export
@@ -45,6 +46,17 @@ size = 16 << 20
 
 def raw(path):
     return modelwriter.image_data(path, tmp + "/raw")
+
+def deleted_held():
+    """The deleted files the server holds open."""
+    pid = open(tmp + "/s.pid").read().strip()
+    held = []
+    for fd in os.listdir("/proc/%s/fd" % pid):
+        try:
+            held.append(os.readlink("/proc/%s/fd/%s" % (pid, fd)))
+        except FileNotFoundError:
+            pass
+    return [f for f in held if f.endswith(" (deleted)")]
 
 q = qmpclient.QMP(qmp)
 q.negotiate()
@@ -84,6 +96,9 @@ for round in (1, 2):
     assert "error" not in e["data"], e
     assert q.execute("query-block-jobs") == []
     assert not os.path.exists(d + "/" + snap), "%s still there" % snap
+    # The old top's file, held across the switch, is closed once the
+    # event is out.
+    assert not deleted_held(), deleted_held()
     info = subprocess.check_output(["qemu-img", "info", "-U", d + "/vm1"],
                                    text=True)
     assert "backing file: base.qcow2" in info, info

@@ -73,6 +73,7 @@ struct qcow2_commit {
   struct qcow2_image *img, *base;
   struct commit_map map;
   const unsigned *busy;
+  void (*changed) (void);
   bool debug;
   /* Held by whoever copies (the job, a client's write): a step's
    * marks taken and copied, through buf.
@@ -423,11 +424,13 @@ commit_note_ready (struct qcow2_commit *c)
     c->state = QCOW2_COMMIT_READY;
   c->ready = true;
   lock_release (&c->lock);
-  if (!was)
-    log_notice (c->img, "commit: ready: \"%s\" is in sync (%s copied); "
-                "complete the job to switch to it",
-                c->base->path,
-                human_size (h, __atomic_load_n (&c->done, __ATOMIC_RELAXED)));
+  if (was)
+    return;
+  log_notice (c->img, "commit: ready: \"%s\" is in sync (%s copied); "
+              "complete the job to switch to it", c->base->path,
+              human_size (h, __atomic_load_n (&c->done, __ATOMIC_RELAXED)));
+  if (c->changed)
+    c->changed ();
 }
 
 /* The job's loop: copy what is marked, flush now and then, and once
@@ -512,8 +515,11 @@ commit_thread (void *arg)
   }
   if (r == -ECANCELED)
     log_debug (c->img, "commit: stopped");
-  else
+  else {
     commit_set_state (c, QCOW2_COMMIT_FAILED, r);
+    if (c->changed)
+      c->changed ();
+  }
   return NULL;
 }
 
@@ -677,6 +683,7 @@ qcow2_commit_new (struct qcow2_image *img,
   c->map.bits = img->geo.cluster_bits;
   c->map.job = c;
   c->busy = opts->busy;
+  c->changed = opts->changed;
   c->debug = opts->debug;
   c->rate = opts->rate;
   c->state = QCOW2_COMMIT_CREATED;

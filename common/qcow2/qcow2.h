@@ -409,6 +409,10 @@ struct qcow2_commit_options {
    */
   const unsigned *busy;
   bool debug;                   /* a debug message per step */
+  /* Called (by the job's thread, no lock held) when it becomes ready or
+   * fails (so that the caller need not poll for it).  May be NULL.
+   */
+  void (*changed) (void);
 };
 enum qcow2_commit_state {
   QCOW2_COMMIT_CREATED,         /* checked, not started */

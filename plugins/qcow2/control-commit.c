@@ -16,6 +16,7 @@
  * be the base here.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -127,7 +128,7 @@ commit_make (struct control_call *call, struct plugin_export *served,
              struct freeze_spot *f)
 {
   struct qcow2_commit_options opts = {
-    .rate = speed, .busy = &served->inflight,
+    .rate = speed, .busy = &served->inflight, .changed = control_ask_tick,
   };
   struct qcow2_stream_progress sp;
   const char *why;
@@ -210,11 +211,14 @@ commit_start (struct control_call *call, struct json_object *args,
 
 /* The switch, with requests held off: the merged base renamed to the
  * export's file and opened in its place.  0, or -errno (the chain as
- * it was, opened again).
+ * it was, opened again).  *old_top (-1 if none) pins the old top's
+ * file across the rename: freeing it (its pages, its blocks: a tenth
+ * of a second for 512 MiB) is its close's, after clients are let in
+ * and the event is sent.
  */
 static int
 commit_switch (struct plugin_export *served, const struct freeze_spot *f,
-               const char *base)
+               const char *base, int *old_top)
 {
   const char *name = strrchr (base, '/') + 1;
   int r = qcow2_commit_complete (served->commit);
@@ -227,6 +231,7 @@ commit_switch (struct plugin_export *served, const struct freeze_spot *f,
     nbdkit_error ("%s: closing the committed image failed: the base holds "
                   "its data", f->name);
   served->image = NULL;
+  *old_top = openat (f->dirfd, f->name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   if (renameat (f->dirfd, name, f->dirfd, f->name) == -1 ||
       fsync (f->dirfd) == -1)
     r = -errno;
@@ -300,7 +305,7 @@ commit_complete (struct control_call *call, struct json_object *args,
   struct freeze_spot f;
   const char *device, *why;
   char *base, *id;
-  int r;
+  int r, old_top = -1;
 
   if (control_arg_string (call, args, "device", true, &device) == -1 ||
       control_args_only (call, args,
@@ -319,13 +324,15 @@ commit_complete (struct control_call *call, struct json_object *args,
   base = strdup (p.base);
   id = strdup (device);
   gate_shut (served, GATE_HELD);
-  r = base ? commit_switch (served, &f, base) : -ENOMEM;
+  r = base ? commit_switch (served, &f, base, &old_top) : -ENOMEM;
   gate_open (served);
   if (r == 0)
     glue_noticef (f.folder, "block-commit: %s is the merged image now",
                   f.name);
   commit_told (served, id, "BLOCK_JOB_COMPLETED", &p,
                r < 0 ? errstr (-r) : NULL);
+  if (old_top >= 0)
+    control_close_later (old_top);
   free (base);
   free (id);
   /* The last hold: the export may be freed (f's strings with it). */

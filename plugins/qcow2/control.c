@@ -71,6 +71,12 @@ static bool control_thread_started;
 static struct control_client *control_clients[CONTROL_CLIENTS_MAX];
 static size_t control_nclients;
 static int control_wake_read = -1;
+/* Files a command left to close once its events are sent
+ * (control_close_later).
+ */
+#define CONTROL_DEFERRED_MAX 8
+static int control_deferred[CONTROL_DEFERRED_MAX];
+static size_t control_ndeferred;
 
 /* An event's line, queued for the control thread. */
 struct control_queued {
@@ -91,6 +97,7 @@ static struct control_queued **control_queue_end
   TSA_GUARDED_BY (&control_lock) = &control_queue;
 static unsigned control_queued_len TSA_GUARDED_BY (&control_lock);
 static unsigned control_dropped TSA_GUARDED_BY (&control_lock);
+static bool control_tick_asked TSA_GUARDED_BY (&control_lock);
 
 bool
 control_on (void)
@@ -404,11 +411,12 @@ control_reap (void)
   control_nclients = kept;
 }
 
-/* Sends the events queued to every client past negotiation.  Returns
- * whether the thread must stop.
+/* Sends the events queued to every client past negotiation; *tick
+ * says whether a tick was asked for.  Returns whether the thread must
+ * stop.
  */
 static bool
-control_take_events (void)
+control_take_events (bool *tick)
 {
   char drain[256];
   struct control_queued *q, *next;
@@ -425,6 +433,8 @@ control_take_events (void)
   dropped = control_dropped;
   control_dropped = 0;
   stop = control_stopping;
+  *tick = control_tick_asked;
+  control_tick_asked = false;
   lock_release (&control_lock);
   for (; q; q = next) {
     next = q->next;
@@ -437,6 +447,34 @@ control_take_events (void)
     glue_noticef ("event", "%u events were not sent to the control clients "
                   "(over %d at once)", dropped, CONTROL_EVENTS_MAX);
   return stop;
+}
+
+void
+control_close_later (int fd)
+{
+  if (control_ndeferred == CONTROL_DEFERRED_MAX)
+    close (fd);
+  else
+    control_deferred[control_ndeferred++] = fd;
+}
+
+/* The files left to close, closed once no event waits to be sent
+ * (stopping: at once).
+ */
+static void
+control_close_deferred (bool stopping)
+{
+  bool pending;
+
+  if (!control_ndeferred)
+    return;
+  lock_acquire (&control_lock);
+  pending = control_queue != NULL;
+  lock_release (&control_lock);
+  if (pending && !stopping)
+    return;
+  while (control_ndeferred)
+    close (control_deferred[--control_ndeferred]);
 }
 
 static int64_t
@@ -479,13 +517,16 @@ control_run (void *arg)
   for (;;) {
     size_t first, n = control_poll_fds (fds, &first);
     int64_t wait = next_tick - control_now_ms ();
+    bool tick = false;
 
     if (poll (fds, n, wait < 0 ? 0 : wait) == -1 && errno != EINTR) {
       nbdkit_error ("control: poll: %s", errstr (errno));
       break;
     }
-    if (fds[0].revents && control_take_events ())
+    if (fds[0].revents && control_take_events (&tick))
       break;
+    if (tick)
+      next_tick = 0;
     for (size_t i = 0; i < control_nclients; i++) {
       struct control_client *c = control_clients[i];
 
@@ -498,6 +539,7 @@ control_run (void *arg)
     if (control_fd >= 0 && fds[1].revents)
       control_accept ();
     control_reap ();
+    control_close_deferred (false);
     if (control_now_ms () >= next_tick) {
       if (control_tick)
         control_tick ();
@@ -507,6 +549,7 @@ control_run (void *arg)
   for (size_t i = 0; i < control_nclients; i++)
     control_close (control_clients[i]);
   control_nclients = 0;
+  control_close_deferred (true);
   return NULL;
 }
 
@@ -549,6 +592,17 @@ control_wake (void)
 {
   if (write (control_wake_write, "", 1) == -1 && errno != EAGAIN)
     nbdkit_debug ("control: waking its thread: %s", errstr (errno));
+}
+
+void
+control_ask_tick (void)
+{
+  lock_acquire (&control_lock);
+  if (control_running) {
+    control_tick_asked = true;
+    control_wake ();
+  }
+  lock_release (&control_lock);
 }
 
 /* An event's line, queued if the thread runs (counted as dropped if it

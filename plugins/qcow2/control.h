@@ -147,13 +147,23 @@ extern int control_args_only (struct control_call *call,
  */
 extern void control_event (const char *name, struct json_object *data);
 
-/* fn is called on the control thread every 200 ms or so (and between
- * commands, never during one), from after_fork to cleanup: a poller
+/* fn is called on the control thread every 200 ms or so, or sooner
+ * when asked (control_ask_tick), and between commands, never during
+ * one, from after_fork to cleanup: a poller
  * that emits events of what changed.  Before after_fork.  With a tick
  * set, the control thread runs even without control= (its events are
  * then only logged).
  */
 extern void control_set_tick (void (*fn) (void));
+/* The tick run soon, without waiting for its period: a job's state
+ * changed.  From any thread, any lock held.
+ */
+extern void control_ask_tick (void);
+/* fd closed by the control thread once the events queued so far are
+ * sent (a close that may take long: the last link of a large file).
+ * A command's, on the control thread.
+ */
+extern void control_close_later (int fd);
 
 /* Whether control= was given. */
 extern bool control_on (void);
