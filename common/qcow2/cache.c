@@ -386,6 +386,20 @@ cache_destroy (struct meta_cache *c)
   free (c);
 }
 
+/* The refcount block cache, made at its first use: an image that is
+ * only read has none (a megabyte at 64 KiB clusters, which a fleet's
+ * every open would map and unmap).  NULL if it cannot be allocated.
+ */
+struct meta_cache *
+cache_refcount (struct qcow2_image *img)
+{
+  if (!img->caches.refcount)
+    img->caches.refcount = cache_create (CACHE_REFCOUNT,
+                                         img->geo.cluster_size,
+                                         REFCOUNT_CACHE_BLOCKS);
+  return img->caches.refcount;
+}
+
 /* The refcount block cache, after a rebuild of the refcounts. */
 void
 cache_replace_refcount (struct qcow2_image *img, struct meta_cache *c)
@@ -694,7 +708,7 @@ cache_writeback (struct qcow2_image *img, struct meta_cache *c)
   int r = 0;
 
   ASSERT_LOCKED (img);
-  if (c->ndirty == 0)
+  if (!c || c->ndirty == 0)     /* no refcount cache made yet */
     return 0;
   order = malloc (c->ndirty * sizeof *order);
   if (!order)
@@ -780,9 +794,7 @@ cache_setup (struct qcow2_image *img, const struct qcow2_options *opts)
   first = opts->readonly && !opts->l2_cache_size
     ? MIN (n, MAX (CACHE_GROW_FIRST_BYTES / slice, CACHE_MIN_SLICES)) : n;
   img->caches.l2 = cache_create_growing (CACHE_L2, slice, first, n);
-  img->caches.refcount = cache_create (CACHE_REFCOUNT, img->geo.cluster_size,
-                                       REFCOUNT_CACHE_BLOCKS);
-  if (!img->caches.l2 || !img->caches.refcount) {
+  if (!img->caches.l2) {
     int r = -errno;
     log_error (img, "cannot allocate the metadata caches (%" PRIu64
                " bytes of L2 cache): %s", size, errstr (-r));

@@ -250,9 +250,6 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts)
     return r;
   if ((r = image_open_crypto (img, opts)) < 0)
     return r;
-  if (!opts->readonly && !opts->snapshot &&
-      (r = refcount_load_table (img)) < 0)
-    return r;
   if ((r = snapshot_read_table (img)) < 0)
     return r;
   if ((r = image_check_tables_apart (img)) < 0)
@@ -282,11 +279,10 @@ image_open_qcow2 (struct qcow2_image *img, const struct qcow2_options *opts)
     & QCOW2_COMPAT_LAZY_REFCOUNTS;
   img->overlap_mask = opts->overlap_set ? opts->overlap_mask
                                         : QCOW2_OL_CACHED;
-  if (img->writable && (r = overlap_build (img)) < 0) {
-    log_error (img, "cannot map the metadata for the overlap guard: %s",
-               errstr (-r));
+  /* bitmap_open maps the bitmaps' tables for the guard: the map first. */
+  if (img->writable && img->h.nb_bitmaps &&
+      (r = state_prepare_writes (img)) < 0)
     return r;
-  }
   if (img->writable && (r = bitmap_open (img)) < 0)
     return r;
   image_describe (img, opts);
@@ -538,13 +534,8 @@ image_begin_writes (struct qcow2_image *l)
 {
   int r;
 
-  if ((r = refcount_load_table (l)) < 0)
+  if ((r = state_prepare_writes (l)) < 0)
     return r;
-  if ((r = overlap_build (l)) < 0) {
-    log_error (l, "cannot map the metadata for the overlap guard: %s",
-               errstr (-r));
-    return r;
-  }
   if ((r = bitmap_open (l)) < 0)
     return r;
   l->writable = true;

@@ -113,6 +113,8 @@ extern struct meta_cache *cache_create_growing (enum cache_kind kind,
                                                 uint64_t first,
                                                 uint64_t max);
 extern void cache_destroy (struct meta_cache *c);
+extern struct meta_cache *cache_refcount (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern void cache_replace_refcount (struct qcow2_image *img,
                                     struct meta_cache *c)
   TSA_REQUIRES (img->lock);
@@ -566,6 +568,13 @@ extern int layers_write_begin (struct qcow2_image *layer, bool *shared);
 extern void layers_write_end (struct qcow2_image *layer, bool shared);
 
 /* state.c */
+/* What writing needs that reading does not, the refcount table and
+ * the overlap guard's map, made at the first write (state_begin_write)
+ * rather than at open: an image opened writable and only read (a VM
+ * booting) never reads or maps them.  Then a no-op.
+ */
+extern int state_prepare_writes (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock);
 extern int state_begin_write (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 extern int state_close (struct qcow2_image *img)

@@ -247,23 +247,14 @@ overlap_move_reftable (struct qcow2_image *img, uint64_t old_offset,
                               QCOW2_OL_REFCOUNT_TABLE_BIT);
 }
 
-/* Map the metadata of a writable image at open: every structure, so
- * that one lookup answers for all; the mask decides which are checked.
- * Inactive L2 tables need every snapshot's L1 table read, so only when
- * they are checked.
- */
-int
-overlap_build (struct qcow2_image *img)
+/* The map of every structure of img, in img->overlap (made there). */
+static int
+overlap_build_map (struct qcow2_image *img)
+  TSA_REQUIRES (img->lock)
 {
   const struct qcow2_header *h = &img->h;
-  struct overlap_map *m;
   int r;
 
-  if (!img->overlap_mask)
-    return 0;
-  if (!(m = overlap_map_create (img->geo.cluster_bits)))
-    return -ENOMEM;
-  img->overlap = m;
   if ((r = overlap_add_found (img, 0, img->geo.cluster_size,
                               QCOW2_OL_MAIN_HEADER_BIT)) < 0 ||
       (r = overlap_add_found (img, h->l1_table_offset,
@@ -321,4 +312,28 @@ overlap_build (struct qcow2_image *img)
                               QCOW2_OL_BITMAP_DIRECTORY_BIT)) < 0)
     return r;
   return overlap_map_compact (img->overlap);
+}
+
+/* Map the metadata of a writable image before its first write (see
+ * state_prepare_writes): every structure, so that one lookup answers
+ * for all; the mask decides which are checked.  Inactive L2 tables
+ * need every snapshot's L1 table read, so only when they are checked.
+ * Once made, a no-op; a failure leaves no map.
+ */
+int
+overlap_build (struct qcow2_image *img)
+{
+  int r;
+
+  if (!img->overlap_mask || img->overlap != &overlap_map_empty)
+    return 0;
+  if (!(img->overlap = overlap_map_create (img->geo.cluster_bits))) {
+    img->overlap = &overlap_map_empty;
+    return -ENOMEM;
+  }
+  if ((r = overlap_build_map (img)) < 0) {
+    overlap_map_destroy (img->overlap);
+    img->overlap = &overlap_map_empty;
+  }
+  return r;
 }

@@ -120,6 +120,8 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
     return io_corrupt (img, "refcount block offset %#" PRIx64 " (refcount "
                        "table entry %" PRIu64 ") is misaligned or beyond "
                        "the end of the file", offset, idx);
+  if (!cache_refcount (img))
+    return -ENOMEM;
   return cache_get (img, img->caches.refcount, offset, data);
 }
 
@@ -150,6 +152,8 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return io_corrupt (img, "refcount table entry 0 is empty (the header's "
                        "cluster has no refcount): allocation refused");
 
+  if (!cache_refcount (img))
+    return -ENOMEM;
   r = cache_get_new (img, img->caches.refcount, offset, &block);
   if (r < 0)
     return r;

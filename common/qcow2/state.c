@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "be.h"
+#include "errstr.h"
 #include "internal.h"
 
 bool
@@ -77,6 +78,20 @@ qcow2_is_corrupt (const struct qcow2_image *img)
  *    any metadata changes.
  */
 int
+state_prepare_writes (struct qcow2_image *img)
+{
+  int r;
+
+  ASSERT_LOCKED (img);
+  if ((r = refcount_load_table (img)) < 0)
+    return r;
+  if ((r = overlap_build (img)) < 0)
+    log_error (img, "cannot map the metadata for the overlap guard: %s",
+               errstr (-r));
+  return r;
+}
+
+int
 state_begin_write (struct qcow2_image *img)
 {
   struct qcow2_header *h = &img->h;
@@ -93,6 +108,12 @@ state_begin_write (struct qcow2_image *img)
     return qcow2_check_writable (img);
   if (img->write_started)
     return 0;
+  /* Structures that overlap are found as the guard's map is made: no
+   * write then, the first one included.
+   */
+  if ((r = state_prepare_writes (img)) < 0 ||
+      (r = qcow2_check_writable (img)) < 0)
+    return r;
   if (h->incompatible_features & QCOW2_INCOMPAT_DIRTY) {
     if ((r = check_rebuild_refcounts (img)) < 0)
       return r;

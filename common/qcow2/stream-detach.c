@@ -164,6 +164,9 @@ stream_detach_write_header (struct qcow2_image *img, const char *name,
 
   if (!head)
     return -errno;
+  /* The guard's map, if no write made it (a stream that copied nothing). */
+  if ((r = state_prepare_writes (img)) < 0)
+    return r;
   r = img->io->ops->pread (img->io, head, size, 0);
   if (r < 0) {
     log_error (img, "reading the header: %s", errstr (-r));
