@@ -386,18 +386,19 @@ cache_destroy (struct meta_cache *c)
   free (c);
 }
 
-/* The refcount block cache, made at its first use: an image that is
- * only read has none (a megabyte at 64 KiB clusters, which a fleet's
- * every open would map and unmap).  NULL if it cannot be allocated.
+/* The refcount block cache, made with the refcount table (its load):
+ * an image that is only read has none (a megabyte at 64 KiB clusters,
+ * which a fleet's every open would map and unmap).  0 or -ENOMEM.
  */
-struct meta_cache *
-cache_refcount (struct qcow2_image *img)
+int
+cache_setup_refcount (struct qcow2_image *img)
 {
-  if (!img->caches.refcount)
-    img->caches.refcount = cache_create (CACHE_REFCOUNT,
-                                         img->geo.cluster_size,
-                                         REFCOUNT_CACHE_BLOCKS);
-  return img->caches.refcount;
+  if (!img->caches.refcount &&
+      !(img->caches.refcount = cache_create (CACHE_REFCOUNT,
+                                             img->geo.cluster_size,
+                                             REFCOUNT_CACHE_BLOCKS)))
+    return -ENOMEM;
+  return 0;
 }
 
 /* The refcount block cache, after a rebuild of the refcounts. */

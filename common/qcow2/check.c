@@ -348,9 +348,7 @@ check_rebuild_refcounts (struct qcow2_image *img)
   for (uint64_t i = 0; i < img->reftable_size; i++)
     if (img->reftable[i] & ~UINT64_C (511))
       overlap_remove (img, img->reftable[i] & ~UINT64_C (511), cs);
-  rc = cache_refcount (img)
-    ? cache_create (CACHE_REFCOUNT, cs, cache_entries (img->caches.refcount))
-    : NULL;
+  rc = cache_create (CACHE_REFCOUNT, cs, cache_entries (img->caches.refcount));
   if (!rc)
     return -ENOMEM;
   r = refcount_switch_table (img, area, tclusters + nblocks, start, table,
@@ -463,10 +461,9 @@ check_compare (struct qcow2_image *img, struct check_refs *cr, bool fix)
     for (uint64_t c = lo; c < hi; c++) {
       uint64_t rc = 0, refs = c < cr->n ? cr->counts[c] : 0;
       if (has && !block &&
-          (r = cache_refcount (img)
-               ? cache_get (img, img->caches.refcount,
-                            img->reftable[idx] & ~UINT64_C (511), &block)
-               : -ENOMEM) < 0)
+          (r = cache_get (img, img->caches.refcount,
+                          img->reftable[idx] & ~UINT64_C (511),
+                          &block)) < 0)
         return r;
       if (has)
         rc = refcount_entry_get (block, img->h.refcount_order, c - lo);

@@ -113,7 +113,7 @@ extern struct meta_cache *cache_create_growing (enum cache_kind kind,
                                                 uint64_t first,
                                                 uint64_t max);
 extern void cache_destroy (struct meta_cache *c);
-extern struct meta_cache *cache_refcount (struct qcow2_image *img)
+extern int cache_setup_refcount (struct qcow2_image *img)
   TSA_REQUIRES (img->lock);
 extern void cache_replace_refcount (struct qcow2_image *img,
                                     struct meta_cache *c)

@@ -409,8 +409,9 @@ struct qcow2_commit_options {
    */
   const unsigned *busy;
   bool debug;                   /* a debug message per step */
-  /* Called (by the job's thread, no lock held) when it becomes ready or
-   * fails (so that the caller need not poll for it).  May be NULL.
+  /* Called (by the job's thread, or qcow2_commit_run's caller; no lock
+   * held) when it becomes ready or fails, so that the caller need not
+   * poll for it.  May be NULL.
    */
   void (*changed) (void);
 };

@@ -41,6 +41,8 @@ refcount_load_table (struct qcow2_image *img)
   ASSERT_LOCKED (img);
   if (img->reftable)
     return 0;
+  if ((r = cache_setup_refcount (img)) < 0)
+    return r;
   if (!(table = calloc (MAX (n, 1), sizeof *table)))
     return -ENOMEM;
   for (uint64_t i = 0; i < n; i += REFTABLE_PIECE) {
@@ -120,8 +122,6 @@ refcount_block (struct qcow2_image *img, uint64_t idx, uint8_t **data)
     return io_corrupt (img, "refcount block offset %#" PRIx64 " (refcount "
                        "table entry %" PRIu64 ") is misaligned or beyond "
                        "the end of the file", offset, idx);
-  if (!cache_refcount (img))
-    return -ENOMEM;
   return cache_get (img, img->caches.refcount, offset, data);
 }
 
@@ -152,8 +152,6 @@ refcount_new_block (struct qcow2_image *img, uint64_t idx)
     return io_corrupt (img, "refcount table entry 0 is empty (the header's "
                        "cluster has no refcount): allocation refused");
 
-  if (!cache_refcount (img))
-    return -ENOMEM;
   r = cache_get_new (img, img->caches.refcount, offset, &block);
   if (r < 0)
     return r;

@@ -68,15 +68,6 @@ qcow2_is_corrupt (const struct qcow2_image *img)
   return image_is_corrupt (img);
 }
 
-/* Before the first change:
- *  - an image left dirty by a crash under lazy refcounts gets its
- *    refcounts rebuilt (its refcounts cannot be trusted for allocation);
- *  - autoclear features we do not know are cleared, as the spec
- *    requires of an editor that does not know them;
- *  - the persistent bitmaps kept up to date are marked in use;
- *  - with lazy refcounts, the dirty bit is set and made durable before
- *    any metadata changes.
- */
 int
 state_prepare_writes (struct qcow2_image *img)
 {
@@ -91,6 +82,15 @@ state_prepare_writes (struct qcow2_image *img)
   return r;
 }
 
+/* Before the first change:
+ *  - an image left dirty by a crash under lazy refcounts gets its
+ *    refcounts rebuilt (its refcounts cannot be trusted for allocation);
+ *  - autoclear features we do not know are cleared, as the spec
+ *    requires of an editor that does not know them;
+ *  - the persistent bitmaps kept up to date are marked in use;
+ *  - with lazy refcounts, the dirty bit is set and made durable before
+ *    any metadata changes.
+ */
 int
 state_begin_write (struct qcow2_image *img)
 {

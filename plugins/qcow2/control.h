@@ -149,10 +149,9 @@ extern void control_event (const char *name, struct json_object *data);
 
 /* fn is called on the control thread every 200 ms or so, or sooner
  * when asked (control_ask_tick), and between commands, never during
- * one, from after_fork to cleanup: a poller
- * that emits events of what changed.  Before after_fork.  With a tick
- * set, the control thread runs even without control= (its events are
- * then only logged).
+ * one, from after_fork to cleanup: a poller that emits events of what
+ * changed.  Before after_fork.  With a tick set, the control thread
+ * runs even without control= (its events are then only logged).
  */
 extern void control_set_tick (void (*fn) (void));
 /* The tick run soon, without waiting for its period: a job's state
