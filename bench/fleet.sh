@@ -18,12 +18,14 @@
 #             the N overlay nodes share ("backing": the base's node
 #             name), N NBD exports on one socket, all added over QMP
 #             by this script
-#   file      nbdkit's file plugin (-t 1) serving the base's raw data,
-#             every disk the same export: no image to open, no qcow2,
-#             the least an nbdkit server does for a client (what the
-#             first byte costs on this machine before any server's
-#             own work); local base and FLEET_WRITES=0 only (the disks
-#             share one file)
+#   file      nbdkit's file plugin serving the base's raw data, every
+#             disk the same export, nbdkit's default threads: no image
+#             to open, no qcow2, the least an nbdkit server does for a
+#             client (what the first byte and memory cost on this
+#             machine before any server's own work); local base only.
+#             The disks share one file: their writes go to a copy of
+#             it, and then the client checks no data
+#   file-t1   the same with nbdkit -t 1 (the floor of ours-t1)
 # Bases:
 #   local     the base a file beside the overlays
 #   nbd       the base served by nbdkit's file plugin on a Unix socket
@@ -41,8 +43,10 @@
 # reads of 4 to 64 KiB at random places and 4 sequential runs of
 # 8 x 64 KiB (2 MiB), the same places for every disk (one golden image,
 # one boot; seed 1), each checked against the base's data; then 16
-# (FLEET_WRITES) writes of 4 KiB at random places of its own, a flush,
-# and the writes read back and checked.  Then FLEET_LATE (default 8) late disks, more
+# (FLEET_WRITES) writes at random places of its own, each 4 KiB times
+# a power of two up to FLEET_WRITE_MAX (default 4K; each power as
+# likely), cut at the server's advertised maximum request as QEMU's
+# client does, a flush, and the writes read back and checked.  Then FLEET_LATE (default 8) late disks, more
 # overlays of the same base, do the same one at a time, each once the
 # one before is done, all the others still connected: a VM started on
 # a server running the fleet (qsd gets each one's node and export over
@@ -88,7 +92,11 @@
 # its environment's more variables ("MALLOC_ARENA_MAX=2"), to measure
 # the knobs the man page's FLEET section gives; FLEET_LATE the late
 # disks (0: none); FLEET_WRITES the writes a disk makes (default 16;
-# 0: it only reads, and flushes).
+# 0: it only reads, and flushes), FLEET_WRITE_MAX their largest size
+# (4K to 32M, a power of two); FLEET_FILE_MAX the longest request the
+# file servers' clients send, as if they advertised it (nbdkit's file
+# plugin advertises none: 32M, as ours; set it to ours' max-request=
+# to keep them its floor).
 # The ratios (memory and first byte: peer/ours; IOPS: ours/peer; above
 # 1 is ours better) go into bench/ratios.tsv unless BENCH_UPDATE=0 (set
 # it for a partial run: the bench's rows are replaced as a whole).
@@ -107,11 +115,18 @@ bases=${FLEET_BASES:-local nbd}
 wave=${FLEET_WAVE:-40}
 late=${FLEET_LATE:-8}
 writes=${FLEET_WRITES:-16}
+write_max=$(numfmt --from=iec "${FLEET_WRITE_MAX:-4K}")
+(( write_max >= 4096 && write_max <= 32 << 20 &&
+   (write_max & (write_max - 1)) == 0 )) || {
+  echo "fleet.sh: FLEET_WRITE_MAX=$FLEET_WRITE_MAX: a power of two," \
+    "4K to 32M" >&2
+  exit 1
+}
+file_max=$(numfmt --from=iec "${FLEET_FILE_MAX:-0}")
 case " $servers " in
-  *" file "*)
-    [ "$writes" = 0 ] && [ "$(echo $bases)" = local ] || {
-      echo "fleet.sh: the file server needs FLEET_WRITES=0" \
-        "FLEET_BASES=local" >&2
+  *" file "* | *" file-t"*)
+    [ "$(echo $bases)" = local ] || {
+      echo "fleet.sh: the file server needs FLEET_BASES=local" >&2
       exit 1
     } ;;
 esac
@@ -149,7 +164,7 @@ import json, os, random, socket, sys, time
 K = 1024
 
 
-def plan(n, raw, out, writes):
+def plan(n, raw, out, writes, write_max):
     """Writes the I/O of n disks for bench/fleetclient.c: the reads
     every disk does, then each disk's writes."""
     size = os.path.getsize(raw)
@@ -164,11 +179,19 @@ def plan(n, raw, out, writes):
                 start = rnd.randrange(size // (64 * K) - 8) * 64 * K
                 for j in range(8):
                     f.write("R %d %d\n" % (start + j * 64 * K, 64 * K))
+        # A write's length 4 KiB times a power of two up to write_max,
+        # each as likely (a guest's writes: many small, a few large).
+        sizes = [4 * K << k for k in range(write_max.bit_length() - 12)]
         for i in range(n):
             w = random.Random(1000 + i)
-            f.write("W %s\n" % " ".join(
-                str(w.randrange(size // (4 * K)) * 4 * K)
-                for _ in range(writes)))
+            lens = random.Random(2000 + i)
+            places = []
+            for _ in range(writes):
+                length = lens.choice(sizes)
+                places.append("%d:%d" % (
+                    w.randrange((size - length) // (4 * K) + 1) * 4 * K,
+                    length))
+            f.write("W %s\n" % " ".join(places))
 
 
 def measure(pids_file, base):
@@ -285,7 +308,8 @@ def qmp_add(sock, pairs_file, i):
 
 
 if sys.argv[1] == "plan":
-    plan(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    plan(int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]),
+         int(sys.argv[6]))
 elif sys.argv[1] == "measure":
     measure(sys.argv[2], sys.argv[3])
 elif sys.argv[1] == "qmp-add":
@@ -336,8 +360,9 @@ qemu-img create -q -u -f qcow2 -F qcow2 \
 one ()
 {
   local n=$1 base=$2 server=$3 i name threads=() basefile prepare=true kind
+  local check=1 cut=0
   rm -rf "$work/ovl" "$work"/*.sock "$work"/*.pid "$work"/base.log* \
-    "$work/late.pids"
+    "$work/late.pids" "$work/shared.raw"
   mkdir "$work/ovl"
   : > "$work/pairs"
   : > "$work/images"
@@ -366,8 +391,18 @@ one ()
       while IFS=$'\t' read -r _ name; do
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
-    file)
-      nbdkit -t 1 -U "$work/s.sock" -P "$work/s.pid" file "$work/base.raw"
+    file*)
+      case $kind in file-t*) threads=(-t "${kind#file-t}") ;; esac
+      basefile=$work/base.raw
+      # Its disks share one file: the writes go to a copy, and the
+      # client checks no data (one disk's writes are another's reads).
+      if [ "$writes" != 0 ]; then
+        cp "$work/base.raw" "$work/shared.raw"
+        basefile=$work/shared.raw check=0
+      fi
+      cut=$file_max
+      nbdkit "${threads[@]}" -U "$work/s.sock" -P "$work/s.pid" \
+        file "$basefile"
       bench_wait_sock "$work/s.sock" "$work/s.pid"
       cat "$work/s.pid" > "$work/spids"
       while read -r _; do
@@ -406,11 +441,12 @@ one ()
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
   esac
-  [[ $kind != ours* && $kind != file ]] || pids+=("$(cat "$work/s.pid")")
+  [[ $kind != ours* && $kind != file* ]] || pids+=("$(cat "$work/s.pid")")
   /usr/bin/python3 "$work/fleet.py" plan $((n + late)) "$work/base.raw" \
-    "$work/plan" "$writes"
-  "$work/fleetclient" "$work/plan" "$work/pairs" "$work/base.raw" "$wave" \
-    "$late" "$prepare" "$work/measure"
+    "$work/plan" "$writes" "$write_max"
+  FLEETCLIENT_CHECK=$check FLEETCLIENT_CUT=$cut "$work/fleetclient" \
+    "$work/plan" "$work/pairs" "$work/base.raw" "$wave" "$late" "$prepare" \
+    "$work/measure"
   [ ! -f "$work/late.pids" ] || pids+=($(cat "$work/late.pids"))
   stop_all
   if [ "$base" = nbd ]; then
@@ -447,7 +483,7 @@ for r in $(seq "$rounds"); do
           bmeta bconns <<< "$out"
         [ "$b" = local ] && bconns=$fds
         # The file server opens no base image.
-        [ "$s" != file ] || bconns=-
+        [[ $s != file* ]] || bconns=-
         for k in pss rss ttfb p90 lfb iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
           bench_record "$n-$b-$k" "$s" "$r" "${!k}"
@@ -460,8 +496,9 @@ done
 m () { bench_median "${res[$1]}"; }
 ratio () { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 echo "load average $(bench_load) at end;" \
-  "$nreads reads a disk ($rmib MiB, and $writes writes of 4 KiB: copy on" \
-  "write reads the rest of each one's cluster from the base);" \
+  "$nreads reads a disk ($rmib MiB, and $writes writes of 4 KiB to" \
+  "$(numfmt --to=iec "$write_max"): copy on write reads the rest of" \
+  "each one's clusters from the base);" \
   "medians of $rounds round(s)"
 echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | first byte ms, late disks' median | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -486,7 +523,7 @@ for n in $sizes; do
       case $(bench_kind "$s") in ours*) ;; *) continue ;; esac
       for p in $servers; do
         # The file server is a floor, not a peer.
-        case $(bench_kind "$p") in ours*|file) continue ;; esac
+        case $(bench_kind "$p") in ours*|file*) continue ;; esac
         k=$n,$b,$s q=$n,$b,$p
         printf '%s disks, %s base, %s: memory (PSS)\t%s\t%s\thigher\n' \
           "$n" "$b" "$s" "$p" "$(ratio "$(m "$q,pss")" "$(m "$k,pss")")"

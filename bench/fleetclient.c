@@ -7,9 +7,13 @@
  *   fleetclient PLAN PAIRS RAW WAVE LATE PREPARE MEASURE...
  *
  * PLAN: "R OFFSET LENGTH" lines, the reads every disk does in order
- * (the first one's data is the first byte), then one "W OFFSET..."
- * line a disk, its 4 KiB writes.  PAIRS: "SOCKET<TAB>EXPORT" lines.
- * RAW: the base's data, against which every read is checked.  All
+ * (the first one's data is the first byte), then one
+ * "W OFFSET:LENGTH..." line a disk, its writes (each cut at the
+ * server's maximum request, as QEMU's client does).  PAIRS:
+ * "SOCKET<TAB>EXPORT" lines.  RAW: the base's data, against which
+ * every read is checked (no data is checked with FLEETCLIENT_CHECK=0
+ * in the environment; FLEETCLIENT_CUT=BYTES cuts requests there, as
+ * though the server advertised that maximum).  All
  * but the LATE last disks start in waves of WAVE, each wave once the
  * one before has done its I/O.  Once they all have, with every client
  * still connected, MEASURE (a command) runs.  Then the late disks,
@@ -39,7 +43,6 @@
 
 #include <libnbd.h>
 
-#define WRITE_SIZE 4096
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 struct extent { uint64_t off; uint32_t len; };
@@ -47,8 +50,11 @@ struct extent { uint64_t off; uint32_t len; };
 static struct extent *reads;
 static size_t nreads;
 static unsigned char **want;    /* the base's data of each read */
-static uint64_t **writes;       /* each disk's write offsets */
+static struct extent **writes;  /* each disk's writes */
 static size_t nwrites;          /* a disk */
+static uint32_t write_max;      /* the longest write */
+static bool check = true;       /* the data read checked */
+static int64_t cut;             /* the longest request, if shorter */
 static char **sockets, **exports;
 static size_t ndisks;
 
@@ -120,18 +126,25 @@ fleetclient_load (const char *plan, const char *pairs)
     else if (line[0] == 'W') {
       size_t n = 0;
       char *p = line + 1, *end;
-      uint64_t *w = fleetclient_alloc (strlen (line) * sizeof *w);
+      struct extent *w = fleetclient_alloc (strlen (line) * sizeof *w);
 
       for (;;) {
-        unsigned long long off;
+        unsigned long long off, len;
 
         errno = 0;
         off = strtoull (p, &end, 10);
         if (end == p)
           break;
-        if (errno)
+        if (errno || *end != ':')
           fleetclient_die ("%s: bad line: %s", plan, line);
-        w[n++] = off;
+        p = end + 1;
+        len = strtoull (p, &end, 10);
+        if (errno || end == p || len == 0 || len > 32 << 20)
+          fleetclient_die ("%s: bad line: %s", plan, line);
+        w[n].off = off;
+        w[n++].len = len;
+        if (len > write_max)
+          write_max = len;
         p = end;
       }
       if (nw > 0 && n != nwrites)
@@ -205,9 +218,11 @@ fleetclient_run (void *arg)
   size_t i = (uintptr_t) arg, j;
   double t0 = fleetclient_now ();
   struct nbd_handle *h;
-  unsigned char *buf, data[WRITE_SIZE];
+  unsigned char *buf, *data;
+  int64_t max;
 
-  buf = fleetclient_alloc (64 * 1024);
+  buf = fleetclient_alloc (write_max > 64 * 1024 ? write_max : 64 * 1024);
+  data = fleetclient_alloc (write_max);
   h = nbd_create ();
   if (h == NULL) {
     fleetclient_fail (i, "%s", nbd_get_error ());
@@ -223,7 +238,7 @@ fleetclient_run (void *arg)
       fleetclient_fail (i, "%s", nbd_get_error ());
       goto out;
     }
-    if (memcmp (buf, want[j], reads[j].len) != 0) {
+    if (check && memcmp (buf, want[j], reads[j].len) != 0) {
       fleetclient_fail (i, "wrong data at %" PRIu64 "+%" PRIu32,
                         reads[j].off, reads[j].len);
       goto out;
@@ -232,11 +247,21 @@ fleetclient_run (void *arg)
       first_byte[i] = fleetclient_now () - t0;
   }
   last_read[i] = fleetclient_now ();
-  memset (data, i % 251 + 1, sizeof data);
+  memset (data, i % 251 + 1, write_max);
+  max = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
+  if (max <= 0 || max > 32 << 20)
+    max = 32 << 20;
+  if (cut && cut < max)
+    max = cut;
   for (j = 0; j < nwrites; j++) {
-    if (nbd_pwrite (h, data, sizeof data, writes[i][j], 0) == -1) {
-      fleetclient_fail (i, "%s", nbd_get_error ());
-      goto out;
+    uint32_t done, n;
+
+    for (done = 0; done < writes[i][j].len; done += n) {
+      n = MIN (writes[i][j].len - done, max);
+      if (nbd_pwrite (h, data, n, writes[i][j].off + done, 0) == -1) {
+        fleetclient_fail (i, "%s", nbd_get_error ());
+        goto out;
+      }
     }
   }
   if (nbd_flush (h, 0) == -1) {
@@ -244,14 +269,19 @@ fleetclient_run (void *arg)
     goto out;
   }
   for (j = 0; j < nwrites; j++) {
-    if (nbd_pread (h, buf, sizeof data, writes[i][j], 0) == -1) {
-      fleetclient_fail (i, "%s", nbd_get_error ());
-      goto out;
-    }
-    if (memcmp (buf, data, sizeof data) != 0) {
-      fleetclient_fail (i, "write at %" PRIu64 " not read back",
-                        writes[i][j]);
-      goto out;
+    uint32_t done, n;
+
+    for (done = 0; done < writes[i][j].len; done += n) {
+      n = MIN (writes[i][j].len - done, max);
+      if (nbd_pread (h, buf, n, writes[i][j].off + done, 0) == -1) {
+        fleetclient_fail (i, "%s", nbd_get_error ());
+        goto out;
+      }
+      if (check && memcmp (buf, data, n) != 0) {
+        fleetclient_fail (i, "write at %" PRIu64 " not read back",
+                          writes[i][j].off + done);
+        goto out;
+      }
     }
   }
 
@@ -354,6 +384,10 @@ main (int argc, char *argv[])
     fleetclient_die ("usage: fleetclient PLAN PAIRS RAW WAVE LATE PREPARE "
                      "MEASURE...");
   fleetclient_load (argv[1], argv[2]);
+  check = getenv ("FLEETCLIENT_CHECK") == NULL ||
+    strcmp (getenv ("FLEETCLIENT_CHECK"), "0") != 0;
+  if (getenv ("FLEETCLIENT_CUT"))
+    cut = strtoll (getenv ("FLEETCLIENT_CUT"), NULL, 10);
   wave = strtoul (argv[4], NULL, 10);
   if (wave == 0)
     fleetclient_die ("bad wave size: %s", argv[4]);
