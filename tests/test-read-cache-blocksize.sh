@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# What clients are told, as qemu-nbd tells them: block sizes (minimum 1,
-# preferred 4 KiB, maximum 32 MiB) on every cluster size, and
+# What clients are told: block sizes (minimum 1, preferred 4 KiB,
+# maximum 32 MiB as qemu-nbd's, or max-request=) on every cluster size,
+# which QEMU's client honours, and
 # NBD_CMD_CACHE, which reads the range ahead: it succeeds over data,
 # compressed clusters, holes and a backing file, fails past the end,
 # and changes nothing that is read afterwards.
@@ -19,6 +20,33 @@ for cs in 512 64k 2M; do
       fail "cluster size $cs: no \"$want\" in: $(cat "$tmp/info")"
   done
 done
+
+# max-request=: QEMU's client cuts a 4 MiB write there (the log
+# filter sees the client's requests); nonsense is refused.
+img=$tmp/bs-64k.qcow2
+for pair in 4K:4096 256K:262144 32M:4194304; do
+  max=${pair%:*} want=${pair#*:}
+  rm -f "$tmp/log"
+  nbdkit -U - --filter=log qcow2 "$img" max-request=$max \
+    logfile="$tmp/log" --run "
+      nbdinfo \"\$uri\" |
+        grep -q 'block_size_maximum: $(numfmt --from=iec $max)' &&
+      qemu-io -f raw -c 'write -P 0x33 0 4M' \"\$uri\" > /dev/null" ||
+    fail "max-request=$max: not advertised, or the write failed"
+  longest=$(sed -n 's/.* Write id=.* count=\(0x[0-9a-f]*\|[0-9]*\) .*/\1/p' \
+              "$tmp/log" | while read -r n; do echo $((n)); done |
+              sort -n | tail -1)
+  [ "$longest" = "$want" ] ||
+    fail "max-request=$max: the longest write was $longest, not $want"
+done
+for bad in 1K 33M 0 x; do
+  if nbdkit -U - qcow2 "$img" max-request=$bad --run true 2> "$tmp/err"; then
+    fail "max-request=$bad accepted"
+  fi
+  grep -q "max-request" "$tmp/err" || fail "max-request=$bad: $(cat "$tmp/err")"
+done
+qemu-img check -q "$img" || fail "the image is damaged"
+qio "$img" 'read -P 0x33 0 4M' || fail "the 4 MiB write not read back"
 
 base=$tmp/base.qcow2 img=$tmp/top.qcow2
 qemu-img create -q -f qcow2 "$base" 8M

@@ -45,6 +45,30 @@ plugin_config_mmap_threshold (const char *key, const char *value)
   return 0;
 }
 
+/* max-request=: the longest request advertised (qemu-nbd's 32 MiB
+ * unless told).  nbdkit gives each of a connection's threads a buffer
+ * as large as the largest request it served, held while the
+ * connection lasts; clients that honour the maximum (QEMU's) cut
+ * theirs there.  Not lower by default: libnbd 1.16 and later refuse
+ * to send a write longer than the maximum (or 1 MiB).
+ */
+static uint64_t max_request = 32 << 20;
+
+static int
+plugin_config_max_request (const char *key, const char *value)
+{
+  if (glue_parse_size (key, value, false, &max_request) == -1)
+    return -1;
+  /* The NBD protocol's bounds: a multiple of the minimum (1) at least
+   * the preferred size; qemu-nbd's longest.
+   */
+  if (max_request < 4096 || max_request > 32 << 20) {
+    nbdkit_error ("%s: %s is out of range (4K to 32M)", key, value);
+    return -1;
+  }
+  return 0;
+}
+
 static void
 plugin_load (void)
 {
@@ -118,6 +142,7 @@ static const struct glue_option plugin_options[] = {
     .dest = &glue.create.opts.data_file_raw,
     .given = &glue.create.data_file_raw_set },
   { "malloc-mmap-threshold", GLUE_FN, .fn = plugin_config_mmap_threshold },
+  { "max-request", GLUE_FN, .fn = plugin_config_max_request },
   { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
   { "create", GLUE_FN, .fn = image_config_create },
@@ -226,6 +251,8 @@ plugin_config_complete (void)
   "backing-password=<PASSWORD>     That of the next backing file, if other.\n" \
   "malloc-mmap-threshold=<SIZE>    Freed blocks of SIZE returned to the\n" \
   "                                system at once (default 1M, 0: libc's).\n" \
+  "max-request=<SIZE>              The longest request advertised\n" \
+  "                                (4K to 32M, default 32M).\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
   GLUE_CONFIG_HELP \
@@ -387,7 +414,7 @@ plugin_can_extents (void *handle)
 
 /* As qemu-nbd advertises them: any byte range works (partial clusters
  * cost one read and one write), 4 KiB suits every cluster size, and a
- * request may be as long as qemu-nbd's longest.
+ * request may be as long as qemu-nbd's longest (or max-request=).
  */
 static int
 plugin_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
@@ -395,7 +422,7 @@ plugin_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
 {
   *minimum = 1;
   *preferred = 4096;
-  *maximum = 32 * 1024 * 1024;
+  *maximum = max_request;
   return 0;
 }
 
