@@ -19,14 +19,16 @@
 # and the server's peak memory (VmHWM) over the run.
 # Configurations (REQUESTS_CONFIGS, default all): NAME:NBDKIT-OPTS:KEYS
 # with commas for spaces, e.g. "t1:-t,1:max-request=256K".
-# Usage: bench/requests.sh [ROUNDS]   (default 3, about 3 minutes)
+# Usage: bench/requests.sh [ROUNDS]   (default 3, about 6 minutes)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
 export PATH=/usr/bin:$PATH
 rounds=${1:-3}
-configs=${REQUESTS_CONFIGS:-"default:: max1m::max-request=1M \
-max256k::max-request=256K t1:-t,1: t1-max256k:-t,1:max-request=256K"}
+configs=${REQUESTS_CONFIGS:-"default:: mmap1m::malloc-mmap-threshold=1M \
+max1m::max-request=1M max256k::max-request=256K t2:-t,2: \
+t2-max1m:-t,2:max-request=1M t1:-t,1: t1-max1m:-t,1:max-request=1M \
+t1-max256k:-t,1:max-request=256K"}
 plugin=$top/plugins/qcow2/.libs/nbdkit-qcow2-plugin.so
 work=$(mktemp -d /var/tmp/requests-bench.XXXXXX)
 trap 'bench_kill_pidfiles "$work/s.pid"; rm -rf "$work"' EXIT
