@@ -27,7 +27,8 @@
 #   fleet-...    bench/fleet.sh, 40 overlays of a local base connecting
 #                at once, `nbdkit -t 1`: first byte (median), the late
 #                disks' first byte, memory (PSS), read IOPS; and memory
-#                with nbdkit's default threads
+#                with nbdkit's default threads; and memory with writes
+#                of up to 4 MiB (FLEET_WRITE_MAX), either thread count
 #   stream-...   bench/stream.sh, stream=true of 1 GiB (half data) over
 #                NBD, 2 ms a read: seconds to the end notice
 #
@@ -160,6 +161,8 @@ fleet-40-first-byte-late	fleet	40-local-lfb	-t1	ms	lower	-
 fleet-40-pss	fleet	40-local-pss	-t1	MiB	lower	quick
 fleet-40-read-iops	fleet	40-local-iops	-t1	IOPS	higher	quick
 fleet-40-pss-default-threads	fleet	40-local-pss	-	MiB	lower	-
+fleet-40-pss-4m-writes	fleetw	40-local-w4M-pss	-	MiB	lower	-
+fleet-40-pss-4m-writes-t1	fleetw	40-local-w4M-pss	-t1	MiB	lower	-
 stream-nbd-1g	stream	stream-nbd	-	s	lower	-"
 : > "$work/cases"
 while IFS=$'\t' read -r name group key suffix unit better q; do
@@ -212,6 +215,9 @@ run ()
       [[ $list == *-lfb* ]] || late=0
       FLEET_SERVERS="$(servers fleet)" FLEET_BASES=local FLEET_LATE=$late \
         "$top/bench/fleet.sh" "$rounds" 40 ;;
+    fleetw)
+      FLEET_SERVERS="$(servers fleetw)" FLEET_BASES=local FLEET_LATE=0 \
+        FLEET_WRITE_MAX=4M "$top/bench/fleet.sh" "$rounds" 40 ;;
     stream)
       STREAM_SERVERS="$(servers stream)" STREAM_BASES=nbd STREAM_READS=0 \
         "$top/bench/stream.sh" "$rounds" ;;
@@ -229,7 +235,7 @@ run ()
 
 start=$(date -u '+%Y-%m-%d %H:%M UTC')
 : > "$work/loads"
-for group in local direct remote fleet stream; do run "$group"; done
+for group in local direct remote fleet fleetw stream; do run "$group"; done
 
 # The rows: each case's rounds paired, OLD's value against NEW's.
 cat "$work"/*.tsv 2>/dev/null | awk -F'\t' -v cases="$work/cases" \

@@ -123,6 +123,11 @@ write_max=$(numfmt --from=iec "${FLEET_WRITE_MAX:-4K}")
   exit 1
 }
 file_max=$(numfmt --from=iec "${FLEET_FILE_MAX:-0}")
+# BENCH_TSV's cases name a largest write other than 4K: 40-local-w4M-pss.
+wtag=
+if ((write_max >= 1 << 20)); then wtag=-w$((write_max >> 20))M
+elif ((write_max > 4096)); then wtag=-w$((write_max >> 10))K
+fi
 case " $servers " in
   *" file "* | *" file-t"*)
     [ "$(echo $bases)" = local ] || {
@@ -486,7 +491,7 @@ for r in $(seq "$rounds"); do
         [[ $s != file* ]] || bconns=-
         for k in pss rss ttfb p90 lfb iops thr cpu bmib bmeta bconns; do
           add "$n,$b,$s,$k" "${!k}"
-          bench_record "$n-$b-$k" "$s" "$r" "${!k}"
+          bench_record "$n-$b$wtag-$k" "$s" "$r" "${!k}"
         done
       done
     done
