@@ -501,9 +501,9 @@ done
 m () { bench_median "${res[$1]}"; }
 ratio () { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 echo "load average $(bench_load) at end;" \
-  "$nreads reads a disk ($rmib MiB, and $writes writes of 4 KiB to" \
-  "$(numfmt --to=iec "$write_max"): copy on write reads the rest of" \
-  "each one's clusters from the base);" \
+  "$nreads reads a disk ($rmib MiB, and $writes writes of 4 KiB" \
+  "${wtag:+to $(numfmt --to=iec "$write_max")}: copy on write reads" \
+  "the rest of each one's clusters from the base);" \
   "medians of $rounds round(s)"
 echo "| disks | base | server | PSS MiB | RSS MiB | threads | first byte ms, median | p90 | first byte ms, late disks' median | read IOPS | server CPU s | base MiB served | base metadata KiB served | base opened |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
