@@ -211,6 +211,32 @@ fleetclient_fail (size_t i, const char *fmt, ...)
   pthread_mutex_unlock (&lock);
 }
 
+/* Disk i's write of data over e, in requests of at most max bytes; or,
+ * given buf, e read back into it and checked against data.  Returns -1
+ * on failure (recorded).
+ */
+static int
+fleetclient_extent (struct nbd_handle *h, size_t i, const struct extent *e,
+                    int64_t max, unsigned char *data, unsigned char *buf)
+{
+  uint32_t done, n;
+
+  for (done = 0; done < e->len; done += n) {
+    n = MIN (e->len - done, max);
+    if ((buf ? nbd_pread (h, buf, n, e->off + done, 0)
+         : nbd_pwrite (h, data, n, e->off + done, 0)) == -1) {
+      fleetclient_fail (i, "%s", nbd_get_error ());
+      return -1;
+    }
+    if (buf && check && memcmp (buf, data, n) != 0) {
+      fleetclient_fail (i, "write at %" PRIu64 " not read back",
+                        e->off + done);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 /* A disk's client: what bench/fleet.sh's header says. */
 static void *
 fleetclient_run (void *arg)
@@ -253,37 +279,16 @@ fleetclient_run (void *arg)
     max = 32 << 20;
   if (cut && cut < max)
     max = cut;
-  for (j = 0; j < nwrites; j++) {
-    uint32_t done, n;
-
-    for (done = 0; done < writes[i][j].len; done += n) {
-      n = MIN (writes[i][j].len - done, max);
-      if (nbd_pwrite (h, data, n, writes[i][j].off + done, 0) == -1) {
-        fleetclient_fail (i, "%s", nbd_get_error ());
-        goto out;
-      }
-    }
-  }
+  for (j = 0; j < nwrites; j++)
+    if (fleetclient_extent (h, i, &writes[i][j], max, data, NULL) == -1)
+      goto out;
   if (nbd_flush (h, 0) == -1) {
     fleetclient_fail (i, "%s", nbd_get_error ());
     goto out;
   }
-  for (j = 0; j < nwrites; j++) {
-    uint32_t done, n;
-
-    for (done = 0; done < writes[i][j].len; done += n) {
-      n = MIN (writes[i][j].len - done, max);
-      if (nbd_pread (h, buf, n, writes[i][j].off + done, 0) == -1) {
-        fleetclient_fail (i, "%s", nbd_get_error ());
-        goto out;
-      }
-      if (check && memcmp (buf, data, n) != 0) {
-        fleetclient_fail (i, "write at %" PRIu64 " not read back",
-                          writes[i][j].off + done);
-        goto out;
-      }
-    }
-  }
+  for (j = 0; j < nwrites; j++)
+    if (fleetclient_extent (h, i, &writes[i][j], max, data, buf) == -1)
+      goto out;
 
   pthread_mutex_lock (&lock);
   finished++;
