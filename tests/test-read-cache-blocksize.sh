@@ -39,6 +39,14 @@ for pair in 4K:4096 256K:262144 32M:4194304; do
   [ "$longest" = "$want" ] ||
     fail "max-request=$max: the longest write was $longest, not $want"
 done
+# The filter takes it too, whatever the plugin below advertises.
+nbdkit -U - --filter=qcow2 file "$img" max-request=256K \
+  --run 'nbdinfo "$uri"' > "$tmp/info"
+grep -q "block_size_maximum: 262144" "$tmp/info" ||
+  fail "the filter's max-request=256K: $(grep block_size "$tmp/info")"
+nbdkit -U - --filter=qcow2 file "$img" --run 'nbdinfo "$uri"' > "$tmp/info"
+grep -q "block_size_maximum: 33554432" "$tmp/info" ||
+  fail "the filter's default maximum: $(grep block_size "$tmp/info")"
 for bad in 1K 33M 0 x; do
   if nbdkit -U - qcow2 "$img" max-request=$bad --run true 2> "$tmp/err"; then
     fail "max-request=$bad accepted"

@@ -19,6 +19,7 @@
 
 struct glue_state glue = {
   .engine.io_threads = GLUE_IO_THREADS, .create.size = -1,
+  .max_request = 32 << 20,
 };
 
 NBDKIT_DLL_PUBLIC int qcow2_debug_cache = 0;
@@ -133,6 +134,40 @@ glue_config_io_threads (const char *key, const char *value)
   return 0;
 }
 
+/* max-request=: nbdkit gives each of a connection's threads a buffer
+ * as large as the largest request it served, held while the connection
+ * lasts; clients that honour the maximum (QEMU's) cut theirs there.
+ * qemu-nbd's 32 MiB unless told: libnbd 1.16 and later refuse to send
+ * a write longer than the maximum (or 1 MiB).
+ */
+static int
+glue_config_max_request (const char *key, const char *value)
+{
+  uint64_t n;
+
+  if (glue_parse_size (key, value, false, &n) == -1)
+    return -1;
+  /* At least the preferred size; at most qemu-nbd's longest. */
+  if (n < 4096 || n > 32 << 20) {
+    nbdkit_error ("%s: %s is out of range (4K to 32M)", key, value);
+    return -1;
+  }
+  glue.max_request = n;
+  return 0;
+}
+
+/* As qemu-nbd advertises them: any byte range works (partial clusters
+ * cost one read and one write), 4 KiB suits every cluster size, and a
+ * request may be as long as max-request=.
+ */
+void
+glue_block_size (uint32_t *minimum, uint32_t *preferred, uint32_t *maximum)
+{
+  *minimum = 1;
+  *preferred = 4096;
+  *maximum = glue.max_request;
+}
+
 /* overlap-check.NAME=on|off (see glue_config_complete). */
 static int
 glue_config_overlap_structure (const char *key, const char *value)
@@ -189,6 +224,7 @@ static const struct glue_option glue_options[] = {
   { "overlap-check.", GLUE_FN, .prefix = true,
     .fn = glue_config_overlap_structure },
   { "io-threads", GLUE_FN, .fn = glue_config_io_threads },
+  { "max-request", GLUE_FN, .fn = glue_config_max_request },
   { "l2-cache-size", GLUE_SIZE, .dest = &glue.engine.l2_cache_size },
   { "l2-slice-size", GLUE_SIZE, .dest = &glue.engine.l2_slice_size },
   /* QEMU's name for it. */

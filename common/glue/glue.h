@@ -80,9 +80,15 @@ struct glue_state {
   struct glue_create create;
   /* remote-timeout=: seconds (0: nbdio's default). */
   unsigned remote_timeout;
+  /* max-request=: the longest request advertised (glue_block_size). */
+  uint64_t max_request;
   struct glue_policy policy;
 };
 extern struct glue_state glue;
+
+/* The block sizes both modules advertise. */
+extern void glue_block_size (uint32_t *minimum, uint32_t *preferred,
+                             uint32_t *maximum);
 
 /* One key of a module's options: how its value is read, and where it
  * goes.
@@ -464,7 +470,9 @@ extern const char *glue_stream_description (void);
   "overlap-check=none|constant|cached|all  Metadata overlap guard (cached).\n" \
   "overlap-check.<STRUCTURE>=on|off        One structure of the guard.\n" \
   "l2-cache-size=<SIZE>            L2 cache size (default: whole disk, capped).\n" \
-  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n"
+  "l2-slice-size=<SIZE>            L2 cache entry size (512 to cluster size).\n" \
+  "max-request=<SIZE>              The longest request advertised\n" \
+  "                                (4K to 32M, default 32M).\n"
 /* The create options both modules take, one key a line at the start
  * of it, as nbdkit's bash completion finds keys in --help (each module
  * adds preallocation=, whose values differ).

@@ -179,15 +179,13 @@ qcow2_filter_export_description (nbdkit_next *next, void *handle)
   return glue_stream_description ();
 }
 
-/* As the plugin: any byte range, 4 KiB preferred, 32 MiB at most. */
+/* As the plugin's: the image's bytes, not the plugin's below. */
 static int
 qcow2_filter_block_size (nbdkit_next *next, void *handle,
                          uint32_t *minimum, uint32_t *preferred,
                          uint32_t *maximum)
 {
-  *minimum = 1;
-  *preferred = 4096;
-  *maximum = 32 * 1024 * 1024;
+  glue_block_size (minimum, preferred, maximum);
   return 0;
 }
 

@@ -50,30 +50,6 @@ plugin_config_mmap_threshold (const char *key, const char *value)
   return 0;
 }
 
-/* max-request=: the longest request advertised (qemu-nbd's 32 MiB
- * unless told).  nbdkit gives each of a connection's threads a buffer
- * as large as the largest request it served, held while the
- * connection lasts; clients that honour the maximum (QEMU's) cut
- * theirs there.  Not lower by default: libnbd 1.16 and later refuse
- * to send a write longer than the maximum (or 1 MiB).
- */
-static uint64_t max_request = 32 << 20;
-
-static int
-plugin_config_max_request (const char *key, const char *value)
-{
-  if (glue_parse_size (key, value, false, &max_request) == -1)
-    return -1;
-  /* The NBD protocol's bounds: a multiple of the minimum (1) at least
-   * the preferred size; qemu-nbd's longest.
-   */
-  if (max_request < 4096 || max_request > 32 << 20) {
-    nbdkit_error ("%s: %s is out of range (4K to 32M)", key, value);
-    return -1;
-  }
-  return 0;
-}
-
 static void
 plugin_load (void)
 {
@@ -147,7 +123,6 @@ static const struct glue_option plugin_options[] = {
     .dest = &glue.create.opts.data_file_raw,
     .given = &glue.create.data_file_raw_set },
   { "malloc-mmap-threshold", GLUE_FN, .fn = plugin_config_mmap_threshold },
-  { "max-request", GLUE_FN, .fn = plugin_config_max_request },
   { "cache", GLUE_WORD, .words = WORDS ("none", "writeback"),
     .set = plugin_set_cache },
   { "create", GLUE_FN, .fn = image_config_create },
@@ -256,8 +231,6 @@ plugin_config_complete (void)
   "backing-password=<PASSWORD>     That of the next backing file, if other.\n" \
   "malloc-mmap-threshold=<SIZE>    Freed blocks of SIZE returned to the\n" \
   "                                system at once (default 128K, 0: libc's).\n" \
-  "max-request=<SIZE>              The longest request advertised\n" \
-  "                                (4K to 32M, default 32M).\n" \
   "cache=none|writeback            none: O_DIRECT, past the page cache\n" \
   "                                (default writeback).\n" \
   GLUE_CONFIG_HELP \
@@ -417,17 +390,11 @@ plugin_can_extents (void *handle)
   return 1;
 }
 
-/* As qemu-nbd advertises them: any byte range works (partial clusters
- * cost one read and one write), 4 KiB suits every cluster size, and a
- * request may be as long as qemu-nbd's longest (or max-request=).
- */
 static int
 plugin_block_size (void *handle, uint32_t *minimum, uint32_t *preferred,
                    uint32_t *maximum)
 {
-  *minimum = 1;
-  *preferred = 4096;
-  *maximum = max_request;
+  glue_block_size (minimum, preferred, maximum);
   return 0;
 }
 
