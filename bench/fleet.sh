@@ -46,11 +46,12 @@
 # (FLEET_WRITES) writes at random places of its own, each 4 KiB times
 # a power of two up to FLEET_WRITE_MAX (default 4K; each power as
 # likely), cut at the server's advertised maximum request as QEMU's
-# client does, a flush, and the writes read back and checked.  Then FLEET_LATE (default 8) late disks, more
-# overlays of the same base, do the same one at a time, each once the
-# one before is done, all the others still connected: a VM started on
-# a server running the fleet (qsd gets each one's node and export over
-# QMP just before its client connects, qemu-nbd a server for it).
+# client does, a flush, and the writes read back and checked.  Then
+# FLEET_LATE (default 8) late disks, more overlays of the same base, do
+# the same one at a time, each once the one before is done, all the
+# others still connected: a VM started on a server running the fleet
+# (qsd gets each one's node and export over QMP just before its client
+# connects, qemu-nbd a server for it).
 # Measured, per run, once every client of the waves has done its I/O
 # (before the late disks):
 #   PSS, RSS  the sum over the server's processes (and their children;
@@ -384,9 +385,9 @@ one ()
     pids+=("$(cat "$work/base.pid")")
   fi
   kind=$(bench_kind "$server")
+  case $kind in ours-t* | file-t*) threads=(-t "${kind##*-t}") ;; esac
   case $kind in
     ours*)
-      case $kind in ours-t*) threads=(-t "${kind#ours-t}") ;; esac
       env ${FLEET_OURS_ENV:-} \
         "$(bench_nbdkit "$server")" "${threads[@]}" "${ours_opts[@]}" \
         -U "$work/s.sock" \
@@ -397,7 +398,6 @@ one ()
         printf '%s\t%s\n' "$work/s.sock" "$name" >> "$work/pairs"
       done < "$work/images" ;;
     file*)
-      case $kind in file-t*) threads=(-t "${kind#file-t}") ;; esac
       basefile=$work/base.raw
       # Its disks share one file: the writes go to a copy, and the
       # client checks no data (one disk's writes are another's reads).

@@ -31,8 +31,8 @@
  * freed).  glibc's first threshold, 128 KiB, rather than more: a
  * buffer that nbdkit grows past the threshold leaves its old block in
  * the arena: with 1 MiB, a connection's 16 threads kept 3 MiB so after
- * 64 writes of up to 4 MiB.
- * A cluster's copy on write (64 KiB by default) stays below.
+ * 64 writes of up to 4 MiB.  A cluster's copy on write (64 KiB by
+ * default) stays below it, in the arena.
  */
 static uint64_t malloc_mmap_threshold = 128 << 10;
 
